@@ -31,8 +31,8 @@
 # 2. **the code**: the stage's own class, as it is in `minddp/stages/`, and **what changed** from
 #    the stage before, method by method (a diff computed from the package, not written by hand).
 #    A comment *step 1*, *step 2* in a class points to the numbered list of its module's docstring in
-#    `minddp/stages/`, one list per stage, not to a training step. The stages' classes carry the
-#    idea's lines and three things more, the same in every stage:
+#    `minddp/stages/` (not printed here), not to a training step. The stages' classes carry the
+#    idea's lines and three things more:
 #    the gradient goes through the *comm hook*, the function a stage hands a gradient or bucket to
 #    for the all_reduce (`self.comm_hook(self.comm_state, GradBucket(...))`, which returns a Future: `04_comm_hooks` swaps it for compression; `GradBucket` is torch's name
 #    for what a comm hook is handed, one gradient in the stages before `bucket`); once in each synced
@@ -134,14 +134,14 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # ## No communication at all (`single`)
 #
 # Here each rank trains its own shard and never talks to the other: not data parallelism (the
-# replicas drift apart), but the same computation as every stage below, with no message at all.
-# The stages add messages, waits and the lines that send them to the same computation; each cell below
+# replicas drift apart), with no message at all.
+# Each cell below
 # reads the messages and waits from the
 # link's modeled transfers and the training thread's recorded waits, not from step times, which on a
 # machine shared with other work move from one step to the next.
 # The picture is its step: the forward (pale) and backward (blue) of each micro-batch, then the
 # optimizer (green); the black line is the end of the step. The stages below add messages
-# (orange, on the wire; a tick under the row where each was handed to the wire, many ticks merging
+# (orange, light and dark alternating, on the wire; a tick under the row where each was handed to the wire, many ticks merging
 # into a bar), waits (red: the training thread standing still until a message is back), the
 # parameters-used check (hatched red: not a wait for a message) and
 # `finish_gradient_synchronization()` (a thin purple strip under the forward and backward bars, above the messages;
@@ -180,8 +180,8 @@ lesson.claim(
 # What to look for: three bursts of messages, one after each backward, each waited for (red)
 # before the next micro-batch may start. The hatched marks (where wide enough to draw) are not waits
 # for messages: they are the parameters-used check (the side-by-side table below, *at the check*). `simple` has
-# no `no_sync()`, so the loop syncs after every micro-batch, although only the sum over the step
-# is needed. Your version of this stage was the exercise of `02_simple_ddp`.
+# no `no_sync()`, so the loop syncs after every micro-batch. A bar's length, the faded row's too, is one step's and does not
+# compare the stages' compute. Your version of this stage was the exercise of `02_simple_ddp`.
 #
 # ## `ga`: gradient accumulation, `no_sync()`
 #
@@ -366,7 +366,7 @@ lesson.say(
 # gradient for the parameters-used check is not a wait for a message (hatched, where it is wide enough
 # to draw); the cell above prints how long it held the thread beside how long the thread waited for messages (what held it at
 # the check, these runs do not measure). At the figures' size the many thin waits and the backward's slivers
-# between them can blend into one band of another colour (finish's purple, say): zoomed in, each stop for a
+# between them can blend into one band: zoomed in, each stop for a
 # message is a red wait, and the bars between are still the backward. A long backward here is not all waiting for gradients: the
 # cell splits it into autograd's accumulation steps, where the grad hooks run (their waits, the check and
 # their own lines), and the rest, and prints `ga`'s beside it. So this stage shows where the waits fall
@@ -764,9 +764,8 @@ lesson.look_table(looks).assign(
 # call, to its wait, once for every message handed over), and waited adds the waiting after the link
 # had delivered; so neither column alone ranks `hook` against `bucket`. *At the check* is how long rank 0 stood
 # in the check's all_gather, summed over the step's checks: `simple`, which syncs after every micro-batch,
-# checks after each of its k backwards, every other stage once a step. From `hook` to `bucket-async` that time
-# is inside the last backward, and so part of its column. The all_gather moves one byte per parameter tensor
-# and returns only once both ranks have joined it; what held the thread there, these runs do not measure, and the column does not rank the stages' checks. `ga` divides the traffic by the number of
+# checks after each of its k backwards, every other stage with a check once a step. From `hook` to `bucket-async` that time
+# is inside the last backward, and so part of its column. The all_gather returns only once both ranks have joined it; what held the thread there, these runs do not measure, and the column does not rank the stages' checks. `ga` divides the traffic by the number of
 # micro-batches; the hook stages move the messages into the backward; the async stages stop waiting
 # for them there; the buckets divide the number of messages. Whether that last idea pays is the next
 # section's question.
@@ -794,8 +793,8 @@ lesson.look_table(looks).assign(
 # These three are on the link. Each stage's step also has a backward of its own, and the two stages'
 # need not be alike (the side-by-side table's *last backward*, which holds the check). A longer backward leaves more of the link's work under it, so by
 # *exposed* it favours its own stage: the cells below print each step's backward beside its exposed time,
-# and each verdict holds at those backwards, not at equal ones. Whether the buckets pay, below, is judged on the link's
-# exposed and waited time only, not on those backwards: a "did not pay" there does not count a backward or a
+# and each verdict holds at those backwards, not at equal ones. Whether the buckets pay, below, is judged on
+# exposed and waited only, not on those backwards: a "did not pay" there does not count a backward or a
 # step that is longer in the per-gradient stage, which the same cells print.
 #
 # The link carries one message at a time, so it is done at the latest of, over the messages i:
@@ -907,12 +906,13 @@ table.infer_objects().round(1)
 # is not the 25 MiB cap's), and the
 # step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap: the bare network is timed
 # on these ranks (`probe`: when each gradient is ready in backward), its times are scaled to the
-# median of these five runs' backwards (less the check inside each), and each plan is replayed
+# median of these five runs' backwards (less the check inside each: one step's own backward is the model's),
+# and each plan is replayed
 # on the link. The model gives each plan's *link after backward*: the link's time still to run when
 # the modeled backward ends. It is not the measured *exposed*, which counts only the link's time while the
 # thread stands in its waits in finish, in a step with a backward of its own: the figure writes each measured
 # point's own backward beside it and draws each step's waited too, and the table sets each step's measured *link
-# after backward* (the first table's column) beside the model's. Where a step's waited stands far above its
+# after backward* (the bucket lesson's first table's column) beside the model's. Where a step's waited stands far above its
 # exposed, the thread stood still after the link had delivered: time the link does not model, and what the thread
 # waited for then these runs do not measure; so a cap's waited is not what its plan costs on the link. The lower
 # panel shows the three costs of each plan, from the step-time model: its "first message leaves, into the model's
@@ -984,7 +984,7 @@ lesson.say(
         else f"at {paying} of the grid's {len(model)} caps on this link."
     )
 )
-measured_after = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}  # the first table's measure
+measured_after = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}  # as in this lesson's first table
 lags = {c: lesson.wait_after_backward(v["row"]) for c, v in swept.items()}  # the thread's late start
 lesson.say(
     "Each step's own link after backward is in the table below, beside the model's. The measured exposed counts "
@@ -1357,8 +1357,8 @@ lesson.say(  # the backwards beside the three verdicts above, in one place
 # save 6.1 ms of the link's 165 ms (the link does not model the thread's work to hand a message over),
 # and their last bucket, full only late in backward, takes 23.4 ms on the link from when it is handed
 # over (the bucket lesson's first cell prints how long after backward's end bucket-async's link was
-# done, and which end set it; torch's default, whose last bucket holds 17.5 MiB: 147 ms). A smaller cap shortens that tail
-# and sends the first message earlier, for more fixed costs (the sweep's table). Where one message's
+# done, and which end set it; torch's default, whose last bucket holds 17.5 MiB: 147 ms). A smaller cap can shorten that tail
+# and send the first message earlier, for more fixed costs (the sweep's table). Where one message's
 # fixed cost is large, buckets pay it once per bucket instead of once per gradient tensor: on the link
 # sized with the ratios of 1024 ranks, 26 times a step instead of 291 (each rung met those ratios only
 # at its own backward, times the factor the cell that sized the link prints: the run is that setting
@@ -1375,7 +1375,7 @@ lesson.say(  # the backwards beside the three verdicts above, in one place
 # other, and a "did not pay" does not say the bucketed step was the longer): *exposed*, the link's modeled time the thread stood waiting
 # through; and *waited*, all the thread stood still for its messages, which adds the time it waited
 # after the link had delivered (the link does not model it, and these runs do not measure what the
-# thread waited for then). Where the two verdicts differ, that unmodeled time decides the waited one.
+# thread waited for then). That unmodeled time can decide the waited verdict.
 
 # %%
 # %dist_shutdown
