@@ -297,3 +297,31 @@ def test_the_legend_swatch_of_the_message_bars_shows_both_shades():
         [dict(base, label="a", messages=[(50, 60), (60, 70)], wire="a's"), dict(base, label="b", messages=[(50, 60)])]
     )
     assert {"a's", "collective in flight (held open included)"} <= set(names) and {light, dark} <= colours
+
+
+def test_messages_open_at_once_are_drawn_apart_so_none_hides_another():
+    # Notebooks 05 and 09 (read 14): gloo's ranges of two collections in flight together were drawn on one band, the
+    # later bar over the earlier, so a bar could vanish under another. Oracle: the spans given; each drawn with its
+    # own extent, in lanes whose heights do not overlap, and bars that never overlap keep one full-height lane.
+    from minddp.analysis.timeline import draw_steps
+
+    def drawn(messages):
+        row = {"label": "s", "forward": [(0, 40)], "backward": [(40, 90)], "messages": messages, "end": 100}
+        fig = draw_steps([row])
+        got = []
+        for c in fig.axes[0].collections:
+            if str(c.get_gid()).startswith("messages:"):
+                for p in c.get_paths():
+                    xs, ys = p.vertices[:, 0], p.vertices[:, 1]
+                    got.append(((float(xs.min()), float(xs.max())), (float(ys.min()), float(ys.max()))))
+        plt.close(fig)
+        return sorted(got)
+
+    together = drawn([(50, 80), (55, 60), (62, 70)])  # the first open while the other two run
+    assert [x for x, _ in together] == [(50, 80), (55, 60), (62, 70)]
+    (first_y,) = {y for x, y in together if x == (50, 80)}
+    for x, (lo, hi) in together:
+        if x != (50, 80):
+            assert hi <= first_y[0] + 1e-9 or lo >= first_y[1] - 1e-9, (x, lo, hi, first_y)  # beside, not over
+    apart = drawn([(50, 55), (55, 60)])  # back to back: one lane, the band's full height
+    assert {y for _, y in apart} == {y for x, y in drawn([(50, 55)])}

@@ -18,7 +18,9 @@ A **step row** is a plain dict of spans in milliseconds from the step's start, f
 
 The messages' bars have no edge line, so that a bar is drawn no longer than its span (to a pixel); a row's bars
 alternate two shades of orange, in the order they start, so that bars back to back are told apart; the legend's
-swatch for them shows both shades.
+swatch for them shows both shades. Messages open at once (gloo's ranges of two collections in flight together)
+are drawn in lanes, one above the other within the band, each in the first lane free when it starts
+(:func:`lanes`), so that no bar is drawn over another and hides it.
 
 :func:`draw_steps` draws rows one above the other on a shared axis (``faded=True``: pale), in the
 colours every notebook shares (docs/analysis.md, "One step on one time axis"). :func:`row_sets` reads a row
@@ -79,9 +81,16 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
         wire = row.get("wire") or (
             "message on the wire" if row.get("link") else "collective in flight (held open included)"
         )
-        bars("messages", 0.06, 0.30, COLORS["message"], label=wire, linewidth=0)
-        second = sorted(row.get("messages", []))[1::2]  # by start: every second bar again, in the other shade
-        bars("messages_alt", 0.06, 0.30, COLORS["message_alt"], row={"messages_alt": second}, label="_", linewidth=0)
+        messages = sorted(row.get("messages", []))
+        lane, n_lanes = lanes(messages)
+        h = 0.30 / max(n_lanes, 1)
+        for k in range(n_lanes):  # one lane in all unless messages overlap
+            mine = [m for m, at in zip(messages, lane) if at == k]
+            second = [m for i, (m, at) in enumerate(zip(messages, lane)) if at == k and i % 2]  # every second by start
+            label = wire if k == 0 else "_"
+            bars("messages", 0.06 + k * h, h, COLORS["message"], row={"messages": mine}, label=label, linewidth=0)
+            bars("messages_alt", 0.06 + k * h, h, COLORS["message_alt"], row={"messages_alt": second}, label="_",
+                 linewidth=0)  # fmt: skip
         if row.get("sent"):
             ax.plot(
                 row["sent"],
@@ -113,6 +122,24 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
         ax.set_title(title, fontsize=9, pad=8 + 11 * -(-len(unique) // columns))
     ax.figure.tight_layout()
     return ax.figure
+
+
+def lanes(spans: list[tuple[float, float]]) -> tuple[list[int], int]:
+    """Each span's lane (in the order given) and the number of lanes: a span takes the lowest lane whose last span
+    ended by its start, so spans in one lane never overlap, and spans that never overlap share lane 0.
+
+    >>> lanes([(0, 10), (5, 8), (10, 12), (6, 20)])
+    ([0, 1, 0, 2], 3)
+    """
+    ends: list[float] = []
+    lane = []
+    for start, end in spans:
+        free = next((k for k, last in enumerate(ends) if last <= start), len(ends))
+        if free == len(ends):
+            ends.append(end)
+        ends[free] = max(ends[free], end)
+        lane.append(free)
+    return lane, len(ends)
 
 
 def legend_above(ax, entries: dict, columns: int):
