@@ -232,7 +232,7 @@ steps.round(1)
 # alone, as rank 0 measured it: how long its profiled step took (the profiler's cost included: not the stage's
 # step time), and its *exposed* time (`metrics.exposed`), the part of the link's transfers (01's L) during which
 # rank 0's training thread stood waiting, whichever message the link carried. Both are times measured in one run
-# on two shared cores: they describe this run, not the stage, and need not agree with 03's for the same stage.
+# on shared cores: they describe this run, not the stage, and need not agree with 03's for the same stage.
 
 # %%
 # %%distributed
