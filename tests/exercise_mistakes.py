@@ -2100,6 +2100,14 @@ def hook_divides_by_world_size(process_group, bucket):
     return fut.then(lambda f: f.value()[0].to(torch.float32))
 
 
+def hook_divides_by_n(process_group, bucket):
+    """Divides by n, notebook 04's n = world_size of a %%rank cell: the kernel, whose names the hook runs with, has
+    none (learner read 04-f 5)."""
+    compressed = bucket.buffer().to(torch.float16).div_(n)  # noqa: F821 (the mistake)
+    fut = dist.all_reduce(compressed, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].to(torch.float32))
+
+
 def hook_asks_the_state_its_size(process_group, bucket):
     """Divides by process_group.size(): the state is None here (the default group), which has no .size()."""
     compressed = bucket.buffer().to(torch.float16).div_(process_group.size())

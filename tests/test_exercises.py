@@ -614,6 +614,8 @@ HOOK_MISTAKES = [
     (wrong.hook_then_on_the_work, "dist.all_reduce(..., async_op=True) returned a Work, not a Future: take its"),
     (wrong.hook_asks_the_state_its_size, "process_group, is None here: None means the default group"),
     (wrong.hook_divides_by_world_size, "the kernel has no world_size or rank: those are the %%distributed cells' own"),
+    # learner read 04-f 5: `/ n`, as notebook 04's cells divide, got a bare NameError
+    (wrong.hook_divides_by_n, "the kernel has no n: the notebook's n = world_size was set on its own ranks"),
     (wrong.hook_not_compressed, "payload was 4 bytes per gradient value (float32), the model answer's 2"),
     (wrong.hook_waits, "not a torch.futures.Future"),
     (wrong.hook_divides_after_the_sum, "divide before the sum, or the float16 sum overflows"),

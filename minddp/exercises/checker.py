@@ -501,6 +501,13 @@ def _raise_hint(
             " (all_reduce's Future holds a list, so take its one tensor with fut.value()[0] before casting or "
             "dividing it: .then(lambda fut: fut.value()[0] ...))"
         )
+    # notebook 04's n = world_size is set on its ranks (a %%rank cell): a hook defined in the kernel has no n either
+    if like in solutions.HOOKS and re.search(r"name 'n' is not defined", message):
+        return (
+            " (your hook runs on the checker's ranks with your notebook kernel's names, and the kernel has no n: the "
+            "notebook's n = world_size was set on its own ranks, in a %%rank cell; ask "
+            "dist.get_world_size(process_group))"
+        )
     if re.search(r"name '(world_size|rank)' is not defined", message):  # the runner's names, on its ranks only
         group = "process_group" if like in solutions.HOOKS else "group" if like == "halves" else ""  # the args' name
         return (

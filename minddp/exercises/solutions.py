@@ -192,8 +192,9 @@ class HalvesDDP(stages.AsyncBucketDDP):
 def fp16_compress_hook(process_group, bucket) -> torch.futures.Future:
     """Average the bucket in float16 (half the payload: 2 bytes a value instead of 4) and hand back float32.
 
-    1. cast the bucket's flat gradient to float16 and divide by the world size
-       (before the sum, so that a sum of gradients each within float16's range cannot overflow it);
+    1. cast the bucket's flat gradient to float16 and divide by the world size before the sum: the sum is
+       then the average, which overflows only where the gradients come within float16's rounding of its
+       largest value, 65504 (a sum of n undivided ones overflows from about 65504 / n);
     2. start the all_reduce (a sum) and take its Future;
     3. when it completes, cast the sum (of values already divided: the average) back to the
        bucket's dtype: the Future's value must be one tensor of the bucket's size and dtype.

@@ -1,0 +1,114 @@
+"""Notebook 04's helpers (``04_comm_hooks``): the hooks' names in sentences, the held-out loss printed beside the
+param distance, and the plumbing of its section on messages against bytes (each preset's link time, the table,
+the figure), so that the section's cell shows its three formulas, B*, n* and m*, and what it claims of them.
+
+``sent``, below, is what a trainee's emulated link carried in one step, in order: ``[(kind, bytes), ...]``
+(``[(m["kind"], m["bytes"]) for m in trainee.link.log]``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minddp.notebook import lesson
+
+#: A hook's name in the notebook's sentences (cell 0): the tables keep the registry's names.
+NAMES = {"allreduce": "plain averaging", "fp16": "fp16", "bf16": "bf16", "powersgd": "PowerSGD"}
+
+
+#: How many held-out examples :func:`held_out_loss` scores (the first ones, as the CLI's ``--eval-examples``).
+HELD_OUT_EXAMPLES = 256
+
+
+def held_out_loss(module: torch.nn.Module) -> float:
+    """The *held-out loss* (docs/analysis.md: the mean cross-entropy over the held-out examples) of ``module``,
+    the workload's model with whatever weights it holds now, on the first :data:`HELD_OUT_EXAMPLES` held-out
+    examples, scored by this process alone (:func:`minddp.train.data.held_out` with one replica: no collective, so
+    a ``%%rank 0`` cell may call it)."""
+    from minddp.runtime.device import current_device
+    from minddp.train.data import Encoded, held_out
+
+    d = lesson.data()
+    first = Encoded(d.eval.input_ids[:HELD_OUT_EXAMPLES], d.eval.labels[:HELD_OUT_EXAMPLES])
+    return held_out(module, first, replicas=1, rank=0, device=current_device(), pad_token_id=d.pad_token_id)["loss"]
+
+
+def link_ms(sent: list[tuple[str, int]], spec, n: int) -> float:
+    """The link time of one step's messages ``sent`` on the link ``spec`` (a :class:`~minddp.comm.link.LinkSpec`)
+    and ``n`` ranks, ms: each message's α-β time, added (the link carries one at a time)."""
+    return sum(spec.seconds(kind, m, n) for kind, m in sent) * 1e3
+
+
+def preset_table(sent: dict, n: int, crossover):
+    """One row per preset link (loopback left out): its α and bandwidth, each hook's link time for its messages
+    ``sent[hook]`` (``allreduce`` and ``powersgd``), and ``crossover(α)``, B* in bytes/s, in Gbit/s."""
+    import pandas as pd
+
+    from minddp.comm.link import GBIT
+
+    return pd.DataFrame.from_dict(
+        {
+            name: {
+                "α per hop (µs)": spec.latency * 1e6,
+                "bandwidth (Gbit/s)": spec.bandwidth / GBIT,
+                **{f"{NAMES[h]}, link ms": link_ms(sent[h], spec, n) for h in ("allreduce", "powersgd")},
+                f"B* at n = {n} (Gbit/s)": crossover(spec.latency) / GBIT,
+            }
+            for name, spec in presets().items()
+        },
+        orient="index",
+    )
+
+
+def presets() -> dict:
+    """The preset links the section prices (:data:`minddp.comm.link.PRESETS` but ``loopback``, which has no
+    network)."""
+    from minddp.comm.link import PRESETS
+
+    return {name: spec for name, spec in PRESETS.items() if name != "loopback"}
+
+
+def link_figure(sent: dict, n: int, link, crossover):
+    """Plain averaging's and PowerSGD's link time per step against the bandwidth, 0.01 Gbit/s to 10 Tbit/s: solid
+    lines at ``link``'s α, dotted ones at nvlink's, a grey line at each α's B* (``crossover(α)``, bytes/s), and
+    each preset as a marker at its own α and bandwidth (named along the top axis)."""
+    import matplotlib.pyplot as plt
+
+    from minddp.comm.link import GBIT, PRESETS, LinkSpec
+
+    links = presets()
+    fig, ax = plt.subplots(figsize=(10, 4))
+    bandwidths = [GBIT * 10 ** (e / 20) for e in range(-40, 81)]
+    for alpha, style in ((link.latency, "-"), (PRESETS["nvlink"].latency, ":")):
+        for hook, color in (("allreduce", "#4c72b0"), ("powersgd", "#55a868")):
+            ax.plot(
+                [bw / GBIT for bw in bandwidths],
+                [link_ms(sent[hook], LinkSpec("", bw, alpha), n) for bw in bandwidths],
+                style,
+                color=color,
+                label=f"{NAMES[hook]}, α = {alpha * 1e6:g} µs",
+            )
+        ax.axvline(crossover(alpha) / GBIT, color="grey", ls=style, lw=0.8)
+        ax.annotate(f" B*, α = {alpha * 1e6:g} µs", (crossover(alpha) / GBIT, 3e2), fontsize=7, color="grey")
+    ax.set(xscale="log", yscale="log", xlabel="bandwidth B (Gbit/s)", ylabel="link ms per step (modelled)")
+    for hook, marker in (("allreduce", "o"), ("powersgd", "^")):  # each preset at its own α, not the lines' two
+        ax.scatter(
+            [spec.bandwidth / GBIT for spec in links.values()],
+            [link_ms(sent[hook], spec, n) for spec in links.values()],
+            marker=marker,
+            facecolors="none",
+            edgecolors="black",
+            zorder=3,
+            label=f"{NAMES[hook]}, each preset at its own α",
+        )
+    top = ax.secondary_xaxis("top")  # the preset links' bandwidths
+    top.set_xticks([spec.bandwidth / GBIT for spec in links.values()], list(links), rotation=90, fontsize=7)
+    top.set_xlabel("preset links, at their bandwidth", fontsize=8)
+    ax.set_title(
+        f"This step's messages on n = {n} ranks, at every bandwidth: lines at two α's (grey: each α's B*, where the "
+        "two hooks' lines at that α cross), markers at each preset's own α",
+        fontsize=9,
+    )
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside: no marker hidden
+    fig.tight_layout()
+    plt.show()
