@@ -130,8 +130,8 @@ for line in run.report():
 # * **next quorum**: the lighthouse answers, with a new tag, once every live slot has asked; slot 1 counts
 #   as live until the lighthouse has read the exit's record;
 # * **work started** and **work done**: in the attempt that committed the step, the last member to start
-#   and the last to finish its work (forward, `ToyTask`'s 10 ms pause, backward, all_reduce). Before the
-#   start each member builds the new group and takes its digest; after the end it votes;
+#   and the last to finish its work (forward, `ToyTask`'s pause, backward, all_reduce). Before the start
+#   each member builds the new group and takes its digest; after the end it votes;
 # * **commit**: the lighthouse commits once every member has voted yes.
 #
 # The raise's process stayed (the first claim), so its table has no exit rows. The last lines cut both
@@ -179,9 +179,10 @@ lesson_07.print_rejoin(kill)
 # first heartbeat the new process was not live, so slots 0 and 2 trained without it at world 2, then
 # waited at step 9 because this notebook sets `full_world_at=(9,)`. They ask for a step's quorum as soon
 # as they have committed the step before, so the time from their last commit to the quorum (the last line
-# above) is the lighthouse waiting for the new process alone: its starting up, to its first request (it
-# imports the `ft` modules, connects to the lighthouse, builds its model, then starts its heartbeat and
-# asks; the run does not time these apart). That time is part of neither fault's recovery.
+# above) is the lighthouse waiting for the new process alone, and the new process's time from its start to
+# the quorum is its starting up, to its first request (it imports the `ft` modules, connects to the
+# lighthouse, builds its model, then starts its heartbeat and asks; the run does not time these apart).
+# That time is part of neither fault's recovery.
 #
 # Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline below),
 # and only slot 1's process was started again; a restart from a checkpoint (not run here) starts every
@@ -359,11 +360,11 @@ show_source(solutions.ft_shard)
 # lighthouse evicts the slot once it has been silent for `hang_s`. Both waits start at about the freeze
 # (the peers are in their all_reduce, the last heartbeat at most `BEAT_S` before), so they run together;
 # once evicted, the slot is no longer live, so the next quorum need not wait for its restart. Prediction:
-# a little over `hang_s` (this notebook does not run it; the `stop` row of the benchmark in
-# `docs/fault-tolerance.md` measured it with a 2 s bound), then the next quorum and step 4 trained again,
-# as after the kill. Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s, and makes a live
-# process that goes unscheduled that long (a heavily loaded machine) likelier to be evicted by mistake:
-# the bound trades recovery time against false alarms.
+# a little over `hang_s` (5 s in the run above; this notebook does not run it; the `stop` row of the
+# benchmark in `docs/fault-tolerance.md` measured it with a 2 s bound), then the next quorum and step 4
+# trained again, as after the kill. Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s,
+# about half that of 5 s, and makes a live process that goes unscheduled that long (a heavily loaded
+# machine) likelier to be evicted by mistake: the bound trades recovery time against false alarms.
 #
 # </details>
 #
