@@ -16,91 +16,79 @@
 # %% [markdown]
 # # 07 · Fault tolerance: training through a lost process
 #
-# Every stage so far keeps the classic contract: a process that dies ends the run, and the next run
-# starts from the last checkpoint. At scale failures are routine: the pre-training of Llama 3 405B
-# saw 419 unexpected interruptions in 54 days on 16,384 GPUs, one every 3.1 hours (54 × 24 / 419;
-# *The Llama 3 Herd of Models*, Meta, 2024, arXiv:2407.21783, section 3.3.4), and each one costs the
-# work since that checkpoint plus a restart. The `ft` **rung** (a *rung* is one of minddp's ways to
-# train, as each stage of notebook 03's ladder is one; this one, in `minddp/ft/`, is after torchft,
-# PyTorch's fault-tolerance library: it runs the `ddp` stage of notebooks 02 and 03 inside the phases below) keeps training instead.
-# Each try at a step (an **attempt**) goes through these phases (numbered as in
-# `docs/fault-tolerance.md`); phases 2 and 3 happen only in the attempts that need them:
+# Every stage so far keeps the classic contract: a process that dies ends the run, and the next run starts
+# from the last checkpoint. At scale failures are routine: the pre-training of Llama 3 405B saw 419
+# unexpected interruptions in 54 days on 16,384 GPUs, one every 3.1 hours (54 × 24 / 419; *The Llama 3
+# Herd of Models*, Meta, 2024, arXiv:2407.21783, section 3.3.4), and each one costs the work since that
+# checkpoint plus a restart. The `ft` **rung** (one of minddp's ways to train, as each stage of notebook
+# 03's ladder is one; in `minddp/ft/`, after torchft, PyTorch's fault-tolerance library) keeps training
+# instead: it runs the `ddp` stage of notebooks 02 and 03 inside the phases below. Each try at a step (an
+# **attempt**) goes through them (numbered as in `docs/fault-tolerance.md`; phases 2 and 3 only in the
+# attempts that need them):
 #
 # 1. a **quorum**: before each attempt, a small coordinator (the *lighthouse*, a process of its own)
 #    answers who trains it, the attempt's **members**;
-# 2. a new **group** (as in notebooks 01-04: the processes a collective runs among) at the run's
-#    first quorum, and whenever the members changed (its size their new number) or the last attempt
-#    at a step was discarded (phase 5; a group that saw a failure may be broken: the same members build a new
-#    one);
-# 3. a process that comes back is **healed**: it receives the trained state from a peer, over the
-#    group, no file (the parameters, the optimizer's state, and the count of steps committed, phase 5);
-# 4. **the work**: the members split the step's whole global batch among themselves, so a lost
-#    process's examples are trained by the others (the run below does not show this; the checker's
-#    verdict on the exercise's model answer, in the last code cell, does);
-# 5. **should_commit**: each member votes yes or no, and the attempt is **committed** on
-#    every member or on none. An attempt that saw a failure is **discarded**, and its step tried again.
+# 2. a new **group** (the processes a collective runs among, as in notebooks 01-04) at the run's first
+#    quorum, and whenever the members changed or the last attempt at a step was discarded (phase 5: a
+#    group that saw a failure may be broken);
+# 3. a process that comes back is **healed**: it receives the trained state from a peer, over the group,
+#    no file (the parameters, the optimizer's state, and the count of steps committed, phase 5);
+# 4. **the work**: the members split the step's whole global batch among themselves, so a lost process's
+#    examples are trained by the others (the exercise's checker shows it, in the last code cell);
+# 5. **should_commit**: each member votes yes or no, and the attempt is **committed** on every member or
+#    on none. An attempt that saw a failure is **discarded**, and its step tried again.
 #
-# Phases 4 and 5 work differently from torchft's. torchft trains in **replica
-# groups**: each holds one copy of the model and may be several processes; the
-# copies are kept equal across groups. Here each replica group is one process. torchft's
-# `DistributedSampler` gives each replica group a fixed share of the data, so the examples of a
-# group that is down are never used ("This sampler is inherently lossy when used with torchft", says
-# its docstring); here the members split the whole global batch of the step (phase 4). And torchft's
-# `should_commit` is agreed within a replica group, while "Different replica groups may return
-# different values" (its docstring again); here one process, the lighthouse, decides for every
-# member (phase 5).
+# Phases 4 and 5 differ from torchft's. torchft trains in **replica groups**, each one copy of the model,
+# maybe several processes; here each replica group is one process. torchft's `DistributedSampler` gives
+# each replica group a fixed share of the data, so the examples of a group that is down are never used
+# ("This sampler is inherently lossy when used with torchft", says its docstring); here the members split
+# the whole global batch (phase 4). torchft's `should_commit` is agreed within a replica group, while
+# "Different replica groups may return different values" (its docstring again); here the lighthouse
+# decides for every member (phase 5).
 #
 # The words this notebook uses:
 #
-# * a **slot** is one of the places the launcher (`launch_ft`, below: it starts the lighthouse and
-#   the training processes, and starts a lost process again) runs a training process in (0, 1, 2
-#   here). A process started again after a fault takes the same slot; faults name slots
-#   (`kill@4:1`: slot 1, in step 4);
-# * a process's **rank** is its index among the members of the attempt (its rank in the group
-#   built for them), and the **world** is their number: after slot 1 is lost, slots 0 and 2 are
-#   ranks 0 and 1 of world 2;
-# * a quorum's **tag** names its group: the lighthouse gives a new tag, so the members build a new
-#   group, at the run's first quorum and when the members changed or a step was discarded since the
-#   last quorum; otherwise the quorum keeps the last one's tag and group;
+# * a **slot** is one of the places the launcher (`launch_ft`, below) runs a training process in (0, 1, 2
+#   here); a process started again after a fault takes the same slot; faults name slots (`kill@4:1`: slot
+#   1, in step 4);
+# * a process's **rank** is its index among the attempt's members (its rank in the group built for them),
+#   and the **world** is their number: after slot 1 is lost, slots 0 and 2 are ranks 0 and 1 of world 2;
+# * a quorum's **tag** names its group: a new tag when a new group is built (phase 2); otherwise the
+#   quorum keeps the last one's tag and group;
 # * a **holder** is a process that holds the trained state: a member of the newest committed step.
 
 # %% [markdown]
 # ## A run with two faults
 #
-# The cell below starts a lighthouse and a training process in each of three slots from this
-# kernel and trains 14 steps of a toy task (`ToyTask`: a small MLP regression, 12 rows per global
-# batch, AdamW, and a 10 ms pause per step standing in for compute). Each group the rung builds
-# runs on gloo, torch's CPU backend. What each setting does:
+# The cell below starts a lighthouse and a training process in each of three slots and trains 14 steps of
+# a toy task (`ToyTask`: a small MLP regression, 12 rows per global batch, AdamW, and a 10 ms pause per
+# step standing in for compute); its groups run on gloo, torch's CPU backend. The settings:
 #
-# * `world_size=3`: three slots. The launcher's parameter keeps torch's name; in this notebook the
-#   **world** is always the number of an attempt's members, at most `world_size`;
-# * `faults`: `kill@4:1`, slot 1 SIGKILLs itself in step 4 after its forward, before its all_reduce
-#   (the others' all_reduce cannot complete without it); `raise@11:2`, slot 2's comm hook (the
-#   function that averages the gradients with an all_reduce, as in notebook 04) raises in step 11,
-#   before it starts its all_reduce (slot 2 stays);
+# * `world_size=3`: three slots (torch's name; the world, an attempt's members, is at most 3);
+# * `faults`: `kill@4:1`, slot 1 SIGKILLs itself in step 4 after its forward, before its all_reduce;
+#   `raise@11:2`, slot 2's comm hook (the function that averages the gradients with an all_reduce, as in
+#   notebook 04) raises in step 11, before it starts its all_reduce (slot 2's process stays);
 # * `hang_s=5.0`, the **hang bound**: the group's collective timeout, and how long a slot may be
 #   **silent**: none of its heartbeat, its quorum requests and its votes changed in that time. The
 #   **heartbeat** is a count that a thread of the process writes every 50 ms, `BEAT_S`, to the
-#   lighthouse's **store** (torch's `TCPStore`, a key-value store over TCP), where the processes
-#   also post their requests and votes and read the answers. A slot is **live** from its first heartbeat while it
-#   is not silent and the launcher has not reported its process's exit. The lighthouse answers a
-#   quorum once every live slot has asked (at the run's first quorum, and at the first attempt of a
-#   step of `full_world_at` below, once every slot has). A silent slot is evicted (the launcher
-#   ends its process and starts it again, as after a kill), unless it is the last holder of the trained state (question 1 below);
-# * `full_world_at=(9,)`: the lighthouse answers the quorum of the first attempt at step 9 only
-#   once all three slots have asked: slot 1 is back, healed, by step 9 (slots 0 and 2 wait for it there if it is not back
-#   sooner), before the raise of step 11 (so the heal and the raise each show on their own);
+#   lighthouse's **store** (torch's `TCPStore`, a key-value store over TCP), where the processes also post
+#   their requests and votes and read the answers. A slot is **live** from its first heartbeat while it is
+#   not silent and the launcher has not reported its process's exit. The lighthouse answers a quorum once
+#   every live slot has asked (every slot, at the run's first quorum and at the first attempt of a step in
+#   `full_world_at`). A silent slot is evicted (its process ended and started again), unless it is the
+#   last holder (question 1 below);
+# * `full_world_at=(9,)`: step 9's first quorum waits for all three slots, so slot 1 is back, healed,
+#   before the raise of step 11;
 # * `restart_after_steps=1`: the launcher starts a killed slot again only once a step was committed
 #   without it;
-# * `digests=True`: every member records a sha256 of its parameters and optimizer state just before
-#   each attempt's work (its *before* digest: once the attempt's group is built and any heal done),
-#   and again after each discarded attempt (the checks further down).
+# * `digests=True`: every member records a sha256 of its parameters and optimizer state just before each
+#   attempt's work (its *before* digest), and again after each discarded attempt (the checks further
+#   down).
 #
-# `run.report()` gives one line per fault: its **recovery**, seconds from the fault to the first
-# commit of its step or a later one (that step and its world in brackets), the number of attempts
-# discarded from the fault to that commit, and, for a fault that ended a process, its **rejoin**, seconds
-# from the fault to the quorum that takes the slot's new process back (the state is sent to it just
-# after that quorum).
+# `run.report()` gives one line per fault: its **recovery**, seconds from the fault to the first commit of
+# its step or a later one (that step and its world in brackets), the attempts discarded until then, and,
+# for a fault that ended a process, its **rejoin**, seconds from the fault to the quorum that takes the
+# slot's new process back (the state is sent just after it).
 
 # %%
 from minddp.ft import ToyTask, launch_ft, parse_faults
@@ -122,53 +110,40 @@ for line in run.report():
     print(line)
 
 # %% [markdown]
-# How each fault is noticed: a kill through the connections that end with its
-# process, plus the launcher's report of its exit; a raise through the raising process dropping its
-# group, which closes its connections; neither waits for the hang bound.
+# How each fault is noticed: a kill through the connections that end with its process, plus the launcher's
+# report of its exit; a raise through the raising process dropping its group, which closes its
+# connections; neither waits for the hang bound.
 #
 # The cell below prints, for each fault, the moments the members, the lighthouse and the launcher
-# recorded, in milliseconds after the time the faulting process stamped just before it killed
-# itself or raised (`FaultPlan.fire` in `minddp/ft/faults.py`), not the moment its process was
-# gone. Its `✓` lines are **claims**: `lesson.claim` checks each on the run shown, and the cell
-# fails if one does not hold; the other lines are measurements, which no claim checks.
+# recorded, in ms after the time the faulting process stamped just before it killed itself or raised
+# (`FaultPlan.fire` in `minddp/ft/faults.py`). Its `✓` lines are **claims**: `lesson.claim` checks each on
+# the run shown, and the cell fails if one does not hold; the other lines are measurements.
 #
-# * **a peer's error**: the first error caught by a member other than the fault's slot: its
-#   all_reduce failed (gloo's sentences are printed further down). What comes before it is not
-#   timed: after the kill, the survivors reaching their all_reduce and slot 1's process ending, in
-#   an order the run does not record; after the raise, slot 2 dropping its group (`drop_group` in
-#   `minddp/ft/rung.py`), which closes its connections;
-# * **discard**: each member that caught an error drops its group, then votes no; the lighthouse
-#   discards the attempt at the first no, any member's (after the raise, maybe slot 2's own), or
-#   once a member that has not voted is no longer live (`docs/fault-tolerance.md`, phase 5);
-# * **exit seen** and **exit recorded** (the kill only): the launcher's pass over its processes
-#   that found slot 1's process ended (when it ended is not timed), and the launcher's record of
-#   that exit for the lighthouse; between the two it sleeps a fixed `EXIT_WAIT_S` (printed below)
+# * **a peer's error**: the first error caught by a member other than the fault's slot: its all_reduce
+#   failed (gloo's sentences are printed further down);
+# * **discard**: each member that caught an error drops its group, then votes no; the lighthouse discards
+#   the attempt at the first no it reads, or once a member that has not voted is no longer live (phase 5).
+#   The row names the slots whose votes it had read by then;
+# * **exit seen** and **exit recorded** (the kill only): the launcher's pass that found slot 1's process
+#   ended, and its record of that exit for the lighthouse; between the two it sleeps a fixed `EXIT_WAIT_S`
 #   for a result that may be in flight, which a killed process never sends;
-# * **next quorum**: the lighthouse answers, with a new tag, once every live slot has asked; slot 1
-#   counts as live until the lighthouse has read the exit's record;
-# * **work started** and **work done**: in the attempt that committed the step, the last member to
-#   start and the last to finish its work (forward, `ToyTask`'s pause standing in for compute, backward,
-#   all_reduce). Before the start each
-#   member builds the new group (after the kill, of 2) and takes its digest; after the end it votes;
+# * **next quorum**: the lighthouse answers, with a new tag, once every live slot has asked; slot 1 counts
+#   as live until the lighthouse has read the exit's record;
+# * **work started** and **work done**: in the attempt that committed the step, the last member to start
+#   and the last to finish its work (forward, `ToyTask`'s pause, backward, all_reduce). Before the start
+#   each member builds the new group and takes its digest; after the end it votes;
 # * **commit**: the lighthouse commits once every member has voted yes.
 #
-# The raise's process stayed (the first claim), so its table has no exit rows. The last lines cut
-# both recoveries into six spans, each from the end of the one above, and name the span
-# that differs most (the kill's next quorum waits for the exit's record, so for what of that sleep
-# is left after the discard). Why the other spans differ, the run does not show.
+# The raise's process stayed (the first claim), so its table has no exit rows. The last lines cut both
+# recoveries into six spans, each named by the two moments it runs between, and name the span that differs
+# most: the kill's next quorum waits for the exit's record, so for the part of the launcher's sleep after
+# the discard. Why the other spans differ, the run does not show.
 
 # %%
 from minddp.ft import fault_outcomes
-from minddp.ft.launch import EXIT_WAIT_S
-from minddp.ft.report import peer_error_s, retry_work_s
+from minddp.notebook import lesson_07
 
 kill, raised = fault_outcomes(run)
-
-
-def ms(seconds):  # in whole milliseconds
-    return round(seconds * 1000)
-
-
 lesson.claim(
     run.errors(raised.fault.step)[0][0] == raised.fault.slot
     and not run.exits(after=raised.fired)
@@ -180,76 +155,16 @@ lesson.claim(
     kill.exit_s is not None and kill.exit_s <= kill.quorum_s,
     f"kill: the next quorum came after the launcher recorded slot {kill.fault.slot}'s exit",
 )
-
-
-def moments(o):  # the moments the run recorded after fault o, in ms after it, sorted by time
-    work, worked = retry_work_s(run, o)
-    rows = {
-        "a peer's error": ms(peer_error_s(run, o)),
-        "discard": ms(o.discard_s),
-        **({f"slot {o.fault.slot}'s exit seen": ms(o.seen_s)} if o.seen_s is not None else {}),
-        **({f"slot {o.fault.slot}'s exit recorded": ms(o.exit_s)} if o.exit_s is not None else {}),
-        "next quorum": ms(o.quorum_s),
-        "work started": ms(work),
-        "work done": ms(worked),
-        f"commit of step {o.committed_step}": ms(o.recovery_s),
-    }
-    print(f"\n{o.fault}: the moments recorded, ms after it")
-    for name, t in sorted(rows.items(), key=lambda item: item[1]):
-        print(f"  {name:<26}{t:>5}")
-
-
-moments(kill)
-moments(raised)
+lesson_07.print_moments(run, kill)
+lesson_07.print_moments(run, raised)
 print()
-for o in (kill, raised):
-    print(f"{o.fault} recovery: {ms(o.recovery_s)} ms, {o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s)")
-
-
-def spans(o):  # fault o's recovery cut into six spans, in the tables' whole ms: they add up to it
-    e, d, q, r = ms(peer_error_s(run, o)), ms(o.discard_s), ms(o.quorum_s), ms(o.recovery_s)
-    w0, w1 = (ms(t) for t in retry_work_s(run, o))
-    return {
-        "from the fault to a peer's error": e,
-        "from it to the discard": d - e,
-        "from the discard to the next quorum": q - d,
-        "from it to the work started": w0 - q,
-        "from it to the work done": w1 - w0,
-        "from it to the commit": r - w1,
-    }
-
-
-longer = ms(kill.recovery_s) - ms(raised.recovery_s)
-print(
-    f"the kill's recovery was {abs(longer)} ms {'longer' if longer >= 0 else 'shorter'} than the raise's, "
-    "span by span (ms; the differences add up to theirs):"
-)
-print(f"  {'':<36}{'kill':>6}{'raise':>6}{'kill - raise':>14}")
-for (name, k), r in zip(spans(kill).items(), spans(raised).values()):
-    print(f"  {name:<36}{k:>6}{r:>6}{k - r:>+14}")
-differences = {name: k - r for (name, k), r in zip(spans(kill).items(), spans(raised).values())}
-most = max(differences, key=lambda name: abs(differences[name]))
-record, seen = ms(kill.exit_s), ms(kill.seen_s)
-print(
-    f"the span that differs most: {most}, {differences[most]:+} ms of the {longer:+} ms; the other five together "
-    f"{longer - differences[most]:+} ms"
-    + (  # the kill's span holds the exit's record, which its next quorum came after (the second claim)
-        f"; the kill's holds slot {kill.fault.slot}'s exit recorded, at {record} ms, {record - seen} ms after the "
-        f"launcher saw it (it sleeps EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms between), and its next quorum came "
-        "after it"
-        if most == "from the discard to the next quorum" and ms(kill.discard_s) <= record <= ms(kill.quorum_s)
-        else ""
-    )
-)
+lesson_07.print_spans(run, kill, raised, hang_s)
 
 
 # %% [markdown]
-# The kill also ended slot 1's process: its **rejoin** (the report's first line) ends at the quorum
-# that took a new process in slot 1 back. The launcher started that process once step 4 was
-# committed without it (`restart_after_steps=1`, checked below); the two survivors trained on at
-# world 2, and the lighthouse answered step 9's quorum only once all three slots had asked
-# (`full_world_at`). The cell prints what each side did from the kill to that quorum (the report
-# rounds the rejoin to hundredths of a second, the cell to whole milliseconds).
+# The kill also ended slot 1's process: its **rejoin** (the report's first line) ends at the quorum that
+# took a new process in slot 1 back. The cell prints what each side did from the kill to that quorum (in
+# whole ms; the report rounds to hundredths of a second).
 
 # %%
 lesson.claim(
@@ -257,61 +172,44 @@ lesson.claim(
     f"the launcher started slot {kill.fault.slot}'s new process after step {kill.fault.step} was committed "
     "without it (restart_after_steps=1)",
 )
-step, last = kill.last_commit  # the survivors' last commit before the rejoin: its step, seconds after the kill
-rejoin, start = ms(kill.rejoin_s), ms(kill.restart_s)
-print(f"rejoin: step {kill.healed_at}'s quorum took slot 1's new process back {rejoin} ms after the kill")
-print(
-    f"  slot 1's new process: started {start} ms after the kill, taken back {rejoin - start} ms after its start "
-    f"({(rejoin - start) / rejoin:.0%} of the rejoin)"
-)
-print(
-    f"  slots 0 and 2: committed steps {kill.fault.step}-{step} at world 2, the last {ms(last)} ms after the kill; "
-    f"then {rejoin - ms(last)} ms to the quorum of step {kill.healed_at}"
-    + (" (full_world_at: answered once all three slots asked)" if kill.healed_at == 9 else "")
-)
+lesson_07.print_rejoin(kill)
 
 # %% [markdown]
-# So the rejoin is not the time a heal takes: the heal, the state sent just after that quorum, is
-# not timed. Until its first heartbeat the new process was not live, so slots 0 and 2 trained
-# without it at world 2 until step 9, then waited at step 9 for it because this notebook sets
-# `full_world_at=(9,)`. They ask for a step's quorum as soon as they have committed the step
-# before, so the time from their last commit to the quorum (the last line above) is the lighthouse
-# waiting for the new process alone, and the new process's share of the rejoin is its starting up,
-# to its first request: it imports the `ft` modules, connects to the lighthouse, builds its model,
-# then starts its heartbeat and asks. The run does not time these apart. That time is part of
-# neither fault's recovery.
+# So the rejoin is not the time a heal takes (the heal, just after that quorum, is not timed). Until its
+# first heartbeat the new process was not live, so slots 0 and 2 trained without it at world 2, then
+# waited at step 9 because this notebook sets `full_world_at=(9,)`. They ask for a step's quorum as soon
+# as they have committed the step before, so the time from their last commit to the quorum (the last line
+# above) is the lighthouse waiting for the new process alone, and the new process's time from its start to
+# the quorum is its starting up, to its first request (it imports the `ft` modules, connects to the
+# lighthouse, builds its model, then starts its heartbeat and asks; the run does not time these apart).
+# That time is part of neither fault's recovery.
 #
-# Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline
-# below), and only slot 1's process was started again. A restart from a checkpoint (not run here)
-# starts every process again, then trains again every step since the checkpoint.
+# Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline below),
+# and only slot 1's process was started again; a restart from a checkpoint (not run here) starts every
+# process again, then trains again every step since the checkpoint.
 #
-# The run's timeline: one column per attempt, in order, and one row per slot; under them the step,
-# the world size and each new group; then what each mark means (only the marks that appear). The
-# columns are evenly spaced whatever each attempt took: they count attempts, not time (the wait
-# before step 9's column is the rejoin cell's last line).
+# The run's timeline: one column per attempt, in order, and one row per slot; under them the step, the
+# world and each new group; then what each mark means. The columns count attempts, not time.
 
 # %%
 print(run.timeline())
 
 # %% [markdown]
-# What the timeline shows (the cell below checks the members, step 4's votes, the heal and the new
-# groups; the rest is how the rung works):
+# What the timeline shows (the cell below checks the members, step 4's votes, the heal and the new groups;
+# the rest is how the rung works):
 #
-# * in step 4 slot 1 died: its connections ended with it, and the survivors' all_reduce
-#   failed (printed below: of each gloo error, minddp's label `its all_reduce failed`, then gloo's
-#   own sentence that names the failure); they voted no, and the attempt was **discarded** on both (`x`). The next quorum
-#   had two members, slots 0 and 2 (ranks 0 and 1 of a new group of 2: their order among the
-#   members), and step 4 was trained again and committed at world 2;
-# * the launcher started slot 1 again: a new process, freshly initialised, with no step committed.
-#   It asked to train step 0 while its peers asked for a later step, so it was **healed**: in the
-#   new group of that quorum, before the work, it received the trained state from a peer, then
-#   trained that step with them, and the attempt was committed (`H`). From then on it trained with
-#   them at world 3;
-# * in step 11 slot 2's comm hook raised, before its all_reduce: slot 2's process stayed, dropped
-#   its group (which closes its connections) and voted no. Slots 0 and 1's all_reduce failed too,
-#   though no process had ended (the errors are printed below, in the order caught: slot 2's own
-#   exception first, then slots 0 and 1's, each with gloo's sentence). The attempt was discarded
-#   on every member, and step 11 was tried again by a new group of the same three slots.
+# * in step 4 slot 1 died: its connections ended with it, and the survivors' all_reduce failed (printed
+#   below: minddp's label `its all_reduce failed`, then gloo's own sentence); they voted no, and the
+#   attempt was discarded on both (`x`). The next quorum had two members, slots 0 and 2 (ranks 0 and 1 of
+#   a new group of 2), and step 4 was trained again and committed at world 2;
+# * the launcher started slot 1 again: a new process, freshly initialised, with no step committed. It
+#   asked to train step 0 while its peers asked for a later step, so it was healed: in that quorum's new
+#   group, before the work, it received the trained state from a peer, then trained that step with them
+#   (`H`), and from then on at world 3;
+# * in step 11 slot 2's comm hook raised before its all_reduce: slot 2's process stayed, dropped its group
+#   (which closes its connections) and voted no. Slots 0 and 1's all_reduce failed too, though no process
+#   had ended (printed below, in the order caught). The attempt was discarded on every member, and step 11
+#   was tried again by a new group of the same three slots.
 
 # %%
 entries = [(slot, e) for slot, _, e in run.entries]  # one entry per member and attempt
@@ -392,24 +290,24 @@ lesson.claim(
 # %% [markdown]
 # ## Your turn: split the batch among the ranks of now
 #
-# Before each forward, the rung asks the task for this process's share of the step's global batch
-# with `shard(batch, rank, world)`: `rank` is the process's rank (its index among the attempt's
-# members) and `world` their number. After a process is lost the world is smaller, and the
-# survivors must train its rows too, or no one does. Write that split: given the step's batch
-# `(x, y)` (one row of `x` per example, its target in `y`), return this rank's rows as two values,
-# `(x[rows], y[rows])` (the rung's own `ToyTask.shard` also returns a third, the batch's row
-# count: return only the two), so that each row goes to exactly one of the `world` ranks and no
-# rank takes more than ceil(B / world) of the B rows, whatever `world` and `len(x)` are now. Split by the `rank` and `world` you are given: the launcher's
-# `RANK` is the slot, not the rank of now, and the checker refuses a function that reads it (or
+# Before each forward, the rung asks the task for this process's share of the step's global batch with
+# `shard(batch, rank, world)`: `rank` is the process's rank and `world` the number of the attempt's
+# members. After a process is lost the world is smaller, and the survivors must train its rows too, or no
+# one does. Write that split: given the step's batch `(x, y)` (one row of `x` per example, its target in
+# `y`), return this rank's rows as two values, `(x[rows], y[rows])` (the rung's own `ToyTask.shard` also
+# returns the batch's row count: return only the two), so that each row goes to exactly one of the `world`
+# ranks and no rank takes more than ceil(B / world) of the B rows (a step lasts as long as its busiest
+# rank), whatever `world` and `len(x)` are now. Split by the `rank` and `world` you are given: the
+# launcher's `RANK` is the slot, not the rank of now, and the checker refuses a function that reads it (or
 # `dist.get_rank()`).
 #
-# `check_shard` trains your function on the `ft` rung (3 slots through `kill@2:1`: the world goes
-# 3 → 2 → 3, on batches of 10 rows, not `ToyTask`'s 12) and compares the parameters with a single
-# process trained on each step's whole batch (both with plain SGD, learning rate 0.05, not
-# `ToyTask`'s AdamW); where they differ, it names the rows no rank trained, or two did, and at
-# which world. It also checks batches of 1 to 12 rows at worlds 3, 2 and 1, and
-# that no rank takes more than ceil(B / world) of B rows (a step lasts as long as its busiest
-# rank). As it stands `my_shard` raises `NotImplementedError`, and the checker says so.
+# `check_shard` first calls your function, in this process, for each rank of worlds 3, 2 and 1 on a 10-row
+# batch. Then it trains it on the `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3, on
+# batches of 10 rows, not `ToyTask`'s 12) and compares the parameters with a single process trained on
+# each step's whole batch (both with plain SGD, learning rate 0.05); where they differ, it names the rows
+# no rank trained, or two did, and at which world. Where they match, it checks batches of 1 to 12 rows at
+# worlds 3, 2 and 1, in this process. As it stands `my_shard` raises `NotImplementedError`, and the
+# checker says so.
 
 # %%
 from minddp.exercises import check_shard
@@ -424,13 +322,11 @@ def my_shard(batch, rank, world):
 check_shard(my_shard)
 
 # %% [markdown]
-# Stuck? The cell below shows a model answer (`minddp.exercises.solutions.ft_shard`); its output
-# is collapsed in Jupyter: click it to show it. The checker's verdict on it is printed by the
-# notebook's last code cell, which checks it and question 3's split below in one run of the rung:
-# `check_shards` trains each function it is given in its own *lane*, a copy of the small model that
-# only that function's rows train, so one run checks them all. The processes' own three checks (as
-# above: slots equal, the same bytes at each attempt's start, a discard changes nothing) are of that
-# whole run, every lane together, not of one function's lane.
+# Stuck? The cell below shows a model answer (`minddp.exercises.solutions.ft_shard`; its output is
+# collapsed in Jupyter: click it). The notebook's last code cell checks it and question 3's split in one
+# run: `check_shards` trains each function in its own *lane*, a copy of the small model that only that
+# function's rows train. The processes' own three checks (slots equal, the same bytes at each attempt's
+# start, a discard changes nothing) are of that whole run, every lane together.
 
 # %% jupyter={"outputs_hidden": true}
 from minddp.exercises import solutions
@@ -441,74 +337,64 @@ show_source(solutions.ft_shard)
 # %% [markdown]
 # ## More to try
 #
-# 1. Freeze a process instead of killing it: `stop@4:1`. Before running, predict the recovery
-#    (hint: nothing tells the others that a stopped process is gone; what bounds their wait?). Run
-#    it in a new cell (`launch_ft` as above, under another name than `run`: the cells above are
-#    written for the run's two faults) and compare with its report line. Then halve `hang_s`.
-# 2. Kill two slots in consecutive steps (`kill@4:1,kill@5:2`) and read the world sizes on the
-#    timeline. What would happen with `kill@4:0,kill@4:1,kill@4:2`, and why can this design not heal
-#    that?
-# 3. Suppose a split kept the formula of the 3-rank world the run started in, whatever the world
-#    size now: of a global batch of `B` rows, rank `r` takes rows `r·B // 3` up to, not including,
-#    `(r+1)·B // 3` (`//` the floor division, as the rung's own split with `world` in place of `3`;
-#    `r` is still the rank it is given). Which rows would a step at world 2 skip, and which of the
-#    three checks above (slots equal, the same bytes at each attempt's start, a discard changes
+# 1. Freeze a process instead of killing it: `stop@4:1`. Before running, predict the recovery (hint:
+#    nothing tells the others that a stopped process is gone; what bounds their wait?). Run it in a new
+#    cell (`launch_ft` as above, under another name than `run`) and compare with its report line. Then
+#    halve `hang_s`.
+# 2. Kill two slots in consecutive steps (`kill@4:1,kill@5:2`) and read the world sizes on the timeline.
+#    What would happen with `kill@4:0,kill@4:1,kill@4:2`, and why can this design not heal that?
+# 3. Suppose a split kept the formula of the 3-rank world the run started in, whatever the world now: of a
+#    global batch of `B` rows, rank `r` takes rows `r·B // 3` up to, not including, `(r+1)·B // 3` (the
+#    rung's own split with 3 in place of `world`). Which rows would a step at world 2 skip, and which of
+#    the three checks above (slots equal, the same bytes at each attempt's start, a discard changes
 #    nothing) would still pass?
 #
-# Model answers, each hidden under its number (click to open it); the two cells after them run
-# questions 2 and 3, in order (the second checks the exercise's model answer too, in the same run).
+# Model answers, each hidden under its number (click to open it); the two cells after them run questions 2
+# and 3.
 #
 # <details><summary>1. A frozen process</summary>
 #
-# A killed process's connections end with it, so its peers' all_reduce fails without waiting for
-# the group's timeout (the kill's errors above), and the launcher tells the lighthouse the process
-# is gone once it has recorded its exit (the kill's claim above). A frozen process (`SIGSTOP`)
-# keeps its sockets open and says nothing: its peers wait in their all_reduce until the group's
-# timeout (`hang_s`: the rung builds each group with it), and the lighthouse evicts the slot only
-# once the slot has been silent (no heartbeat, request or vote changed) for `hang_s`. Both waits
-# start at about the freeze (the peers are in their all_reduce, the last heartbeat at most `BEAT_S`
-# before), so they run together; once evicted, the slot is no longer live, so the next quorum
-# need not wait for its restart. Prediction: a little over `hang_s` (5 s in the run above; this notebook does not run the
-# frozen case), then the next quorum and step 4 trained again, as after the kill. The benchmark in `docs/fault-tolerance.md` measured it with a 2 s
-# bound (its `stop` row). Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s,
-# about half that of 5 s, and makes a live process that goes unscheduled that long (a heavily
-# loaded machine: its heartbeat thread cannot run) likelier to be evicted by mistake, unless it is the last holder of the trained state,
-# which the lighthouse waits for instead: the bound trades recovery time against false alarms.
+# A killed process's connections end with it, so its peers' all_reduce fails without waiting for the
+# group's timeout, and the launcher reports its exit. A frozen process (`SIGSTOP`) keeps its sockets open
+# and says nothing: its peers wait in their all_reduce until the group's timeout (`hang_s`), and the
+# lighthouse evicts the slot once it has been silent for `hang_s`. Both waits start at about the freeze
+# (the peers are in their all_reduce, the last heartbeat at most `BEAT_S` before), so they run together;
+# once evicted, the slot is no longer live, so the next quorum need not wait for its restart. Prediction:
+# a little over `hang_s` (5 s in the run above; this notebook does not run it; the `stop` row of the
+# benchmark in `docs/fault-tolerance.md` measured it with a 2 s bound), then the next quorum and step 4
+# trained again, as after the kill. Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s,
+# about half that of 5 s, and makes a live process that goes unscheduled that long (a heavily loaded
+# machine) likelier to be evicted by mistake: the bound trades recovery time against false alarms.
 #
 # </details>
 #
 # <details><summary>2. Two kills, and three</summary>
 #
-# A prediction (this notebook runs only the three-kill case, below): with `kill@4:1,kill@5:2` the
-# world shrinks by one at each kill. The launcher starts slot 1 again only after a step committed
-# without it, here after step 4, and in the run above its new process took far longer to start than
-# the survivors took to commit a step (the rejoin's lines above), so it is not back when slot 2 dies
-# in step 5: the world goes down to 1, slot 0 training alone on the whole batch. Slot 2 is started
-# again once step 5 is committed without it, and `full_world_at=(9,)` holds step 9's quorum until
-# all three slots have asked, so the world is back to 3 by step 9 at the latest. Killing all three in the same step leaves
-# no holder: in this design, as in torchft's, the trained state lives only in the training processes, so
-# nothing is left to heal from. The processes started
-# again would hold a fresh initialisation, so minddp stops the run with one line rather than train
-# the committed steps again (its line gives each exit's code: -9 is a process ended by signal 9,
-# SIGKILL, the injected kill). The first cell below runs it with the main run's settings but 6 steps,
-# no `full_world_at`, no digests and no 10 ms pause (it only stands in for compute).
+# A prediction (this notebook runs only the three-kill case, below): with `kill@4:1,kill@5:2` the world
+# shrinks by one at each kill. Slot 1 is started again only after step 4 is committed without it, and in
+# the run above its new process took far longer to start than the survivors took to commit a step (the
+# rejoin's lines), so it is not back when slot 2 dies in step 5: the world goes down to 1, slot 0 training
+# alone on the whole batch. `full_world_at=(9,)` brings the world back to 3 by step 9 at the latest.
+# Killing all three in the same step leaves no holder: in this design, as in torchft's, the trained state
+# lives only in the training processes. The processes started again would hold a fresh initialisation, so
+# minddp stops the run with one line rather than train the committed steps again (-9 in it is the exit
+# code of a process ended by signal 9, SIGKILL). The first cell below runs it with the main run's settings
+# but 6 steps, no `full_world_at`, no digests and no 10 ms pause.
 #
 # </details>
 #
 # <details><summary>3. Rows of the first world</summary>
 #
-# At world 2 the ranks are 0 and 1, whichever slot died, so the split trains the rows of ranks 0
-# and 1 of the first world, and rank 2's rows, `2B // 3` up to `B`, are trained by no one, in every
-# step at world 2. In the checker's run (B = 10, slot 1 killed; ranks 0, 1, 2 of the first world
-# take rows 0-2, 3-5 and 6-9) those are rows 6-9, 4 of the 10, and slot 2, now rank 1, trains the
-# dead slot's rows 3-5. All three checks would still pass: each compares the processes with each
-# other or with themselves, never with the data, and every member steps from the same state with
-# the same averaged gradient: that of rows 0-5 summed and divided by 10, the batch's row count (each
-# rank multiplies its rows' summed loss by world / B, and the all_reduce averages over the world),
-# as if rows 6-9 had a gradient of zero. Only a comparison with a single process on the whole
-# batch shows rows 6-9 untrained. The second cell below runs this split in the checker's run (10-row batches, plain
-# SGD, so no optimizer state), where all three pass and the comparison
-# with a single process fails.
+# At world 2 the ranks are 0 and 1, whichever slot died, so the split trains the rows of ranks 0 and 1 of
+# the first world, and rank 2's rows, `2B // 3` up to `B`, are trained by no one. In the checker's run (B
+# = 10, slot 1 killed; ranks 0, 1, 2 of the first world take rows 0-2, 3-5 and 6-9) those are rows 6-9,
+# and slot 2, now rank 1, trains the dead slot's rows 3-5. All three checks would still pass: each
+# compares the processes with each other or with themselves, never with the data, and every member steps
+# from the same state with the same averaged gradient: that of rows 0-5 summed and divided by 10 (each
+# rank multiplies its rows' summed loss by world / B, and the all_reduce averages over the world), as if
+# rows 6-9 had a gradient of zero. Only a comparison with a single process on the whole batch shows rows
+# 6-9 untrained: the second cell below runs this split in the checker's run, where all three checks pass
+# and that comparison fails.
 #
 # </details>
 
@@ -560,8 +446,7 @@ lesson.claim(
 )
 
 # %% [markdown]
-# `docs/fault-tolerance.md` has the recovery over 24 faults at a 2 s hang bound (for each kind of
-# fault: the discard, the quorum, the recovery, the attempts discarded and the rejoin), torchft's
-# recovery set beside minddp's for one fault (not this notebook's run; as alike as the two designs
-# allow, not identical: under torchft a replica group's thread raises and aborts its group, under
-# minddp `kill@3:1` kills a slot's process), and a projection against checkpoint-restart.
+# `docs/fault-tolerance.md` has the recovery over 24 faults at a 2 s hang bound, torchft's recovery beside
+# minddp's for one fault (as alike as the two designs allow: under torchft a replica group's thread raises
+# and aborts its group, under minddp `kill@3:1` kills a slot's process), and a projection against
+# checkpoint-restart.

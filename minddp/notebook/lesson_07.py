@@ -1,0 +1,128 @@
+"""Notebook 07's tables: what a run of the ft rung recorded after each fault, in whole milliseconds.
+
+Each function reads a run of :func:`minddp.ft.launch_ft` and one of its faults (a
+:class:`minddp.ft.report.FaultOutcome`) through :mod:`minddp.ft.report`'s measures and prints them;
+it defines no measure of its own. The notebook keeps its claims in its cells; these only print:
+
+* :func:`print_moments`: the moments the members, the lighthouse and the launcher recorded after a fault;
+* :func:`print_spans`: two faults' recoveries cut into six spans, side by side, and the span that differs most;
+* :func:`print_rejoin`: what each side did from a kill to the quorum that took the slot's new process back.
+
+A span is named by the two moments it runs between (``"discard → next quorum"``); in the tables' whole
+milliseconds the six spans of a recovery add up to it exactly (:func:`spans`).
+"""
+
+from __future__ import annotations
+
+from minddp.ft.launch import EXIT_WAIT_S
+from minddp.ft.report import peer_error_s, retry_work_s
+
+
+def ms(seconds: float) -> int:
+    """``seconds`` in whole milliseconds.
+
+    >>> ms(0.0996)
+    100
+    """
+    return round(seconds * 1000)
+
+
+def discard_voters(run, o) -> list[int]:
+    """The slots whose votes the lighthouse had read when it made fault ``o``'s first discard (its decision event).
+
+    >>> from types import SimpleNamespace
+    >>> run = SimpleNamespace(events=[("decision", "t1", 3, "commit", [0, 1, 2], 9.0),
+    ...                               ("decision", "t1", 4, "discard", [0], 10.5),
+    ...                               ("decision", "t2", 4, "discard", [0, 2], 11.0)])
+    >>> discard_voters(run, SimpleNamespace(fired=10.0))
+    [0]
+    """
+    return next(e[4] for e in run.events if e[0] == "decision" and e[3] == "discard" and e[5] >= o.fired)
+
+
+def moments(run, o) -> dict[str, int]:
+    """Fault ``o``'s moments, ms after it, sorted by time; the discard's row names the slots that had voted."""
+    work, worked = retry_work_s(run, o)
+    slot = o.fault.slot
+    voters = discard_voters(run, o)
+    voted = f"slot{'s' if len(voters) > 1 else ''} {', '.join(map(str, voters))} voted" if voters else "no vote read"
+    rows = {
+        "a peer's error": ms(peer_error_s(run, o)),
+        f"discard ({voted})": ms(o.discard_s),
+        **({f"slot {slot}'s exit seen": ms(o.seen_s)} if o.seen_s is not None else {}),
+        **({f"slot {slot}'s exit recorded": ms(o.exit_s)} if o.exit_s is not None else {}),
+        "next quorum": ms(o.quorum_s),
+        "work started": ms(work),
+        "work done": ms(worked),
+        f"commit of step {o.committed_step}": ms(o.recovery_s),
+    }
+    return dict(sorted(rows.items(), key=lambda item: item[1]))
+
+
+def print_moments(run, o) -> None:
+    """Print :func:`moments` as a table."""
+    print(f"\n{o.fault}: the moments recorded, ms after it")
+    for name, t in moments(run, o).items():
+        print(f"  {name:<30}{t:>5}")
+
+
+def spans(run, o) -> dict[str, int]:
+    """Fault ``o``'s recovery cut into six spans, each from the end of the one above, in whole ms.
+
+    The cuts are the moments of :func:`moments`, rounded first, so the spans add up to the rounded recovery.
+    """
+    e, d, q, r = ms(peer_error_s(run, o)), ms(o.discard_s), ms(o.quorum_s), ms(o.recovery_s)
+    w0, w1 = (ms(t) for t in retry_work_s(run, o))
+    return {
+        "fault → a peer's error": e,
+        "a peer's error → discard": d - e,
+        "discard → next quorum": q - d,
+        "next quorum → work started": w0 - q,
+        "work started → work done": w1 - w0,
+        "work done → commit": r - w1,
+    }
+
+
+def print_spans(run, kill, raised, hang_s: float) -> None:
+    """Each recovery (and its share of the hang bound), then both cut into :func:`spans`, side by side, and the
+    span that differs most; where that span is the kill's wait for its exit's record, how much of the launcher's
+    sleep (from the exit seen to its record, ``EXIT_WAIT_S``) lies in it."""
+    for o in (kill, raised):
+        print(
+            f"{o.fault} recovery: {ms(o.recovery_s)} ms, {o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s)"
+        )
+    longer = ms(kill.recovery_s) - ms(raised.recovery_s)
+    print(f"the recoveries span by span, ms (kill - raise adds up to {longer:+}):")
+    print(f"  {'':<30}{'kill':>6}{'raise':>6}{'kill - raise':>14}")
+    differences = {}
+    for (name, k), r in zip(spans(run, kill).items(), spans(run, raised).values()):
+        differences[name] = k - r
+        print(f"  {name:<30}{k:>6}{r:>6}{k - r:>+14}")
+    most = max(differences, key=lambda name: abs(differences[name]))
+    line = f"the span that differs most: {most}, {differences[most]:+} ms of the {longer:+} ms"
+    d, q = ms(kill.discard_s), ms(kill.quorum_s)
+    if most == "discard → next quorum" and kill.exit_s is not None and d <= ms(kill.exit_s) <= q:
+        record, seen = ms(kill.exit_s), ms(kill.seen_s)
+        line += (
+            f"; the kill's holds {record - max(seen, d)} ms of the {record - seen} ms from slot {kill.fault.slot}'s "
+            f"exit seen to its record (the launcher's sleep, EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms)"
+        )
+    print(line)
+
+
+def print_rejoin(o) -> None:
+    """For a kill ``o``: the rejoin, the new process's start and wait, and the survivors' last commit before it."""
+    slot, step = o.fault.slot, o.fault.step
+    others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
+    last_step, last = o.last_commit
+    rejoin, start = ms(o.rejoin_s), ms(o.restart_s)
+    print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill")
+    print(
+        f"  slot {slot}'s new process: started {start} ms after the kill, "
+        f"taken back {rejoin - start} ms after its start"
+    )
+    print(
+        f"  slots {' and '.join(others)}: committed steps {step}-{last_step} at world {len(others)}, "
+        f"the last {ms(last)} ms after the kill; "
+        f"then {rejoin - ms(last)} ms to the quorum of step {o.healed_at}"
+    )
