@@ -31,8 +31,9 @@
 #    collectives the *collective check* (section 4). What it says is a `DebugError` raised on every rank
 #    at the first check that sees the bug (for section 3's bug, a `DebugWarning`, and training goes on):
 #    the cell prints rank 0's, then whether each other rank raised the same finding. Its message names the
-#    cause, the tensor or call, the rank(s), the step, and the fix. A fix calls the wrapper `model`, as
-#    torch's examples and these cells do (`model = DDP(model)`, `model.module` the module it wraps);
+#    cause, the tensor or call, the rank(s), the step, and the fix. A fix says `model` as torch's examples
+#    and these cells do: `model = DDP(model)`, so before wrapping `model` is the module, after it the
+#    wrapper (and `model.module` the module);
 # 3. **the fix**: the script corrected, in debug mode, which then says nothing. Section 6's first
 #    bug gets a fourth run: torch's DDP with `find_unused_parameters=True`.
 #
@@ -53,9 +54,9 @@
 # (`minddp/notebook/lesson_08.py`) give every rank the same small model, `build()`'s `Net` wrapped,
 # and its own batches (its shard), and run each section's script three ways:
 #
-# * `torch_does`: debug mode paused; what each rank raised (the error's first two sentences, and the
-#   line naming the parameter indices if it has one), or "raised nothing", and after how long, from the
-#   script's start, in seconds to the hundredth; `torch_drifts`, for sections 1 and 2: how far the
+# * `torch_does`: debug mode paused; what each rank raised and after how long, from the script's start,
+#   in seconds to the hundredth (the error's first two sentences, and the line naming the parameter
+#   indices if it has one), or "raised nothing"; `torch_drifts`, for sections 1 and 2: how far the
 #   replicas ended apart;
 # * `minddp_says`: the `DebugError` debug mode raised, checked on every rank;
 # * `fixed`: the corrected script, in debug mode; its ✓ line checks that debug mode says nothing and the
@@ -382,9 +383,8 @@ lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, not
 # `find_unused_parameters=True` does not fix this bug. The next cell runs it under torch's DDP beside
 # `own`, an unwrapped copy of the module: no error; rank 1's `head.weight` gradient is averaged with
 # rank 0's zeros, which halves it (the ✓ line compares its norm with `own`'s), while rank 0, whose
-# `head` is frozen, does not step it, so the replicas end apart. Besides that, torch says only what its
-# C++ code writes to stderr: the cell catches it and prints each rank's warnings, without their
-# timestamps.
+# `head` is frozen, does not step it, so the replicas end apart. All torch says is what its C++ code
+# writes to stderr, which the cell catches and prints for each rank, without the log's timestamp.
 
 
 # %%
