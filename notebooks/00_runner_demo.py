@@ -81,8 +81,7 @@ plt.show()
 # process group, which makes rank 0's `all_reduce` raise. Below the cell: rank 0's note `(released
 # because rank 1 failed)`, then the error: in Jupyter, a traceback block per rank whose cell raised; as
 # plain text, a heading that lists the other ranks whose cell raised as "failed too", then rank 1's
-# traceback. In Jupyter, rank 0's block blames a crash, but rank 1's
-# process did not end (the next cell checks the pids).
+# traceback.
 #
 # A traceback names the cell `<In [N], rank R>`: Jupyter's `In [N]`, as rank R ran it, its lines
 # counted from the `%%distributed` line (line 1), so rank 1's `raise` is line 3. The cell is tagged

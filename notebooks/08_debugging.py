@@ -25,237 +25,79 @@
 # 1. **torch**, debug mode *paused* (nothing checked, `minddp.debug.disable()`): what torch's DDP says
 #    (or, for the script's own collectives, `dist.all_reduce` or `dist.barrier`). Unlike a real job's,
 #    which share one group, the script's own collectives run on a process group of their own whose timeout is 3 s,
-#    and torch's DDP on another with torch's default timeout (the set-up cell prints it). A rank that
+#    and torch's DDP on another with torch's default timeout (the set-up cell prints both). A rank that
 #    fails destroys its groups, as a job's process ends when it raises, so a partner waiting on it fails then;
 # 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own
-#    collectives the *collective check* (every `torch.distributed`
-#    collective is compared across ranks before it is sent; section 4 shows how). What it says is one
-#    line on every rank: the cell prints rank 0's alone, then whether each other rank raised the same
-#    finding (a line that differs in more than where it names its own rank is
-#    printed too), and checks that every rank raised it. The line names the cause, the tensor or
-#    call, the rank(s), the step, and the fix; a fix names the wrapper `model`, as torch's examples do
-#    (`model = DDP(model)`; before wrapping, `model` is the module): in this notebook the wrapper is `ddp`, and `model` the module it wraps. For eight bugs the line is an error that stops every
-#    rank at the first check that sees the bug; for section 3's (every rank reading the same data)
-#    it is a warning, said once, and training goes on;
+#    collectives the *collective check* (section 4). What it says is a `DebugError` raised on every rank
+#    at the first check that sees the bug (for section 3's bug, a `DebugWarning`, and training goes on):
+#    the cell prints rank 0's, then whether each other rank raised the same finding. Its message names the
+#    cause, the tensor or call, the rank(s), the step, and the fix. A fix says `model` as torch's examples
+#    and these cells do: `model = DDP(model)`, so before wrapping `model` is the module, after it the
+#    wrapper (and `model.module` the module);
 # 3. **the fix**: the script corrected, in debug mode, which then says nothing. Section 6's first
 #    bug gets a fourth run: torch's DDP with `find_unused_parameters=True`.
 #
-# Steps count from 0, in debug mode's lines and in the loops over steps: "after step 1" is after the second step.
+# Steps count from 0, in debug mode's messages and in the loops over steps: "after step 1" is after the second step.
 #
 # A place is named `<In [N], rank R>:L`: line L (the `%%distributed` line is line 1) of the cell
 # Jupyter shows as `In [N]` (run top to bottom, the N-th code cell), as rank R ran it.
 #
 # Debug mode is off unless asked for: `MINDDP_DEBUG=1 torchrun ... train.py` (or
-# `minddp.debug.enable()`). This notebook turns it on in its set-up cell and pauses it for its torch
-# runs (the last section shows what a wrapper built with it paused lacks). What each check does:
-# `docs/debugging.md`.
+# `minddp.debug.enable()`). What each check does: `docs/debugging.md`.
 
 # %%
 # %load_ext minddp.notebook
 # %dist_init --world-size 2
 
 # %% [markdown]
-# The set-up cell turns debug mode on in every rank, as `MINDDP_DEBUG=1` would, and gives every rank
-# the same small model and its own batches (its shard). Its helpers run each section's script three
-# ways:
+# The set-up cell turns debug mode on in every rank, as `MINDDP_DEBUG=1` would. Its helpers
+# (`minddp/notebook/lesson_08.py`) give every rank the same small model, `build()`'s `Net` wrapped,
+# and its own batches (its shard), and run each section's script three ways:
 #
-# * `torch_does`: debug mode paused; what each rank raised (the error's first two sentences, and
-#   the line naming the parameter indices if it has one), or
-#   "raised nothing"; `torch_drifts`, for sections 1 and 2: how far the replicas ended apart;
-# * `minddp_says`: the line debug mode raised, checked on every rank;
+# * `torch_does`: debug mode paused; what each rank raised and after how long, from the script's start,
+#   in seconds to the hundredth (the error's first two sentences, and the line naming the parameter
+#   indices if it has one), or "raised nothing"; `torch_drifts`, for sections 1 and 2: how far the
+#   replicas ended apart;
+# * `minddp_says`: the `DebugError` debug mode raised, checked on every rank;
 # * `fixed`: the corrected script, in debug mode; its ✓ line checks that debug mode says nothing and the
-#   replicas are equal. The fixes of sections 3, 4 (its first), 5 and 6 do not use it: each checks what its
-#   own ✓ line says.
-#
-# The times `torch_does` prints count from the script's start, building its model and wrapper
-# included, until the rank raised, rounded to hundredths of a second (0.00: under half a hundredth).
+#   replicas are equal. Other fixes are checked in their cell.
 
 # %%
 # %%distributed
 import contextlib
-import re
 import time
 import warnings
-from datetime import timedelta
-
-from torch.distributed.constants import default_pg_timeout
 
 from torch import nn
+from torch.distributed.constants import default_pg_timeout
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import minddp.debug
 from minddp import DistributedDataParallel
 from minddp.notebook import lesson
-from minddp.runtime.launch import peer_gone
+from minddp.notebook.lesson_08 import (
+    WAIT_S,
+    Net,
+    apart,
+    apart_at,
+    batch,
+    build,
+    cpp_warnings,
+    fixed,
+    minddp_says,
+    peer_gone,
+    quiet,
+    say_each,
+    torch_does,
+    torch_drifts,
+    torch_took,
+    train,
+)
 
 minddp.debug.enable()  # what `MINDDP_DEBUG=1 torchrun ...` does for every rank when it imports minddp
-WAIT_S = 3  # under torch, the script's own collectives give up after this (torch's DDP keeps torch's default)
-
-
-class Net(nn.Module):
-    def __init__(self, extra: bool = False):
-        super().__init__()
-        self.encoder, self.head = nn.Linear(8, 16), nn.Linear(16, 4)
-        self.extra = nn.Linear(16, 4) if extra else None
-
-    def forward(self, x, use_extra: bool = False):
-        h = torch.tanh(self.encoder(x))
-        return self.head(h) + self.extra(h) if use_extra else self.head(h)
-
-
-def build(wrapper=DistributedDataParallel, extra=False, **kwargs):
-    torch.manual_seed(0)
-    model = Net(extra).to(device)
-    ddp = wrapper(model, **kwargs)
-    return model, ddp, torch.optim.SGD(ddp.parameters(), lr=0.1)
-
-
-def batch(step, same_on_every_rank=False):
-    g = torch.Generator().manual_seed(step if same_on_every_rank else 100 * step + rank)
-    return torch.randn(6, 8, generator=g).to(device), torch.randn(6, 4, generator=g).to(device)
-
-
-def train(model, ddp, optimizer, steps, **forward):
-    for step in range(steps):
-        x, y = batch(step)
-        nn.functional.mse_loss(ddp(x, **forward), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-
-def apart(model) -> float:
-    """The largest difference between a rank's parameters and rank 0's (0: the replicas agree)."""
-    return apart_at(model)[0]
-
-
-def apart_at(model) -> tuple[float, str]:
-    """``apart(model)``, and the name of the parameter where that largest difference is."""
-    names, flat = zip(*[(name, p.detach().reshape(-1)) for name, p in model.named_parameters()])
-    mine = torch.cat(flat)
-    rank0 = mine.clone()
-    dist.broadcast(rank0, src=0)
-    gaps = (mine - rank0).abs()
-    at = int(gaps.argmax())
-    ends = torch.tensor([t.numel() for t in flat], device=mine.device).cumsum(0)  # where each parameter ends in `mine`
-    everyone = [None] * world_size
-    dist.all_gather_object(everyone, (gaps[at].item(), names[int((ends <= at).sum())]))
-    return max(everyone)
-
-
-def torch_does(script) -> list[str]:
-    """Run ``script(group, short)`` with debug mode paused; whether each rank raised, each said in a line (an error: its
-    first two sentences, and the line naming the parameter indices if it has one); each rank's time until it raised
-    (or finished) is left in ``torch_took``.
-
-    ``group``: a new group for torch's DDP, with torch's default timeout; ``short``: one whose calls give up after
-    ``WAIT_S``, for the script's own collectives. A rank that fails destroys both, as a job's process ends
-    when it raises: a partner waiting on it then fails at once ("Connection closed by peer", or reset).
-    """
-    minddp.debug.disable()
-    # the short group is made right after the other, whose making the ranks finish together
-    groups = [dist.new_group(), dist.new_group(timeout=timedelta(seconds=WAIT_S))]
-    start = time.perf_counter()
-    try:
-        script(*groups)
-        mine, took = "raised nothing", time.perf_counter() - start
-    except RuntimeError as error:  # torch's and gloo's errors: the lines the docstring names
-        lines = str(error).strip().splitlines()
-        said = ". ".join(lines[0].split(". ")[:2]) + "".join(f" ({x.strip()})" for x in lines if "indices" in x)
-        took = time.perf_counter() - start
-        mine = f"{type(error).__name__} after {took:.2f} s: {said}"
-        for g in groups:
-            dist.destroy_process_group(g)  # where this rank's process would end
-        groups = []
-    finally:
-        minddp.debug.enable()
-    everyone = [None] * world_size
-    dist.all_gather_object(everyone, (mine, took))
-    for g in groups:
-        dist.destroy_process_group(g)
-    for r, (outcome, _) in enumerate(everyone):
-        lesson.say(f"torch, rank {r}: {outcome}")
-    torch_took[:] = [took for _, took in everyone]
-    return [outcome for outcome, _ in everyone]
-
-
-torch_took: list[float] = []  # each rank's time in torch_does's last run
-
-
-def minddp_says(script, cause: str, verdict: str = "debug mode stopped every rank") -> None:
-    """Run ``script()`` in debug mode; print the line rank 0 raised, alone, then whether the others raised the same
-    finding (a line that differs in more than its rank is printed), and claim every rank raised ``cause``."""
-    try:
-        script()
-    except minddp.debug.DebugError as finding:
-        line = str(finding)
-    else:
-        line = None
-    everyone = say_each(line, "raised")
-    lesson.claim(all(said is not None and cause in said for said in everyone), verdict)
-
-
-def say_each(line: str | None, how: str) -> list:
-    """Every rank's ``line`` (None: it said nothing): rank 0's printed alone, then in a line of its own whether each
-    other rank ``how`` (raised, warned) rank 0's finding (a rank's line that differs in more than where it names its
-    own rank is printed); returns every rank's line."""
-    everyone = [None] * world_size
-    dist.all_gather_object(everyone, line)
-    own = everyone[0]
-    lesson.say(own or "minddp said nothing")
-    told = []
-    for r, said in enumerate(everyone[1:], start=1):
-        if said is None:
-            told.append(f"rank {r} said nothing")
-        elif (mine := said.replace(f"(rank {r}): ", "(rank 0): ", 1)) == own:
-            told.append(f"rank {r} {how} the same finding")
-        elif mine.replace(f", rank {r}>", ", rank 0>") == own:  # it names the place in its own copy of the cell
-            place = re.search(rf"<In \[\d+\], rank {r}>", said).group()
-            told.append(f"rank {r} {how} the same finding, naming the place as `{place}`")
-        else:
-            told.append(f"rank {r} {how}: {said}")
-    lesson.say(f"({'; '.join(told)})")
-    return everyone
-
-
-def torch_drifts(script) -> None:
-    """``script(model, ddp, optimizer)`` on torch's DDP: it raises nothing, and the replicas end apart."""
-    models = []
-
-    def run(group, short):
-        model, *rest = build(TorchDDP, process_group=group)
-        models.append(model)
-        script(model, *rest)
-
-    said = torch_does(run)
-    gap, where = apart_at(models[0])
-    lesson.claim(
-        said == ["raised nothing"] * world_size and gap > 0,
-        f"torch's DDP trained on, raising nothing, and its replicas' parameters now differ by up to {gap:.1e} "
-        f"(the largest gap is in '{where}')",
-    )
-
-
-@contextlib.contextmanager
-def quiet():
-    """The block in debug mode, expected to say nothing: yields a list that holds, after it, the debug mode
-    warnings the block raised (an error would raise through)."""
-    said = []
-    with warnings.catch_warnings(record=True) as heard:
-        warnings.simplefilter("always")
-        yield said
-    said += [str(w.message) for w in heard if issubclass(w.category, minddp.debug.DebugWarning)]
-
-
-def fixed(script, fix: str, **corrected) -> None:
-    """``script(model, ddp, optimizer, **corrected)`` in debug mode: nothing said, and the replicas agree."""
-    model, *rest = build()
-    with quiet() as said:
-        script(model, *rest, **corrected)
-    lesson.claim(not said and apart(model) == 0, f"the fix: {fix}, debug mode says nothing and the replicas agree")
-
-
 train(*build(), steps=1)  # one correct step, untimed: what a process pays once is not in the times torch_does prints
 print(f"rank {rank}: debug mode on")
+lesson.say(f"Net(extra=True)'s parameters, in order: {', '.join(n for n, _ in Net(extra=True).named_parameters())}")
 lesson.say(
     f"Under torch, a script's own collective gives up after {WAIT_S} s here; torch's default timeout for a gloo "
     f"group, which torch's DDP keeps here, is {default_pg_timeout.total_seconds() / 60:g} minutes."
@@ -267,33 +109,28 @@ lesson.say(
 # DDP keeps the replicas equal by starting them equal and giving each the same averaged gradient.
 # Anything that changes a parameter on some ranks only breaks that for good: an in-place edit, a
 # `load_state_dict` on rank 0 only, an optimizer with another learning rate on one rank. Here rank 1
-# nudges one weight after step 1 (the second step). In debug mode, before each forward whose backward
-# will average the gradients (the *forward check*; section 2 shows a forward that does not), every rank all-gathers one small row of integers: for each parameter its
-# `requires_grad` and a fingerprint (its bits, weighted by place), so with `Net()`'s 4 parameter tensors (and no buffers) a row of 8,
-# `int64[8]`. On a
-# mismatch the first differing tensor is compared in full, and every rank stops at the same point.
-# Before each `optimizer.step()` the *step check* gathers another row, `int64[17]` for `Net()`: one integer of
-# notes (among them: a forward bypassed the wrapper; the step's last backward ran inside `no_sync()`: section 2's bugs),
-# then, for each of four things, one integer per parameter: whether each has a gradient, each gradient's
-# fingerprint, whether debug mode's hook on its gradient ran, and each local gradient's fingerprint (from before
-# averaging). The fix: change
-# parameters the same way on every rank (here: not at all).
-#
-# The gap the nudge opens stays its size (up to rounding): both replicas then step with the same averaged gradient, so
-# it neither grows nor closes.
+# nudges one weight after step 1. In debug mode, before each forward whose backward will average the
+# gradients (the *forward check*), every rank all-gathers one small row of integers: for each parameter
+# its `requires_grad` and a fingerprint (its bits, weighted by place): `int64[8]` for `Net()`'s 4
+# parameter tensors. On a mismatch the first differing tensor is compared in full, and every rank
+# stops at the same point. Before each `optimizer.step()` the *step check* gathers another row,
+# `int64[17]` for `Net()`: one integer of notes (among them section 2's bugs), then, for each of four
+# things, one integer per parameter: whether each has a gradient, each gradient's fingerprint, whether
+# debug mode's hook on its gradient ran, and each local gradient's fingerprint (from before averaging).
+# The fix: change parameters the same way on every rank (here: not at all).
 
 
 # %%
 # %%distributed
-def drifting_loop(model, ddp, optimizer, edit=True):
+def drifting_loop(model, optimizer, edit=True):
     for step in range(4):
         x, y = batch(step)
-        nn.functional.mse_loss(ddp(x), y).backward()
+        nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
         if edit and step == 1 and rank == 1:
             with torch.no_grad():
-                model.head.weight[0, 0] += 1e-3  # the bug: one rank edits its replica
+                model.module.head.weight[0, 0] += 1e-3  # the bug: one rank edits its replica
 
 
 torch_drifts(drifting_loop)
@@ -306,24 +143,22 @@ fixed(drifting_loop, "without the edit", edit=False)
 # ## 2. Gradients that were never averaged
 #
 # DDP averages the gradients of a backward whose forward went through the wrapper. Call the module
-# itself (`ddp.module(x)`, or a submodule of it) and backward leaves each rank its own gradient; the
+# itself (`model.module(x)`, or a submodule of it) and backward leaves each rank its own gradient; the
 # optimizer then steps each replica its own way. minddp checks, before each `optimizer.step()` over
 # the wrapped parameters, that the gradients are equal on every rank, and says why they are not. The
-# fix: call the wrapper (the line's `model(x)` is this notebook's `ddp(x)`).
+# fix: call the wrapper.
 #
-# Each of this section's two cells prints two gaps, and they measure different things: the ✓ line
-# under torch's run says how far the replicas'
-# *parameters* ended apart after the step; debug mode's line says how far one tensor's *gradients* are
-# apart at `optimizer.step()`, which it stops before any parameter moves. They need not be about the
-# same tensor either: the ✓ line names the parameter with the largest gap, debug mode's line the first
-# tensor in the model's order whose gradients differ, so compare the names before the numbers.
+# Each of this section's two cells prints two gaps: the ✓ line under torch's run, how far the
+# replicas' *parameters* ended apart after the step, in the parameter with the largest gap; debug
+# mode's message, how far the *gradients* of the first tensor (in the model's order) that differs are
+# apart at `optimizer.step()`, which it stops before any parameter moves.
 
 
 # %%
 # %%distributed
-def one_step(model, ddp, optimizer, through_wrapper=False):
+def one_step(model, optimizer, through_wrapper=False):
     x, y = batch(0)
-    nn.functional.mse_loss((ddp if through_wrapper else ddp.module)(x), y).backward()  # the bug: ddp.module
+    nn.functional.mse_loss((model if through_wrapper else model.module)(x), y).backward()  # the bug: model.module
     optimizer.step()
 
 
@@ -332,18 +167,18 @@ minddp_says(lambda: one_step(*build()), "the forward did not go through the wrap
 fixed(one_step, "through the wrapper", through_wrapper=True)
 
 # %% [markdown]
-# The other way to get there: gradient accumulation with step 0's three micro-batches (what the loop counts)
-# all inside `no_sync()`, the last one included. `no_sync()` only accumulates; a step's last backward must run outside it.
-# The fix: the last micro-batch outside `no_sync()`.
+# The other way to get there: gradient accumulation with step 0's three micro-batches all inside
+# `no_sync()`, the last one included. `no_sync()` only accumulates; a step's last backward must run
+# outside it. The fix: the last micro-batch outside `no_sync()`.
 
 
 # %%
 # %%distributed
-def accumulate(model, ddp, optimizer, last_syncs=False):
+def accumulate(model, optimizer, last_syncs=False):
     for micro in range(3):
-        with contextlib.nullcontext() if last_syncs and micro == 2 else ddp.no_sync():  # the bug: all 3 inside
+        with contextlib.nullcontext() if last_syncs and micro == 2 else model.no_sync():  # the bug: all 3 inside
             x, y = batch(micro)
-            nn.functional.mse_loss(ddp(x), y).backward()
+            nn.functional.mse_loss(model(x), y).backward()
     optimizer.step()
 
 
@@ -361,17 +196,17 @@ fixed(accumulate, "the last micro-batch synced", last_syncs=True)
 
 # %%
 # %%distributed
-def read(model, ddp, optimizer, same=True) -> list[str]:
+def read(model, optimizer, same=True) -> list[str]:
     """Four steps; every Python warning raised in them (a warning torch's C++ code prints to stderr is not one: see
     section 6)."""
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         for step in range(4):
             x, y = batch(step, same_on_every_rank=same)  # the bug: no shard per rank
-            nn.functional.mse_loss(ddp(x), y).backward()
+            nn.functional.mse_loss(model(x), y).backward()
             optimizer.step()
             optimizer.zero_grad()
-    return [str(w.message) for w in said]
+    return [f"{w.category.__name__}: {w.message}" for w in said]
 
 
 torch_warned = []
@@ -383,7 +218,7 @@ lesson.claim(
 lines = read(*build())
 say_each(lines[0] if lines else None, "warned")
 lesson.claim(
-    len(lines) == 1 and lines[0].startswith("minddp debug"),
+    len(lines) == 1 and lines[0].startswith("DebugWarning: minddp debug"),
     "debug mode warned once on every rank (the 4 steps' one Python warning), and the steps ran to the end",
 )
 lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, no warning at all")
@@ -393,23 +228,21 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 #
 # A script's own collectives must match across ranks too: the same op, shape and dtype, in the same
 # order. Here rank 0 logs two metrics and rank 1 one. Under torch, gloo pairs an all_reduce of 2
-# values with one of 1 and both ranks wait, until the group's timeout ends a wait (in a real job torch's default; here the short one: the set-up cell prints both). In debug mode every
-# `torch.distributed` collective is compared across ranks on a side channel (the store of the
-# *default group*, the process group the ranks started with, which a collective given no group uses: a key-value table every rank reaches) before it is sent (the *collective check*), so both
-# ranks stop before the mismatched all_reduce is sent, naming each rank's call and the line it came
-# from. The fix: the same metrics on every rank.
+# values with one of 1 and both ranks wait until the group's timeout ends a wait: here the short
+# group's, in a real job torch's default. In debug mode every `torch.distributed` collective is first
+# compared across ranks on a side channel (the store of the *default group*, the process group the
+# ranks started with: a key-value table every rank reaches), the *collective check*, so both ranks
+# stop before the mismatched all_reduce is sent, naming each rank's call and the line it came from.
+# The fix: the same metrics on every rank.
 #
-# The line numbers the call: *collective #K* is the default group's sequence number, counting from 0
-# every collective on the default group that debug mode has checked (the wrappers' own, the notebook's and the earlier
-# sections' included), so the two ranks' K-th calls are the ones compared. The torch runs' calls are
-# on groups of their own, made with debug mode paused, and are not counted. The notebook does not
-# list the calls it counts.
-# A call is said as op(shapes): for an all_gather, the output list and then the input, so
-# `all_gather(2 × int64[17], int64[17])` gathers a row of 17 from each of the 2 ranks. Then the step:
-# `(step 0)` for a call made in a wrapper's step (from its forward to its `optimizer.step()`), and
-# `(after step S)` for a script's own call made once the last step a wrapper took had ended (K, S and
-# the N of `In [N]` are three different counts). This
-# cell's all_reduce is outside any loop: the last step was section 3's last (its loop's step 3).
+# The message numbers the call: *collective #K* counts from 0 every collective on the default group
+# that debug mode has checked (the wrappers' own, their checks' and buckets' among them, and the
+# earlier sections'), so the two ranks' K-th calls are the ones compared; the torch runs' calls, on
+# groups of their own, are not counted. A call is said as op(shapes): for an all_gather, the output
+# list and then the input, so `all_gather(2 × int64[17], int64[17])` gathers a row of 17 from each of
+# the 2 ranks. Then the step: `(step 0)` for a call made in a wrapper's step (from its forward to its
+# `optimizer.step()`), `(after step S)` for a script's own call made after the last step a wrapper
+# took (here section 3's last, its loop's step 3).
 
 # %%
 # %%distributed
@@ -419,7 +252,7 @@ said = torch_does(lambda group, short: dist.all_reduce(torch.tensor(logged, devi
 lesson.claim(
     all("Timed out" in s or peer_gone(s) for s in said)
     and any("Timed out" in s and took >= WAIT_S for s, took in zip(said, torch_took)),
-    f"under torch no rank's all_reduce completed: each failed, at least one at the {WAIT_S} s timeout",
+    f"under torch no rank's all_reduce completed: each failed, at least one at the short group's {WAIT_S} s timeout",
 )
 minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)), "mismatched collectives")
 metrics = torch.tensor([0.5, 0.9], device=device)
@@ -433,16 +266,15 @@ lesson.claim(
 # %% [markdown]
 # A collective made on some ranks only is the same bug seen one call later: rank 0 logs its loss
 # with an all_reduce that rank 1 never makes, so it meets rank 1's next call on its group: in debug
-# mode, the step check's all_gather; under torch here, none (the call is on a group of its own; in a
-# real job it would meet torch's DDP's next call). The fix: log on every
-# rank (or log rank 0's loss without a collective).
+# mode, the step check's all_gather; under torch here, none (the call is on a group of its own). The
+# fix: log on every rank (or log rank 0's loss without a collective).
 
 
 # %%
 # %%distributed
-def log_loss(model, ddp, optimizer, group=None, everywhere=False):
+def log_loss(model, optimizer, group=None, everywhere=False):
     x, y = batch(0)
-    loss = nn.functional.mse_loss(ddp(x), y)
+    loss = nn.functional.mse_loss(model(x), y)
     loss.backward()
     if everywhere or rank == 0:  # the bug: a collective on rank 0 only
         dist.all_reduce(loss.detach().reshape(1), group=group)
@@ -451,8 +283,8 @@ def log_loss(model, ddp, optimizer, group=None, everywhere=False):
 
 said = torch_does(lambda group, short: log_loss(*build(TorchDDP, process_group=group), group=short))
 lesson.claim(
-    "Timed out" in said[0] and said[1] == "raised nothing",
-    f"under torch rank 0 waited until the {WAIT_S} s timeout; rank 1 stepped on, raising nothing",
+    "Timed out" in said[0] and torch_took[0] >= WAIT_S and said[1] == "raised nothing",
+    f"under torch rank 0 waited until the short group's {WAIT_S} s timeout; rank 1 stepped on, raising nothing",
 )
 minddp_says(lambda: log_loss(*build()), "mismatched collectives")
 fixed(log_loss, "the loss logged on every rank", everywhere=True)
@@ -461,21 +293,21 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # ## 5. Uneven inputs
 #
 # Rank 1 has one batch fewer. It leaves its loop and waits at the script's final barrier, while rank
-# 0 starts a step whose collectives rank 1 will never make. Under torch both wait: rank 1 in its
-# barrier until the timeout (3 s here), and when it fails and destroys its groups, rank 0's step fails with gloo's
-# "Connection closed by peer" (or "reset by peer"); neither says which rank ran out, or when.
-# Debug mode sees a rank in a step on one side and a rank out of its loop on the other. The line
-# names the fixes: the same number of batches on every rank, or training under the wrapper's `join()`,
-# which the cell uses (what it does: `docs/ddp.md`). Under
-# `join()` the forward and step checks pause, so the ✓ line does not test them.
+# 0 starts a step whose collectives rank 1 will never make. Under torch rank 1 waits in its barrier
+# until the short group's timeout, and when it fails and destroys its groups, rank 0's step fails with
+# gloo's "Connection closed by peer" (or "reset by peer"); neither says which rank ran out, or when.
+# Debug mode sees a rank in a step on one side and a rank out of its loop on the other. The message
+# names the fixes: the same number of batches on every rank, or training under the wrapper's
+# `join()` (how it works: `docs/ddp.md`), the fix the cell runs. Under `join()` debug mode's forward
+# and step checks pause, so its ✓ line does not test them.
 
 
 # %%
 # %%distributed
-def uneven(model, ddp, optimizer, group=None):
+def uneven(model, optimizer, group=None):
     for step in range(4 if rank == 0 else 3):  # the bug: rank 1 runs out of data first
         x, y = batch(step)
-        nn.functional.mse_loss(ddp(x), y).backward()
+        nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
     dist.barrier(group=group)
@@ -483,20 +315,27 @@ def uneven(model, ddp, optimizer, group=None):
 
 said = torch_does(lambda group, short: uneven(*build(TorchDDP, process_group=group), group=short))
 lesson.claim(
-    peer_gone(said[0]) and "Timed out" in said[1],
-    f"under torch rank 1 failed at the {WAIT_S} s timeout, and rank 0 with an error saying its partner is gone",
+    peer_gone(said[0]) and "Timed out" in said[1] and torch_took[1] >= WAIT_S,
+    f"under torch rank 1 failed at the short group's {WAIT_S} s timeout, and rank 0 with an error saying its "
+    "partner is gone",
 )
 minddp_says(lambda: uneven(*build()), "uneven inputs: rank 1 left the training loop after step 2")
-model, ddp, optimizer = build()
-with quiet() as said, ddp.join():
+model, optimizer = build()
+stepped = 0
+with quiet() as said, model.join():
     for step in range(4 if rank == 0 else 3):
         x, y = batch(step)
-        nn.functional.mse_loss(ddp(x), y).backward()
+        nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
+        stepped += 1
 dist.barrier()
+steps = [None] * world_size
+dist.all_gather_object(steps, stepped)
 lesson.claim(
-    not said and apart(model) == 0, "the fix: under join() nothing is said and both ranks end with the same parameters"
+    not said and steps == [4, 3] and apart(model) == 0,
+    f"the fix: under model.join() rank 0 took {steps[0]} steps and rank 1 {steps[1]}; nothing is said and both "
+    "ranks end with the same parameters",
 )
 
 # %% [markdown]
@@ -504,10 +343,10 @@ lesson.claim(
 #
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they
-# send. Under torch's DDP, rank 1, which
-# has every gradient, sends and waits; rank 0 fails at its next forward, saying its module has
-# parameters not used in producing loss, and their indices (counted from 0 in the model's order: 2
-# and 3 are `head.weight` and `head.bias`), and destroys its groups, so rank 1 fails too. Debug mode compares `requires_grad` across ranks before each forward
+# send. Under torch's DDP, rank 1, which has every gradient, sends and waits; rank 0 fails at its
+# next forward, saying its module has parameters not used in producing loss, and their indices (in
+# the order the set-up cell prints: 2 and 3 are `head.weight` and `head.bias`), and destroys its
+# groups, so rank 1 fails too. Debug mode compares `requires_grad` across ranks before each forward
 # (the forward check). The fix: freeze the layer on every rank, before wrapping.
 
 
@@ -518,11 +357,11 @@ def freeze_on_rank_0(wrap, everywhere=False):
     model = Net().to(device)
     if everywhere:
         model.head.requires_grad_(False)  # the fix: frozen on every rank, before wrapping
-    ddp = wrap(model)
+    model = wrap(model)
     if rank == 0 and not everywhere:
-        model.head.requires_grad_(False)  # the bug: frozen on one rank, after wrapping
+        model.module.head.requires_grad_(False)  # the bug: frozen on one rank, after wrapping
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    train(model, ddp, optimizer, steps=2)
+    train(model, optimizer, steps=2)
     return model
 
 
@@ -542,12 +381,10 @@ lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, not
 
 # %% [markdown]
 # `find_unused_parameters=True` does not fix this bug. The next cell runs it under torch's DDP beside
-# `own`, an unwrapped copy of the model: no error; rank 1's `head.weight` gradient is averaged with rank
-# 0's zeros, which halves it (the ✓ line compares its norm with `own`'s), while rank
-# 0, whose `head` is frozen, does not step it, so the replicas end apart. All torch says is a warning
-# its C++ code prints on rank 1, that it found no unused parameter: it goes straight to stderr, without
-# the runner's `[rank 1]` heading (torch's own `[rank1]:` prefix names the rank), at the end of the
-# cell's output where the front end shows it at all.
+# `own`, an unwrapped copy of the module: no error; rank 1's `head.weight` gradient is averaged with
+# rank 0's zeros, which halves it (the ✓ line compares its norm with `own`'s), while rank 0, whose
+# `head` is frozen, does not step it, so the replicas end apart. All torch says is what its C++ code
+# writes to stderr, which the cell catches and prints for each rank, without the log's timestamp.
 
 
 # %%
@@ -556,27 +393,28 @@ def fourth_run(group, short):
     torch.manual_seed(0)
     model, own = Net().to(device), Net().to(device)
     own.load_state_dict(model.state_dict())
-    ddp = TorchDDP(model, process_group=group, find_unused_parameters=True)
+    model = TorchDDP(model, process_group=group, find_unused_parameters=True)
     if rank == 0:
-        model.head.requires_grad_(False)  # the bug
+        model.module.head.requires_grad_(False)  # the bug
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     x, y = batch(0)
     nn.functional.mse_loss(own(x), y).backward()
-    nn.functional.mse_loss(ddp(x), y).backward()
-    share = (model.head.weight.grad.norm() / own.head.weight.grad.norm()).item()
+    nn.functional.mse_loss(model(x), y).backward()
+    share = (model.module.head.weight.grad.norm() / own.head.weight.grad.norm()).item()
     optimizer.step()
     optimizer.zero_grad()
-    train(model, ddp, optimizer, steps=1)  # the second step, on the same batch
-    kept = all(torch.equal(a, b) for a, b in zip(model.head.parameters(), own.head.parameters()))  # own never steps
+    train(model, optimizer, steps=1)  # the second step, on the same batch
+    kept = all(torch.equal(a, b) for a, b in zip(model.module.head.parameters(), own.head.parameters()))  # own: 0 steps
     runs.append((model, (share, kept)))
 
 
 runs = []
-said = torch_does(fourth_run)
+with cpp_warnings() as warned:
+    said = torch_does(fourth_run)
 ((model, mine),) = runs
 everyone = [None] * world_size
-dist.all_gather_object(everyone, mine)
-shares, kept = zip(*everyone)
+dist.all_gather_object(everyone, (*mine, warned))
+shares, kept, warnings_of = zip(*everyone)
 gap, where = apart_at(model)
 # Rank 1's two head gradients (through the wrapper, and the copy's) are float32 sums of the same 6 rows' products,
 # at worst in another order: apart by ~6 roundings (6 × 6e-8 relative) at most, far inside 1e-5; halving is exact.
@@ -590,14 +428,16 @@ lesson.claim(
     f"{shares[1]:.3f} × the unwrapped copy's; rank 0's head kept its initial values while rank 1's moved, and the "
     f"replicas' parameters ended apart by up to {gap:.1e}, the largest gap in '{where}'",
 )
+for r, heard in enumerate(warnings_of):
+    lesson.say(f"torch's C++ code, rank {r}: " + (" | ".join(heard) or "no warning"))
 
 # %% [markdown]
 # A branch of the model taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
-# *is* the fix: the line says so. Averaging zeros in is right here: a rank that did not take the branch
-# has a true gradient of zero for it, and every rank steps the branch with the same average (with a
-# layer frozen on one rank, that rank steps nothing). Under torch, rank 0 (the one with the branch's gradient) sends and
-# waits; rank 1 fails at its next forward (indices 4 and 5: `extra.weight`, `extra.bias`), and when
-# it destroys its groups, rank 0 fails too.
+# *is* the fix: the message says so. Averaging zeros in is right here: a rank that did not take the
+# branch has a true gradient of zero for it, and every rank steps the branch with the same average.
+# Under torch, rank 0 (the one with the branch's gradient) sends and waits; rank 1 fails at its next
+# forward (indices 4 and 5: `extra.weight`, `extra.bias`), and when it destroys its groups, rank 0
+# fails too.
 
 # %%
 # %%distributed
@@ -609,9 +449,9 @@ lesson.claim(
 )
 # the bug: a branch on rank 0 only
 minddp_says(lambda: train(*build(extra=True), 1, use_extra=rank == 0), "Fix: pass find_unused_parameters=True")
-model, *rest = build(extra=True, find_unused_parameters=True)
+model, optimizer = build(extra=True, find_unused_parameters=True)
 with quiet() as said:
-    train(model, *rest, 3, use_extra=rank == 0)
+    train(model, optimizer, 3, use_extra=rank == 0)
 lesson.claim(
     not said and apart(model) == 0, "the fix: with find_unused_parameters=True nothing is said, the replicas agree"
 )
@@ -619,17 +459,16 @@ lesson.claim(
 # %% [markdown]
 # ## What it adds, and where to read more
 #
-# A process that never turns debug mode on installs none of it: no hook, no message, no check
-# (`tests/test_debug.py` checks that in processes started without `MINDDP_DEBUG`). This notebook's runs
-# without it have it *paused*. A
-# wrapper built while it is on has three things one built while it is paused lacks: a *watch* (the
-# object that runs the wrapper's forward and step checks), the `DebugReducer` (the
-# *reducer* is the part of the wrapper that averages the gradients in buckets; debug mode's version
-# sends each bucket through `torch.distributed`, checked), and the *plan check* (each
-# step, the ranks compare their *bucket plan*, which parameters each bucket holds, and their *launch
-# order*, the order the buckets were sent in). Debug mode adds work each step, untimed
-# here: time or profile a run that never turns it on. It is built to change no value the training computes: the cell checks that this
-# model's 5 steps end with bit-identical parameters either way, and shows what a wrapper built each way has.
+# A process that never turns debug mode on installs none of it (`tests/test_debug.py` checks that in
+# processes started without `MINDDP_DEBUG`); this notebook's torch runs have it *paused*. A wrapper
+# built while it is on has three things one built while it is paused lacks: a *watch* (the object that
+# runs the wrapper's forward and step checks), the `DebugReducer` (the *reducer* is the part of the
+# wrapper that averages the gradients in buckets; debug mode's sends each bucket through
+# `torch.distributed`, checked, and blocks backward until it is summed) and the *plan check* (each
+# step, the ranks compare which parameters each bucket holds and the order the buckets were sent in).
+# It is built to change no value the training computes: the cell checks that 5 steps end with
+# bit-identical parameters either way. It does add work each step (the cell prints the steps' time each
+# way), so time or profile a run without it.
 #
 # `docs/debugging.md` has what each check does, what torch's DDP does on each bug as a script under
 # torchrun (recorded), and what debug mode does not see.
@@ -638,15 +477,17 @@ lesson.claim(
 # %%
 # %%distributed
 def five_steps(on: bool):
-    """5 steps of the correct script with debug mode on or paused: the wrapper and the parameters."""
+    """5 steps of the correct script with debug mode on or paused: the wrapper, its parameters, the steps' seconds."""
     (minddp.debug.enable if on else minddp.debug.disable)()
-    model, ddp, optimizer = build()
-    train(model, ddp, optimizer, steps=5)
+    model, optimizer = build()
+    start = time.perf_counter()
+    train(model, optimizer, steps=5)
+    took = time.perf_counter() - start
     minddp.debug.enable()
-    return ddp, [p.detach().clone() for p in model.parameters()]
+    return model, [p.detach().clone() for p in model.parameters()], took
 
 
-(paused, paused_params), (on, on_params) = five_steps(False), five_steps(True)
+(paused, paused_params, paused_s), (on, on_params, on_s) = five_steps(False), five_steps(True)
 lesson.claim(
     paused.watch is None
     and type(paused.reducer).__name__ == "Reducer"
@@ -660,6 +501,7 @@ lesson.claim(
     all(torch.equal(a, b) for a, b in zip(paused_params, on_params)),
     "paused or on, the same 5 steps end with bit-identical parameters on every rank",
 )
+lesson.say(f"the 5 steps' time on rank {rank}: {paused_s * 1e3:.1f} ms paused, {on_s * 1e3:.1f} ms on")
 
 # %%
 # %dist_shutdown

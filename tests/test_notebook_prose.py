@@ -71,7 +71,6 @@ STEADY: dict[str, dict[str, str]] = {
     "08_debugging": {
         "whose timeout is 3 s": SETTING,
         "`all_gather(2 × int64[17], int64[17])`": "the recorded call's signature: two tensors of 17",
-        "until the timeout (3 s here)": SETTING,
     },
     "10_diloco": {
         "2 hops and 1× the tensor; 1.5× on the bench's 4": "2(n − 1)/n for n = 2 and n = 4: arithmetic",

@@ -1,0 +1,264 @@
+"""Notebook 08's (``notebooks/08_debugging``) model, and the three runs it gives each bug: torch, debug mode, the fix.
+
+Every section of the notebook breaks DDP on purpose and runs the broken script three ways on every rank:
+
+1. :func:`torch_does`: debug mode paused (:func:`minddp.debug.disable`), what each rank of torch's DDP raised and
+   after how long (:func:`torch_drifts`: a script that raises nothing, and how far its replicas ended apart);
+2. :func:`minddp_says`: in debug mode, the line rank 0 raised (a ``DebugError``), and whether every rank raised it;
+3. :func:`fixed`: the corrected script in debug mode: nothing said (:func:`quiet`), and the replicas agree.
+
+The model is :class:`Net`; :func:`build` wraps it as torch's examples do (``model = DDP(model)``: ``model`` is the
+wrapper, ``model.module`` the module it wraps). Everything here runs inside ``%%distributed`` cells, on every rank of
+the notebook's cluster; the one example below runs on one rank (the doctests' one-process group).
+
+    >>> model, optimizer = build()
+    >>> train(model, optimizer, steps=2)
+    >>> apart(model)    # one rank: no replica to differ from
+    0.0
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+import time
+import warnings
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import minddp.debug
+from minddp import DistributedDataParallel
+from minddp.notebook import lesson
+from minddp.runtime.device import current_device
+from minddp.runtime.launch import peer_gone
+
+__all__ = [
+    "WAIT_S",
+    "Net",
+    "apart",
+    "apart_at",
+    "batch",
+    "build",
+    "cpp_warnings",
+    "fixed",
+    "minddp_says",
+    "peer_gone",
+    "quiet",
+    "say_each",
+    "torch_does",
+    "torch_drifts",
+    "torch_took",
+    "train",
+]
+
+#: Under torch, the script's own collectives give up after this many seconds (torch's DDP keeps torch's default).
+WAIT_S = 3
+
+#: Each rank's seconds in :func:`torch_does`'s last run, from the script's start until it raised or finished.
+torch_took: list[float] = []
+
+
+class Net(nn.Module):
+    """The notebook's model: ``encoder`` then ``head``; with ``extra``, a second head, used when ``use_extra``."""
+
+    def __init__(self, extra: bool = False):
+        super().__init__()
+        self.encoder, self.head = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.extra = nn.Linear(16, 4) if extra else None
+
+    def forward(self, x, use_extra: bool = False):
+        h = torch.tanh(self.encoder(x))
+        return self.head(h) + self.extra(h) if use_extra else self.head(h)
+
+
+def build(wrapper=DistributedDataParallel, extra: bool = False, **kwargs):
+    """``(model, optimizer)``: the same :class:`Net` on every rank, wrapped (``model = wrapper(Net(), **kwargs)``),
+    and SGD over its parameters."""
+    torch.manual_seed(0)
+    model = wrapper(Net(extra).to(current_device()), **kwargs)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def batch(step: int, same_on_every_rank: bool = False):
+    """``(x, y)``, 6 examples: this rank's own for ``step`` (its shard), or with ``same_on_every_rank`` every rank's."""
+    rank = dist.get_rank()
+    g = torch.Generator().manual_seed(step if same_on_every_rank else 100 * step + rank)
+    return torch.randn(6, 8, generator=g).to(current_device()), torch.randn(6, 4, generator=g).to(current_device())
+
+
+def train(model, optimizer, steps: int, **forward) -> None:
+    """``steps`` correct steps on this rank's batches 0, 1, ...; ``forward``: keywords for every forward."""
+    for step in range(steps):
+        x, y = batch(step)
+        nn.functional.mse_loss(model(x, **forward), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def apart(model) -> float:
+    """The largest difference between a rank's parameters and rank 0's (0: the replicas agree)."""
+    return apart_at(model)[0]
+
+
+def apart_at(model) -> tuple[float, str]:
+    """``apart(model)``, and the name (in the wrapped module) of the parameter where that largest difference is."""
+    module = getattr(model, "module", model)
+    names, flat = zip(*[(name, p.detach().reshape(-1)) for name, p in module.named_parameters()])
+    mine = torch.cat(flat)
+    rank0 = mine.clone()
+    dist.broadcast(rank0, src=0)
+    gaps = (mine - rank0).abs()
+    at = int(gaps.argmax())
+    ends = torch.tensor([t.numel() for t in flat], device=mine.device).cumsum(0)  # where each parameter ends in mine
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (gaps[at].item(), names[int((ends <= at).sum())]))
+    return max(everyone)
+
+
+def torch_does(script) -> list[str]:
+    """Run ``script(group, short)`` with debug mode paused; print and return whether each rank raised, in a line
+    (an error: its type, the seconds until it was raised, its first two sentences and the line naming the parameter
+    indices if it has one); each rank's seconds until it raised (or finished) are left in :data:`torch_took`.
+
+    ``group``: a new group for torch's DDP, with torch's default timeout; ``short``: one whose calls give up after
+    :data:`WAIT_S`, for the script's own collectives. A rank that fails destroys both, as a job's process ends
+    when it raises: a partner waiting on it then fails at once ("Connection closed by peer", or reset).
+    """
+    minddp.debug.disable()
+    # the short group is made right after the other, whose making the ranks finish together
+    groups = [dist.new_group(), dist.new_group(timeout=timedelta(seconds=WAIT_S))]
+    start = time.perf_counter()
+    try:
+        script(*groups)
+        mine, took = "raised nothing", time.perf_counter() - start
+    except RuntimeError as error:  # torch's and gloo's errors: the lines the docstring names
+        lines = str(error).strip().splitlines()
+        said = ". ".join(lines[0].split(". ")[:2]) + "".join(f" ({x.strip()})" for x in lines if "indices" in x)
+        took = time.perf_counter() - start
+        mine = f"{type(error).__name__} after {took:.2f} s: {said}"
+        for g in groups:
+            dist.destroy_process_group(g)  # where this rank's process would end
+        groups = []
+    finally:
+        minddp.debug.enable()
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (mine, took))
+    for g in groups:
+        dist.destroy_process_group(g)
+    for r, (outcome, _) in enumerate(everyone):
+        lesson.say(f"torch, rank {r}: {outcome}")
+    torch_took[:] = [took for _, took in everyone]
+    return [outcome for outcome, _ in everyone]
+
+
+def torch_drifts(script) -> None:
+    """``script(model, optimizer)`` on torch's DDP: claim that it raises nothing and the replicas end apart."""
+    models = []
+
+    def run(group, short):
+        model, optimizer = build(torch.nn.parallel.DistributedDataParallel, process_group=group)
+        models.append(model)
+        script(model, optimizer)
+
+    said = torch_does(run)
+    gap, where = apart_at(models[0])
+    lesson.claim(
+        said == ["raised nothing"] * dist.get_world_size() and gap > 0,
+        f"torch's DDP trained on, raising nothing, and its replicas' parameters now differ by up to {gap:.1e} "
+        f"(the largest gap is in '{where}')",
+    )
+
+
+def minddp_says(script, cause: str, verdict: str = "debug mode stopped every rank") -> None:
+    """Run ``script()`` in debug mode; print the ``DebugError`` rank 0 raised, alone, then whether the others raised
+    the same finding (:func:`say_each`), and claim every rank raised one that contains ``cause``."""
+    try:
+        script()
+    except minddp.debug.DebugError as finding:
+        line = f"{type(finding).__name__}: {finding}"
+    else:
+        line = None
+    everyone = say_each(line, "raised")
+    lesson.claim(all(said is not None and cause in said for said in everyone), verdict)
+
+
+def say_each(line: str | None, how: str) -> list:
+    """Every rank's ``line`` (None: it said nothing): rank 0's printed alone, then in a line of its own whether each
+    other rank ``how`` (raised, warned) rank 0's finding (a rank's line that differs in more than where it names its
+    own rank is printed); returns every rank's line."""
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, line)
+    own = everyone[0]
+    lesson.say(own or "minddp said nothing")
+    told = []
+    for r, said in enumerate(everyone[1:], start=1):
+        if said is None:
+            told.append(f"rank {r} said nothing")
+        elif (mine := said.replace(f"(rank {r}): ", "(rank 0): ", 1)) == own:
+            told.append(f"rank {r} {how} the same finding")
+        elif mine.replace(f", rank {r}>", ", rank 0>") == own:  # it names the place in its own copy of the cell
+            place = re.search(rf"<In \[\d+\], rank {r}>", said).group()
+            told.append(f"rank {r} {how} the same finding, naming the place as `{place}`")
+        else:
+            told.append(f"rank {r} {how}: {said}")
+    lesson.say(f"({'; '.join(told)})")
+    return everyone
+
+
+@contextlib.contextmanager
+def quiet():
+    """The block in debug mode, expected to say nothing: yields a list that holds, after it, the debug mode
+    warnings the block raised (an error would raise through)."""
+    said = []
+    with warnings.catch_warnings(record=True) as heard:
+        warnings.simplefilter("always")
+        yield said
+    said += [str(w.message) for w in heard if issubclass(w.category, minddp.debug.DebugWarning)]
+
+
+def fixed(script, fix: str, **corrected) -> None:
+    """``script(model, optimizer, **corrected)`` in debug mode: claim that nothing is said and the replicas agree."""
+    model, optimizer = build()
+    with quiet() as said:
+        script(model, optimizer, **corrected)
+    lesson.claim(not said and apart(model) == 0, f"the fix: {fix}, debug mode says nothing and the replicas agree")
+
+
+#: A warning of torch's C++ code as it reaches stderr: ``[rank1]:[W1130 17:52:54.747494824 reducer.cpp:1529] Warning:``
+_CPP_WARNING = re.compile(r"^(?:\[rank\d+\]:)?\[W\d+ [\d:.]+ ([^\]]+)\] Warning: (.*)$")
+
+
+@contextlib.contextmanager
+def cpp_warnings():
+    """The block with this process's file descriptor 2 (where torch's C++ code writes its warnings) caught: yields a
+    list that holds, after it, each C++ warning written meanwhile as ``"file:line: message"``, without the log's
+    timestamp and rank prefix; whatever else was written goes on to stderr as it would have.
+
+    >>> with cpp_warnings() as warned:
+    ...     _ = os.write(2, b"[rank1]:[W1130 17:52:54.747494824 reducer.cpp:1529] Warning: none found (f())\\n")
+    >>> warned
+    ['reducer.cpp:1529: none found (f())']
+    """
+    warned: list[str] = []
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield warned
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            rest = []
+            for line in caught.read().decode(errors="replace").splitlines():
+                if match := _CPP_WARNING.match(line):
+                    warned.append(f"{match[1]}: {match[2]}")
+                else:
+                    rest.append(line + "\n")
+            if rest:
+                os.write(2, "".join(rest).encode())
