@@ -281,7 +281,7 @@ buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("o
 #
 # * **link time**: what rank 0's messages of a step take on the modeled link, from their sizes alone
 #   (`metrics.link_time`): 2(n−1)·α + 2(n−1)/n·m·β for a message of m bytes, added up, with the `1gbit`
-#   preset's α = 50 µs and β = 8 ns a byte. It is the link's work, not time the step lost;
+#   preset's α = 50 µs and β = 8 ns a byte (1 Gbit/s). It is the link's work, not time the step lost;
 # * **waited**: the time from rank 0's first `wait()` on a gradient message to its delivery, whatever held
 #   it; the parameter check is not a message and is not counted;
 # * **exposed**: the part of those waits during which rank 0's link carried a transfer. Transfers that pass
