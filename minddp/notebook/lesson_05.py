@@ -1,0 +1,188 @@
+"""The plumbing of ``notebooks/05_reading_traces``: its tables, its figure's rows and its printed comparisons.
+
+Each function reads rank 0's profiled step from a :class:`minddp.analysis.RunAnalysis` (or the run folder) and
+returns a table or lines to print, so that a cell of the notebook shows its point in a few lines. No measure is
+defined here: in flight, overlap and non-compute come from the analysis' summary, link time, waited and exposed
+from :mod:`minddp.analysis.metrics` (``docs/analysis.md``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from minddp.notebook import lesson
+
+
+def rank0(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of rank 0 of one of ``RunAnalysis``' frames (``summary``, ``buckets``, ``phases``, ``per_step``)."""
+    return frame[frame["rank"] == 0]
+
+
+def summary(result) -> pd.DataFrame:
+    """Rank 0's summary row of each profiled stage but ``single`` (which sends nothing), indexed by stage."""
+    zero = rank0(result.summary)
+    return zero[zero["stage"] != "single"].set_index("stage")
+
+
+def shares(zero: pd.DataFrame, run: Path) -> pd.DataFrame:
+    """The loopback table: in flight (ms), overlap (%), non-compute (ms), the part of non-compute inside the
+    parameter checks (:func:`lesson.non_compute_in_checks`) and the rest, each to 0.1; the rest is the difference
+    of the two printed columns, so that it adds up as printed."""
+    table = pd.DataFrame(
+        {
+            "in flight (ms)": zero["comm_time_per_step_us"] / 1e3,
+            "overlap (%)": zero["comm_comp_overlap_pctg"],
+            "non-compute (ms)": zero["non_compute_time_us"] / 1e3,
+            "of it, in the check (ms)": pd.Series({st: lesson.non_compute_in_checks(run, st) for st in zero.index})
+            / 1e3,
+        }
+    ).round(1)
+    table["outside the check (ms)"] = (table["non-compute (ms)"] - table["of it, in the check (ms)"]).round(1)
+    return table
+
+
+def change(x: float, y: float, unit: str = "ms") -> str:
+    """``x`` against ``y`` as printed to 0.1, in words: "the same", or "<difference> <unit> longer" / "shorter".
+
+    >>> change(12.34, 10.0), change(1.0, 1.04), change(3.0, 3.5)
+    ('2.3 ms longer', 'the same', '0.5 ms shorter')
+    """
+    d = round(round(x, 1) - round(y, 1), 1)
+    return "the same" if d == 0 else f"{abs(d):.1f} {unit} {'longer' if d > 0 else 'shorter'}"
+
+
+def changes(table: pd.DataFrame, pairs: list[tuple[str, str]], columns: list[str]) -> list[str]:
+    """One line per ``(later, earlier)`` pair of stages: the later against the earlier in each of ``columns`` (ms,
+    as printed in ``table``), in words.
+
+    >>> t = pd.DataFrame({"waited (ms)": [5.0, 7.5], "link time (ms)": [2.0, 2.0]}, index=["a", "b"])
+    >>> changes(t, [("b", "a")], ["waited (ms)", "link time (ms)"])
+    ['b against a: waited 2.5 ms longer, link time the same.']
+    """
+    return [
+        f"{a} against {b}: "
+        + ", ".join(f"{c.removesuffix(' (ms)')} {change(table.loc[a, c], table.loc[b, c])}" for c in columns)
+        + "."
+        for a, b in pairs
+    ]
+
+
+def sent_in_backward(result, stage: str) -> int:
+    """How many of the stage's messages (rank 0's ``buckets`` rows) were handed to the wire during one of its
+    backward bands (``phases``)."""
+    p, b = rank0(result.phases), rank0(result.buckets)
+    backward = p[(p["stage"] == stage) & (p["phase"] == "backward")]
+    ready = b.loc[b["stage"] == stage, "ready_us"]
+    return int(sum(((backward["start_us"] <= t) & (t <= backward["end_us"])).any() for t in ready))
+
+
+def anatomy(result, stages) -> pd.DataFrame:
+    """Per stage (rank 0): messages sent (ticks), how many during a backward, the longest time from a tick to the
+    start of its bar, and the longest bar (a message's gloo range, from its first start to its last end), ms."""
+    b = rank0(result.buckets)
+    rows = {}
+    for stage in stages:
+        mine = b[b["stage"] == stage]
+        rows[stage] = {
+            "messages sent": len(mine),
+            "sent during a backward": sent_in_backward(result, stage),
+            "tick to bar, at most (ms)": (mine["comm_start_us"] - mine["ready_us"]).max() / 1e3,
+            "longest bar (ms)": (mine["comm_end_us"] - mine["comm_start_us"]).max() / 1e3,
+        }
+    return pd.DataFrame(rows).T.astype({"messages sent": int, "sent during a backward": int}).round(1)
+
+
+def timeline_rows(result, run: Path) -> list[dict]:
+    """The rows :func:`minddp.analysis.timeline.draw_steps` draws (``rows_from_analysis``), each with its stage's
+    parameter checks (``checks``: gloo's all_gather ranges, ms from the step's start)."""
+    from minddp.analysis.timeline import rows_from_analysis
+
+    rows = rows_from_analysis(result)
+    for row in rows:
+        _, s0, checks = lesson.parameter_checks(run, row["stage"])
+        row["checks"] = [((a - s0) / 1e3, (b - s0) / 1e3) for a, b in checks]
+    return rows
+
+
+def show(fig, path: Path) -> None:
+    """Save ``fig`` to ``path`` (100 dpi) and show it once, from the file."""
+    import matplotlib.pyplot as plt
+    from IPython.display import Image, display
+
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    display(Image(filename=path))
+
+
+def phase_ms(result, phase: str) -> pd.Series:
+    """Each profiled stage's time in ``phase`` (its spans added up; rank 0's step), ms; ``single`` included."""
+    p = rank0(result.phases)
+    part = p[p["phase"] == phase]
+    return (part["end_us"] - part["start_us"]).groupby(part["stage"]).sum() / 1e3
+
+
+def spread(ms: pd.Series) -> str:
+    """The least and the most of ``ms`` over the stages (to the ms), whose, and the ratio of those two printed
+    values.
+
+    >>> spread(pd.Series({"a": 20.4, "b": 95.2}))
+    "20–95 ms (a's to b's, 4.8 ×)"
+    """
+    lo, hi = round(ms.min()), round(ms.max())
+    return f"{lo}–{hi} ms ({ms.idxmin()}'s to {ms.idxmax()}'s, {hi / lo:.1f} ×)"
+
+
+def message_bytes(linked) -> pd.Series:
+    """Rank 0's messages of the link run (``buckets`` rows), each one's bytes (float32: 4 a number)."""
+    sent = rank0(linked.buckets)
+    assert (sent["dtype"] == "float32").all()
+    return sent["numel"] * 4
+
+
+def link_ms(linked, link, stage: str) -> float:
+    """The stage's *link time* (``metrics.link_time``): each all_reduce of rank 0's step modeled on ``link``, ms."""
+    from minddp.analysis import metrics
+
+    sent, nbytes = rank0(linked.buckets), message_bytes(linked)
+    world = int(linked.summary["rank"].nunique())
+    return 1e3 * metrics.link_time(link, [("all_reduce", b, world) for b in nbytes[sent["stage"] == stage]])
+
+
+def link_table(linked, link) -> pd.DataFrame:
+    """The link run's table (rank 0, one profiled step each): link time, waited, exposed (ms, to 0.1), and waited −
+    exposed, the difference of the two printed columns."""
+    stages = rank0(linked.summary)["stage"]
+    waits = rank0(linked.per_step).groupby("stage")[["waited_us", "exposed_us"]].mean() / 1e3
+    table = pd.DataFrame(
+        {
+            "link time (ms)": [link_ms(linked, link, st) for st in stages],
+            "waited (ms)": waits["waited_us"].reindex(stages).to_numpy(),
+            "exposed (ms)": waits["exposed_us"].reindex(stages).to_numpy(),
+        },
+        index=pd.Index(stages, name="stage"),
+    ).round(1)
+    table["waited − exposed (ms)"] = (table["waited (ms)"] - table["exposed (ms)"]).round(1)
+    return table
+
+
+def whose_waits(table: pd.DataFrame) -> str:
+    """A line to print: the stages whose exposed (as printed in ``table``) is more than half their waited, and those
+    whose waited − exposed is, each with its part.
+
+    >>> t = pd.DataFrame({"waited (ms)": [10.0, 8.0], "exposed (ms)": [9.0, 0.2]}, index=["a", "b"])
+    >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
+    >>> whose_waits(t)
+    'Exposed is more than half of waited in: a (9.0 of 10.0 ms); waited − exposed is, in: b (7.8 of 8.0 ms).'
+    """
+
+    def listed(column: str) -> str:
+        over = [st for st in table.index if table.loc[st, column] > table.loc[st, "waited (ms)"] / 2]
+        parts = [f"{st} ({table.loc[st, column]:.1f} of {table.loc[st, 'waited (ms)']:.1f} ms)" for st in over]
+        return ", ".join(parts) or "none"
+
+    return (
+        f"Exposed is more than half of waited in: {listed('exposed (ms)')}; "
+        f"waited − exposed is, in: {listed('waited − exposed (ms)')}."
+    )
