@@ -701,13 +701,13 @@ lesson.claim(
 # ## What to take away
 #
 # * Local SGD and DiLoCo send H times fewer bytes than DDP; with the payload DDP hands over by its first
-#   score, each drawn run of theirs reaches a lower loss than DDP's then (the claim under the figure). DiLoCo
-#   adds an outer optimizer (lr 0.7, Nesterov momentum 0.9) that steps by the averaged pseudo-gradient where
-#   local SGD takes the averaged weights as they are. On this small task (the bench: 4 replicas, 2000 steps, 5
-#   seeds) DiLoCo's mean (not streamed) ended above local SGD's at every H: at H = 10 within local SGD's range
-#   over the seeds (below its mean only at the early scores the claim under the figure names), at H = 50 and
-#   100 in every seed. At H = 100 it ends worse than one replica alone, which sends nothing, where local SGD
-#   ends below one replica alone at every H, in every seed.
+#   score, each drawn run of theirs reaches a lower loss than DDP's at that score (the second claim under the
+#   figure). DiLoCo adds an outer optimizer (lr 0.7, Nesterov momentum 0.9) that steps by the averaged
+#   pseudo-gradient where local SGD takes the averaged weights as they are. On this small task (the bench: 4
+#   replicas, 2000 steps, 5 seeds) DiLoCo's mean (not streamed) ended above local SGD's at every H: at H = 10
+#   within local SGD's range over the seeds (below its mean only at the early scores the first claim under the
+#   figure names), at H = 50 and 100 in every seed. At H = 100 it ends worse than one replica alone, which
+#   sends nothing, where local SGD ends below one replica alone at every H, in every seed.
 # * At H = 100 no outer lr tried (0.3 to 1) ends below local SGD, `diloco-h100-lr1` (local SGD but for the
 #   Nesterov momentum) included. Early in the runs the mean of each DiLoCo run (lr 1 and the default) rises
 #   after at least one of its first 3 syncs, where local SGD's falls after each; what makes them rise was not
