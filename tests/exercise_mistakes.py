@@ -2266,3 +2266,14 @@ def outer_sync_adds_to_the_grad(params, synced, outer):
     with torch.no_grad():
         for p, s in zip(params, synced):
             s.copy_(p)
+
+
+def outer_sync_per_step_gradient(params, synced, outer):
+    """The pseudo-gradient made a per-step gradient: averaged over the replicas and over the H = 10 inner steps of
+    notebook 10's first run as well (``g /= world * H``), so the outer step gets a tenth of DiLoCo's."""
+    with torch.no_grad():
+        pseudo = [s - p for p, s in zip(params, synced)]
+        for g in pseudo:
+            dist.all_reduce(g)
+            g /= dist.get_world_size() * 10
+    _outer(params, synced, outer, pseudo)

@@ -1537,3 +1537,13 @@ def test_the_outer_sync_exercise_names_a_pseudo_gradient_added_to_the_last_inner
     v = check_outer_sync(wrong.outer_sync_adds_to_the_grad, timeout_s=TIMEOUT)
     named = "the averaged pseudo-gradient was added to the last inner gradient"
     assert not v.ok and named in v.line and "p.grad = g" in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_outer_sync_exercise_names_a_pseudo_gradient_divided_by_the_inner_steps():
+    """Learner read 10-d (round 14) finding 5: the pseudo-gradient made a per-step gradient (g /= world * H, "it
+    points the way a gradient does") got "match none of the usual mistakes"; the verdict names the scale it
+    measured on the outer step's .grad (a tenth) and says to divide by the world size alone."""
+    v = check_outer_sync(wrong.outer_sync_per_step_gradient, timeout_s=TIMEOUT)
+    named = "the outer step's .grad was 1/10 of the averaged pseudo-gradient"
+    assert not v.ok and named in v.line and "match none of the usual mistakes" not in v.line, v.line

@@ -29,7 +29,9 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
    restore, the restore after the step), then ``synced``
    aliased to the parameters, then ``outer.step()`` called more than once a sync (inside the loop over the
    parameters), then a sync that stepped an optimizer of its own (made in the sync) or moved the
-   weights by hand, then replicas that disagree after a sync, then the first difference from DiLoCo's.
+   weights by hand, then replicas that disagree after a sync, then an outer step handed a multiple of the averaged
+   pseudo-gradient (``g /= world * H``: a per-step gradient; :func:`scaled`), then the first difference from
+   DiLoCo's.
 
 :func:`check_fragment_schedule` checks ``fragment_to_send(step, sync_every, fragments, delay)``: which fragment's
 pseudo-gradient leaves after inner step ``step`` (1, 2, ...), or ``None``. Each rank calls it for two periods of
@@ -303,6 +305,14 @@ BY_HAND = (
     "pseudo-gradient and call outer.step()"
 )
 
+#: A sync whose outer step found a multiple of the averaged pseudo-gradient in ``.grad`` (:func:`scaled`), said after
+#: "the outer step's .grad was 1/10 of the averaged pseudo-gradient in sync 1".
+SCALED = (
+    "(every value, the same factor): DiLoCo hands the outer optimizer synced − local averaged over the replicas as "
+    "it is, what each replica moved over all its H inner steps, not a per-step gradient; divide by the world size "
+    "alone (not by H as well, nor by any other number): the outer learning rate sets the step's size"
+)
+
 #: A sync that started an all_reduce with ``async_op=True`` and never waited for it (the order of its calls:
 #: :class:`minddp.exercises.harness.Events`), said after "in sync N, K all_reduce(s) started with async_op=True".
 NEVER_WAITED = (
@@ -344,12 +354,14 @@ IMPORT_HINT = (
 class NotedSGD(torch.optim.SGD):
     """DiLoCo's outer SGD (0.7, momentum 0.9, Nesterov), noting what a sync does with it: each ``zero_grad()`` and,
     at each ``step()``, whether the ``.grad`` it finds is set, zero or ``None``, and whether the parameters hold
-    ``start`` (the synced weights the sync began with: put back before the step)."""
+    ``start`` (the synced weights the sync began with: put back before the step); ``grads``: the ``.grad`` its
+    first step found."""
 
     def __init__(self, params):
         super().__init__(params, lr=0.7, momentum=0.9, nesterov=True)
         self.notes: list[str] = []
         self.start: list[torch.Tensor] = []
+        self.grads: list[torch.Tensor] | None = None  # the .grad the round's first step found (zeros for None)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.notes.append("zero_grad")
@@ -366,6 +378,8 @@ class NotedSGD(torch.optim.SGD):
             else "set"
         )
         restored = all(p.equal(s) for p, s in zip(params, self.start))
+        if self.grads is None:
+            self.grads = [torch.zeros_like(p) if g is None else g.detach().clone() for p, g in zip(params, grads)]
         self.notes.append(f"step:{seen}:{'restored' if restored else 'local'}")
         return super().step(closure)
 
@@ -398,7 +412,7 @@ def rounds_with(sync, rank: int, group, seen: dict | None = None) -> list[dict]:
     for r in range(ROUNDS):
         for t in range(SYNC_EVERY):
             inner_step(model, inner, r * SYNC_EVERY + t, rank)
-        outer.notes, outer.start = [], [s.clone() for s in synced]
+        outer.notes, outer.start, outer.grads = [], [s.clone() for s in synced], None
         if seen is not None:
             seen["outer"] = outer.notes
         events = harness.Events()  # which collective launched with async_op=True was never waited for
@@ -418,6 +432,7 @@ def rounds_with(sync, rank: int, group, seen: dict | None = None) -> list[dict]:
                 "params": [p.detach().clone() for p in params],
                 "synced": [s.clone() for s in synced],
                 "outer": outer.notes,
+                "grads": outer.grads,
                 "aliased": any(_shares(s, p) for s in synced for p in params),
                 "moved": any(p.untyped_storage().data_ptr() != ptr for p, ptr in zip(params, storages)),
                 "all_reduces": len(calls),
@@ -500,6 +515,9 @@ def outer_sync_finding(mine: list[dict], candidates: dict[str, list[dict]], ever
     for r, rounds in enumerate(zip(*everyone)):
         if not all(close(x["params"], rounds[0]["params"]) for x in rounds[1:]):
             return {"kind": "ranks_differ", "sync": r + 1, "all_reduces": mine[r].get("all_reduces", 0)}
+    scale = scaled(mine[0], right[0])
+    if scale is not None:
+        return {"kind": "scaled", "scale": scale}
     for r, (m, t) in enumerate(zip(mine, right)):
         for what in ("params", "synced"):
             if not close(m[what], t[what]):
@@ -507,6 +525,19 @@ def outer_sync_finding(mine: list[dict], candidates: dict[str, list[dict]], ever
                 worst = max(range(len(diffs)), key=diffs.__getitem__)
                 return {"kind": "other", "sync": r + 1, "what": what, "diff": diffs[worst], "tensor": worst}
     return {"kind": "other", "sync": ROUNDS, "what": "params", "diff": float("nan"), "tensor": 0}
+
+
+def scaled(mine: dict, right: dict) -> float | None:
+    """The factor c where sync 1's outer step (one step, from the restored synced weights) found ``.grad`` = c ×
+    DiLoCo's averaged pseudo-gradient, every value (:func:`close`), c not 1; else ``None``. Before sync 1 both
+    trained the same inner steps from the same start, so the two ``.grad`` are comparable value by value."""
+    steps = [n for n in mine["outer"] if n.startswith("step:")]
+    if steps != ["step:set:restored"] or mine.get("grads") is None or right.get("grads") is None:
+        return None
+    flat = torch.cat([g.reshape(-1) for g in mine["grads"]])
+    want = torch.cat([g.reshape(-1) for g in right["grads"]])
+    c = float(flat @ want / (want @ want))
+    return c if abs(c - 1) > 1e-3 and harness.close(flat, c * want) else None
 
 
 def no_move_cause(notes: list[str]) -> str:
@@ -692,6 +723,10 @@ def _outer_sync_text(f: dict, report: dict) -> str:
         return f"in sync {f['sync']}, {f['unwaited']} all_reduce(s) started with async_op=True " + NEVER_WAITED
     if f["kind"] == "by_hand":
         return BY_HAND
+    if f["kind"] == "scaled":
+        c, n = f["scale"], round(1 / f["scale"]) if f["scale"] else 0
+        factor = f"1/{n} of" if n > 1 and abs(1 / c - n) < 1e-3 * n else f"{c:.3g} ×"
+        return f"the outer step's .grad was {factor} the averaged pseudo-gradient in sync 1 " + SCALED
     if f["kind"] == "own_optimizer":
         return OWN_OPTIMIZER
     if f["kind"] == "ranks_differ" and f.get("all_reduces"):

@@ -1,0 +1,93 @@
+"""Notebook 10 (slow links: local SGD, DiLoCo, streaming DiLoCo): the plumbing of its two figures, kept out of its
+cells so that each cell shows its point.
+
+- :func:`loss_against_bytes`: the bench's mean expected loss over the seeds against the payload bytes each replica
+  handed to the all_reduce (``docs/diloco/convergence.json``), one line per run;
+- :func:`streaming_steps`: the profiled row of streaming DiLoCo's inner steps (:func:`minddp.analysis.timeline.
+  draw_steps`), each fragment's hand-over and apply marked with its step, the waits drawn over the optimizer step,
+  and the legend by :func:`~minddp.analysis.timeline.legend_above` (whose message swatch shows both shades the bars
+  alternate in).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+
+def mean_over_seeds(curves: dict, name: str, key: str) -> list[float]:
+    """Run ``name``'s mean over its seeds at each score: ``key`` is ``"loss"`` or ``"bytes"``."""
+    return [statistics.mean(v) for v in zip(*[c[key] for c in curves[name]])]
+
+
+def loss_against_bytes(results: dict, drawn: list[tuple[str, str]], top: float):
+    """The figure: each run of ``drawn`` (name, colour) as its mean expected loss against its mean payload bytes
+    (log x; the 0-byte start left out), dotted for streaming DiLoCo, dashed at H = 100; ``single``'s mean final loss
+    and the entropy floor as horizontal lines; the y axis cut at ``top`` nats. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    curves, floor = results["curves"], results["floor"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, colour in drawn:
+        pts = [(b, lo) for b, lo in zip(mean_over_seeds(curves, name, "bytes"), mean_over_seeds(curves, name, "loss"))]
+        pts = [(b, lo) for b, lo in pts if b > 0]
+        style = ":" if name.startswith("streaming") else "--" if "100" in name else "-"
+        ax.plot([b for b, _ in pts], [lo for _, lo in pts], color=colour, label=name, linestyle=style)
+    single = statistics.mean(c["loss"][-1] for c in curves["single"])
+    ax.axhline(single, color="0.5", linestyle="-.", linewidth=0.8, label="single: final (sends 0)")
+    ax.axhline(floor, color="red", linestyle=":", linewidth=0.8, label="entropy floor")
+    ax.set(
+        xscale="log",
+        xlabel="payload bytes each replica handed to the all_reduce (log)",
+        ylabel="expected loss (nats)",
+        ylim=(floor - 0.02, top),
+    )
+    seeds = len(curves["ddp"])
+    ax.set_title(f"{results['replicas']} replicas, {results['steps']} steps, mean of {seeds} seeds", fontsize=9)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def streaming_steps(row: dict, events: list, warm: int, title: str):
+    """The figure of the profiled streaming DiLoCo run: ``row`` (``live.step_view(...)["row"]``) drawn by
+    ``draw_steps``, each hand-over (a tall tick) and each apply (a triangle, where a ``minddp.fragment_apply`` event
+    ends) labelled with its inner step, counted from ``warm`` + 1 (the first profiled step) by the
+    ``minddp.optimizer_step`` events started by then; the waits drawn again over the optimizer step's green; the
+    time axis from the first profiled forward. The legend above the axes names each kind once, the message bars'
+    two shades in one swatch. Returns the figure."""
+    from minddp.analysis.timeline import COLORS, draw_steps, legend_above
+
+    t0 = min(e.time_range.start for e in events if e.name == "minddp.forward_backward")  # the row's 0 ms
+
+    def ms(t):
+        return (t - t0) / 1e3
+
+    applied = [ms(e.time_range.end) for e in events if e.name.startswith("minddp.fragment_apply")]
+    started = [ms(e.time_range.start) for e in events if e.name == "minddp.optimizer_step"]
+
+    def step_at(t):  # the inner step whose optimizer step (post-hook included) started last by t ms
+        return warm + sum(s <= t for s in started)
+
+    fig = draw_steps([row], title=title, width=11)
+    ax = fig.axes[0]
+    for line in ax.get_lines():
+        if line.get_label() == "handed to the wire":
+            line.set(markersize=16, markeredgewidth=2)  # a tick tall enough to find
+        if line.get_label() == "step ends":
+            line.remove()  # the row's end: the optimizer step's end shows it
+    ax.plot(applied, [-0.44] * len(applied), "v", color="black", markersize=6, label="fragment applied")
+    for t in row["sent"]:
+        ax.text(t - 1, 0.3, f"step {step_at(t)}", ha="right", va="center", fontsize=7)
+    for t in applied:
+        ax.text(t - 2, -0.44, f"step {step_at(t)}", ha="right", va="center", fontsize=7)
+    waits = [(s, e - s) for s, e in row["waits"]]  # inside an optimizer step: drawn again, over its green
+    ax.broken_barh(waits, (-0.40, 0.40), facecolors=COLORS["wait"], zorder=3)
+    ax.set_xlim(right=1.04 * ax.get_xlim()[1])  # room after the last step's marks
+    ax.set_xlabel(f"ms since step {warm + 1}'s forward started", fontsize=8)
+    named = {"message on the wire": "message on the link (modeled)", "handed to the wire": "handed to the link"}
+    handles, labels = ax.get_legend_handles_labels()
+    entries = {named.get(label, label): handle for label, handle in zip(labels, handles)}
+    legend_above(ax, entries, 5)
+    ax.set_title(ax.get_title(), fontsize=9, pad=30)  # above the legend's two lines
+    fig.set_size_inches(11, 2.0)
+    fig.tight_layout()
+    return fig
