@@ -76,7 +76,7 @@ from torch._dynamo.utils import counters
 from minddp import DistributedDataParallel
 from minddp.analysis import live
 from minddp.ladder.loop import train_step
-from minddp.notebook import lesson, nodes
+from minddp.notebook import lesson, lesson_09, nodes
 
 WIDTH, DEPTH, CAP, BACKEND = 512, 8, 2.0, "aot_eager"  # 1 MiB layers, buckets of 2 MiB
 
@@ -103,11 +103,6 @@ def loss_fn(model, x):
     return model(x).square().mean()
 
 
-def flat(model) -> torch.Tensor:
-    """Every parameter of ``model`` in one vector, to compare two trainings bit for bit."""
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
 def one_step(compiled: bool, cut: bool = True):
     """ddp on a fresh MLP, compiled or not (the cut on or off), two warm-up steps, then one profiled step."""
     torch._dynamo.reset()  # every MLP shares Dynamo's cache (one class, one code): start each anew
@@ -122,7 +117,7 @@ def one_step(compiled: bool, cut: bool = True):
     torch._dynamo.config.optimize_ddp = True
     view = nodes.node_view(prof)  # the step's row, and its autograd nodes against its handovers and messages
     view["buckets"] = nodes.bucket_names(ddp)
-    view["params"] = flat(model)
+    view["params"] = lesson_09.flat(model)
     return ddp, view
 
 
@@ -216,10 +211,8 @@ lesson.claim(
 # %%
 # %%distributed
 lesson.say(
-    f"Compiled with the cut, on rank 0 in the profiled step, the messages in flight while a gradient node ran were "
-    f"{nodes.beside(looks[CUT]['beside_node'])}: the timing of this execution decided which, and how many. Compiled "
-    f"without the cut, {nodes.beside(looks[NO_CUT]['beside_node'])}: none can be, every tick coming after the last "
-    "gradient node."
+    "Messages in flight while a gradient node ran, on rank 0 in the profiled step: "
+    + "; ".join(f"{label} {nodes.beside(v['beside_node'])}" for label, v in looks.items())
 )
 
 # %% [markdown]
@@ -265,7 +258,7 @@ lesson.claim(
     f"The graph is cut into {len(pieces)} pieces, which together produce the gradients of all "
     f"{DEPTH} parameters, each once.",
 )
-torch_first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's first piece under torch's DDP
+torch_first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's piece 0 under torch's DDP
 lesson.claim(
     sum(size[name] for name in pieces[0]) / 2**20 == CAP > torch_first,
     f"Piece 0 holds {CAP:g} MiB of parameters, the bucket cap, more than the {torch_first:g} MiB of "
@@ -292,9 +285,13 @@ lesson.claim(
     "In the profiled step each bucket was handed over (its tick) after the backward of its piece ended, and each "
     "but the last before the backward of the next piece began.",
 )
+forward = list(size)  # the parameters in the order the model registers them, the forward's here
+in_order = sum(bucket == sorted(bucket, key=forward.index) for bucket in buckets)
+lesson.say(
+    f"compiled with the cut, buckets listing their parameters in the forward's order: {in_order} of {len(buckets)}"
+)
 eager_buckets = looks["eager"]["buckets"]
 lesson.say("eager's buckets: " + " | ".join(", ".join(bucket) for bucket in eager_buckets))
-forward = list(size)  # the parameters in the order the model registers them, the forward's here
 lesson.claim(
     all(len(bucket) > 1 and bucket == sorted(bucket, key=forward.index, reverse=True) for bucket in eager_buckets),
     "Eager's buckets list their parameters last layer first, not in the forward's order: uncompiled, a layer's "
@@ -403,41 +400,18 @@ lesson.claim(counts[THEIRS] > counts[ALONE], "torch.compile(torch's DDP(MLP)) ad
 # %%
 # %%distributed
 SMALL = 0.5  # MiB
+torch_first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's piece 0 under torch's DDP
 
 reference = MLP(depth=2)  # eager ddp, one step on the same batch
 optimizer = torch.optim.SGD(reference.parameters(), lr=0.01)
 train_step(DistributedDataParallel(reference, bucket_cap_mb=SMALL), optimizer, next(batches()), loss_fn)
 
-
-def compile_at(wrapper, model_first: bool) -> str:
-    """One training step of a two-layer MLP, compiled and wrapped at ``SMALL`` MiB: what happened, in a line."""
-    torch._dynamo.reset()
-    counters.clear()
-    model = MLP(depth=2)
-    if model_first:
-        wrapped = ddp = wrapper(torch.compile(model, backend=BACKEND), bucket_cap_mb=SMALL)
-    else:
-        ddp = wrapper(model, bucket_cap_mb=SMALL)
-        wrapped = torch.compile(ddp, backend=BACKEND)
-    try:
-        train_step(wrapped, torch.optim.SGD(model.parameters(), lr=0.01), next(batches()), loss_fn)
-    except Exception as error:  # what torch raises, said in one line, with the file of torch's that raised it
-        return nodes.refusal(error)
-    bits = "to eager ddp's bits" if torch.equal(flat(model), flat(reference)) else "to bits that differ from eager's"
-    step_buckets = " | ".join(", ".join(bucket) for bucket in nodes.bucket_names(ddp))  # a first step's plan
-    graph_breaks = sum(counters["graph_break"].values())
-    with wrapped.no_sync():  # a forward whose backward never runs, to walk its pieces
-        pieces = nodes.compiled_pieces(wrapped(torch.randn(32, WIDTH)), model)
-    return (
-        f"trained a step {bits}; the step's buckets: {step_buckets}; graph breaks: {graph_breaks}; "
-        "pieces of one more forward: " + " | ".join(", ".join(piece) for piece in pieces)
-    )
-
-
 wrappers = {"torch's DDP": torch.nn.parallel.DistributedDataParallel, "minddp's ddp": DistributedDataParallel}
 patterns = {"the model compiled, then wrapped": True, "torch.compile(wrapper)": False}
-outcomes = {
-    (who, pattern): compile_at(wrapper, model_first)
+outcomes = {  # one training step each, then one more forward: what happened, in a line
+    (who, pattern): lesson_09.compile_at(
+        wrapper, MLP(depth=2), model_first, next(batches()), loss_fn, SMALL, BACKEND, lesson_09.flat(reference)
+    )
     for who, wrapper in wrappers.items()
     for pattern, model_first in patterns.items()
 }
@@ -445,7 +419,7 @@ for (who, pattern), outcome in outcomes.items():
     lesson.say(f"{who}, {pattern}, bucket_cap_mb={SMALL:g}: {outcome}")
 refused = "AssertionError: First bucket"
 lesson.claim(
-    torch_first > SMALL  # torch_first: set in the cell under *The pieces and the buckets*
+    torch_first > SMALL
     and all(
         outcomes["torch's DDP", pattern].startswith(refused)
         and "(raised in torch/_dynamo/" in outcomes["torch's DDP", pattern]
