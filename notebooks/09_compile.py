@@ -135,7 +135,7 @@ lesson.say(
 # optimizer step. Each row is one run's third step (the first two are not profiled), on rank 0, from the start of
 # its forward to the black line where its optimizer step ends: the forward (pale, the loss's included), the gradient
 # nodes (blue), the `AccumulateGrad` nodes (grey), a tick when a bucket was handed over, an orange bar for each
-# message in flight (two shades, alternating by start; bars that share time drawn one above the other), and the
+# message in flight (bars that share time drawn one above the other; in a lane, two shades alternating), and the
 # optimizer step (green). Between the last grey and the green the row draws nothing: there the rank ends its
 # backward pass and waits for the messages (in `finish_gradient_synchronization`), time the row leaves out.
 #
