@@ -16,52 +16,42 @@
 # %% [markdown]
 # # 09 · Compiled: `torch.compile` and buckets handed over during backward
 #
-# Autograd runs the backward pass as *nodes*, of two kinds in this notebook. A parameter's `AccumulateGrad`
-# node adds its gradient into the parameter's `.grad`. `ddp` (minddp's `DistributedDataParallel`)
-# has its *reducer* (the part of `ddp` that fills the buckets) hook in there: the hook marks the
-# gradient ready and, once a bucket's last gradient is, copies the bucket's gradients into one buffer
-# and calls `all_reduce` on it, in bucket order: a bucket whose last gradient is there waits until
-# `all_reduce` has been called on every earlier bucket (`_bucket_filled` in `minddp/ddp/reducer.py`).
-# Every other node is a *gradient node*: it computes gradients (the model's nodes, and the loss's).
+# Autograd runs the backward pass as *nodes*, of two kinds in this notebook. A parameter's `AccumulateGrad` node
+# adds its gradient into the parameter's `.grad`; the *reducer* of `ddp` (minddp's `DistributedDataParallel`: the
+# part that fills the buckets) hooks in there. Every other node is a *gradient node*: it computes gradients (the
+# model's nodes, and the loss's).
 #
-# Words, kept apart. A bucket is *handed over* when the reducer calls `all_reduce` on it, once its last
-# gradient is there and every earlier bucket has been handed over (the tick in the figure); it goes to
-# *gloo*, the process group's backend on CPU. A bucket's *message* is its `all_reduce`. It is *in flight*
-# while gloo runs it, as the profiler records it (the orange bar), not from the tick. On CPU ranks that time
-# can also hold waits for the other rank or for a free core: a bar's length is not the time the bytes took
-# to travel, and its end can come after the rank has stopped waiting for it and gone on.
+# Words, kept apart. A bucket is *handed over* (the tick in the figure) when the reducer calls `all_reduce` on it,
+# once its last gradient is there and every earlier bucket has been handed over (`_bucket_filled` in
+# `minddp/ddp/reducer.py`); it goes to *gloo*, the process group's backend on CPU. A bucket's *message* is its
+# `all_reduce`. It is *in flight* while gloo runs it, as the profiler records it (the orange bar), not from the
+# tick. On CPU ranks that time can also hold waits for the other rank or for a free core: a bar's length is not the
+# time the bytes took to travel, and its end can come after the rank has stopped waiting for it and gone on.
 #
-# nanoGPT (a small GPT training script) compiles the model, then wraps it:
-# `model = torch.compile(model)`, then `DDP(model)`.
-# `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph* (in this notebook
-# the word means only Dynamo's graph), and a *backend* compiles the graph (by default *Inductor*, which
-# fuses operations into kernels of its own).
-# Compiled as one graph, the model records a single gradient node for its whole forward, which
-# produces every parameter's gradient at its end. Then every bucket is handed over after
-# that node has ended, when only `AccumulateGrad` nodes are left to run: no message can be in flight
-# while the model's gradients are computed.
+# nanoGPT (a small GPT training script) compiles the model, then wraps it: `model = torch.compile(model)`, then
+# `DDP(model)`. `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph* (in this notebook
+# the word means only Dynamo's graph), and a *backend* compiles the graph (by default *Inductor*, which fuses
+# operations into kernels). Compiled as one graph, the model records a single gradient node for its whole forward,
+# which produces every parameter's gradient at its end. Every bucket is then handed over after that node has ended,
+# when only `AccumulateGrad` nodes are left to run: no message can be in flight while the model's gradients are
+# computed.
 #
-# torch's answer to this is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer`
-# (`torch/_dynamo/backends/distributed.py`) **cuts the graph into pieces** by the bucket cap (under
-# torch's DDP, the first piece by a cap of its own: *The pieces and the buckets*), counted from the end of
-# the forward, and compiles each piece apart: each piece records a gradient node of its own (without the
-# cut, the whole graph is one piece, with one gradient node). The backward pass then runs piece after piece
-# (in this notebook pieces are numbered in that order: piece 0 is the forward's last layers, which the
-# backward pass runs first); a *piece's backward* is the run of its gradient node. A bucket whose last
-# gradient a piece produces can then be handed over before the next piece's backward begins, so that its
-# message can be in flight while that backward runs (this notebook counts how many were). Given a
-# `bucket_cap_mb`, minddp's `ddp` has each piece but the last, the first included, close once its
-# parameters reach that cap (here 2 MiB); the last holds what is left. So a bucket can lie within
-# one piece (the claims under *The pieces and the buckets* check where this step's buckets lie).
+# torch's answer is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer`
+# (`torch/_dynamo/backends/distributed.py`) **cuts the graph into pieces** by the bucket cap, counted from the end
+# of the forward (under torch's DDP, the first piece by a cap of its own: *The pieces and the buckets*), and
+# compiles each piece apart, each with a gradient node of its own. The backward pass runs piece after piece,
+# numbered here in that order: piece 0 is the forward's last layers; a *piece's backward* is the run of its gradient
+# node. A bucket whose last gradient a piece produces can then be handed over before the next piece's backward
+# begins, so that its message can be in flight while that backward runs. Given a `bucket_cap_mb`, minddp's `ddp` has
+# each piece but the last, the first included, close once its parameters reach that cap (here 2 MiB); the last holds
+# what is left.
 #
-# This notebook shows one step of `ddp` in each of three runs, one row each: eager (not compiled),
-# compiled without the cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and
-# compiled with it; then the pieces and the buckets, and an exercise on them; then the other pattern,
-# `torch.compile(wrapper)`; then a bucket cap of 0.5 MiB. The model is a small MLP of our own class, of
-# 1 MiB layers without biases (eight in the three runs, two in the last two sections): its layers make the
-# pieces easy to name. The backend is `aot_eager`: it
-# runs the graph with the operations an uncompiled model calls (torch's *aten* operators), fused into
-# none, so all three trainings give the same bits.
+# This notebook shows one step of `ddp` in each of three runs, one row each: eager (not compiled), compiled without
+# the cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and compiled with it; then the
+# pieces and the buckets, and an exercise on them; then the other pattern, `torch.compile(wrapper)`; then a bucket
+# cap of 0.5 MiB. The model is an MLP of 1 MiB layers without biases (eight, then two in the last two sections). The
+# backend is `aot_eager`: it runs the graph with the operations an uncompiled model calls (torch's *aten*
+# operators), fused into none, so all three trainings give the same bits.
 
 # %%
 # %load_ext minddp.notebook
@@ -76,7 +66,7 @@ from torch._dynamo.utils import counters
 from minddp import DistributedDataParallel
 from minddp.analysis import live
 from minddp.ladder.loop import train_step
-from minddp.notebook import lesson, nodes
+from minddp.notebook import lesson, lesson_09, nodes
 
 WIDTH, DEPTH, CAP, BACKEND = 512, 8, 2.0, "aot_eager"  # 1 MiB layers, buckets of 2 MiB
 
@@ -103,11 +93,6 @@ def loss_fn(model, x):
     return model(x).square().mean()
 
 
-def flat(model) -> torch.Tensor:
-    """Every parameter of ``model`` in one vector, to compare two trainings bit for bit."""
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
 def one_step(compiled: bool, cut: bool = True):
     """ddp on a fresh MLP, compiled or not (the cut on or off), two warm-up steps, then one profiled step."""
     torch._dynamo.reset()  # every MLP shares Dynamo's cache (one class, one code): start each anew
@@ -122,7 +107,7 @@ def one_step(compiled: bool, cut: bool = True):
     torch._dynamo.config.optimize_ddp = True
     view = nodes.node_view(prof)  # the step's row, and its autograd nodes against its handovers and messages
     view["buckets"] = nodes.bucket_names(ddp)
-    view["params"] = flat(model)
+    view["params"] = lesson_09.flat(model)
     return ddp, view
 
 
@@ -142,45 +127,32 @@ lesson.say(
 # %% [markdown]
 # ## One step of each run, each row from its forward's start
 #
-# What to look for: without the cut every tick comes after the last blue; with it, here, a tick comes
-# after each piece's blue and before the next piece's (why, and the claim that checks it: *The pieces and
-# the buckets*; in the figure a tick can lie on a node's edge), so orange can lie under later blue. That
-# order of events is what the cut changes, and what the claims count.
+# What to look for: without the cut every tick comes after the last blue; with it, here, a tick comes after each
+# piece's blue and before the next piece's (the claim that checks it, and why: *The pieces and the buckets*), so
+# orange can lie under later blue. That order of events is what the cut changes.
 #
 # A training step (`train_step` in `minddp/ladder/loop.py`) runs the forward and the backward pass, then the
-# optimizer step. Each row is the profiled step of one run (its third training step, after two that are not
-# profiled), rank 0, from the start of its forward to the black line where its optimizer step ends:
-# the forward (pale, the loss's included), the gradient nodes (blue, the loss's included), the
-# `AccumulateGrad` nodes (grey), a tick when a bucket was handed over (the row's label says how many
-# buckets), an orange bar for each message in flight (every second by start drawn dark, over the light
-# ones), and the optimizer step (green). Between the last grey and the green the row draws nothing: there
-# the rank ends its backward pass and waits for the messages (in `finish_gradient_synchronization`), time
-# the row leaves out.
+# optimizer step. Each row is one run's third step (the first two are not profiled), on rank 0, from the start of
+# its forward to the black line where its optimizer step ends: the forward (pale, the loss's included), the gradient
+# nodes (blue), the `AccumulateGrad` nodes (grey), a tick when a bucket was handed over, an orange bar for each
+# message in flight (bars that share time drawn one above the other; in a lane, two shades alternating), and the
+# optimizer step (green). Between the last grey and the green the row draws nothing: there the rank ends its
+# backward pass and waits for the messages (in `finish_gradient_synchronization`), time the row leaves out.
 #
-# In every row the blue begins with the loss's gradient nodes; after them, in the cut row, one
-# gradient node per piece, piece 0 first (the pieces printed under *The pieces and the buckets*, whose
-# claims count them), and without the cut one, the whole graph's (one piece). Count the pieces in those
-# claims, not in the blue, and count no nodes in the figure: nodes that run one after the other draw as one
-# stretch, a thin line between them at most, and a node shorter than a pixel may not show at all.
+# The blue begins with the loss's gradient nodes; then, with the cut, one gradient node per piece, piece 0 first,
+# and without it the whole graph's one. Count the pieces in the claims, not in the figure: nodes run one after the
+# other draw as one stretch, and a node shorter than a pixel may not show; ticks closer than a pixel draw as one,
+# and a tick can lie on a node's edge.
 #
-# Do not read the figure for lengths, not even to compare the rows: each row is a single step of two ranks
-# that share this machine's cores, and any bar can hold time its thread waits rather than computes (for a
-# core, say), an orange bar also time gloo waits for the other rank; this notebook does not measure what
-# compiling or the cut costs: a row that ends last, or whose orange bars are longest, does not show that its
-# run's steps are slower, nor the reverse. Ticks closer together than a pixel draw as one. A dark bar is
-# drawn over any light one it overlaps and can hide it, whole or in part, so a row can show fewer bars than
-# buckets: the figure does not show how long each message was in flight, nor which ran beside a gradient
-# node.
+# Do not read the figure for lengths, not even to compare the rows: each row is a single step of two ranks that
+# share this machine's cores, and any bar can hold time its thread waits rather than computes (for a core, say; an
+# orange bar, for the other rank). This notebook does not measure what compiling or the cut costs.
 #
-# In the claims of the figure's cell, a node *ran after* the first bucket was handed over if it ends after
-# that tick: it was still running then, or began after.
-#
-# The cell after the figure counts, in the two compiled runs on rank 0, the messages in flight while a gradient node
-# ran, and says which, in the order the messages began. Without the cut none can be: a message begins
-# after its bucket's tick, and every tick comes after the graph's one gradient node, the last to
-# run, has produced the gradients; the claim that begins "Compiled without the cut" checks that none was
-# in this step. With the cut, the message of every bucket handed over before the last piece's backward can
-# be (here every bucket but the last).
+# In the claims of the figure's cell, a node *ran after* the first bucket was handed over if it ends after that
+# tick: it was still running then, or began after. The line after them counts, in each run, the messages in flight
+# while a gradient node ran (their ranges share time), in the order the messages began. Without the cut none can be:
+# a message begins after its bucket's tick, and every tick comes after the graph's one gradient node. With the cut,
+# and in eager, this run's timing decides which and how many.
 
 # %%
 # %%distributed
@@ -216,38 +188,32 @@ lesson.claim(
 # %%
 # %%distributed
 lesson.say(
-    f"Compiled with the cut, on rank 0 in the profiled step, the messages in flight while a gradient node ran were "
-    f"{nodes.beside(looks[CUT]['beside_node'])}: the timing of this execution decided which, and how many. Compiled "
-    f"without the cut, {nodes.beside(looks[NO_CUT]['beside_node'])}: none can be, every tick coming after the last "
-    "gradient node."
+    "Messages in flight while a gradient node ran, on rank 0 in the profiled step: "
+    + "; ".join(f"{label} {nodes.beside(v['beside_node'])}" for label, v in looks.items())
 )
 
 # %% [markdown]
 # ## The pieces and the buckets
 #
-# The pieces are visible to autograd: each records one gradient node, `CompiledFunctionBackward`, and the
-# parameters whose gradients it produces hang off it (their `AccumulateGrad` nodes). Walking autograd's
-# nodes of one forward back from its output lists the pieces in the order the backward pass runs them, each
-# with its parameters in the forward's order (the order of the piece's inputs); the cell walks one more
-# forward (under `no_sync()`: the reducer expects no gradients from it) of the third run's `ddp` (compiled
-# with the cut, the last of the loop above). Beside them, the buckets of the figure's third row (compiled
-# with the cut): `ddp`'s `bucket_plan`, which after the first step lists the parameters in the order their
-# gradients arrived in that step on rank 0 (a first step's plan lists them otherwise: *A bucket cap of 0.5
-# MiB*). The claims below check where the buckets lie.
+# Each piece records one gradient node, `CompiledFunctionBackward`, and the parameters whose gradients it produces
+# hang off it (their `AccumulateGrad` nodes). The cell walks autograd's nodes back from the output of one more
+# forward of the third run's `ddp` (compiled with the cut; under `no_sync()`: the reducer expects no gradients from
+# it) and lists the pieces in the order the backward pass runs them, each with its parameters in the forward's order
+# (the piece's inputs). Beside them, that run's buckets: `ddp`'s `bucket_plan`, which after the first step lists the
+# parameters in the order their gradients arrived in that step on rank 0 (a first step's plan lists them otherwise:
+# *A bucket cap of 0.5 MiB*).
 #
 # Under torch's DDP, Dynamo caps piece 0 not at the bucket cap but at
-# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`, given
-# a `bucket_cap_mb`, sets that cap to its `bucket_cap_mb` too (`compat.ddp_optimizer_caps`, called in
-# `minddp/runtime/compiling.py`), so that piece 0 closes at the bucket cap, as bucket 0 does; the claim
-# that begins "Piece 0 holds" checks the piece.
+# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (`torch_first` below). While its module runs compiled, minddp's
+# `ddp`, given a `bucket_cap_mb`, sets that cap to its `bucket_cap_mb` (`compat.ddp_optimizer_caps`, called in
+# `minddp/runtime/compiling.py`), so that piece 0 closes at the bucket cap, as bucket 0 does.
 #
-# A bucket that a piece fills is handed over before the next piece's backward begins, and not by chance.
-# When a piece's backward ends, its parameters' `AccumulateGrad` nodes (where the reducer's hook runs) and
-# the next piece's gradient node are all ready to run, and autograd runs a ready `AccumulateGrad` node
-# before any other ready node: its queue of ready nodes takes the highest *sequence number* first, and an
-# `AccumulateGrad` node's is the largest there is (`ReadyQueue` in torch's
-# `torch/csrc/autograd/engine.h`). The claim that begins "In the profiled step each bucket was handed
-# over" checks this order.
+# A bucket that a piece fills is handed over before the next piece's backward begins, and not by chance. When a
+# piece's backward ends, its parameters' `AccumulateGrad` nodes (where the reducer's hook runs) and the next piece's
+# gradient node are all ready to run, and autograd's queue of ready nodes runs the highest *sequence number* first;
+# an `AccumulateGrad` node's is the largest there is (`ReadyQueue` in torch's `torch/csrc/autograd/engine.h`). A
+# piece's `AccumulateGrad` nodes share that number, so the queue's rule leaves their order, the order their
+# gradients arrive in, open: it is printed below (each bucket's order), not claimed.
 
 
 # %%
@@ -265,7 +231,7 @@ lesson.claim(
     f"The graph is cut into {len(pieces)} pieces, which together produce the gradients of all "
     f"{DEPTH} parameters, each once.",
 )
-torch_first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's first piece under torch's DDP
+torch_first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's piece 0 under torch's DDP
 lesson.claim(
     sum(size[name] for name in pieces[0]) / 2**20 == CAP > torch_first,
     f"Piece 0 holds {CAP:g} MiB of parameters, the bucket cap, more than the {torch_first:g} MiB of "
@@ -292,9 +258,13 @@ lesson.claim(
     "In the profiled step each bucket was handed over (its tick) after the backward of its piece ended, and each "
     "but the last before the backward of the next piece began.",
 )
+forward = list(size)  # the parameters in the order the model registers them, the forward's here
+in_order = sum(bucket == sorted(bucket, key=forward.index) for bucket in buckets)
+lesson.say(
+    f"compiled with the cut, buckets listing their parameters in the forward's order: {in_order} of {len(buckets)}"
+)
 eager_buckets = looks["eager"]["buckets"]
 lesson.say("eager's buckets: " + " | ".join(", ".join(bucket) for bucket in eager_buckets))
-forward = list(size)  # the parameters in the order the model registers them, the forward's here
 lesson.claim(
     all(len(bucket) > 1 and bucket == sorted(bucket, key=forward.index, reverse=True) for bucket in eager_buckets),
     "Eager's buckets list their parameters last layer first, not in the forward's order: uncompiled, a layer's "
@@ -304,18 +274,14 @@ lesson.claim(
 # %% [markdown]
 # ### Your turn: after which piece is each bucket handed over?
 #
-# Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order the backward pass
-# runs them, each as its gradients' sizes in bytes in the order they arrive (the bucket lines above show
-# it); `cap` is the bucket cap in bytes, every bucket's, the first included (as in minddp's `ddp` given a
-# `bucket_cap_mb`). Fill the
-# buckets in arrival order (a bucket closes at the first gradient that takes it to the cap or past it; the
-# gradients left at the end make one last bucket), so each is handed over once its last gradient is there:
-# return, for each bucket, the index of the piece after whose backward it is handed over.
-# `check_handover` calls it on its cases, without ranks, and names the usual mistakes; for any other wrong
-# answer it shows a case where yours differs. As it stands `my_handed_over_after` raises
-# `NotImplementedError`; the checker catches it and says so. On this notebook's step, `pieces` is four
-# pieces of two 1 MiB gradients and `cap` is 2 MiB: the answer is `[0, 1, 2, 3]`; that case is among the
-# checker's.
+# Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order the backward pass runs
+# them, each as its gradients' sizes in bytes in the order they arrive (the bucket lines above show it); `cap` is
+# the bucket cap in bytes, every bucket's, the first included (as in minddp's `ddp` given a `bucket_cap_mb`). Fill
+# the buckets in arrival order (a bucket closes at the first gradient that takes it to the cap or past it; the
+# gradients left at the end make one last bucket) and return, for each bucket, the index of the piece after whose
+# backward it is handed over. `check_handover` runs it on its cases, without ranks, and names the usual mistakes;
+# for any other wrong answer it shows a case where yours differs. On this notebook's step, four pieces of two 1 MiB
+# gradients at a cap of 2 MiB, the answer is `[0, 1, 2, 3]`, one of the checker's cases.
 
 # %%
 from minddp.exercises import check_handover
@@ -329,8 +295,8 @@ def my_handed_over_after(pieces, cap):
 check_handover(my_handed_over_after)
 
 # %% [markdown]
-# Stuck? The model answer (`minddp.exercises.solutions.handed_over_after`) and what the checker says
-# about it: the cell is collapsed, its input and its output; click to show them.
+# Stuck? The model answer (`minddp.exercises.solutions.handed_over_after`) and the checker's verdict on it are in
+# the collapsed cell below: click to show them.
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true}
 from minddp.exercises import solutions
@@ -342,18 +308,15 @@ print(check_handover(solutions.handed_over_after))
 # %% [markdown]
 # ## `torch.compile(wrapper)`: graph breaks
 #
-# The other pattern, `torch.compile(wrapper)`, hands the wrapper to `torch.compile`:
-# `torch.compile(DDP(model))`. Dynamo then meets the wrapper's own Python first. A graph break is a place
-# inside a graph Dynamo has begun where it stops the graph, runs Python, and starts a new one; this notebook
-# counts the breaks and does not measure what they cost. Under `torch.compile(ddp)`, Dynamo compiles only
-# `ddp`'s module and runs the rest of `ddp`'s `forward` as Python: it begins no graph in the wrapper's own
-# code, so there is none to break there (how: `eager_under_compile` in `minddp/runtime/compiling.py`). A
-# count of 0 alone does not show that the module was compiled (a wrapper Dynamo skipped whole would count 0
-# too), and this cell does not show it; *A bucket cap of 0.5 MiB* prints the compiled pieces of
-# `torch.compile(ddp)` at another cap. Each count compiles an MLP of two 1 MiB layers, alone or in a
-# wrapper, for one training step, and Dynamo counts the breaks; the printed `bucket_cap_mb` is the wrappers'
-# (the MLP alone has no buckets). Dynamo's cut into pieces is no graph break: it cuts the graph Dynamo has
-# captured.
+# The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. Dynamo then meets the
+# wrapper's own Python first. A graph break is a place inside a graph Dynamo has begun where it stops the graph,
+# runs Python, and starts a new one; this notebook counts the breaks, not what they cost. Under
+# `torch.compile(ddp)`, Dynamo compiles only `ddp`'s module and runs the rest of `ddp`'s `forward` as Python,
+# beginning no graph in the wrapper's own code (`eager_under_compile` in `minddp/runtime/compiling.py`). A count of
+# 0 alone does not show that the module was compiled (a wrapper Dynamo skipped whole would count 0 too); *A bucket
+# cap of 0.5 MiB* prints the compiled pieces of `torch.compile(ddp)`. Each count compiles an MLP of two 1 MiB
+# layers, alone or in a wrapper (`bucket_cap_mb` is the wrappers'), for one training step. Dynamo's cut into pieces
+# is no graph break: it cuts the graph Dynamo has captured.
 
 
 # %%
@@ -384,60 +347,33 @@ lesson.claim(counts[THEIRS] > counts[ALONE], "torch.compile(torch's DDP(MLP)) ad
 # %% [markdown]
 # ## A bucket cap of 0.5 MiB
 #
-# Each wrapper, with both patterns (the model compiled, then wrapped; `torch.compile(wrapper)`), at a
-# bucket cap of 0.5 MiB on an MLP of two 1 MiB layers, one training step each, the wrapper's first: its
-# parameters compared with eager `ddp`'s after the same step, the step's buckets and graph breaks, then the
-# pieces of one more forward; a refusal is printed with the torch file that raised it. A first step's
-# buckets follow torch's first-iteration plan (`plan_first_iteration_like_torch` in
-# `minddp/ddp/plan.py`): with `find_unused_parameters` off, as here, one bucket per dtype and device,
-# here one bucket of both layers, its parameters in the order the model registers them, not the order
-# their gradients arrive in (with it on, capped buckets). So in this step the cap shapes the compiled
-# pieces, not the buckets. With torch's DDP, Dynamo caps the first piece at
-# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (its value is printed below), above this
-# bucket cap, and Dynamo asserts; its assert, printed below, says "First bucket" for that first piece (a
-# piece, in this notebook's words). minddp's `ddp` sets Dynamo's cap for the first piece to its
-# `bucket_cap_mb` (*The pieces and the buckets*), and Dynamo does not assert: that, not the pieces, shows
-# the first cap is not above 0.5 MiB, for a piece of one 1 MiB layer would close at either cap.
+# Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers, one training step
+# each, the wrapper's first (`lesson_09.compile_at`): its parameters against eager `ddp`'s after the same step, the
+# step's buckets and graph breaks, then the pieces of one more forward; or the refusal, with the torch file that
+# raised it. A first step's buckets follow torch's first-iteration plan (`plan_first_iteration_like_torch` in
+# `minddp/ddp/plan.py`): with `find_unused_parameters` off, as here, one bucket per dtype and device, its parameters
+# in the order the model registers them. So in this step the cap shapes the compiled pieces, not the buckets. With
+# torch's DDP, Dynamo caps the first piece at `torch_first`, above this bucket cap, and asserts; its assert says
+# "First bucket" for that first piece. minddp's `ddp` sets Dynamo's cap for the first piece to its `bucket_cap_mb`,
+# and Dynamo does not assert: that, not the pieces, shows the first cap is not above 0.5 MiB, for a piece of one 1
+# MiB layer would close at either cap.
 
 
 # %%
 # %%distributed
 SMALL = 0.5  # MiB
+torch_first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's piece 0 under torch's DDP
 
 reference = MLP(depth=2)  # eager ddp, one step on the same batch
 optimizer = torch.optim.SGD(reference.parameters(), lr=0.01)
 train_step(DistributedDataParallel(reference, bucket_cap_mb=SMALL), optimizer, next(batches()), loss_fn)
 
-
-def compile_at(wrapper, model_first: bool) -> str:
-    """One training step of a two-layer MLP, compiled and wrapped at ``SMALL`` MiB: what happened, in a line."""
-    torch._dynamo.reset()
-    counters.clear()
-    model = MLP(depth=2)
-    if model_first:
-        wrapped = ddp = wrapper(torch.compile(model, backend=BACKEND), bucket_cap_mb=SMALL)
-    else:
-        ddp = wrapper(model, bucket_cap_mb=SMALL)
-        wrapped = torch.compile(ddp, backend=BACKEND)
-    try:
-        train_step(wrapped, torch.optim.SGD(model.parameters(), lr=0.01), next(batches()), loss_fn)
-    except Exception as error:  # what torch raises, said in one line, with the file of torch's that raised it
-        return nodes.refusal(error)
-    bits = "to eager ddp's bits" if torch.equal(flat(model), flat(reference)) else "to bits that differ from eager's"
-    step_buckets = " | ".join(", ".join(bucket) for bucket in nodes.bucket_names(ddp))  # a first step's plan
-    graph_breaks = sum(counters["graph_break"].values())
-    with wrapped.no_sync():  # a forward whose backward never runs, to walk its pieces
-        pieces = nodes.compiled_pieces(wrapped(torch.randn(32, WIDTH)), model)
-    return (
-        f"trained a step {bits}; the step's buckets: {step_buckets}; graph breaks: {graph_breaks}; "
-        "pieces of one more forward: " + " | ".join(", ".join(piece) for piece in pieces)
-    )
-
-
 wrappers = {"torch's DDP": torch.nn.parallel.DistributedDataParallel, "minddp's ddp": DistributedDataParallel}
 patterns = {"the model compiled, then wrapped": True, "torch.compile(wrapper)": False}
-outcomes = {
-    (who, pattern): compile_at(wrapper, model_first)
+outcomes = {  # one training step each, then one more forward: what happened, in a line
+    (who, pattern): lesson_09.compile_at(
+        wrapper, MLP(depth=2), model_first, next(batches()), loss_fn, SMALL, BACKEND, lesson_09.flat(reference)
+    )
     for who, wrapper in wrappers.items()
     for pattern, model_first in patterns.items()
 }
@@ -445,7 +381,7 @@ for (who, pattern), outcome in outcomes.items():
     lesson.say(f"{who}, {pattern}, bucket_cap_mb={SMALL:g}: {outcome}")
 refused = "AssertionError: First bucket"
 lesson.claim(
-    torch_first > SMALL  # torch_first: set in the cell under *The pieces and the buckets*
+    torch_first > SMALL
     and all(
         outcomes["torch's DDP", pattern].startswith(refused)
         and "(raised in torch/_dynamo/" in outcomes["torch's DDP", pattern]
@@ -470,23 +406,21 @@ lesson.claim(
 # %% [markdown]
 # ## What to take away
 #
-# * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the graph into
-#   pieces, and the first bucket is handed over before the backward pass's last gradient node (the
-#   claims above), so the message of every bucket handed over before the last piece's backward (here
-#   every bucket but the last) can be in flight while gradients are still computed. Without the cut
-#   none was; with it, how many and which were, on rank 0 in the profiled step, the line that begins
-#   "Compiled with the cut, on rank 0" says. What the cut does to a step's length, on CPU or GPU, is
-#   not measured here.
-# * `torch.compile(wrapper)`: at a bucket cap of 2 MiB `torch.compile(ddp)` adds no graph break to
-#   the model's own, where torch's DDP adds breaks (where they fall and what they cost is not shown
-#   here); at a cap of 0.5 MiB its training step has no graph break, and one more forward runs in
-#   pieces (*A bucket cap of 0.5 MiB*).
-# * At a bucket cap of 0.5 MiB torch's DDP (the torch installed here) does not compile: Dynamo's cap
-#   for its first piece, 1 MiB, is above the bucket cap, and Dynamo asserts. minddp's `ddp`, which sets
-#   Dynamo's first cap to the bucket cap, compiles there with both patterns, and its first step (its
-#   gradients in one bucket, a first step's plan) trains to eager's bits.
-# * The train command and the benchmark take `--compile` (and `--compile-backend`, `aot_eager` in
-#   this notebook). `docs/ddp.md` (*Compiled*) gives the details and the limits.
+# * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the graph into pieces, and
+#   here each bucket but the last was handed over before the next piece's backward began, so its message could be in
+#   flight while gradients were still computed; without the cut none can be. How many were, on rank 0 in the
+#   profiled step, is printed after the figure. What the cut does to a step's length is not measured here.
+#
+# * `torch.compile(wrapper)`: at a bucket cap of 2 MiB `torch.compile(ddp)` adds no graph break to the model's own,
+#   where torch's DDP adds breaks; at 0.5 MiB its training step has no graph break, and one more forward runs in
+#   pieces.
+#
+# * At a bucket cap of 0.5 MiB torch's DDP (the torch installed here) does not compile: Dynamo's cap for its first
+#   piece is above the bucket cap, and Dynamo asserts. minddp's `ddp`, which sets that cap to the bucket cap,
+#   compiles there with both patterns, and its first step trains to eager's bits.
+#
+# * The train command and the benchmark take `--compile` (and `--compile-backend`). `docs/ddp.md` (*Compiled*) gives
+#   the details and the limits.
 
 # %%
 # %dist_shutdown

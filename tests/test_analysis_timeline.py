@@ -325,3 +325,27 @@ def test_messages_open_at_once_are_drawn_apart_so_none_hides_another():
             assert hi <= first_y[0] + 1e-9 or lo >= first_y[1] - 1e-9, (x, lo, hi, first_y)  # beside, not over
     apart = drawn([(50, 55), (55, 60)])  # back to back: one lane, the band's full height
     assert {y for _, y in apart} == {y for x, y in drawn([(50, 55)])}
+
+
+def test_bars_back_to_back_in_a_lane_differ_in_shade():
+    # Notebook 09's refresh of lanes(): the shades alternated by start over the whole row, not within a lane, so
+    # the 1st and 3rd message, back to back in lane 0 with the 2nd open beside them in lane 1, were both drawn light
+    # and read as one bar. Oracle: the spans given; of two bars drawn at one height where one ends as the next
+    # starts, exactly one is drawn again in the second shade.
+    from minddp.analysis.timeline import draw_steps
+
+    row = {"label": "s", "forward": [(0, 40)], "backward": [(40, 90)], "end": 100}
+    row["messages"] = [(50, 60), (55, 80), (60, 70)]  # the 2nd open while the 1st ends and the 3rd begins
+    fig = draw_steps([row])
+    drawn = {"messages": [], "messages_alt": []}
+    for c in fig.axes[0].collections:
+        key = str(c.get_gid()).split(":")[0]
+        if key in drawn:
+            for p in c.get_paths():
+                xs, ys = p.vertices[:, 0], p.vertices[:, 1]
+                drawn[key].append(((float(xs.min()), float(xs.max())), (float(ys.min()), float(ys.max()))))
+    plt.close(fig)
+    pairs = [(a, b) for a in drawn["messages"] for b in drawn["messages"] if a[1] == b[1] and a[0][1] == b[0][0]]
+    assert pairs, drawn  # the 1st and the 3rd share a lane, back to back
+    for a, b in pairs:
+        assert (a in drawn["messages_alt"]) != (b in drawn["messages_alt"]), (a, b, drawn)

@@ -16,11 +16,11 @@ A **step row** is a plain dict of spans in milliseconds from the step's start, f
   (:func:`rows_from_analysis`: the messages' all_reduce ranges only); by default "message on the wire" on a link,
   else "collective in flight (held open included)".
 
-The messages' bars have no edge line, so that a bar is drawn no longer than its span (to a pixel); a row's bars
-alternate two shades of orange, in the order they start, so that bars back to back are told apart; the legend's
-swatch for them shows both shades. Messages open at once (gloo's ranges of two collections in flight together)
-are drawn in lanes, one above the other within the band, each in the first lane free when it starts
-(:func:`lanes`), so that no bar is drawn over another and hides it.
+The messages' bars have no edge line, so that a bar is drawn no longer than its span (to a pixel). Messages open at
+once (gloo's ranges of two collections in flight together) are drawn in lanes, one above the other within the
+band, each in the first lane free when it starts (:func:`lanes`), so that no bar is drawn over another and hides
+it; within a lane the bars alternate two shades of orange, in the order they start, so that bars back to back are
+told apart; the legend's swatch for them shows both shades.
 
 :func:`draw_steps` draws rows one above the other on a shared axis (``faded=True``: pale), in the
 colours every notebook shares (docs/analysis.md, "One step on one time axis"). :func:`row_sets` reads a row
@@ -86,7 +86,7 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
         h = 0.30 / max(n_lanes, 1)
         for k in range(n_lanes):  # one lane in all unless messages overlap
             mine = [m for m, at in zip(messages, lane) if at == k]
-            second = [m for i, (m, at) in enumerate(zip(messages, lane)) if at == k and i % 2]  # every second by start
+            second = mine[1::2]  # every second by start within the lane, so bars back to back in it differ in shade
             label = wire if k == 0 else "_"
             bars("messages", 0.06 + k * h, h, COLORS["message"], row={"messages": mine}, label=label, linewidth=0)
             bars("messages_alt", 0.06 + k * h, h, COLORS["message_alt"], row={"messages_alt": second}, label="_",
