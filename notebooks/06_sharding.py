@@ -20,34 +20,28 @@
 # gradients, and the optimizer's state (Adam keeps two more tensors the size of the model). The
 # ranks compute the same update from the same averaged gradients, so all of that is repeated.
 # The notebooks climb a ladder of stages, each a *rung* that adds one idea to the one below. The
-# three rungs of this notebook follow ZeRO, the *Zero Redundancy Optimizer* (Rajbhandari et al., 2019,
-# arXiv 1910.02054, "the ZeRO paper" below), and FSDP, *Fully Sharded Data Parallel*, PyTorch's version
+# three rungs here follow ZeRO, the *Zero Redundancy Optimizer* (Rajbhandari et al., 2019,
+# arXiv 1910.02054, "the ZeRO paper"), and FSDP, *Fully Sharded Data Parallel*, PyTorch's version
 # of ZeRO's third stage. They keep DDP's computation (every rank runs the whole forward and backward on
-# its own examples) and stop repeating the *state*. On n ranks they cut the *parameter tensors* (the
-# model's tensors) into n *chunks*, about
-# `1/n` of a tensor each; the chunk assigned to a rank, the one it updates, is its *shard*. Two
-# collectives, defined in the next section, do the work: the *reduce-scatter* (each rank receives one piece of the sum) and the *all-gather* (each rank receives
+# its own examples) and stop repeating the *state*. On n ranks they cut each *parameter tensor* into n
+# *chunks*, about `1/n` of it each; the chunk a rank updates is its *shard*. Two collectives do the work:
+# the *reduce-scatter* (each rank receives one piece of the sum) and the *all-gather* (each rank receives
 # every rank's piece):
 #
-# * `zero1`: each rank keeps the optimizer state of its shard of every parameter tensor, updates
-#   that shard, and the updated shards are all-gathered;
+# * `zero1`: each rank keeps the optimizer state of its shards only, updates them, and the updated
+#   shards are all-gathered;
 # * `zero2`: the gradients are reduce-scattered instead of all-reduced: each rank needs only the piece
 #   of the average it updates;
 # * `fsdp`: the parameters are sharded too (all but a few tensors minddp's fsdp keeps whole on every
 #   rank, its *replicated* ones, named with the memory table; torch's FSDP shards those too), and
-#   each decoder layer of the model (a *unit*: what fsdp gathers
-#   and drops as one) is gathered only around its own forward and backward: as a unit starts its
-#   forward or its backward, the gather of the next unit in that order is started too (a *prefetch*,
-#   one unit ahead), and the gathered parameters are dropped once the unit has run (the last
-#   unit's are kept from its forward to its backward, the first the backward runs).
+#   each decoder layer (a *unit*) is gathered only around its own forward and backward, the next
+#   unit's gather started one unit ahead (a *prefetch*).
 #
-# We start with the two collectives, on the two ranks, then train the notebooks' workload with the
-# four stages side by side and measure what rank 0 holds (in fp32, and fsdp computing in bf16 too).
-# The notation is notebook 01's: n ranks, m bytes of a message or tensor (where the tensor is the whole
-# model, as in the passes below, m is its float32 bytes), α the fixed cost of one message, β the
-# time per byte. The workload line below names the gradient *buckets*: ddp, zero1 and zero2 send their
-# gradients in groups, a bucket each, one collective per bucket (fsdp sends them
-# otherwise: its own section says how).
+# We start with the two collectives, then train the notebooks' workload with the four stages side by
+# side and measure what rank 0 holds (in fp32, and fsdp computing in bf16 too). The notation is notebook
+# 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one message, β the time per byte.
+# ddp, zero1 and zero2 send their gradients in *buckets* (the workload line), one collective per
+# bucket; fsdp per unit (its section).
 
 # %%
 # %load_ext minddp.notebook
@@ -64,10 +58,10 @@ lesson.say(lesson.describe())
 #
 # A **reduce-scatter** sums a tensor over the ranks and leaves each rank one `1/n` piece of the
 # sum. An **all-gather** is the opposite move: each rank brings a piece and everyone ends with all
-# of them. One after the other, they are an all_reduce. Here minddp's ring versions (written from
-# `send`/`recv`) on every rank, checked against gloo's all_reduce. A *transport* is an all_reduce a stage
-# calls instead of torch's (with, optionally, a reduce-scatter and an all-gather); `TRANSPORTS` names
-# minddp's, each all three written from point-to-point messages:
+# of them. One after the other, they are an all_reduce. A *transport* is a function a stage's `Wire`
+# calls instead of torch's all_reduce (and, optionally, reduce-scatter and all-gather); `TRANSPORTS`
+# names minddp's (`ring` and `naive`, written from `send`/`recv`; the exercise writes one from torch's
+# collectives). Here the ring's two, on every rank, checked against gloo's all_reduce:
 
 # %%
 # %%distributed
@@ -87,12 +81,8 @@ print("my piece of the sum:", piece.tolist())
 print("all pieces gathered:", whole.tolist(), "= all_reduce:", torch.equal(whole, summed))
 
 # %% [markdown]
-# The ring all_reduce of the earlier notebooks is the same two, a reduce-scatter then an all-gather:
-# `ring.reduce_scatter` and `ring.all_gather` above cut the whole tensor into n equal pieces (they refuse
-# a whole tensor that is not n times the piece) and pass them to `reduce_scatter_pieces` and
-# `all_gather_pieces` (`minddp/collectives/ring.py`);
-# `ring_all_reduce` cuts any length, with `tensor_split` (pieces whose lengths differ by at most one
-# element), and calls both:
+# The ring all_reduce of the earlier notebooks is the same two: `ring_all_reduce` cuts any length into
+# n pieces with `tensor_split` (lengths differ by at most one element) and calls both:
 
 # %%
 # %%rank 0
@@ -102,29 +92,21 @@ from minddp.notebook.source import show_source
 show_source(ring_all_reduce)
 
 # %% [markdown]
-# What each costs, in the α-β model (α the fixed cost of one message, β the time per byte, m the bytes
-# of the tensor, n ranks): a reduce-scatter or an all-gather of a tensor is `n − 1` messages per rank,
-# which together carry `(n − 1)/n · m` bytes: `(n − 1) α + (n − 1)/n · m β`, and the all_reduce is
-# the two. A stage sends its gradients in several collectives, so below we count in *passes*: a
-# *pass* is a reduce-scatter or an all-gather of the whole model's bytes (m now the model's float32
-# bytes), however many collectives carry it; its size, as the cell prints it, is what a rank sends in
-# it, `(n − 1)/n · m`, not m. Per step (all its micro-batches, the gradients
-# synced once): DDP all-reduces the gradients, two passes; ZeRO-2 reduce-scatters them, one pass, and
-# all-gathers the updated parameters, one pass: DDP's bytes. minddp's ZeRO-1 is DDP's all-reducing
-# wrapper with its optimizer sharded (its section), so it all-reduces them and then all-gathers, one
-# pass more: that is this design's cost, not ZeRO-1's idea's (its ranks too update only their shards,
-# so a reduce-scatter would do, as in ZeRO-2). FSDP reduce-scatters its units' gradients, a little
-# under one pass (its replicated tensors left out), but it gathers each unit's parameters for every
-# micro-batch's forward and again for its backward (all but the unit the backward starts with, kept
-# gathered since its forward). The bound below counts, each of the whole model, one reduce-scatter
-# pass a step and two gathering passes per micro-batch. It counts the replicated tensors in every pass,
-# though FSDP neither reduce-scatters nor gathers them: it all-reduces them, a reduce-scatter and an
-# all-gather of their bytes a step, which the bound's passes cover. These counts are for true
-# reduce-scatters, as minddp's ring sends them (not gloo: the ZeRO-2 section). Passes count bytes, the
-# β term, only. No cell here turns bytes into
-# time: a ratio of bytes below is not a ratio of cost. The cell works these counts out for this
-# workload's step on the ring, from its parameter count: arithmetic, not a measurement (the ring
-# section measures what a rank sends):
+# What each costs, in the α-β model: a reduce-scatter or an all-gather of m bytes is `n − 1` messages
+# per rank, carrying `(n − 1)/n · m` bytes: `(n − 1) α + (n − 1)/n · m β`; the all_reduce is the two.
+# Below we count in *passes*: a *pass* is a reduce-scatter or an all-gather of the whole model's float32
+# bytes m, however many collectives carry it; its size is what a rank sends in it, `(n − 1)/n · m`. Per
+# step (all its micro-batches, the gradients synced once): DDP all-reduces the gradients, two passes;
+# ZeRO-2 reduce-scatters them and all-gathers the updated parameters, two passes too. minddp's ZeRO-1 is
+# DDP's all-reducing wrapper with its optimizer sharded, so it all-reduces and then all-gathers, three
+# passes: this design's cost, not ZeRO-1's idea's (a reduce-scatter would do, as in ZeRO-2). FSDP
+# reduce-scatters its units' gradients, a little under one pass, but gathers each unit's parameters for
+# every micro-batch's forward and again for its backward (all but the unit the backward starts with).
+# The bound below counts one reduce-scatter pass a step and two gathering passes per micro-batch, each
+# of the whole model; the all_reduce of the replicated tensors lies within it. These counts are for true
+# reduce-scatters, as minddp's ring sends them (not gloo: the ZeRO-2 section), and count bytes, the β
+# term, only: a ratio of bytes is not a ratio of time. The cell works them out from the parameter count
+# (the ring section measures what a rank sends):
 
 # %%
 # %%distributed
@@ -141,34 +123,28 @@ lesson.say(
     f"ZeRO-2's reduce-scatter + all-gather {lesson.mib(2 * one_pass)}, ZeRO-1's all_reduce + all-gather "
     f"{lesson.mib(3 * one_pass)}; FSDP's reduce-scatter + all-gathers + all_reduce of its replicated tensors at most "
     f"{lesson.mib(fsdp_most)} "
-    f"(1 + 2 × {accum} passes, a bound: at most {fsdp_most / (2 * one_pass):.1f} times DDP's)."
+    f"(1 + 2 × {accum} passes, a bound: at most {fsdp_most / (2 * one_pass):.1f} times DDP's; at 1 micro-batch a "
+    f"step it is 1 + 2 × 1 = 3 passes, {lesson.mib(3 * one_pass)}, {3 / 2:.1f} times DDP's)."
 )
 
 # %% [markdown]
 # ## The four stages side by side
 #
-# `ddp` is minddp's own `DistributedDataParallel` (`minddp/ddp/`, not torch's); `zero1` is the same
-# wrapper with its optimizer sharded by `minddp.ZeroRedundancyOptimizer`; `zero2` and `fsdp` hand out
-# this rank's shards as the model's parameters, so the optimizer built over `model.parameters()` holds
-# state for the shards (and for fsdp's replicated tensors, which it hands out whole). `zero2` keeps
-# the whole parameters too (its shards are views into them); `fsdp` keeps the shards and its
-# replicated tensors, and gathers a unit's whole parameters around its run. A *step*, in this
-# notebook, is all its micro-batches' forwards and backwards and the *update* at their end (the
-# optimizer's `step()`); the workload line above calls it an optimizer step.
+# `ddp` is minddp's own `DistributedDataParallel` (`minddp/ddp/`); `zero1` is the same wrapper with its
+# optimizer sharded by `minddp.ZeroRedundancyOptimizer`; `zero2` and `fsdp` hand out this rank's shards
+# as the model's parameters, so the optimizer built over `model.parameters()` holds state for the shards
+# (and for fsdp's replicated tensors). `zero2` keeps the whole parameters too (its shards are views into
+# them); `fsdp` keeps only the shards and its replicated tensors. A *step* is all its micro-batches'
+# forwards and backwards and the *update* at their end (the optimizer's `step()`).
 # `minddp.sharding.memory.Probe` measures one step of each stage from the tensors the rank holds:
-# parameters, gradients just before the update, optimizer state just after, the activations (the
-# most bytes autograd saved for the backward during one micro-batch's forward, leaving out every
-# saved tensor that lies in a parameter's storage, a weight or its transpose, or for fsdp in a
-# gathered unit's; each backward frees its forward's), and FSDP's *gathered units* at their peak:
-# the full parameters it has gathered and the buffers its all-gathers receive into, counted together
-# (for a moment after a gather a unit is counted twice, in its buffer and in what was unpacked from it).
-# That column is measured for fsdp only (a dash for the other stages), and no column counts the buffers
-# that zero1's and zero2's all-gathers of the updated parameters receive into.
-# `lesson.Trainee(stage, warmup=0)` builds the stage and its optimizer on the workload, on every rank,
-# without a step, so the measured step is its first: the *memory step*, as later cells call it. The code's comments
-# number the parts of each algorithm (`# part 3`). AdamW keeps a *step count* per parameter tensor
-# (how many updates it has made); the ✓ line printed with the memory table counts the bytes those
-# counts take, not their value.
+# parameters, gradients just before the update, optimizer state just after, the activations (the most
+# bytes autograd saved for the backward during one micro-batch's forward, leaving out saved tensors that
+# lie in a parameter's storage or, for fsdp, a gathered unit's), and fsdp's *gathered units* at their
+# peak: the full parameters it has gathered and the buffers its all-gathers receive into (a unit just
+# gathered counts twice, in its buffer and in what was unpacked from it). No column counts the buffers
+# of zero1's and zero2's all-gathers. `lesson.Trainee(stage, warmup=0)` builds the stage and its
+# optimizer on every rank without a step, so the measured step is its first: the *memory step*. The
+# code's comments number the parts of each algorithm (`# part 3`).
 
 # %%
 # %%distributed
@@ -183,16 +159,14 @@ for name, t in trainees.items():
     memory[name] = probe.result()
 
 # %% [markdown]
-# The table below sets each stage's measured model state (parameters + gradients + optimizer state,
-# the table's first three columns: no activations, no gathered units) beside its formula. The
-# formulas, for `Ψ` float32 parameter values (elements, as the ZeRO paper counts them) with Adam on n ranks: each value
-# costs 4 bytes of parameter, 4 of gradient and 8 of Adam's two moments, and each rung divides one
-# more of the three among the ranks: DDP `16Ψ`; ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and
-# gradients) `4Ψ + 12Ψ/n`; FSDP (and parameters) `16Ψₛ/n + 16Ψᵣ`, where `Ψᵣ` counts the values of the
-# parameter tensors it leaves whole on every rank (those outside every unit) and `Ψₛ = Ψ − Ψᵣ` those
-# it shards (fsdp's optimizer keeps whole moments for its replicated tensors: the `8Ψᵣ` of its `16Ψᵣ`).
-# The model state and formula columns differ by the bytes of AdamW's step counts (the ✓ line below),
-# which the table's rounding to 0.001 MiB shows as 0.000 or 0.001.
+# The table sets each stage's measured model state (parameters + gradients + optimizer state: no
+# activations, no gathered units) beside its formula, for `Ψ` float32 parameter values (elements, as the
+# ZeRO paper counts them) with Adam on n ranks: each value costs 4 bytes of parameter, 4 of gradient and
+# 8 of Adam's two moments, and each rung divides one more of the three among the ranks: DDP `16Ψ`;
+# ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and gradients) `4Ψ + 12Ψ/n`; FSDP (and parameters)
+# `16Ψₛ/n + 16Ψᵣ`, where `Ψᵣ` counts the values of the replicated tensors and `Ψₛ = Ψ − Ψᵣ` the rest.
+# The two columns differ by AdamW's *step counts*, one per parameter tensor (the ✓ line), which the
+# table's rounding to 0.001 MiB shows as 0.000 or 0.001.
 
 # %%
 # %%rank 0
@@ -237,14 +211,11 @@ lesson.say(
 table.round(3).astype(object).where(table.notna(), "–")
 
 # %% [markdown]
-# The gradients column, and so the model state, is what rank 0 holds at the update. No cell here
-# measures the gradients earlier in the step, when zero2 and fsdp hold whole ones, as ddp does. fsdp's gathered units are held during a forward or backward, not
-# at the update. The activations column holds one value for every row: each stage runs the same
-# forward on the same batch, and the column leaves out what autograd saved of the parameters,
-# whether held whole or, in fsdp, gathered. Sharding saves model state, not activations:
-# here they weigh about what zero1's model state does, and more than zero2's or fsdp's. The
-# columns are measured at different moments of the step, so their sum is not the most a rank holds
-# (the section on what each rung trades).
+# The gradients column, and so the model state, is what rank 0 holds at the update; earlier in the step
+# zero2 and fsdp hold whole gradients, as ddp does (no cell measures them). fsdp's gathered units are held
+# during a forward or backward, not at the update. Every stage runs the same forward on the same batch:
+# sharding saves model state, not activations. The columns are measured at different moments, so their
+# sum is not the most a rank holds.
 #
 # ## bf16 compute with fp32 master weights
 #
@@ -252,16 +223,11 @@ table.round(3).astype(object).where(table.notna(), "–")
 # here) and keeps an fp32 copy of the weights, the *master weights*, for the optimizer. minddp's FSDP
 # computes in bf16 with `compute_dtype=torch.bfloat16`, as torch's `fully_shard` does with
 # `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`: the fp32 shards
-# *are* the master weights, cast to bf16 for each unit's gather (started a unit ahead, the prefetch)
-# and gathered in bf16. The first ✓ line below checks that at the update it keeps what fp32 FSDP
-# keeps. Of what lives only during the step, the cells below train it one step and measure two, the
-# gathered units and the activations. That step takes the memory step's micro-batches (a fresh
-# `lesson.step_batches()` starts at the same first step), so both activations are of the same batch.
-# The gradients it holds at the update are its fp32 shards' `.grad` (the gradients in its bar of the figure below); no cell here shows the dtype of
-# the gradients its bf16 backward computes before they reach the shards, or the bytes its gathers
-# send. Its units are those of the `fsdp` above: `blocks_of(net)` makes each *block* (an element of the
-# model's `nn.ModuleList`, a decoder
-# layer) a unit, as `lesson.Trainee` does.
+# *are* the master weights, cast to bf16 for each unit's gather. The cells below train it one step on
+# the memory step's micro-batches (a fresh `lesson.step_batches()` starts at the same first step) and
+# set its model state, gathered units and activations beside fp32 fsdp's. Its gradients at the update
+# are its fp32 shards' `.grad`; no cell shows the dtype of those its bf16 backward computes, or the bytes
+# its gathers send. `blocks_of(net)` makes each decoder layer a unit, as `lesson.Trainee` does.
 
 # %%
 # %%distributed
@@ -312,18 +278,15 @@ lesson.claim(
 # %% [markdown]
 # ### Why the master weights stay fp32
 #
-# A bf16 number has 8 significant bits (2 to 3 decimal digits), so a small change to a weight lands
-# rounded, and one far smaller than the weight is lost. AdamW changes each value by about the learning
-# rate lr times a ratio: the running average of its gradients over the square root of the running
-# average of their squares, each average first divided by its bias correction (1 − bᵗ at update t,
-# b that average's decay rate, AdamW's `betas`; not the β of the cost model), which makes them g and g²
-# at the first update. So at its first update
-# that ratio is g/|g|, ±1, wherever the gradient g is
-# neither zero nor as small as AdamW's ε (a small constant added to the square root), so the first
-# update moves each such value by about lr, up or down. The cell prints the median size
-# of ddp's first update's changes, then adds lr, a change of that size, to every value held in bf16 and in fp32
-# (`lesson.added`), and finds the values whose change is lost and how far the others land from lr. It
-# measures that one change only, not those of later updates:
+# A bf16 number has 8 significant bits (2 to 3 decimal digits), so a change far smaller than a weight is
+# lost. AdamW changes each value by about lr times a ratio: the running average of its gradients over
+# the square root of the running average of their squares, each first divided by its bias correction
+# (1 − bᵗ at update t, b that average's decay rate, AdamW's `betas`; not the cost model's β), which makes
+# them g and g² at the first update. So the first update moves each value whose gradient g is neither
+# zero nor as small as AdamW's ε by about lr (g/|g| = ±1). The cell prints the median size of ddp's first
+# update's changes, then adds lr to every initial value held in bf16 and in fp32 (`lesson.added`) and
+# finds the values whose change is lost. The model's normalization layers, its *RMSNorms*, have weights
+# (scales) that start at 1.0:
 
 # %%
 # %%rank 0
@@ -351,13 +314,10 @@ lesson.claim(
 )
 
 # %% [markdown]
-# In bf16 the RMSNorms' weights (its normalization layers' scales, which start at 1.0; the share of the values the ✓ line gives) would lose this change, and every
-# other value would take it rounded to bf16's spacing at its value (the ✓ line prints the smallest and
-# the largest change, not how the changes spread between them); in fp32 every value takes it, to within
-# the fraction printed. A weight held in bf16 would take every change so, rounded to bf16's spacing at
-# its value, or lose it where the change is under half of it. AdamW's weight decay is such a change at
-# every update, a multiplication of its own: it shrinks each weight by lr · λ of itself (lr and λ,
-# the weight decay, printed above). With 8 significant bits, bf16's spacing at a value is at least
+# In bf16 the RMSNorms' weights would lose this change, and every other value would take it rounded to
+# bf16's spacing at its value (the ✓ line prints the smallest and the largest change); in fp32 every
+# value takes it. AdamW's weight decay is a change at every update too: it shrinks each weight by
+# lr · λ of itself (λ the weight decay). With 8 significant bits, bf16's spacing at a value is at least
 # 2⁻⁸ of it, so a change under 2⁻⁹ of the weight is rounded away. The cell sets lr · λ against 2⁻⁹,
 # then multiplies each initial value, held in bf16, by 1 − lr · λ (in fp32, the product rounded to bf16):
 
@@ -381,13 +341,11 @@ lesson.claim(
 # ### The ZeRO paper's mixed-precision count
 #
 # The ZeRO paper counts mixed precision as 2 bytes of 16-bit parameter, 2 of 16-bit gradient and K = 12
-# bytes of optimizer state (the fp32 master copy, 4, and Adam's moments, 8): still `16Ψ` for DDP, but
-# now 12 of the 16 bytes are optimizer state, which ZeRO-1 already shards: ZeRO-1 `4Ψ + 12Ψ/n`, ZeRO-2
-# `2Ψ + 14Ψ/n`, FSDP `16Ψₛ/n + 16Ψᵣ` as before (minddp's FSDP in bf16 splits its 16 bytes 4 + 4 + 8, not
-# 2 + 2 + 12). Against the fp32 formulas, mixed precision saves ZeRO-1 `4Ψ(1 − 1/n)` bytes and
-# ZeRO-2 `2Ψ(1 − 1/n)`, half as many. Every value in the table below is a formula, computed here, not
-# measured: minddp's `ddp`, `zero1` and `zero2` have no `compute_dtype`, and fsdp's run in bf16 above
-# measured its 4 + 4 + 8 split at the update (the 4 of gradient: its fp32 shards' `.grad`), not the paper's.
+# bytes of optimizer state (the fp32 master copy, 4, and Adam's moments, 8): still `16Ψ` for DDP, but 12
+# of the 16 bytes are now optimizer state, which ZeRO-1 already shards: ZeRO-1 `4Ψ + 12Ψ/n`, ZeRO-2
+# `2Ψ + 14Ψ/n`, FSDP `16Ψₛ/n + 16Ψᵣ` as before. The table holds formulas, not measurements: minddp's
+# `ddp`, `zero1` and `zero2` have no `compute_dtype`, and fsdp in bf16 above keeps 4 + 4 + 8 bytes a
+# value at the update, not the paper's 2 + 2 + 12.
 
 # %%
 # %%rank 0
@@ -413,12 +371,12 @@ formulas.round(2)
 # %% [markdown]
 # ## ZeRO-1: an optimizer that updates its own shard
 #
-# Each parameter tensor of `numel` elements is cut, flattened, into n chunks of `ceil(numel/n)` elements, in
-# rank order, the last ranks' shorter or empty (`minddp/sharding/shards.py`), and rank `r` keeps the
-# optimizer state of chunk `r` of each, its shard. (An optimizer that is not element-wise needs whole
-# tensors: one rank then owns each, `owned_whole` in the code below; AdamW is element-wise.) The
-# updated chunks are all-gathered in buckets of their own, of at most `BUCKET_CAP_MB` = 25 MiB (a
-# setting in `minddp/sharding/zero1.py`), not the stage's 4 MiB gradient buckets:
+# Each parameter tensor of `numel` elements is cut, flattened, into n chunks of `ceil(numel/n)` elements,
+# in rank order, the last ranks' shorter or empty (`minddp/sharding/shards.py`); rank `r` keeps the
+# optimizer state of chunk `r` of each. (An optimizer that is not element-wise needs whole tensors: one
+# rank then owns each, `owned_whole` below; AdamW is element-wise.) The updated chunks are all-gathered
+# in buckets of their own, of at most `BUCKET_CAP_MB` = 25 MiB (`minddp/sharding/zero1.py`), not the
+# stage's 4 MiB gradient buckets:
 
 # %%
 # %%distributed
@@ -448,29 +406,23 @@ show_source(ZeroRedundancyOptimizer.step)
 # %% [markdown]
 # ## ZeRO-2: reduce-scatter the gradients
 #
-# `zero2` is `bucket-async` (`AsyncBucketDDP`, the stage whose gradient buckets are all-reduced
-# while the backward runs) with four changes, parts 1 to 4 in its code's comments (its own
-# numbering, not ZeRO-1's):
+# `zero2` is `bucket-async` (`AsyncBucketDDP`, whose gradient buckets are all-reduced while the backward
+# runs) with four changes, parts 1 to 4 in its code's comments (not ZeRO-1's numbering):
 #
-# 1. each parameter is cut into n chunks, as ZeRO-1 cuts it, and this rank's chunk, its shard, is made a
-#    parameter of its own (`self.shard[p]`), a view into the whole one (`__init__`);
+# 1. each parameter is cut into n chunks, as in ZeRO-1, and this rank's chunk, its shard, is made a
+#    parameter of its own (`self.shard[p]`), a view into the whole one;
 # 2. a full bucket's gradients are packed rank by rank (rank 0's chunk of every gradient in the bucket,
-#    then rank 1's, ...), so that the piece of the reduce-scatter that rank r receives is its chunk of
-#    each, and handed to a reduce-scatter instead of the all_reduce; the whole gradients are
-#    dropped (`_send_bucket`);
-# 3. the reduce-scatter leaves this rank its piece of the averaged bucket: for each of its shards, that
-#    shard's chunk of the averaged gradient, back to back; each becomes its shard's `.grad` (or is
-#    added to it, if the shard has a `.grad` already: `_write_back`): the optimizer updates the shards only;
-# 4. in the next forward, the updated shards are all-gathered back into the whole parameters,
-#    one all-gather per gradient bucket: after a sync, `forward`
-#    calls `gather_parameters`, which starts every bucket's all-gather at
-#    once, before the first module runs; each module waits for its own bucket's gather just before it
-#    runs (the forward pre-hooks in `__init__` call `_wait_for`).
+#    then rank 1's, ...), so that the piece of the reduce-scatter rank r receives is its chunk of each,
+#    and handed to a reduce-scatter instead of the all_reduce; the whole gradients are dropped;
+# 3. that piece holds, back to back, this rank's shards' chunks of the averaged gradient; each becomes
+#    its shard's `.grad` (or is added to it): the optimizer updates the shards only;
+# 4. in the next forward, `gather_parameters` starts every bucket's all-gather of the updated shards at
+#    once, before the first module runs; each module waits for its own bucket's just before it runs
+#    (forward pre-hooks).
 #
-# The cell prints the lines that do each part (from `minddp/sharding/zero2.py`; `key_lines` finds each
-# by a text it holds), then part 2's reduce-scatter hook whole. `Wire` is minddp's wrapper of a process
-# group, through which a stage's comm hooks send; `Wire.of(state)` wraps the hook's state in one unless
-# it is one already.
+# The cell prints the line that does each part (`key_lines` finds it by a text it holds), then part 2's
+# reduce-scatter hook. `Wire` is minddp's wrapper of a process group, through which a stage's comm hooks
+# send; `Wire.of(state)` wraps the hook's state in one unless it is one already.
 
 # %%
 # %%rank 0
@@ -490,20 +442,17 @@ print(key_lines(Zero2DDP, parts) + "\n")
 show_source(reduce_scatter_hook)
 
 # %% [markdown]
-# A stage's *look* (`Trainee.look()`): one step (all its micro-batches) under the profiler, read in
-# memory (`minddp.analysis.live`): its collectives, each with the moment the stage *handed it over* (the
-# start of its call into `torch.distributed`) and the bytes *given* to it (the tensors this rank passed
-# in; the next section measures what a rank sends). Its *gradient collectives* are the collectives that
-# sum gradients (fsdp's all_reduces of its replicated tensors included), which it counts as the
-# all_reduces handed over; it counts the all-gathers of parameters apart. On gloo every gradient
-# collective is an all_reduce:
-# a comm hook hands back a `torch.futures.Future` (which runs the write-back chained to it once the
-# sum is done), and gloo's reduce-scatter
-# hands back none to chain to, so a hook using it would wait for the sum before backward goes on. So on gloo
-# minddp runs zero2's and fsdp's reduce-scatters as all_reduces of the whole tensor they are given (a
-# zero2 bucket, an fsdp unit's gradients) and keeps the piece a reduce-scatter would have left this
-# rank. Each look below is its trainee's second step: the first was the memory step above, so
-# zero2's look starts by gathering the parameters that step updated.
+# A stage's *look* (`Trainee.look()`) is one step under the profiler, read in memory
+# (`minddp.analysis.live`): its collectives, each with the moment the stage *handed it over* (its call
+# into `torch.distributed`) and the bytes *given* to it (the tensors this rank passed in). Its *gradient
+# collectives* are those that sum gradients (fsdp's all_reduces of its replicated tensors included); it
+# counts the all-gathers of parameters apart. On gloo a `Wire` with no transport of its own runs zero2's
+# and fsdp's reduce-scatters as all_reduces of the whole tensor they are given (a zero2 bucket, an fsdp
+# unit's gradients) and keeps this rank's piece, so that the hook hands back at once a Future of the sum
+# while the backward goes on (gloo's reduce-scatter hands back no Future; a transport, as in the
+# exercise, runs it and waits). So every gradient collective here is an all_reduce. Each look is its
+# trainee's second step: the first was the memory step, so zero2's look starts by gathering the
+# parameters that step updated.
 
 # %%
 # %%distributed
@@ -521,20 +470,14 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 # %% [markdown]
 # ## What rank 0 sends, on the ring
 #
-# The look counts the bytes given to each collective, in which the bytes a reduce-scatter spares
-# against an all_reduce do not show. The four stages now send through minddp's own ring
-# (`minddp.collectives`), plugged into each stage's `Wire` as its transport (the first section's word):
-# the all_reduce, reduce-scatter and all-gather the `Wire` calls instead of torch's; the profiler
-# records each message gloo sends with the tensor it carried. The table is what rank 0 sent in one step,
-# by the collective the message served. zero2's trainee here takes one step
-# before its look (`warmup=1`), as the memory step did for the gloo looks: zero2 all-gathers the updated
-# shards in the forward after an update, so the looked-at step starts with those all-gathers (its first
-# step has none to make). fsdp's reduce-scatter sends a little under a pass: its replicated
-# tensors, which it all-reduces, are left out. The ✓ line's bytes fsdp sent
-# "gathering units" are bytes sent in a step, not the memory table's gathered units, which are bytes
-# held at one moment. Bytes *sent*
-# are not the bytes *given* of the look above: a ring all_reduce sends `2(n − 1)/n` of the bytes it
-# is given, which at these n = 2 ranks is the same number, and at other n is not:
+# The bytes given do not show what a reduce-scatter spares against an all_reduce. The four stages now
+# send through minddp's ring, plugged into each stage's `Wire` as its transport; the profiler records
+# each message gloo sends with the tensor it carried. The table is what rank 0 sent in one step, by the
+# collective the message served. zero2's trainee takes one step before its look (`warmup=1`), so that the
+# looked-at step starts with its all-gathers of the updated shards. The bytes fsdp sent "gathering units"
+# are sent in a step, not the memory table's gathered units, held at one moment. Bytes *sent* are not
+# bytes *given*: a ring all_reduce sends `2(n − 1)/n` of the bytes it is given, the same number at these
+# n = 2 ranks only:
 
 # %%
 # %%distributed
@@ -582,22 +525,32 @@ on_wire.round(2)
 # ## FSDP: gather each unit around its run
 #
 # Each decoder layer of the model (an element of its `nn.ModuleList`) is a *unit*. Before a unit's
-# forward its shards are all-gathered into full parameters, and the next unit's gather is started
-# (a prefetch); after the forward the full parameters are dropped (all but the last unit's: the
-# backward starts with that unit, so it stays gathered). The backward needs them again, and the
-# tensors autograd saves for it would keep them alive, so a saved-tensor hook keeps a note of where
-# those tensors lay in them instead; the first note unpacked in the backward gathers the unit again,
-# or waits for its gather if it was prefetched, and starts the gather of the unit before it: the
-# backward prefetches too, one unit ahead in its own order. The gradients of a unit arrive
-# together, from one autograd function; in the last micro-batch's backward they are handed to one
-# gradient collective then (a reduce-scatter, which on gloo minddp runs as an all_reduce of the
-# unit's gradients: the ZeRO-2 section), in the others they are accumulated whole under
-# `no_sync()`. The replicated tensors' gradients get an all_reduce each. The figure below marks both
-# kinds alike, as gradient collectives. The first ✓ line below checks the size of the gathered units'
-# peak, two units' worth, not when it fell (no cell measures that). In `minddp/sharding/fsdp.py`, two units are
-# held at once while a unit's full parameters lie beside the receive buffer of the unit prefetched
-# after it (in the forward's order or the backward's), or beside the unit's own buffer while that is
-# unpacked into them.
+# forward its shards are all-gathered into full parameters and the next unit's gather is started (a
+# prefetch); after the forward the full parameters are dropped, all but the last unit's, with which the
+# backward starts. The tensors autograd saves for the backward would keep them alive, so a saved-tensor
+# hook keeps a note of where they lay instead; the first note unpacked in the backward gathers the unit
+# again (or waits for its prefetched gather) and starts the gather of the unit before it. A unit's
+# gradients arrive together, from one autograd function; in the last micro-batch's backward they go to
+# one gradient collective (a reduce-scatter: on gloo an all_reduce, the ZeRO-2 section), in the others
+# they are accumulated whole under `no_sync()`. Each replicated tensor's gradient gets an all_reduce. The
+# lines that do each part (numbered in the module's docstring):
+
+# %%
+# %%rank 0
+from minddp.sharding.fsdp import FullyShardedDataParallel
+
+lines = [  # (part, method, a text that the line doing it holds)
+    ("part 2", "_before_forward", "self._gather(unit)"),
+    ("part 2", "_before_forward", "self._prefetch(unit, +1)"),
+    ("part 3", "_after_forward", "unit.index == self.forward_order[-1]"),
+    ("part 3", "_after_forward", "self._free(unit)"),
+    ("part 3", "forward", "saved_tensors_hooks(self._pack, self._unpack)"),
+    ("part 4", "_unpack", "self._gather(unit)"),
+    ("part 4", "_unpack", "self._prefetch(unit, -1)"),
+    ("part 5", "_unit_backward_done", "unit.accumulated = master"),
+    ("part 5", "_unit_backward_done", "self.pending.append("),
+]
+print(key_lines(FullyShardedDataParallel, lines))
 
 # %%
 # %%distributed
@@ -629,24 +582,18 @@ lesson.claim(
 # %% [markdown]
 # ## Where each rung hands its collectives over
 #
-# The figure draws, for `ddp` and the three sharded stages, the step each stage's look (on gloo, in
-# the ZeRO-2 section) recorded: its phases in their order (each micro-batch's forward and backward,
-# then the update), each drawn the same width, and a mark for each gradient collective and each
-# all-gather of parameters its look counted, in the phase it was handed over in. It shows the order of
-# events only, no lengths: within a phase each kind's marks are spread evenly on a line of their own
-# (black above brown), in the order they were handed over, so that each kind can be counted; the order
-# between the two kinds is not drawn, and the spacing is not timing either:
-# zero2's all-gathers, which `gather_parameters` hands over together before the first module runs
-# (the ZeRO-2 section), are drawn across the whole of its forward 1. The black mark stands for every
-# gradient collective alike: ddp's and zero1's bucket all_reduces, the all_reduces that run for zero2's
-# and fsdp's reduce-scatters on gloo, and fsdp's all_reduces of its replicated tensors. The figure
-# draws these two kinds only: it leaves out any other collective a stage hands over.
+# The figure draws, for each stage, the step its look (on gloo) recorded: its phases in order (each
+# micro-batch's forward and backward, then the update), each the same width, and a mark for each
+# gradient collective (black) and each all-gather of parameters (brown), in the phase it was handed over
+# in. It shows order, not time: within a phase each kind's marks are spread evenly on a line of their
+# own, in the order they were handed over; the order between the two kinds is not drawn (zero2's
+# all-gathers, handed over together before the first module runs, are spread across its forward 1). No
+# other collective is drawn.
 #
-# Why the place matters: a collective can overlap compute (notebook 01's word) only while compute
-# still runs after it is handed over. zero1 hands its all-gather over in the update, after the step's
-# last forward and backward, with no module left to run in the step; zero2 and fsdp
-# hand theirs over in a forward or backward, with modules still to run. The figure shows where they
-# were handed over, not whether they overlapped: no cell here measures that.
+# A collective can overlap compute (notebook 01's word) only while compute still runs after it is
+# handed over. zero1 hands its all-gather over in the update, with no module left to run in the step;
+# zero2 and fsdp hand theirs over in a forward or backward, with modules still to run. The figure shows
+# where, not whether they overlapped: no cell here measures that.
 
 
 # %%
@@ -689,12 +636,11 @@ lesson.claim(
 # %% [markdown]
 # ## The same training, whatever the rung
 #
-# Sharding changes what each rank keeps, not what is computed: after the same steps every stage
-# holds the same model, up to float rounding. The cell below compares each sharded stage with `ddp`
-# after the same steps; at these 2 ranks it finds them equal; at more ranks the stages add the ranks' gradients in different
-# orders, and `docs/sharding.md`'s tests at 3 ranks allow for rounding. fsdp keeps most parameters only
-# as shards, and zero2's whole parameters hold the other ranks' chunks from before the update until the next forward
-# gathers them (part 4 of ZeRO-2), so `full_parameters()` gathers both whole for the comparison.
+# Sharding changes what each rank keeps, not what is computed. The cell compares each sharded stage's
+# parameters with `ddp`'s after the same steps (`full_parameters()` gathers zero2's and fsdp's whole:
+# fsdp keeps most only as shards, and zero2's whole parameters hold the other ranks' old chunks until the
+# next forward). At more ranks the stages add the ranks' gradients in different orders, and
+# `docs/sharding.md`'s tests at 3 ranks allow for rounding.
 
 
 # %%
@@ -716,32 +662,28 @@ lesson.say(
 # %% [markdown]
 # ## What each rung trades
 #
-# Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's
-# ring (the ring table), at these 2 ranks. Bytes are the β side only.
-#
-# Two limits. The model state is what rank 0 holds at the update, not the most it holds during the
-# step: before the last micro-batch zero2 and fsdp hold whole gradients, as ddp does, and the model
-# state leaves out the activations, the collectives' buffers and fsdp's gathered units (the memory
-# table's: set them beside fsdp's saving over zero2 below).
-# And the bytes are the ring's, with true
-# reduce-scatters: through gloo, as this notebook's other runs send, zero2's reduce-scatters run as
-# all_reduces of whole buckets (the ZeRO-2 section), so the ✓ line's fewer bytes hold on the ring only.
-# fsdp's multiples grow with the micro-batches a step: it gathers every unit for each (the first
-# section's bound).
+# Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's ring
+# (the ring table). The model state is not the most a rank holds during the step: before the last
+# micro-batch zero2 and fsdp hold whole gradients, as ddp does, and it leaves out the activations, the
+# collectives' buffers and fsdp's gathered units. The bytes are the ring's: through gloo zero2's
+# reduce-scatters run as all_reduces of whole buckets, so the ✓ line's fewer bytes hold on the ring only.
+# fsdp gathers every unit for each micro-batch, so its multiple grows with the micro-batches a step.
 
 # %%
 # %%rank 0
 trade = pd.DataFrame({"model state MiB": table["model state MiB"], "sent a step MiB": pd.Series(total) / 2**20})
 spared = trade.loc["ddp", "model state MiB"] - trade["model state MiB"]  # against ddp's, at the update
 lesson.say(
-    "Against ddp: "
+    "Against ddp, on the ring: "
     + "; ".join(
-        f"{s} holds {spared[s]:.1f} MiB less at the update and sends {total[s] / total['ddp']:.1f} times ddp's "
-        "bytes on the ring"
+        f"{s} {spared[s]:.1f} MiB less model state at the update, {total[s] / total['ddp']:.1f} times ddp's bytes sent"
         for s in STAGES[1:]
     )
-    + f". fsdp beyond zero2: {spared['fsdp'] - spared['zero2']:.1f} MiB less at the update, for "
-    f"{total['fsdp'] / total['zero2']:.1f} times zero2's bytes on the ring."
+    + f".\nfsdp against zero2: {spared['fsdp'] - spared['zero2']:.1f} MiB less model state at the update; during a "
+    f"forward or backward its gathered units hold up to {table.loc['fsdp', 'gathered units (peak) MiB']:.1f} MiB "
+    f"(activations: {table.loc['fsdp', 'activations MiB']:.1f} MiB). It sends {total['fsdp'] / total['zero2']:.1f} "
+    f"times zero2's bytes at {accum} micro-batches a step (the first section's bound at 1 micro-batch: "
+    f"{3 / 2:.1f} times DDP's, which zero2 sends)."
 )
 lesson.claim(
     (trade.loc["zero2"] < trade.loc["zero1"]).all(),
@@ -758,20 +700,18 @@ trade.round(1)
 # that each rank receives its piece of the sum; all-gather the pieces back into the padded tensor; cut
 # the padding off and copy the sum into `tensor`. The two collectives are `reduce_scatter_single` and
 # `all_gather_single` from `minddp.runtime.compat` (torch's `dist.reduce_scatter_tensor` and
-# `dist.all_gather_into_tensor`, under torch 2.13's names); both take `(output, input)`. Pass `group`
-# everywhere, not `dist.group.WORLD`: to `dist.get_world_size(group)` and to both collectives (to the reduce-scatter by name,
-# `group=group`: its third parameter is `op`). Without it, or given `dist.group.WORLD`, a call runs
-# over every rank of a larger job; the checker refuses only a call without it.
+# `dist.all_gather_into_tensor`, under torch 2.13's names); both take `(output, input)`. Pass `group` to
+# `dist.get_world_size(group)` and to both collectives (to the reduce-scatter by name, `group=group`:
+# its third parameter is `op`). Without it, or given `dist.group.WORLD`, a call runs over every rank of a
+# larger job: the checker hands your transport a group of its own and refuses both.
 #
 # The cell makes `my_all_reduce` the sum of the `bucket-async` stage's buckets (its hook divides each
-# bucket by the world size first, so `my_all_reduce` only sums). `check` trains that stage beside a
-# single process on the global batch (its verdict prints the largest parameter difference from it),
-# and against the model answer (`like="halves"`). It trains its own small
-# network in two buckets, one of an odd length, which tests your padding; some wrong answers come out
-# right at two ranks (padding by `numel % n` instead of `-numel % n`, or a `2` written for the world
-# size), so an answer accepted at two ranks is checked again at three. Its buckets are flat tensors,
-# so after training it also hands `my_all_reduce` a tensor of 5 × 7 values, which fails an answer that
-# pads it without flattening it, or copies the sum back without `.view_as(tensor)`.
+# bucket by the world size first). `check` trains that stage beside a single process on the global batch
+# and against the model answer (`like="halves"`), on its own small network in two buckets, one of an odd
+# length, which tests your padding; some wrong answers come out right at two ranks (padding by
+# `numel % n` instead of `-numel % n`, or a `2` written for the world size), so an answer accepted at two
+# ranks is checked again at three. It then hands `my_all_reduce` a tensor of 5 × 7 values, which fails
+# an answer that does not flatten it or copies the sum back without `.view_as(tensor)`.
 
 # %%
 import torch

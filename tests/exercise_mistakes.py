@@ -1031,6 +1031,28 @@ def _halves_list_collectives(tensor, group):
     tensor.copy_(padded[: flat.numel()].view_as(tensor))
 
 
+def _halves_world_group(tensor, group):
+    """The model answer with ``dist.group.WORLD`` hard-wired where ``group`` belongs: the world's size and both
+    collectives over the whole world, not over the group the transport was handed."""
+    world = dist.group.WORLD
+    n = dist.get_world_size(world)
+    flat = tensor.reshape(-1)
+    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % n))
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=world)
+    all_gather_single(padded, piece, group=world)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
+def _halves_collectives_world_group(tensor, group):
+    """The world size asked of ``group``, but both collectives given ``group=dist.group.WORLD``."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=dist.group.WORLD)
+    all_gather_single(padded, piece, group=dist.group.WORLD)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
 def _halves_group_as_op(tensor, group):
     """Passes the group to the reduce-scatter by position, where its third parameter is ``op``."""
     flat, padded, n = _padded(tensor, group)
@@ -1127,6 +1149,8 @@ HalvesWorldWithoutGroup = _halves_with("HalvesWorldWithoutGroup", _halves_world_
 HalvesWorldImported = _halves_with("HalvesWorldImported", _halves_world_imported)
 HalvesCollectivesWithoutGroup = _halves_with("HalvesCollectivesWithoutGroup", _halves_collectives_without_group)
 HalvesGroupAsOp = _halves_with("HalvesGroupAsOp", _halves_group_as_op)
+HalvesWorldGroup = _halves_with("HalvesWorldGroup", _halves_world_group)
+HalvesCollectivesWorldGroup = _halves_with("HalvesCollectivesWorldGroup", _halves_collectives_world_group)
 HalvesListCollectives = _halves_with("HalvesListCollectives", _halves_list_collectives)  # a right answer
 HalvesListCollectivesWithoutGroup = _halves_with(
     "HalvesListCollectivesWithoutGroup", _halves_list_collectives_without_group

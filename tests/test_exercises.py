@@ -480,6 +480,28 @@ MISTAKES = [
             "reduce_scatter was called without group=, so it runs over the whole world",
         ),
     ),
+    # dist.group.WORLD hard-wired where group belongs: right on the checker's ranks, which are the whole world, so
+    # the checker hands the transport a group of its own over them (dist.new_group) and refuses any other
+    (
+        wrong.HalvesWorldGroup,
+        "halves",
+        (
+            "your code raised OtherGroupWorldSize in _halves_world_group (line",
+            "n = dist.get_world_size(world)`",
+            "dist.get_world_size(dist.group.WORLD) is the size of the whole world, not of the group your transport "
+            "was handed",
+        ),
+    ),
+    (
+        wrong.HalvesCollectivesWorldGroup,
+        "halves",
+        (
+            "your code raised OtherGroupCollective in _halves_collectives_world_group (line",
+            "reduce_scatter_single(piece, padded, group=dist.group.WORLD)`",
+            "was called with group=dist.group.WORLD, so it runs over the whole world, not over the group your "
+            "transport was handed",
+        ),
+    ),
     # the group passed by position to reduce_scatter_single lands in its `op` (all_gather_single takes it third)
     (
         wrong.HalvesGroupAsOp,

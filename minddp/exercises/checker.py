@@ -116,7 +116,9 @@ def check(
     step and one bucket has an odd length). A collective that one rank waits
     in for ``timeout_s`` seconds is a hang. A stage whose Wire has a transport
     (``halves``) has it also sum a tensor of 5 × 7 values (``harness.SHAPED``):
-    the buckets are flat, and a transport is handed any tensor.
+    the buckets are flat, and a transport is handed any tensor. Its stage is
+    built over a group of its own (``dist.new_group`` over the ranks), and a
+    transport that sums over another (``dist.group.WORLD``) is refused by name.
 
     A stage that passes is checked once more, on ``second_world_size`` ranks
     (``None``: not): a world size written as a number (``param.grad /= 2``) is

@@ -181,27 +181,52 @@ class UngroupedWorldSize(RuntimeError):
     """A transport asked ``dist.get_world_size()`` without its ``group``."""
 
 
-def _size_of_a_group(world_size):
-    """``dist.get_world_size`` for a transport's run: without a group it is refused (:class:`UngroupedWorldSize`).
+def _size_of_a_group(world_size, given=None):
+    """``dist.get_world_size`` for a transport's run: without a group it is refused (:class:`UngroupedWorldSize`),
+    and so is a group other than ``given``, the group the transport was handed (:class:`OtherGroupWorldSize`;
+    ``None``: not asked).
 
     The checker's ranks are the whole world, so the number would come out right here; in a job whose group is a
     part of the world it is the world's, and the padding and the pieces would be cut for the wrong n."""
 
     def get_world_size(group=None):
         caller = inspect.currentframe().f_back.f_code.co_filename
-        if group is None and not caller.startswith(_LIBRARIES):  # torch's own calls (its error paths) ask so too
+        if caller.startswith(_LIBRARIES):  # torch's own calls (its error paths) ask without a group too
+            return world_size(group)
+        if group is None:
             raise UngroupedWorldSize(
                 "dist.get_world_size() without group is the size of the whole world, not of the group your "
                 "transport sums over (the same here, where the checker's ranks are the whole world; smaller in a "
                 "job with several groups): ask dist.get_world_size(group)"
+            )
+        if given is not None and group is not given:
+            raise OtherGroupWorldSize(
+                f"dist.get_world_size({_group_name(group)}) is the size of {_group_name(group, 'its')}, not of the "
+                f"group your transport was handed (the checker hands it a group of its own over the same ranks: "
+                f"the same number here, not in a job with several groups): ask dist.get_world_size(group)"
             )
         return world_size(group)
 
     return get_world_size
 
 
+def _group_name(group, article: str = "") -> str:
+    """How a verdict names ``group``: ``dist.group.WORLD`` (with ``article``: the whole world) or another group."""
+    if group is dist.group.WORLD:
+        return "the whole world" if article else "dist.group.WORLD"
+    return f"{article} group" if article else "a group of your own"
+
+
 class UngroupedCollective(RuntimeError):
     """A transport called a reduce-scatter or an all-gather without its ``group`` (or handed it as the op)."""
+
+
+class OtherGroupWorldSize(UngroupedWorldSize):
+    """A transport asked ``dist.get_world_size`` of a group it was not handed (``dist.group.WORLD``)."""
+
+
+class OtherGroupCollective(UngroupedCollective):
+    """A transport called a reduce-scatter or an all-gather over a group it was not handed (``dist.group.WORLD``)."""
 
 
 class DevicelessTensor(RuntimeError):
@@ -219,11 +244,12 @@ DEVICELESS = (
 )
 
 
-def _within_a_group(collective, name: str, group_at: int):
+def _within_a_group(collective, name: str, group_at: int, given=None):
     """``collective`` (``dist``'s ``name``, its ``group`` at position ``group_at``) for a transport's run: without a
-    group it is refused (:class:`UngroupedCollective`); the checker's ranks are the whole world, so the sum would
-    come out right here, and over every rank of a job whose group is a part of the world. A tensor made without a
-    device (on the meta device, :meth:`Events.transport`) is refused too (:class:`DevicelessTensor`)."""
+    group it is refused (:class:`UngroupedCollective`), and over a group other than ``given``, the one the transport
+    was handed (:class:`OtherGroupCollective`; ``None``: not asked); the checker's ranks are the whole world, so the
+    sum would come out right here, and over every rank of a job whose group is a part of the world. A tensor made
+    without a device (on the meta device, :meth:`Events.transport`) is refused too (:class:`DevicelessTensor`)."""
 
     def call(*args, **kwargs):
         op = kwargs.get("op", args[2] if group_at == 3 and len(args) > 2 else None)
@@ -236,11 +262,19 @@ def _within_a_group(collective, name: str, group_at: int):
         handed = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else [a])]
         if any(isinstance(t, torch.Tensor) and t.is_meta for t in handed):
             raise DevicelessTensor(f"{name} was handed {DEVICELESS}")
-        if kwargs.get("group", args[group_at] if len(args) > group_at else None) is None:
+        group = kwargs.get("group", args[group_at] if len(args) > group_at else None)
+        if group is None:
             raise UngroupedCollective(
                 f"{name} was called without group=, so it runs over the whole world, not over the group your "
                 "transport sums over (the same here, where the checker's ranks are the whole world; more ranks in a "
                 "job with several groups): pass group=group to both collectives"
+            )
+        if given is not None and group is not given:
+            raise OtherGroupCollective(
+                f"{name} was called with group={_group_name(group)}, so it runs over {_group_name(group, 'its')}, "
+                "not over the group your transport was handed (the checker hands it a group of its own over the "
+                "same ranks: the same sum here, not in a job with several groups): pass group=group to both "
+                "collectives"
             )
         return collective(*args, **kwargs)
 
@@ -439,10 +473,11 @@ class Events(TorchDispatchMode):
                 self.flying.pop(i, None)
 
     @contextlib.contextmanager
-    def transport(self, tensor=None, fn=None):
+    def transport(self, tensor=None, fn=None, group=None):
         """Around a Wire's transport call: what it launched and did not wait for by its return stays unwaited;
         ``handed``: the length of the ``tensor`` it was handed, while it runs. ``dist.get_world_size`` asks for
-        its group meanwhile, as do its reduce-scatters and all-gathers, and a reduce-scatter asked to average is noted
+        its group meanwhile, as do its reduce-scatters and all-gathers (``group``, the Wire's: the group it must be,
+        where given), and a reduce-scatter asked to average is noted
         (``averaged``): all under their names in ``dist`` and under any name the transport ``fn``'s module bound them
         to (:func:`_in_place_of`). A tensor made meanwhile without a device lands on the meta device, not on the CPU
         that the checker's gradients share with the default device (:data:`DEVICELESS`)."""
@@ -453,9 +488,9 @@ class Events(TorchDispatchMode):
         # the list collectives too (dist.reduce_scatter, dist.all_gather): their group sits where the others' does
         scatters = [n for n in ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter") if hasattr(dist, n)]
         gathers = [n for n in ("all_gather_single", "all_gather_into_tensor", "all_gather") if hasattr(dist, n)]
-        swaps = {name: _within_a_group(self._noting_average(getattr(dist, name)), name, 3) for name in scatters}
-        swaps.update({name: _within_a_group(getattr(dist, name), name, 2) for name in gathers})
-        swaps["get_world_size"] = _size_of_a_group(dist.get_world_size)
+        swaps = {name: _within_a_group(self._noting_average(getattr(dist, name)), name, 3, group) for name in scatters}
+        swaps.update({name: _within_a_group(getattr(dist, name), name, 2, group) for name in gathers})
+        swaps["get_world_size"] = _size_of_a_group(dist.get_world_size, group)
         try:
             with _in_place_of(swaps, getattr(fn, "__globals__", {})), compat.meta_device():
                 yield
@@ -547,7 +582,7 @@ class Events(TorchDispatchMode):
         def sealing(method):
             def call(wire, *args, **kwargs):
                 with (
-                    events.transport(args[0] if args else None, wire.transport)
+                    events.transport(args[0] if args else None, wire.transport, wire.group)
                     if wire.transport is not None
                     else contextlib.nullcontext()
                 ):
@@ -906,6 +941,10 @@ def check_stage_on_rank(stage_cls, like: str | None, options: dict, steps: int, 
     """Steps 1-5 for a stage class; the report goes to stdout (see the module doc)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     checker = dist.new_group(backend="gloo")  # the checker's collectives: never paired with the learner's
+    # a transport is handed a group of its own over the same ranks, not the world's: one that sums over
+    # dist.group.WORLD instead is named (OtherGroupCollective), as it would sum over a larger job's every rank
+    own = dist.new_group(ranks=list(range(world))) if like == "halves" else None
+    options = options if own is None else {**options, "process_group": own}
     progress = Progress()
     files = stage_files(stage_cls)
     report: dict = {
@@ -933,6 +972,9 @@ def check_stage_on_rank(stage_cls, like: str | None, options: dict, steps: int, 
     finally:
         with contextlib.suppress(Exception):
             dist.destroy_process_group(checker)
+        if own is not None:
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group(own)
 
 
 def train(
@@ -1056,7 +1098,7 @@ def shaped_transport_finding(model, events: Events, progress: Progress, step: in
     progress.phase = f"summing a tensor of {shape} values, not a flat bucket, with your transport (the checker)"
     values = torch.arange(float(torch.Size(SHAPED).numel())).view(SHAPED)
     tensor = values * (dist.get_rank() + 1)
-    with events.transport(tensor, wire.transport):
+    with events.transport(tensor, wire.transport, wire.group):
         wire.transport(tensor, wire.group)
     if torch.equal(tensor, values * (world * (world + 1) // 2)):
         return None
