@@ -95,7 +95,7 @@
 # %%
 # %%distributed
 from minddp.comm.link import parse_link
-from minddp.notebook import lesson
+from minddp.notebook import lesson, lesson_03
 
 LINK, looks, k = parse_link("1gbit"), {}, lesson.SETTINGS.grad_accum
 
@@ -327,38 +327,7 @@ lesson.claim(
 )
 from minddp.analysis.timeline import row_measures
 
-measures = row_measures(v["row"])
-lesson.say(
-    f"*Interleaved*, counted over the link's modeled transfers only: {measures['interleaved_ms']:.0f} ms of the "
-    "backward passed with a message on the link and the thread not computing"
-    + (
-        f", the same time as its exposed {v['exposed_ms']:.0f} ms: every wait of hook's is inside the backward."
-        if abs(measures["interleaved_ms"] - v["exposed_ms"]) < 0.5
-        else f"; its exposed time, {v['exposed_ms']:.0f} ms, also counts the waits after the backward's last operator."
-    )
-    # the time after the link had delivered as the cell's first lines print it (lesson.say_look: waited less exposed)
-    + f" 01's table counts gloo's whole ranges as the communication, so there the "
-    f"{round(v['waited_ms']) - lesson.link_parts(v)[1]} ms hook waited after the link had delivered and the "
-    f"{v['check_ms']:.0f} ms it stood at the check's all_gather "
-    "would count too, where they fall inside the backward."
-)
-# as printed, so that the parts add up: the grad hooks run in autograd's accumulation steps (accumulate_ms)
-lasted, in_steps = round(v["last_backward_ms"]), round(v["accumulate_ms"])
-hooks_own = in_steps - round(v["waited_ms"]) - round(v["check_ms"])
-lesson.say(
-    f"Its last backward lasted {lasted} ms: {in_steps} ms in autograd's accumulation steps, where the grad hooks run, "
-    f"and the other {lasted - in_steps} ms outside them. Inside the accumulation steps rank 0 waited "
-    f"{v['waited_ms']:.0f} ms for its messages and stood {v['check_ms']:.0f} ms at the parameters-used check's "
-    "all_gather (at a synced backward's first gradient: the hatched block, where it is wide enough to draw)"
-    + (
-        f"; the other {hooks_own} ms there were neither: adding each gradient into .grad and the hooks' own lines, "
-        "handing each message over to the link among them"
-        if hooks_own >= 0
-        else ""
-    )
-    + f". ga's whole last backward, above, lasted {looks['ga']['last_backward_ms']:.0f} ms, "
-    f"{looks['ga']['accumulate_ms']:.0f} ms of it in its accumulation steps (it has no grad hook)."
-)
+lesson_03.say_hook_split(looks, row_measures(v["row"])["interleaved_ms"])
 
 # %% [markdown]
 # What to look for: the messages have moved into the last backward, and so have the waits: the
@@ -721,36 +690,13 @@ lesson.picture(
     title="One step of every stage on one time axis, each message over the emulated 1 Gbit/s link (rank 0)",
 )
 ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
-e = {s: looks[s]["exposed_ms"] for s in ladder}
-# exposed is the link's modeled time under the thread's measured waits: one profiled step each decides the order, so
-# it is printed, not claimed (a claim on a loaded machine could fail with no defect)
-pairs = [("simple", "ga"), ("hook", "hook-async"), ("bucket", "bucket-async")]
-cut = sum(round(e[after]) < round(e[before]) for before, after in pairs)
-changes = ["accumulation", "not waiting inside backward, per gradient", "not waiting inside backward, per bucket"]
-lesson.say(
-    "Exposed in these steps: "
-    + ", ".join(
-        f"{change}: {before} {e[before]:.0f} ms → {after} {e[after]:.0f} ms"
-        for change, (before, after) in zip(changes, pairs)
-    )
-    + "; "
-    + ("each change cut it." if cut == len(pairs) else f"{cut} of the {len(pairs)} changes cut it.")
-)
-parts = {s: lesson.link_parts(looks[s]) for s in ("simple", "ga", "hook", "bucket")}
-lesson.say(
-    "simple, ga, hook and bucket wait for each message as soon as the call that sends it returns; beyond simple → ga "
-    "above, they are not claimed against each other. In this run they stood through "
-    + ", ".join(f"{s} {parts[s][1]} of {parts[s][0]} ms" for s in parts)
-    + " of their link time (exposed); the rest passed between handing a message over to the link, inside the comm "
-    "hook's call, and the start of its wait, once that call had returned (the rest of the call and the stage's lines "
-    "before `.wait()`), which these runs do not time apart. bucket-async against hook-async is the bucket lesson's question, below."
-)
+# one profiled step each decides the order of exposed: printed, not claimed
+lesson_03.say_exposed_pairs(looks)
+checks = lesson_03.checks_on_ranks(looks, ladder)  # each rank's own time at the check
 
 # %%
 # %%rank 0
-lesson.look_table(looks).assign(
-    **{"at the check, ms": [round(v["check_ms"]) if s in ladder else "–" for s, v in looks.items()]}
-)
+lesson_03.look_table(looks, checks)
 
 # %% [markdown]
 # How to read it: compare the stages by the link, exposed and waited columns. The step and backward columns
@@ -814,28 +760,12 @@ lesson.look_table(looks).assign(
 
 # %%
 # %%distributed
-import pandas as pd
-
 from minddp.costmodel.buckets import on_the_link
 from minddp.costmodel.compute import probe
 from minddp.stages.bucket_plan import plan_buckets
 
 per_message_ms = LINK.seconds("all_reduce", 0, world_size) * 1e3  # 2(n−1)·α: one message's fixed cost on the link
-why = {s: on_the_link(looks[s]["row"]) for s in ("hook-async", "bucket-async")}  # exposed_ms: the looks' own
-per_grad, bucketed = why["hook-async"], why["bucket-async"]
-bare_model = lesson.make_model()
-trainable = [p for p in bare_model.parameters() if p.requires_grad]
-plan = plan_buckets(trainable, lesson.SETTINGS.bucket_cap_mb)
-# When each gradient is ready in backward, timed on the bare network (the step-time model's probe, minddp.costmodel):
-# the profiled steps' own hand-over times also hold, at a synced backward's first send, the teaching stages' check
-# of the parameters used.
-# the last micro-batch's backward is the one that sends: one micro-batch, timed twice after a warm-up pass
-bare = probe(bare_model, next(lesson.step_batches())[-1:], lesson.loss_fn, repeats=2, measure_network=False)
-# a bucket is sent when its last gradient is ready: the first message is the bucket that fills first (bucket-async
-# sends each bucket as it fills, in whatever order they fill, which need not be the plan's)
-filled = [max(bare.ready[i] for i in bucket) for bucket in plan]
-first_sent = min(range(len(plan)), key=filled.__getitem__)
-first_ready, bucket_ready = 1e3 * min(bare.ready), 1e3 * filled[first_sent]
+per_grad, bucketed = (on_the_link(looks[s]["row"]) for s in ("hook-async", "bucket-async"))
 saved = (per_grad["messages"] - bucketed["messages"]) * per_message_ms
 lesson.claim(
     abs(per_grad["link_ms"] - bucketed["link_ms"] - saved) < 1e-6 * per_grad["link_ms"],
@@ -843,52 +773,22 @@ lesson.claim(
     f"{per_grad['messages'] - bucketed['messages']} × {per_message_ms:.2f} ms = {saved:.1f} ms of the link's "
     f"{per_grad['link_ms']:.0f} ms.",
 )
-lesson.say(
-    "Late start: hook-async sends each gradient as it is ready, bucket-async each bucket when all its gradients "
-    "are, so its first message is the bucket that fills first: on the bare network here "
-    + ("the plan's first bucket" if first_sent == 0 else f"the plan's bucket {first_sent + 1} of {len(plan)}")
-    + f", of {len(plan[first_sent])} gradients. There the first gradient is ready after "
-    f"{100 * first_ready / (1e3 * bare.backward):.1f} % of the backward, that bucket's last after "
-    f"{100 * bucket_ready / (1e3 * bare.backward):.0f} % ({bucket_ready:.0f} ms of the bare network's "
-    f"{1e3 * bare.backward:.0f} ms backward). In the profiled steps the "
-    "parameters-used check stalled the backward at its first gradient, before any hand-over: it held back "
-    f"hook-async's first message {looks['hook-async']['check_ms']:.0f} ms (its early start comes that much later), "
-    f"bucket-async's {looks['bucket-async']['check_ms']:.0f} ms.",
-)
-# modeled: the last message's bytes over the link, the same on every machine
-lesson.claim(
+lesson.claim(  # modeled: the last message's bytes over the link, the same on every machine
     bucketed["tail_ms"] > per_grad["tail_ms"],
     f"Tail: bucket-async's last bucket takes {bucketed['tail_ms']:.1f} ms on the link, hook-async's "
     f"last gradient {per_grad['tail_ms']:.1f} ms.",
 )
-for s in why:  # beside the exposed time, the step's own backward
-    why[s]["backward_ms"] = lesson.backward_less_check(looks[s])
-table = (
-    pd.DataFrame(why)
-    .T[["messages", "link_ms", "start_end_ms", "tail_end_ms", "end_ms", "limit", "exposed_ms", "backward_ms"]]
-    .rename(
-        columns={
-            "link_ms": "link time, ms",
-            "start_end_ms": "start-limited end, ms after backward (< 0: before)",
-            "tail_end_ms": "tail-limited end, ms after backward (< 0: before)",
-            "end_ms": "link after backward, ms",
-            "limit": "set by",
-            "exposed_ms": "exposed, ms",
-            "backward_ms": "last backward less the check, ms",
-        }
-    )
-)
-# which of the three costs set each link's end, and what the thread then waited through, in words (lesson.py)
-in_words = {s: lesson.link_end_in_words(s, why[s], looks[s]) for s in why}
-lesson.say(
-    f"In this run's one profiled step each, bucket-async left {bucketed['exposed_ms']:.0f} ms exposed, hook-async "
-    f"{per_grad['exposed_ms']:.0f} ms: {in_words['bucket-async']}; {in_words['hook-async']}."
-)
+# when each gradient is ready, on the bare network (no wrapper, no hooks): the last micro-batch's backward, timed
+# twice after a warm-up pass (the step-time model's probe)
+bare_model = lesson.make_model()
+bare = probe(bare_model, next(lesson.step_batches())[-1:], lesson.loss_fn, repeats=2, measure_network=False)
+plan = plan_buckets([p for p in bare_model.parameters() if p.requires_grad], lesson.SETTINGS.bucket_cap_mb)
+why, table = lesson_03.bucket_costs(looks, per_message_ms, bare, plan)
 
 
 # %%
 # %%rank 0
-table.infer_objects().round(1)
+table
 
 # %% [markdown]
 # ### The cap, swept
@@ -923,17 +823,13 @@ table.infer_objects().round(1)
 import statistics
 
 from minddp.costmodel.buckets import plan_costs
-from minddp.costmodel.compute import plan_for, probe
-from minddp.costmodel.figures import bucket_sweep
+from minddp.costmodel.compute import plan_for
 from minddp.costmodel.project import cp_scaled
 
 swept = {lesson.SETTINGS.bucket_cap_mb: looks["bucket-async"]}
 for cap in (0.5, 2, 8, None):  # one profiled step each, no warm-up step: the counts hold from the first
     swept[cap] = lesson.Trainee("bucket-async", link=LINK, bucket_cap_mb=cap, warmup=0).look()
-
-
-own = {c: lesson.backward_less_check(v) for c, v in swept.items()}
-this_run = statistics.median(own.values()) / 1e3
+this_run = statistics.median(lesson.backward_less_check(v) for v in swept.values()) / 1e3
 cp = cp_scaled(bare, this_run / bare.backward)  # the bare network's timings at this run's speed
 grid = [0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32]
 model = [plan_costs(cp, "bucket-async", c, LINK, world_size) for c in grid]
@@ -947,131 +843,13 @@ lesson.claim(
     + ".",
 )
 here, h = lesson.SETTINGS.bucket_cap_mb, looks["hook-async"]
-
-
-def cap_name(c):
-    """A swept cap as the sentences name it: the settings' cap is the step above, taken after a warm-up step."""
-    return "None" if c is None else f"{c:g} MiB" + (" (the settings' step, after a warm-up step)" if c == here else "")
-
-
-lesson.say(
-    f"torch's default (None) makes {default.messages} buckets here: by the bare network's timings, its first message "
-    f"a bucket of {default.first_gradients} gradients and its last one of {default.last_bytes / 2**20:.1f} MiB, whose "
-    f"transfer ({1e3 * default.tail:.0f} ms) "
-    f"comes after backward. Measured, each cap in its own step: "
-    + ", ".join(
-        f"{cap_name(c)} {v['exposed_ms']:.0f} ms exposed, {v['waited_ms']:.0f} ms waited (backward less the check "
-        f"{own[c]:.0f} ms)"
-        for c, v in sorted(swept.items(), key=lambda cv: 99 if cv[0] is None else cv[0])
-    )
-    + f"; hook-async (after a warm-up step) {h['exposed_ms']:.0f} ms exposed, {h['waited_ms']:.0f} ms waited "
-    f"(backward less the check {lesson.backward_less_check(h):.0f} ms)."
-)
-lesson.say(
-    f"The step-time model, scaled to a backward of {1e3 * this_run:.0f} ms (the median of these runs' last "
-    f"backwards, less the time the check held them), gives {1e3 * model[0].after_backward:.1f} ms of link after "
-    f"backward at {grid[0]:g} MiB, the grid's smallest cap"
-    + (
-        ", its least on the grid"
-        if model[0].after_backward <= min(c.after_backward for c in model) + 5e-5
-        else f" (its least, {1e3 * min(c.after_backward for c in model):.1f} ms, at a larger one)"
-    )
-    + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient. By the model, on the "
-    "link's time, buckets pay "
-    + (  # pay: leave less of the link after backward than one message per gradient
-        "at no cap on the grid on this link."
-        if (paying := sum(c.after_backward < per_gradient.after_backward for c in model)) == 0
-        else f"at {paying} of the grid's {len(model)} caps on this link."
-    )
-)
-measured_after = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}  # as in this lesson's first table
-lags = {c: lesson.wait_after_backward(v["row"]) for c, v in swept.items()}  # the thread's late start
-lesson.say(
-    "Each step's own link after backward is in the table below, beside the model's. The measured exposed counts "
-    "only the link's time while the thread stood in its waits after backward, the first of which each step reached "
-    "this long after its backward ended: "
-    + ", ".join(
-        f"{cap_name(c).split(' (')[0]} " + ("(no wait)" if lags[c] is None else f"{lags[c]:.1f} ms")
-        for c in sorted(lags, key=lambda c: 99 if c is None else c)
-    )
-    + ". The measured points are not a ranking of the caps: each is one step with its own backward "
-    f"({min(own.values()):.0f} to {max(own.values()):.0f} ms, less the check), the model one backward for all."
-)
-
-
-def at(count):
-    """How many of the swept caps, in words."""
-    return "at every cap" if count == len(swept) else f"at {count} of the {len(swept)} caps"
-
-
-def tally(key):
-    """At how many swept caps bucket-async's step had less, as much or more of ``key`` than hook-async's."""
-    words = [lesson.than(v[key], h[key]) for v in swept.values()]
-    return " and ".join(
-        f"{w.rsplit(' ', 1)[0]} {at(words.count(w))}" for w in ("less than", "as much as", "more than") if w in words
-    )
-
-
-lesson.say(
-    f"Against hook-async's step ({h['exposed_ms']:.0f} ms exposed, {h['waited_ms']:.0f} ms waited; taken after a "
-    "warm-up step, as the settings' cap's, the other caps' without one): by exposed, bucket-async's steps left "
-    f"{tally('exposed_ms')}; by waited, they waited {tally('waited_ms')}."
-)
+lesson_03.say_sweep(swept, h, model, default, per_gradient, this_run, here)
 if rank == 0:
-    at_x = {c: 25 if c is None else c for c in swept}  # torch's default drawn at its 25 MiB: not a point of the curve
-    kind = {c: "one step, no warm-up step" for c in swept} | {
-        here: f"{here:g} MiB: the settings' step, after a warm-up",  # the step above: drawn apart
-        None: "None (torch's default: 1 MiB first, then 25 MiB)",
-    }
-    order = [c for c in swept if c not in (here, None)] + [here, None]  # one legend entry per kind of step
-    h_backward = lesson.backward_less_check(h)
-    bucket_sweep(
-        {"step-time model: link after backward": model},
-        measured=[  # beside each exposed point, its step's own backward (the model's is one for all)
-            (
-                at_x[c],
-                swept[c]["exposed_ms"],
-                f"measured: exposed, {kind[c]}",
-                f"backward {own[c]:.0f} ms",
-            )
-            for c in order
-        ]
-        + [(at_x[c], swept[c]["waited_ms"], "measured: waited, the same steps") for c in order]
-        + [  # its value in the label: measured points at 25 MiB can lie on it
-            (
-                at_x[None],
-                1e3 * default.after_backward,
-                f"step-time model: link after backward, None's own plan ({1e3 * default.after_backward:.0f} ms, "
-                "at 25 MiB)",
-            )
-        ],
-        per_gradient={  # the value in the label too: a line near 0 lies close to the axis
-            f"hook-async, measured: exposed ({h['exposed_ms']:.0f} ms; its backward less the check {h_backward:.0f} ms)": h[
-                "exposed_ms"
-            ],
-            f"hook-async, step-time model: link after backward ({1e3 * per_gradient.after_backward:.1f} ms)": 1e3
-            * per_gradient.after_backward,
-            f"hook-async, measured: waited ({h['waited_ms']:.0f} ms)": h["waited_ms"],
-        },
-        title=f"bucket-async on {LINK.name}, {world_size} ranks, against the cap\n"
-        "(beside each measured exposed point: its step's backward, less the check)",
-    )
-sweep_table = pd.DataFrame(
-    {
-        ("None" if c.cap_mb is None else f"{c.cap_mb:g} MiB"): c.row()
-        | {
-            "link after backward, ms (measured)": measured_after.get(c.cap_mb),
-            "exposed, ms (measured)": swept[c.cap_mb]["exposed_ms"] if c.cap_mb in swept else None,
-            "waited, ms (measured)": swept[c.cap_mb]["waited_ms"] if c.cap_mb in swept else None,
-            "backward less the check, ms (measured)": own.get(c.cap_mb),
-        }
-        for c in [*model, default]  # the grid's caps, then torch's default (None)
-    }
-).T
+    lesson_03.sweep_figure(swept, model, default, per_gradient, h, LINK.name, world_size, here)
 
 # %%
 # %%rank 0
-sweep_table.infer_objects().round(1)
+lesson_03.sweep_table(swept, model, default).infer_objects().round(1)
 
 # %% [markdown]
 # ### Links sized with two of the blog's settings' ratios, at this machine's speed
@@ -1114,9 +892,7 @@ sweep_table.infer_objects().round(1)
 # %%distributed
 from minddp.costmodel.buckets import link_like, on_the_link, ratios
 from minddp.costmodel.compute import plan_for
-from minddp.costmodel.figures import settings_ladder
 from minddp.costmodel.project import blog_profile
-from minddp.runtime.device import message_device
 
 blog = blog_profile()
 blog_buckets = len(plan_for(blog, "bucket-async", 25))
@@ -1126,70 +902,51 @@ SETTINGS_OF = {  # 2 ranks each, on a link sized with the named setting's ratios
 }
 ladder6 = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 # At 1024 ranks the rungs that wait for each message at once (simple, ga, hook) would stand still for every one
-# of their hundreds of fixed costs, for seconds a step, so only the bucketed rungs and hook-async run there.
+# of their hundreds of fixed costs, so only the bucketed rungs and hook-async run there, one micro-batch a step.
 RUN = {"4 × T4": ladder6, "1024 ranks": ["hook-async", "bucket", "bucket-async"]}
 blog_runs, blog_links, setting_ratios, sized_from = {}, {}, {}, {}
 for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
-    bytes_ratio, message_ratio = setting_ratios[name] = ratios(blog, link_name, ranks)
-    model = lesson.make_model(name=model_name)
-    # this machine's backward of one micro-batch, timed as the runs below are (profiled); rank 0's, so that every
-    # rank builds the same link.
-    # small-llama: the sweep's median above (five steps of bucket-async, less the check); deep-llama: one step of
-    # single, which has no check and no message
-    accum = lesson.SETTINGS.grad_accum if name == "4 × T4" else 1
-    if name == "4 × T4":
-        timed, timed_how = this_run, "the median of the cap sweep's last backwards above, less the check"
-    else:
-        floor = lesson.Trainee("single", model=model_name, grad_accum=1).look()
-        timed, timed_how = floor["last_backward_ms"] / 1e3, "single's, in one profiled step"
-    rank0 = torch.tensor([timed], dtype=torch.float64, device=message_device())
-    dist.broadcast(rank0, src=0)
-    backward_s = rank0.item()
-    # two timings apart, on two networks: a match in whole ms is said, so that it does not read as one value copied
-    same = [other for other, b in sized_from.items() if round(1e3 * b) == round(1e3 * backward_s)]
-    sized_from[name] = backward_s
-    params = [p for p in model.parameters() if p.requires_grad]
+    setting_ratios[name] = ratios(blog, link_name, ranks)
+    params = [p for p in lesson.make_model(name=model_name).parameters() if p.requires_grad]
     sync_bytes = sum(p.numel() * p.element_size() for p in params)
-    blog_links[name] = link_like(f"ratios of {name}", backward_s, sync_bytes, bytes_ratio, message_ratio, world_size)
-    cap = 25 * sync_bytes / blog.total_bytes  # the blog's 25 MiB, scaled to this model: as many buckets
-    lesson.say(
-        f"{name[0].upper() + name[1:]}: "
-        + ("the blog's run" if ranks == 4 else "the blog's model at a scale the blog did not run")
-        + f" ({link_name}, {ranks} ranks), as the step-time model rebuilds it: one sync's bytes take "
-        f"{bytes_ratio:.2f} backwards, one message's fixed cost at {ranks} ranks {message_ratio:.1e} of one. Here, for "
-        f"{model_name} ({len(params)} gradient tensors, the blog's SmolLM2-360M {len(blog.nbytes)}; "
-        f"{sync_bytes / 2**20:.1f} MiB; a backward of {1e3 * backward_s:.0f} ms, {timed_how}, on rank 0"
-        + (f", the same whole ms as {same[0]}'s by chance: timed apart, on another network" if same else "")
-        + "): "
-        f"a link of {blog_links[name].bandwidth / 1e9:.2g} GB/s and {1e3 * blog_links[name].latency:.3g} ms per hop, "
-        f"between 2 ranks; a cap of {cap:.2f} MiB."
+    if name == "4 × T4":  # the sweep's median above; deep-llama: the median of three steps of single (no check)
+        timed, how = this_run, "the cap sweep's median"
+    else:
+        timed, how = lesson_03.median_backward_s("single", model_name), "single's, median of 3 steps"
+    sized_from[name] = lesson_03.rank0s(timed)  # rank 0's, so that every rank builds the same link
+    link = blog_links[name] = link_like(
+        f"ratios of {name}", sized_from[name], sync_bytes, *setting_ratios[name], world_size
     )
-    # one profiled step each, no warm-up: the claims below hold from the first step. At 1024 ranks one micro-batch
-    # a step: every rung there syncs once a step, after the last, and the profiler reads a third of the events.
-    for stage in RUN[name]:
+    cap = 25 * sync_bytes / blog.total_bytes  # the blog's 25 MiB, scaled to this model: as many buckets
+    lesson_03.say_sized(
+        name,
+        link,
+        ranks,
+        link_name,
+        model_name,
+        setting_ratios[name],
+        len(params),
+        len(blog.nbytes),
+        sync_bytes,
+        sized_from[name],
+        how,
+        cap,
+    )
+    for stage in RUN[name]:  # one profiled step each, no warm-up step
         v = lesson.Trainee(
-            stage, link=blog_links[name], bucket_cap_mb=cap, model=model_name, warmup=0, grad_accum=accum
+            stage,
+            link=link,
+            bucket_cap_mb=cap,
+            model=model_name,
+            warmup=0,
+            grad_accum=lesson.SETTINGS.grad_accum if name == "4 × T4" else 1,
         ).look()
         blog_runs[name, stage] = on_the_link(v["row"]) | {
             "calls": v["calls"],
             "backward_ms": lesson.backward_less_check(v),
             "hooks_ms": lesson.hooks_less_check(v),
         }
-    own_h, own_b = (blog_runs[name, s]["backward_ms"] for s in ("hook-async", "bucket-async"))
-    longer = (
-        "alike in whole ms"
-        if round(own_h) == round(own_b)
-        else f"{'hook' if own_h > own_b else 'bucket'}-async's the longer"
-    )
-    lesson.say(
-        f"{name[0].upper() + name[1:]}: bucket-async sent {blog_runs[name, 'bucket-async']['calls']} buckets a step "
-        f"(the blog's model at 25 MiB: {blog_buckets}). The async rungs' own last backwards, less the check, lasted "
-        f"{own_h:.0f} ms (hook-async) and {own_b:.0f} ms (bucket-async) ({longer}), against the "
-        f"{1e3 * backward_s:.0f} ms the link was sized from: hook-async's {own_h / (1e3 * backward_s):.1f} times it, "
-        f"so it met the setting's two ratios times {1e3 * backward_s / own_h:.1f}; bucket-async's "
-        f"{own_b / (1e3 * backward_s):.1f} times it, so it met them times {1e3 * backward_s / own_b:.1f}. A rung's "
-        "run is the named setting only at 1.0, a milder one below it, a harsher one above."
-    )
+    lesson_03.say_met(name, {s: blog_runs[name, s] for s in RUN[name]}, sized_from[name], blog_buckets)
 
 # %% [markdown]
 # Two measures for each setting (by `01_collectives`'s functions, over the link's transfers only): *overlap*, the share of the
@@ -1212,145 +969,22 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # %%distributed
 t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
 far = {s: blog_runs["1024 ranks", s] for s in RUN["1024 ranks"]}
-
-
-def sized_label(name):
-    """The legend's words for a link: the setting whose ratios sized it, and those ratios."""
-    bytes_ratio, message_ratio = setting_ratios[name]
-    return (
-        f"link sized with the ratios of {name}: one sync's bytes {bytes_ratio:.2f} and one message's fixed cost "
-        f"{message_ratio:.1e} of the backward the link was sized from"
-    )
-
-
 if rank == 0:
-    settings_ladder(
-        {sized_label("4 × T4"): t4, sized_label("1024 ranks"): far},
-        title=f"The ladder on {world_size} ranks: small-llama on a link sized with the ratios of the blog's 4 × T4 "
-        "run,\ndeep-llama on one sized with those of its model at 1024 ranks (not run by the blog);\neach rung met "
-        "them at its own backward, less the check (ms, under its exposed time; hook's and bucket's hold their waits too)",
-    )
-for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
-    lesson.say(
-        f"On the link with the ratios of {name}, link time: "
-        + ", ".join(f"{s} {r['link_ms']:.0f} ms" for s, r in runs.items())
-        + "; overlap: "
-        + ", ".join(f"{s} {r['overlap_pct']:.0f} %" for s, r in runs.items())
-        + "; exposed: "
-        + ", ".join(f"{s} {r['exposed_ms']:.0f} ms" for s, r in runs.items())
-        + "; each one's own last backward, less the check: "
-        + ", ".join(f"{s} {r['backward_ms']:.0f} ms" for s, r in runs.items())
-        + " (hook's and bucket's hold their waits for messages too)."
-    )
+    lesson_03.sized_figure(t4, far, setting_ratios, world_size)
+lesson_03.say_sized_measures(t4, far)
 # simple sends every message after its backward, in finish, and waits for each: none runs while it computes
 lesson.claim(t4["simple"]["overlap_pct"] <= 1, "simple overlaps nothing with computation.")
-# the link's modeled times: ga sends simple's messages once per step instead of once per micro-batch
-lesson.claim(
+lesson.claim(  # the link's modeled times: ga sends simple's messages once per step instead of once per micro-batch
     abs(t4["simple"]["link_ms"] - k * t4["ga"]["link_ms"]) < 1e-6 * t4["simple"]["link_ms"],
     f"ga's messages need 1/{k} of simple's time on the link.",
 )
-# With the ratios of 4 × T4 one sync's bytes take a fraction of a backward and a message's fixed cost almost
-# nothing: both async rungs send during backward and hide what travels before it ends; the rungs that wait hide only
-# the time between a send and its wait. How much each hides is decided by one profiled step each (its own backward,
-# not the one the link was sized from), so the order is printed, not claimed.
-blocking = ("simple", "ga", "hook", "bucket")
-most_blocking, least_async = (
-    max(t4[s]["overlap_pct"] for s in blocking),
-    min(t4[s]["overlap_pct"] for s in ("hook-async", "bucket-async")),
-)
-lesson.say(
-    f"On the link with the ratios of 4 × T4, in these steps, the less of the two async rungs' overlaps "
-    f"({least_async:.0f} %) is "
-    + ("above" if round(least_async) > round(most_blocking) else "not above")
-    + f" the most of the four rungs that wait for each message once the call that sends it returns "
-    f"({most_blocking:.0f} %)."
-)
-# With the ratios of 1024 ranks hook-async's messages pay many more fixed costs than the buckets: on the link's modeled
-# clock. How much of them hook-async then hides depends on how long its own backward lasts: the overlap and
-# exposed time of the two async rungs are printed above, not claimed. bucket waits for each message as soon
-# as it is sent: its overlap is only the hooks' work between a send and its wait.
-lesson.claim(
+lesson_03.say_overlap_order(t4)  # one profiled step each decides it: printed, not claimed
+lesson.claim(  # the link's modeled clock: 291 fixed costs against 26
     far["hook-async"]["link_ms"] > far["bucket-async"]["link_ms"],
-    "On the link with the ratios of 1024 ranks, hook-async's messages keep the link busier than bucket-async's (their "
-    "fixed costs, below).",
+    "On the link with the ratios of 1024 ranks, hook-async's messages keep the link busier than bucket-async's.",
 )
-far_h = far["hook-async"]["exposed_ms"]
-one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3
-
-
-lesson.say(
-    f"Buckets, in the end. On this notebook's 1 Gbit/s link, at the settings' {here:g} MiB cap, in one profiled step "
-    f"each, {lesson.by_both(looks['bucket-async'], looks['hook-async'])}. One message's fixed cost on the link is "
-    f"{per_message_ms:.2f} ms: hook-async's {looks['hook-async']['calls']} pay "
-    f"{100 * per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0f} % of its link time, "
-    "so on the link the buckets can save no more than that. The link does not model the time waited after it had "
-    "delivered."
-)
-same_ms = [  # two steps apart, on two links: a match in whole ms is said, so that it does not read as one value copied
-    m
-    for m in ("exposed_ms", "waited_ms")
-    if t4["bucket-async"][m] >= 0.5 and round(t4["bucket-async"][m]) == round(looks["bucket-async"][m])
-]
-lesson.say(
-    f"On the link with the ratios of 4 × T4, {lesson.by_both(t4['bucket-async'], t4['hook-async'])}"
-    + "".join(
-        f" (bucket-async's {m.split('_')[0]}, the same whole ms as on the 1 Gbit/s link by chance: another step, "
-        "another cap, another link)"
-        for m in same_ms
-    )
-    + "."
-)
-far_fixed, far_backward = far["hook-async"]["messages"] * one_far, far["hook-async"]["backward_ms"]
-far_fixed_b = far["bucket-async"]["messages"] * one_far
-lesson.say(
-    f"On the link with the ratios of 1024 ranks, each at its own backward (so not at the setting's ratios: see "
-    f"above), {lesson.by_both(far['bucket-async'], far['hook-async'])}. bucket, which waits for each bucket inside the "
-    f"backward, left {far['bucket']['exposed_ms']:.0f} ms exposed, "
-    f"{lesson.than(far['bucket']['exposed_ms'], far_h)} hook-async's. One message costs {one_far:.3f} ms of fixed "
-    "cost on "
-    f"that link: hook-async's {far['hook-async']['messages']} messages pay {far_fixed:.0f} ms of them"
-    + (  # the difference of the two printed (rounded) numbers, so that the sum reads as printed
-        f", more than its own last backward of {far_backward:.0f} ms (less the check) by "
-        f"{round(far_fixed) - round(far_backward)} ms: that much of its link's work at least (to the printed ms) came "
-        "after that backward ended"
-        if round(far_fixed) > round(far_backward)
-        else f", {far_fixed / far_backward:.2f} of its own last backward of {far_backward:.0f} ms (less the check)"
-    )
-    + f"; bucket-async's {far['bucket-async']['messages']} pay {far_fixed_b:.0f} ms, "
-    f"{far_fixed_b / far['bucket-async']['backward_ms']:.2f} of its own {far['bucket-async']['backward_ms']:.0f} ms: "
-    "each rung paid its fixed costs against its own backward, not at the setting's ratio (the last line sets "
-    "the backwards beside each other)."
-)
-far_sized = 1e3 * sized_from["1024 ranks"]  # the backward the link was sized from: the setting's ratios hold there
-lesson.say(
-    f"At the setting's ratios, that is against the {far_sized:.0f} ms backward the link was sized from, hook-async's "
-    f"{far_fixed:.0f} ms of fixed costs are {far_fixed / far_sized:.1f} times that backward, bucket-async's "
-    f"{far_fixed_b:.0f} ms {far_fixed_b / far_sized:.2f} of it"
-    + (
-        f": there hook-async's link would still carry at least {round(far_fixed) - round(far_sized)} ms of its "
-        f"messages after the backward ended. Its {far_h:.0f} ms exposed above was measured at its own backward, "
-        f"{far_backward / far_sized:.1f} times as long, so these steps do not show the setting's verdict."
-        if round(far_fixed) > round(far_sized)
-        else "."
-    )
-)
-lesson.say(  # the backwards beside the three verdicts above, in one place
-    lesson.backwards_beside(
-        {
-            "on the 1 Gbit/s link": (
-                [lesson.backward_less_check(looks[s]) for s in ("hook-async", "bucket-async")],
-                [lesson.hooks_less_check(looks[s]) for s in ("hook-async", "bucket-async")],
-            )
-        }
-        | {
-            f"with the ratios of {name}": (
-                [runs[s]["backward_ms"] for s in ("hook-async", "bucket-async")],
-                [runs[s]["hooks_ms"] for s in ("hook-async", "bucket-async")],
-            )
-            for name, runs in (("4 × T4", t4), ("1024 ranks", far))
-        }
-    )
-)
+one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3  # one message's fixed cost there
+lesson_03.say_verdicts(looks, t4, far, per_message_ms, one_far, sized_from["1024 ranks"])
 
 # %% [markdown]
 # **The bucket lesson in words.** On this notebook's 1 Gbit/s link between 2 ranks, buckets of 4 MiB
