@@ -356,8 +356,8 @@ def say_verdicts(looks: dict, t4: dict, far: dict, per_message_ms: float, one_fa
         f"Ratios of 1024 ranks: {by_exposed(far['bucket-async'], far['hook-async'])}; bucket, waiting inside the "
         f"backward, {far['bucket']['exposed_ms']:.0f} ms exposed. One message's fixed cost there is {one_far_ms:.3f} "
         f"ms: hook-async's {far['hook-async']['messages']} pay {fixed_h:.0f} ms, bucket-async's "
-        f"{far['bucket-async']['messages']} {fixed_b:.0f} ms, {fixed_h / sized:.1f} and {fixed_b / sized:.2f} times "
-        f"the {sized:.0f} ms backward the link was sized from."
+        f"{far['bucket-async']['messages']} pay {fixed_b:.0f} ms, {fixed_h / sized:.1f} and {fixed_b / sized:.2f} "
+        f"times the {sized:.0f} ms backward the link was sized from."
     )
     say(
         lesson.backwards_beside(
