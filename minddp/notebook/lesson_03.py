@@ -275,9 +275,9 @@ def say_met(name: str, runs: dict, backward_s: float, blog_buckets: int) -> None
         "backwards less the check: "
         + ", ".join(f"{s} {b:.0f} ms, meeting the ratios × {1e3 * backward_s / b:.1f}" for s, b in own.items())
         + f" (sized from {1e3 * backward_s:.0f} ms; × 1.0 is the setting)"
-        # timed apart (other steps, another stage): a match in whole ms is said, so that it does not read as copied
+        # timed apart, in other steps: a match in whole ms is said, so that it does not read as copied
         + "".join(
-            f"; {s}'s {b:.0f} ms is the sized backward's whole ms by chance: other steps, another stage"
+            f"; {s}'s {b:.0f} ms is the sized backward's whole ms by chance: timed in other steps"
             for s, b in own.items()
             if round(b) == round(1e3 * backward_s)
         )
