@@ -18,75 +18,64 @@
 #
 # `SimpleDDP` waits until backward is over, then sends one all_reduce per parameter, after every
 # micro-batch. Each stage below changes one thing about *when* or *how much* is sent; none changes
-# *what* is computed (the test suite checks every stage against a single process and torch's DDP,
-# and you can check your own versions here).
+# *what* is computed (the test suite checks every stage against a single process and torch's DDP;
+# `check` checks your own versions here). The stages in this order, from `simple` up, are the
+# *ladder*; each stage is a *rung* of it.
 #
-# Each stage from `ga` to `bucket-async` has a section of the same five parts; `simple`, built in
-# `02_simple_ddp` (its exercise is there), has its code and its run here, and the two that close the
-# *ladder* (the stages in this order, from `simple` up; each stage is a *rung* of it), `ddp` (minddp's production DDP) and `torch` (torch's own), have the run and its picture (and `ddp` its module docstring) only
-# (their code is a package, not a few lines to diff or write):
+# Each stage from `ga` to `bucket-async` has a section of five parts (`simple`, built in
+# `02_simple_ddp`, has its code and its run here; `ddp`, minddp's production DDP, and `torch`, torch's
+# own, their run and picture only):
 #
-# 1. **the idea**, in words, and where it is new code, in the few plain `torch.distributed` lines that
-#    carry it;
-# 2. **the code**: the stage's own class, as it is in `minddp/stages/`, and **what changed** from
-#    the stage before, method by method (a diff computed from the package, not written by hand).
-#    A comment *step 1*, *step 2* in a class points to the numbered list of its module's docstring in
-#    `minddp/stages/` (not printed here), not to a training step. The stages' classes carry the
-#    idea's lines and three things more:
-#    the gradient goes through the *comm hook*, the function a stage hands a gradient or bucket to
-#    for the all_reduce (`self.comm_hook(self.comm_state, GradBucket(...))`, which returns a Future: `04_comm_hooks` swaps it for compression; `GradBucket` is torch's name
-#    for what a comm hook is handed, one gradient in the stages before `bucket`); once in each synced
-#    backward, every rank checks that its forwards used the same parameters (`parameters_used.check()`,
-#    one all_gather; the side-by-side table gives the time it held the thread): `simple` and `ga` check
-#    in finish (`finish_gradient_synchronization()`, after backward), and `hook` to `bucket-async` at the backward's first gradient, inside it; and from `hook-async` on, a stage refuses a step
-#    whose last sync was left unfinished (`check_finished`);
-# 3. **a run on real ranks**: the stage is built on both ranks with the workload every notebook
-#    shares, takes one warm-up step, then one step under the profiler, read in memory
-#    (`Trainee.look`): how many all_reduce calls, how many started while a backward was running,
-#    and, message by message, when it was handed to the link, how long the link took, and
-#    when the training thread stood waiting for it; then **a picture** of that step on one time
-#    axis, with the stage before it faded above it;
-# 4. **what to look for**: sentences about that run, printed by the cell from its values. Those with
-#    a ✓ are checked on the run shown (`lesson.claim`): if a run ever contradicts one, the cell fails
-#    instead of showing prose that the numbers beside it deny. Those without a ✓ are computed from
-#    the run and hold for that run only (one step, on a machine shared with other work); a
-#    paragraph headed *What to look for* says what to see in the picture;
-# 5. **your turn**: write the stage yourself; `check` runs it on real ranks and says what is wrong.
+# 1. **the idea**, in words and in the few plain `torch.distributed` lines that carry it;
+# 2. **the code**: the stage's class as it is in `minddp/stages/`, and **what changed** from the stage
+#    before, method by method (a diff computed from the package). Besides the idea's lines, a class
+#    sends each gradient or bucket through the *comm hook*
+#    (`self.comm_hook(self.comm_state, GradBucket(...))`, which returns a Future; `04_comm_hooks`
+#    swaps it); once in each synced backward it checks that every rank's forwards used the same
+#    parameters (`parameters_used.check()`, one all_gather: in finish for `simple` and `ga`, at the
+#    backward's first gradient from `hook` on); and from `hook-async` on it refuses a step whose last
+#    sync was left unfinished (`check_finished`). A comment *step 1*, *step 2* in a class numbers a
+#    list in its module's docstring (not printed here), not a training step;
+# 3. **a run on real ranks**: one warm-up step, then one step under the profiler (`Trainee.look`): the
+#    all_reduce calls, when each message was handed to the link, how long the link took, and when
+#    the training thread waited; then **a picture** of that step, the stage before it faded above it;
+# 4. **what to look for**: sentences printed from the run. Those with a ✓ are checked on the run
+#    shown (`lesson.claim`: a run that contradicts one fails the cell); the others hold for that run
+#    only (one step, on a machine shared with other work);
+# 5. **your turn**: write the stage; `check` runs it on real ranks and says what is wrong.
 #
-# Every stage trains the same model on the same batches with the settings printed below.
+# Every stage trains the same model on the same batches, with the settings printed below.
 
 # %% [markdown]
 # ### The link, and the words used below
 #
-# For reference. The notation and the measures are defined in `01_collectives` (its last section) and
-# `docs/analysis.md`; here is only what 03 adds to them.
+# The notation and the measures are those of `01_collectives` (its last section) and
+# `docs/analysis.md`; here is what 03 adds.
 #
-# **The link.** Every message here, up to the last section, goes over an **emulated 1 Gbit/s link**
+# **The link.** Every message, up to the last section, goes over an **emulated 1 Gbit/s link**
 # (`minddp.comm.link`): the real all_reduce runs, so every result is exact, but it completes no earlier
 # than it would on Gigabit Ethernet, one message at a time. That time is *modeled*: the same on every run
-# and machine (the last section's links are sized from a backward timed in the run: that section says
-# how). The training thread's waits are *measured*: a wait can last past the link's modeled time, until
-# the real all_reduce returns, and a collective (the check's all_gather too) returns on a rank only once
-# every rank has joined it, so the ranks drifting apart between syncs can show up as a wait; how much of
-# any wait that is, these runs do not measure.
+# and machine (the last section sizes its links from a backward timed in the run). The training
+# thread's waits are *measured*: a wait can last past the link's time, until the real all_reduce
+# returns, and a collective returns on a rank only once every rank has joined it.
 #
-# **Notation and measures**, 01's: α, β, n and m; k is the micro-batches of a step. A *message* is one
-# all_reduce handed to the link (a gradient, or a bucket of them); its *fixed cost* is 2(n−1)·α. *Link
-# time*, *exposed*, *overlap* and *interleaved* are computed by 01's functions over the link's modeled
-# transfers only (01's table counts gloo's ranges too). *Waited*, 01's too, is not over the link's
-# transfers: it is the measured time the training thread stood still for the gradients' messages, which can
-# last past the link's time (until the real all_reduce returns); the parameters-used check's all_gather is
-# printed apart (*at the check*).
+# **Measures**, 01's. α, β, n and m as there; k is the micro-batches of a step. A *message* is one
+# all_reduce handed to the link (a gradient, or a bucket of them); its *fixed cost* is 2(n−1)·α. Over
+# the link's modeled transfers: *link time*, the step's messages' time on the link; *exposed*, the part
+# of it the training thread stood waiting through; *interleaved*, time inside a backward with a message
+# on the link and the thread not computing; *overlap*, the share of the link time during which the
+# thread computed. *Waited* is the measured time the thread stood still for its messages: the exposed
+# part and any waiting after the link had delivered, which the link does not model. The
+# parameters-used check's all_gather is printed apart (*at the check*).
 #
 # **Words of this notebook.** `hook` in code type is a stage. A *grad hook* is the function autograd
 # calls when a parameter's gradient is ready (`register_post_accumulate_grad_hook`; `hook` and every
-# stage after it sync from one); autograd runs it inside its *accumulation steps*, the steps that add
-# each gradient into `.grad`. The *comm hook* is the one of the list above (`04_comm_hooks`). *The network* is the neural network every stage trains; what
-# carries the messages is *the link* (the *interconnect* of the blog this notebook follows, "First
-# Steps With Distributed Data Parallelism and PyTorch Profiling", blog.underfit.ai/ddp-profiled,
-# `docs/scaling.md`). *Backward* is the span the pictures draw, from its first operator to its last (a
-# callback autograd runs after that, still inside `loss.backward()`, draws after the bar, as `ddp`'s
-# does). The *step-time model* (`minddp.costmodel`) replays a step on the link; the bucket lesson uses it.
+# stage after it sync from one), inside autograd's *accumulation steps*, which add each gradient into
+# `.grad`. *The network* is what every stage trains; *the link* carries the messages (the
+# *interconnect* of the blog this notebook follows, "First Steps With Distributed Data Parallelism and
+# PyTorch Profiling", blog.underfit.ai/ddp-profiled; `docs/scaling.md`). *Backward* is the span the
+# pictures draw, from its first operator to its last. The *step-time model* (`minddp.costmodel`)
+# replays a step on the link.
 
 # %%
 # %load_ext minddp.notebook
@@ -95,7 +84,7 @@
 # %%
 # %%distributed
 from minddp.comm.link import parse_link
-from minddp.notebook import lesson
+from minddp.notebook import lesson, lesson_03
 
 LINK, looks, k = parse_link("1gbit"), {}, lesson.SETTINGS.grad_accum
 
@@ -134,19 +123,15 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # ## No communication at all (`single`)
 #
 # Here each rank trains its own shard and never talks to the other: not data parallelism (the
-# replicas drift apart), with no message at all.
-# Each cell below
-# reads the messages and waits from the
-# link's modeled transfers and the training thread's recorded waits, not from step times, which on a
-# machine shared with other work move from one step to the next.
-# The picture is its step: the forward (pale) and backward (blue) of each micro-batch, then the
-# optimizer (green); the black line is the end of the step. The stages below add messages
-# (orange, light and dark alternating, on the wire; a tick under the row where each was handed to the wire, many ticks merging
-# into a bar), waits (red: the training thread standing still until a message is back), the
-# parameters-used check (hatched red: not a wait for a message) and
-# `finish_gradient_synchronization()` (a thin purple strip under the forward and backward bars, above the messages;
-# the legend's *finish*: the sync ends there for `simple`, `ga` and the async stages, while `hook` and
-# `bucket` have synced inside backward before it, and `ddp`'s finish does nothing). A legend names the kinds of mark its figure draws, on either row (the faded one's too), except those less than a pixel wide in all.
+# replicas drift apart), with no message at all. The cells read messages and waits from the link's
+# modeled transfers and the thread's recorded waits, not from step times, which on a shared machine
+# move from one step to the next. The picture is one step: the forward (pale) and backward (blue) of
+# each micro-batch, then the optimizer (green); the black line is the end of the step. The stages
+# below add messages (orange on the wire, two shades alternating so that neighbours stay apart; a
+# tick under the row where each was handed to the wire), waits (red: the thread standing still until
+# a message is back), the parameters-used check (hatched red) and `finish_gradient_synchronization()`
+# (a thin purple strip, the legend's *finish*). A legend names the marks its figure draws, except
+# those under a pixel wide.
 
 # %%
 # %%distributed
@@ -178,10 +163,10 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: three bursts of messages, one after each backward, each waited for (red)
-# before the next micro-batch may start. The hatched marks (where wide enough to draw) are not waits
-# for messages: they are the parameters-used check (the side-by-side table below, *at the check*). `simple` has
-# no `no_sync()`, so the loop syncs after every micro-batch. A bar's length, the faded row's too, is one step's and does not
-# compare the stages' compute. Your version of this stage was the exercise of `02_simple_ddp`.
+# before the next micro-batch may start. The hatched marks are the parameters-used check, not waits
+# for messages. `simple` has no `no_sync()`, so the loop syncs after every micro-batch. A bar's
+# length, the faded row's too, is one step's and does not compare the stages' compute. Your version
+# of this stage was the exercise of `02_simple_ddp`.
 #
 # ## `ga`: gradient accumulation, `no_sync()`
 #
@@ -234,13 +219,11 @@ lesson.claim(
 )
 
 # %% [markdown]
-# What to look for: one burst of messages, after the last backward, with the thread's waits for them (red). The
-# micro-batches before it run straight on into each other. Just before the burst ga runs the
-# parameters-used check, in finish: an all_gather, not gradients on the link (a hatched block, *parameter check*,
-# where it held rank 0 long enough to draw; the side-by-side table below prints how long it held it, *at the
-# check*). (The link's time is modeled, so the
-# ratio above is exact. The compute bars are measured on a shared machine and move from step to
-# step: the two rows share an axis to show where the messages go, not which step is shorter.)
+# What to look for: one burst of messages, after the last backward, with the thread's waits for them
+# (red); the micro-batches before it run straight on into each other. Just before the burst ga runs
+# the parameters-used check, in finish (hatched, where wide enough to draw). The link's time is
+# modeled, so the ratio above is exact; the compute bars are measured on a shared machine: the rows
+# share an axis to show where the messages go, not which step is shorter.
 #
 # ### Your turn: `ga`
 #
@@ -327,51 +310,15 @@ lesson.claim(
 )
 from minddp.analysis.timeline import row_measures
 
-measures = row_measures(v["row"])
-lesson.say(
-    f"*Interleaved*, counted over the link's modeled transfers only: {measures['interleaved_ms']:.0f} ms of the "
-    "backward passed with a message on the link and the thread not computing"
-    + (
-        f", the same time as its exposed {v['exposed_ms']:.0f} ms: every wait of hook's is inside the backward."
-        if abs(measures["interleaved_ms"] - v["exposed_ms"]) < 0.5
-        else f"; its exposed time, {v['exposed_ms']:.0f} ms, also counts the waits after the backward's last operator."
-    )
-    # the time after the link had delivered as the cell's first lines print it (lesson.say_look: waited less exposed)
-    + f" 01's table counts gloo's whole ranges as the communication, so there the "
-    f"{round(v['waited_ms']) - lesson.link_parts(v)[1]} ms hook waited after the link had delivered and the "
-    f"{v['check_ms']:.0f} ms it stood at the check's all_gather "
-    "would count too, where they fall inside the backward."
-)
-# as printed, so that the parts add up: the grad hooks run in autograd's accumulation steps (accumulate_ms)
-lasted, in_steps = round(v["last_backward_ms"]), round(v["accumulate_ms"])
-hooks_own = in_steps - round(v["waited_ms"]) - round(v["check_ms"])
-lesson.say(
-    f"Its last backward lasted {lasted} ms: {in_steps} ms in autograd's accumulation steps, where the grad hooks run, "
-    f"and the other {lasted - in_steps} ms outside them. Inside the accumulation steps rank 0 waited "
-    f"{v['waited_ms']:.0f} ms for its messages and stood {v['check_ms']:.0f} ms at the parameters-used check's "
-    "all_gather (at a synced backward's first gradient: the hatched block, where it is wide enough to draw)"
-    + (
-        f"; the other {hooks_own} ms there were neither: adding each gradient into .grad and the hooks' own lines, "
-        "handing each message over to the link among them"
-        if hooks_own >= 0
-        else ""
-    )
-    + f". ga's whole last backward, above, lasted {looks['ga']['last_backward_ms']:.0f} ms, "
-    f"{looks['ga']['accumulate_ms']:.0f} ms of it in its accumulation steps (it has no grad hook)."
-)
+lesson_03.say_hook_split(looks, row_measures(v["row"])["interleaved_ms"])
 
 # %% [markdown]
-# What to look for: the messages have moved into the last backward, and so have the waits: the
-# backward stops at every gradient until its all_reduce is back. The stop at the backward's first
-# gradient for the parameters-used check is not a wait for a message (hatched, where it is wide enough
-# to draw); the cell above prints how long it held the thread beside how long the thread waited for messages (what held it at
-# the check, these runs do not measure). At the figures' size the many thin waits and the backward's slivers
-# between them can blend into one band: zoomed in, each stop for a
-# message is a red wait, and the bars between are still the backward. A long backward here is not all waiting for gradients: the
-# cell splits it into autograd's accumulation steps, where the grad hooks run (their waits, the check and
-# their own lines), and the rest, and prints `ga`'s beside it. So this stage shows where the waits fall
-# (inside the backward); the hooks' own lines, handing each message over, hold the thread there too, and that
-# time, with the accumulation itself, is in neither waited nor exposed: the cell prints it apart.
+# What to look for: the messages and the waits have moved into the last backward, which stops at
+# every gradient until its all_reduce is back (zoomed in, each stop is a red wait; at this size the
+# many thin waits and the backward between them blend into one band). The hatched stop at its first
+# gradient is the parameters-used check. The cell above splits this backward: autograd's
+# accumulation steps hold the grad hooks' waits, the check and the hooks' own lines (handing each
+# message over), and those lines' time is in neither waited nor exposed.
 #
 # ### Your turn: `hook`
 #
@@ -700,17 +647,12 @@ lesson.claim(
 # %% [markdown]
 # ## Side by side: the ladder on one time axis
 #
-# Every profiled step above, one row per stage, on one axis, and the table of their numbers
-# (units in the column names; the measures are `01_collectives`'s). *Link time* is the modeled time of
-# the step's messages; *exposed* the part of it the training thread stood waiting through; *waited* all the
-# time it stood waiting for its messages: the exposed part and the waiting after the link had delivered; *last backward* the backward of the step's last micro-batch,
-# and *step* the whole step, both measured once on a machine shared with other work; *at the check* the
-# time the parameters-used check held the thread (an all_gather, not on the link, so not in waited or
-# exposed; "–": a stage without the check). From `hook` to `bucket-async`, the last backward holds the check
-# (made at a synced backward's first gradient), and for `hook` and `bucket` their waits for messages too. torch's
-# C++ reducer waits on the link's messages through a Future of its own, so its waits are not seen (–); what
-# its thread does between the end of its backward and its optimizer (the blank in its row), no output here
-# measures.
+# Every profiled step above on one axis, and their numbers (units in the column names). *Last
+# backward* is the backward of the step's last micro-batch and *step* the whole step, each measured
+# once on a shared machine; *at the check* the time the parameters-used check held each rank (not on
+# the link, so in neither waited nor exposed; "–": no check). From `hook` to `bucket-async` the last
+# backward holds the check, and for `hook` and `bucket` their waits too. torch's C++ reducer waits
+# through a Future of its own, so its waits are not seen (–).
 
 # %%
 # %%distributed
@@ -721,121 +663,62 @@ lesson.picture(
     title="One step of every stage on one time axis, each message over the emulated 1 Gbit/s link (rank 0)",
 )
 ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
-e = {s: looks[s]["exposed_ms"] for s in ladder}
-# exposed is the link's modeled time under the thread's measured waits: one profiled step each decides the order, so
-# it is printed, not claimed (a claim on a loaded machine could fail with no defect)
-pairs = [("simple", "ga"), ("hook", "hook-async"), ("bucket", "bucket-async")]
-cut = sum(round(e[after]) < round(e[before]) for before, after in pairs)
-changes = ["accumulation", "not waiting inside backward, per gradient", "not waiting inside backward, per bucket"]
-lesson.say(
-    "Exposed in these steps: "
-    + ", ".join(
-        f"{change}: {before} {e[before]:.0f} ms → {after} {e[after]:.0f} ms"
-        for change, (before, after) in zip(changes, pairs)
-    )
-    + "; "
-    + ("each change cut it." if cut == len(pairs) else f"{cut} of the {len(pairs)} changes cut it.")
-)
-parts = {s: lesson.link_parts(looks[s]) for s in ("simple", "ga", "hook", "bucket")}
-lesson.say(
-    "simple, ga, hook and bucket wait for each message as soon as the call that sends it returns; beyond simple → ga "
-    "above, they are not claimed against each other. In this run they stood through "
-    + ", ".join(f"{s} {parts[s][1]} of {parts[s][0]} ms" for s in parts)
-    + " of their link time (exposed); the rest passed between handing a message over to the link, inside the comm "
-    "hook's call, and the start of its wait, once that call had returned (the rest of the call and the stage's lines "
-    "before `.wait()`), which these runs do not time apart. bucket-async against hook-async is the bucket lesson's question, below."
-)
+# one profiled step each decides the order of exposed: printed, not claimed
+lesson_03.say_exposed_pairs(looks)
+checks = lesson_03.checks_on_ranks(looks, ladder)  # each rank's own time at the check
 
 # %%
 # %%rank 0
-lesson.look_table(looks).assign(
-    **{"at the check, ms": [round(v["check_ms"]) if s in ladder else "–" for s, v in looks.items()]}
-)
+lesson_03.look_table(looks, checks)
 
 # %% [markdown]
-# How to read it: compare the stages by the link, exposed and waited columns. The step and backward columns
-# are one step each, measured on cores shared with the other rank and the link's thread, and are not
-# compared here: a row's length in the picture does not rank the stages, and a backward's length is
-# not what its waits cost (the exposed and waited columns are); time in a row with no bar is time no
-# output here measures, and it counts in the step column, so a longer step does not say that stage's DDP
-# costs more. They are printed so that you can see them; the verdicts below, by the link, exposed and waited
-# columns, do not count them. Exposed and waited can order two stages in opposite ways: exposed leaves out the
-# link's time that passed before the thread's wait began (from handing a message over, inside the comm hook's
-# call, to its wait, once for every message handed over), and waited adds the waiting after the link
-# had delivered; so neither column alone ranks `hook` against `bucket`. *At the check* is how long rank 0 stood
-# in the check's all_gather, summed over the step's checks: `simple`, which syncs after every micro-batch,
-# checks after each of its k backwards, every other stage with a check once a step. From `hook` to `bucket-async` that time
-# is inside the last backward, and so part of its column. The all_gather returns only once both ranks have joined it; what held the thread there, these runs do not measure, and the column does not rank the stages' checks. `ga` divides the traffic by the number of
-# micro-batches; the hook stages move the messages into the backward; the async stages stop waiting
-# for them there; the buckets divide the number of messages. Whether that last idea pays is the next
-# section's question.
+# How to read it: compare the stages by the link, exposed and waited columns. The last backward and
+# step columns are one step each, on cores shared with the other rank and the link's thread: a
+# row's length does not rank the stages, and the verdicts below do not count them. Exposed and waited
+# can order two stages in opposite ways: exposed leaves out the link's time before a wait began,
+# waited adds the waiting after the link had delivered. *At the check* sums the step's checks
+# (`simple` checks after each of its k backwards, the other stages with a check once a step). The
+# all_gather returns on a rank only once both ranks have joined it: a rank that reaches it first
+# stands there until the other arrives, whatever its few bytes cost, so the two ranks' columns need
+# not agree. `ga` divides the traffic by the number of micro-batches; the hook stages move the
+# messages into the backward; the async stages stop waiting for them there; the buckets divide the
+# number of messages. Whether that last idea pays is the next section's question.
 
 # %% [markdown]
 # ## The bucket lesson: when do buckets pay?
 #
 # Compare `hook-async` and `bucket-async` in the table above: the same bytes, one message per
-# gradient against one per bucket, both sent during the last backward, each message waited for
-# once, in finish, after backward. Which
-# left more of the link's time exposed, and why? A bucketed stage trades three things against a
-# per-gradient one (an all_reduce of m bytes between n ranks takes 2(n−1)·α + 2(n−1)/n · m·β on
-# the link):
+# gradient against one per bucket, both sent during the last backward and waited for in finish. A
+# bucketed stage trades three things against a per-gradient one (an all_reduce of m bytes between n
+# ranks takes 2(n−1)·α + 2(n−1)/n · m·β on the link):
 #
 # 1. **per message**: every all_reduce pays 2(n−1)·α however few its bytes; buckets pay it once per
 #    bucket instead of once per gradient tensor;
 # 2. **the late start**: nothing goes to the link before some bucket's last gradient is ready, while a
-#    per-gradient stage sends its first gradient as soon as it is ready. The first message is the bucket
-#    that fills first, which need not be the plan's first: a bucket holds the gradients of several
-#    parameters, and autograd need not finish them in the plan's order;
-# 3. **the last bucket's tail**: the *tail* is the last message's transfer on the link; the last
-#    bucket is full only late in backward, so its tail runs past backward's end (where the last
-#    message alone would end the link's work: the next cell's table's *tail-limited end*); a per-gradient stage's last message is one tensor.
+#    per-gradient stage sends its first gradient as soon as it is ready. The first message is the
+#    bucket that fills first, not always the plan's first;
+# 3. **the tail**: the last message's transfer on the link. The last bucket is full only late in
+#    backward, so its tail runs past backward's end; a per-gradient stage's last message is one tensor.
 #
-# These three are on the link. Each stage's step also has a backward of its own, and the two stages'
-# need not be alike (the side-by-side table's *last backward*, which holds the check). A longer backward leaves more of the link's work under it, so by
-# *exposed* it favours its own stage: the cells below print each step's backward beside its exposed time,
-# and each verdict holds at those backwards, not at equal ones. Whether the buckets pay, below, is judged on
-# exposed and waited only, not on those backwards: a "did not pay" there does not count a backward or a
-# step that is longer in the per-gradient stage, which the same cells print.
-#
-# The link carries one message at a time, so it is done at the latest of, over the messages i:
-# "message i handed over, then i and every message after it carried back to back"
-# (`minddp.costmodel.buckets.queue_end`). Message 1 gives the *start-limited* end (the late start,
-# then all the link time); the last message the *tail-limited* one; a message between them sets it
-# where the link falls behind before the last message is handed over. What the link still carries
-# after backward is the most that step can expose: the thread stands waiting for it only while it is in
-# one of its waits in finish, so the link's time before its first wait, and between one wait's end and the
-# next wait (the thread writing a bucket back, say), is neither under compute nor exposed.
-# The cell reads all of it from the two profiled steps above, and when each gradient is ready from
-# the *bare network* (the same network with no wrapper, no hooks, no messages, no profiler), timed
-# here. In the profiled steps the parameters-used check, made at the synced backward's first gradient,
-# stalls the backward there: no later gradient is computed and no message leaves until it ends, so its time
-# adds to each stage's first hand-over, beyond the bare network's. The cell prints it for both stages: each
-# one's first message leaves that much later (for hook-async, its early start of item 2).
+# The link carries one message at a time, so it is done at the latest of, over the messages i,
+# "message i handed over, then i and every message after it back to back"
+# (`minddp.costmodel.buckets.queue_end`): message 1 gives the *start-limited* end, the last message
+# the *tail-limited* one. The link's time still to run when backward ends (*link after backward*) is
+# the most that step can expose: the thread stands through it only while in one of its waits in
+# finish. Each step has a backward of its own, and a longer backward hides more of the link: the
+# cells print each step's backward beside its exposed time, and the verdicts, by *exposed*, hold at
+# those backwards. *Waited* is printed beside it, without a verdict: it adds the waiting after the
+# link had delivered, which the link does not model. When each gradient is ready comes from the
+# *bare network* (no wrapper, no hooks, no messages, no profiler), timed here.
 
 # %%
 # %%distributed
-import pandas as pd
-
 from minddp.costmodel.buckets import on_the_link
 from minddp.costmodel.compute import probe
 from minddp.stages.bucket_plan import plan_buckets
 
 per_message_ms = LINK.seconds("all_reduce", 0, world_size) * 1e3  # 2(n−1)·α: one message's fixed cost on the link
-why = {s: on_the_link(looks[s]["row"]) for s in ("hook-async", "bucket-async")}  # exposed_ms: the looks' own
-per_grad, bucketed = why["hook-async"], why["bucket-async"]
-bare_model = lesson.make_model()
-trainable = [p for p in bare_model.parameters() if p.requires_grad]
-plan = plan_buckets(trainable, lesson.SETTINGS.bucket_cap_mb)
-# When each gradient is ready in backward, timed on the bare network (the step-time model's probe, minddp.costmodel):
-# the profiled steps' own hand-over times also hold, at a synced backward's first send, the teaching stages' check
-# of the parameters used.
-# the last micro-batch's backward is the one that sends: one micro-batch, timed twice after a warm-up pass
-bare = probe(bare_model, next(lesson.step_batches())[-1:], lesson.loss_fn, repeats=2, measure_network=False)
-# a bucket is sent when its last gradient is ready: the first message is the bucket that fills first (bucket-async
-# sends each bucket as it fills, in whatever order they fill, which need not be the plan's)
-filled = [max(bare.ready[i] for i in bucket) for bucket in plan]
-first_sent = min(range(len(plan)), key=filled.__getitem__)
-first_ready, bucket_ready = 1e3 * min(bare.ready), 1e3 * filled[first_sent]
+per_grad, bucketed = (on_the_link(looks[s]["row"]) for s in ("hook-async", "bucket-async"))
 saved = (per_grad["messages"] - bucketed["messages"]) * per_message_ms
 lesson.claim(
     abs(per_grad["link_ms"] - bucketed["link_ms"] - saved) < 1e-6 * per_grad["link_ms"],
@@ -843,97 +726,50 @@ lesson.claim(
     f"{per_grad['messages'] - bucketed['messages']} × {per_message_ms:.2f} ms = {saved:.1f} ms of the link's "
     f"{per_grad['link_ms']:.0f} ms.",
 )
-lesson.say(
-    "Late start: hook-async sends each gradient as it is ready, bucket-async each bucket when all its gradients "
-    "are, so its first message is the bucket that fills first: on the bare network here "
-    + ("the plan's first bucket" if first_sent == 0 else f"the plan's bucket {first_sent + 1} of {len(plan)}")
-    + f", of {len(plan[first_sent])} gradients. There the first gradient is ready after "
-    f"{100 * first_ready / (1e3 * bare.backward):.1f} % of the backward, that bucket's last after "
-    f"{100 * bucket_ready / (1e3 * bare.backward):.0f} % ({bucket_ready:.0f} ms of the bare network's "
-    f"{1e3 * bare.backward:.0f} ms backward). In the profiled steps the "
-    "parameters-used check stalled the backward at its first gradient, before any hand-over: it held back "
-    f"hook-async's first message {looks['hook-async']['check_ms']:.0f} ms (its early start comes that much later), "
-    f"bucket-async's {looks['bucket-async']['check_ms']:.0f} ms.",
-)
-# modeled: the last message's bytes over the link, the same on every machine
-lesson.claim(
+lesson.claim(  # modeled: the last message's bytes over the link, the same on every machine
     bucketed["tail_ms"] > per_grad["tail_ms"],
     f"Tail: bucket-async's last bucket takes {bucketed['tail_ms']:.1f} ms on the link, hook-async's "
     f"last gradient {per_grad['tail_ms']:.1f} ms.",
 )
-for s in why:  # beside the exposed time, the step's own backward
-    why[s]["backward_ms"] = lesson.backward_less_check(looks[s])
-table = (
-    pd.DataFrame(why)
-    .T[["messages", "link_ms", "start_end_ms", "tail_end_ms", "end_ms", "limit", "exposed_ms", "backward_ms"]]
-    .rename(
-        columns={
-            "link_ms": "link time, ms",
-            "start_end_ms": "start-limited end, ms after backward (< 0: before)",
-            "tail_end_ms": "tail-limited end, ms after backward (< 0: before)",
-            "end_ms": "link after backward, ms",
-            "limit": "set by",
-            "exposed_ms": "exposed, ms",
-            "backward_ms": "last backward less the check, ms",
-        }
-    )
-)
-# which of the three costs set each link's end, and what the thread then waited through, in words (lesson.py)
-in_words = {s: lesson.link_end_in_words(s, why[s], looks[s]) for s in why}
-lesson.say(
-    f"In this run's one profiled step each, bucket-async left {bucketed['exposed_ms']:.0f} ms exposed, hook-async "
-    f"{per_grad['exposed_ms']:.0f} ms: {in_words['bucket-async']}; {in_words['hook-async']}."
-)
+# when each gradient is ready, on the bare network (no wrapper, no hooks): the last micro-batch's backward, timed
+# twice after a warm-up pass (the step-time model's probe)
+bare_model = lesson.make_model()
+bare = probe(bare_model, next(lesson.step_batches())[-1:], lesson.loss_fn, repeats=2, measure_network=False)
+plan = plan_buckets([p for p in bare_model.parameters() if p.requires_grad], lesson.SETTINGS.bucket_cap_mb)
+why, table = lesson_03.bucket_costs(looks, per_message_ms, bare, plan)
 
 
 # %%
 # %%rank 0
-table.infer_objects().round(1)
+table
 
 # %% [markdown]
 # ### The cap, swept
 #
 # The cap decides all three costs: a small cap makes many small buckets (many fixed costs, a short
-# tail) and an earlier first message (the table's "first message leaves": when the bucket that fills
-# first, not the plan's first, as above, is handed over, in the model's backward scaled as below, so not the
-# bare network's time printed above), down to a floor: a bucket closes at the
-# gradient that reaches its cap or passes it, so no cap splits a gradient; a large cap makes a few
-# large buckets. Below, `bucket-async` is measured at
-# other caps on the same link, one profiled step each with no warm-up step (the settings' cap is the
-# step above, taken after one; `None` is torch's default: the plan's first bucket capped at 1 MiB, then
-# 25 MiB ones, so its first message need not leave when the 1 MiB cap's does;
-# the figure draws its measured point, and the model's for its own plan, at 25 MiB, though its plan
-# is not the 25 MiB cap's), and the
-# step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap: the bare network is timed
-# on these ranks (`probe`: when each gradient is ready in backward), its times are scaled to the
-# median of these five runs' backwards (less the check inside each: one step's own backward is the model's),
-# and each plan is replayed
-# on the link. The model gives each plan's *link after backward*: the link's time still to run when
-# the modeled backward ends. It is not the measured *exposed*, which counts only the link's time while the
-# thread stands in its waits in finish, in a step with a backward of its own: the figure writes each measured
-# point's own backward beside it and draws each step's waited too, and the table sets each step's measured *link
-# after backward* (the bucket lesson's first table's column) beside the model's. Where a step's waited stands far above its
-# exposed, the thread stood still after the link had delivered: time the link does not model, and what the thread
-# waited for then these runs do not measure; so a cap's waited is not what its plan costs on the link. The lower
-# panel shows the three costs of each plan, from the step-time model: its "first message leaves, into the model's
-# backward" is the table's column of that name, into the model's backward scaled as above, not a measured one.
+# tail, an early first message), down to a floor: a bucket closes at the gradient that reaches its
+# cap, so no cap splits a gradient; a large cap makes a few large ones. Below, `bucket-async` is
+# measured at other caps on the same link, one profiled step each with no warm-up step (the settings'
+# cap is the step above; `None` is torch's default: a first bucket of 1 MiB, then 25 MiB ones, drawn
+# right of the grid). The step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap's plan
+# on the link, with the bare network's timings scaled to the median of the five steps' backwards
+# (less the check). The figure sets the model's *link after backward* against each step's measured
+# one, the same measure; exposed and waited, which the thread's waits decide, are in the table. The
+# lower panel shows each plan's three costs by the model: "first message leaves" is into the model's
+# backward, not a measured one.
 
 # %%
 # %%distributed
 import statistics
 
 from minddp.costmodel.buckets import plan_costs
-from minddp.costmodel.compute import plan_for, probe
-from minddp.costmodel.figures import bucket_sweep
+from minddp.costmodel.compute import plan_for
 from minddp.costmodel.project import cp_scaled
 
 swept = {lesson.SETTINGS.bucket_cap_mb: looks["bucket-async"]}
 for cap in (0.5, 2, 8, None):  # one profiled step each, no warm-up step: the counts hold from the first
     swept[cap] = lesson.Trainee("bucket-async", link=LINK, bucket_cap_mb=cap, warmup=0).look()
-
-
-own = {c: lesson.backward_less_check(v) for c, v in swept.items()}
-this_run = statistics.median(own.values()) / 1e3
+this_run = statistics.median(lesson.backward_less_check(v) for v in swept.values()) / 1e3
 cp = cp_scaled(bare, this_run / bare.backward)  # the bare network's timings at this run's speed
 grid = [0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32]
 model = [plan_costs(cp, "bucket-async", c, LINK, world_size) for c in grid]
@@ -947,176 +783,45 @@ lesson.claim(
     + ".",
 )
 here, h = lesson.SETTINGS.bucket_cap_mb, looks["hook-async"]
-
-
-def cap_name(c):
-    """A swept cap as the sentences name it: the settings' cap is the step above, taken after a warm-up step."""
-    return "None" if c is None else f"{c:g} MiB" + (" (the settings' step, after a warm-up step)" if c == here else "")
-
-
-lesson.say(
-    f"torch's default (None) makes {default.messages} buckets here: by the bare network's timings, its first message "
-    f"a bucket of {default.first_gradients} gradients and its last one of {default.last_bytes / 2**20:.1f} MiB, whose "
-    f"transfer ({1e3 * default.tail:.0f} ms) "
-    f"comes after backward. Measured, each cap in its own step: "
-    + ", ".join(
-        f"{cap_name(c)} {v['exposed_ms']:.0f} ms exposed, {v['waited_ms']:.0f} ms waited (backward less the check "
-        f"{own[c]:.0f} ms)"
-        for c, v in sorted(swept.items(), key=lambda cv: 99 if cv[0] is None else cv[0])
-    )
-    + f"; hook-async (after a warm-up step) {h['exposed_ms']:.0f} ms exposed, {h['waited_ms']:.0f} ms waited "
-    f"(backward less the check {lesson.backward_less_check(h):.0f} ms)."
-)
-lesson.say(
-    f"The step-time model, scaled to a backward of {1e3 * this_run:.0f} ms (the median of these runs' last "
-    f"backwards, less the time the check held them), gives {1e3 * model[0].after_backward:.1f} ms of link after "
-    f"backward at {grid[0]:g} MiB, the grid's smallest cap"
-    + (
-        ", its least on the grid"
-        if model[0].after_backward <= min(c.after_backward for c in model) + 5e-5
-        else f" (its least, {1e3 * min(c.after_backward for c in model):.1f} ms, at a larger one)"
-    )
-    + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient. By the model, on the "
-    "link's time, buckets pay "
-    + (  # pay: leave less of the link after backward than one message per gradient
-        "at no cap on the grid on this link."
-        if (paying := sum(c.after_backward < per_gradient.after_backward for c in model)) == 0
-        else f"at {paying} of the grid's {len(model)} caps on this link."
-    )
-)
-measured_after = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}  # as in this lesson's first table
-lags = {c: lesson.wait_after_backward(v["row"]) for c, v in swept.items()}  # the thread's late start
-lesson.say(
-    "Each step's own link after backward is in the table below, beside the model's. The measured exposed counts "
-    "only the link's time while the thread stood in its waits after backward, the first of which each step reached "
-    "this long after its backward ended: "
-    + ", ".join(
-        f"{cap_name(c).split(' (')[0]} " + ("(no wait)" if lags[c] is None else f"{lags[c]:.1f} ms")
-        for c in sorted(lags, key=lambda c: 99 if c is None else c)
-    )
-    + ". The measured points are not a ranking of the caps: each is one step with its own backward "
-    f"({min(own.values()):.0f} to {max(own.values()):.0f} ms, less the check), the model one backward for all."
-)
-
-
-def at(count):
-    """How many of the swept caps, in words."""
-    return "at every cap" if count == len(swept) else f"at {count} of the {len(swept)} caps"
-
-
-def tally(key):
-    """At how many swept caps bucket-async's step had less, as much or more of ``key`` than hook-async's."""
-    words = [lesson.than(v[key], h[key]) for v in swept.values()]
-    return " and ".join(
-        f"{w.rsplit(' ', 1)[0]} {at(words.count(w))}" for w in ("less than", "as much as", "more than") if w in words
-    )
-
-
-lesson.say(
-    f"Against hook-async's step ({h['exposed_ms']:.0f} ms exposed, {h['waited_ms']:.0f} ms waited; taken after a "
-    "warm-up step, as the settings' cap's, the other caps' without one): by exposed, bucket-async's steps left "
-    f"{tally('exposed_ms')}; by waited, they waited {tally('waited_ms')}."
-)
+lesson_03.say_sweep(swept, h, model, default, per_gradient, this_run, here)
 if rank == 0:
-    at_x = {c: 25 if c is None else c for c in swept}  # torch's default drawn at its 25 MiB: not a point of the curve
-    kind = {c: "one step, no warm-up step" for c in swept} | {
-        here: f"{here:g} MiB: the settings' step, after a warm-up",  # the step above: drawn apart
-        None: "None (torch's default: 1 MiB first, then 25 MiB)",
-    }
-    order = [c for c in swept if c not in (here, None)] + [here, None]  # one legend entry per kind of step
-    h_backward = lesson.backward_less_check(h)
-    bucket_sweep(
-        {"step-time model: link after backward": model},
-        measured=[  # beside each exposed point, its step's own backward (the model's is one for all)
-            (
-                at_x[c],
-                swept[c]["exposed_ms"],
-                f"measured: exposed, {kind[c]}",
-                f"backward {own[c]:.0f} ms",
-            )
-            for c in order
-        ]
-        + [(at_x[c], swept[c]["waited_ms"], "measured: waited, the same steps") for c in order]
-        + [  # its value in the label: measured points at 25 MiB can lie on it
-            (
-                at_x[None],
-                1e3 * default.after_backward,
-                f"step-time model: link after backward, None's own plan ({1e3 * default.after_backward:.0f} ms, "
-                "at 25 MiB)",
-            )
-        ],
-        per_gradient={  # the value in the label too: a line near 0 lies close to the axis
-            f"hook-async, measured: exposed ({h['exposed_ms']:.0f} ms; its backward less the check {h_backward:.0f} ms)": h[
-                "exposed_ms"
-            ],
-            f"hook-async, step-time model: link after backward ({1e3 * per_gradient.after_backward:.1f} ms)": 1e3
-            * per_gradient.after_backward,
-            f"hook-async, measured: waited ({h['waited_ms']:.0f} ms)": h["waited_ms"],
-        },
-        title=f"bucket-async on {LINK.name}, {world_size} ranks, against the cap\n"
-        "(beside each measured exposed point: its step's backward, less the check)",
-    )
-sweep_table = pd.DataFrame(
-    {
-        ("None" if c.cap_mb is None else f"{c.cap_mb:g} MiB"): c.row()
-        | {
-            "link after backward, ms (measured)": measured_after.get(c.cap_mb),
-            "exposed, ms (measured)": swept[c.cap_mb]["exposed_ms"] if c.cap_mb in swept else None,
-            "waited, ms (measured)": swept[c.cap_mb]["waited_ms"] if c.cap_mb in swept else None,
-            "backward less the check, ms (measured)": own.get(c.cap_mb),
-        }
-        for c in [*model, default]  # the grid's caps, then torch's default (None)
-    }
-).T
+    lesson_03.sweep_figure(swept, model, default, per_gradient, h, LINK.name, world_size, here)
 
 # %%
 # %%rank 0
-sweep_table.infer_objects().round(1)
+lesson_03.sweep_table(swept, model, default).infer_objects().round(1)
 
 # %% [markdown]
 # ### Links sized with two of the blog's settings' ratios, at this machine's speed
 #
-# Which rung wins depends on two ratios: how long one sync's bytes take against one backward, and
-# how long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
-# emulated link that keeps both ratios of a given setting for the network at hand, against one
-# backward timed on this machine, on rank 0: a faster machine gets a faster link. The rule, on the
-# 2 ranks here (where one all_reduce of m bytes takes 2α + m/B): the bandwidth is
-# B = one sync's bytes / (bytes ratio × that backward), the time per hop is
-# α = message ratio × that backward / 2. Each stage's own backward in its run differs from that one,
-# and so do the ratios it meets: the cell prints the two async rungs' own backwards beside it and the
-# factor by which each met the setting's ratios. The figure's legend names the setting's ratios, not those met. The cell prints which
-# backward each link is sized from; the rungs run without a warm-up step.
-# Two settings, both built from the blog's run as the step-time model rebuilds it (`python -m
-# minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16 gradients, and an
-# assumed 3 TFLOP/s achieved on each T4, which `docs/scaling.md` takes, about a third of its fp32
-# peak):
+# Which rung wins depends on two ratios: how long one sync's bytes take against one backward, and how
+# long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
+# emulated link that keeps both ratios of a setting for the network at hand, against a backward timed
+# on this machine (rank 0's): a faster machine gets a faster link. On the 2 ranks here (one all_reduce
+# of m bytes takes 2α + m/B), B = one sync's bytes / (bytes ratio × that backward) and α = message
+# ratio × that backward / 2. Each rung's own backward differs from that one, and so do the ratios it
+# meets: the cell prints the factor. The rungs run without a warm-up step. Both settings come from the
+# blog's run as the step-time model rebuilds it (`python -m minddp.model project --setting blog`,
+# `docs/scaling.md` §5: SmolLM2-360M, bf16 gradients, an assumed 3 TFLOP/s on each T4):
 #
-# * **the ratios of 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`), its ratio of communication to backward
-#   compute. Every stage of the blog, on this notebook's workload;
-# * **the ratios of 1024 ranks**: the blog's model on 1024 ranks over 100 Gbit/s InfiniBand (`100gbit-ib`),
-#   a setting the blog did not run (its claims are about its 4 T4s), only the step-time model
-#   rebuilt from its run: there every all_reduce makes 2 × 1023 hops (6 on 4 ranks), and one message's
-#   fixed cost is a far larger share of the backward (the cell prints both settings' ratios). On
-#   `deep-llama`, an offline preset with SmolLM2's 32 layers at CPU size, and so as many gradient
-#   tensors as SmolLM2 (the cell prints both counts; `minddp.train.models`). Only `hook-async` and the bucketed
-#   rungs run there, one micro-batch a step (each syncs once a step anyway): `simple`, `ga` and `hook`
-#   send one message per gradient tensor and wait for each, so they would stand still for every one of
-#   hundreds of fixed costs.
+# * **the ratios of 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`); every stage, on this notebook's
+#   workload;
+# * **the ratios of 1024 ranks**: the blog's model on 1024 ranks over 100 Gbit/s InfiniBand
+#   (`100gbit-ib`), a setting the blog did not run: every all_reduce makes 2 × 1023 hops, so one
+#   message's fixed cost is a far larger share of the backward. On `deep-llama`, an offline preset
+#   with SmolLM2's 32 layers at CPU size, so as many gradient tensors as SmolLM2
+#   (`minddp.train.models`). Only `hook-async` and the bucketed rungs run there, one micro-batch a
+#   step: `simple`, `ga` and `hook` wait for each of hundreds of fixed costs.
 #
-# Both run here on **2 ranks**: what is scaled is the link, sized from that backward. On 2 ranks a
-# message makes 2 hops, so the α printed for a sized link is half of one message's fixed cost at the
-# setting's ranks: at 1024 ranks one hop here stands for 1023 of the real ring's. The bucketed stages
-# get a cap that cuts each network into about as many buckets as the blog's 25 MiB cuts SmolLM2 (as
-# near as the model's gradient tensors allow: the cell prints the count each run sent, the one the
-# sentences below use).
+# What is scaled is the link: on 2 ranks a message makes 2 hops, so one hop here stands for 1023 of
+# the real ring's. The bucketed stages get a cap that cuts each network into about as many buckets as
+# the blog's 25 MiB cuts SmolLM2 (the cell prints the count).
 
 # %%
 # %%distributed
 from minddp.costmodel.buckets import link_like, on_the_link, ratios
 from minddp.costmodel.compute import plan_for
-from minddp.costmodel.figures import settings_ladder
 from minddp.costmodel.project import blog_profile
-from minddp.runtime.device import message_device
 
 blog = blog_profile()
 blog_buckets = len(plan_for(blog, "bucket-async", 25))
@@ -1126,256 +831,95 @@ SETTINGS_OF = {  # 2 ranks each, on a link sized with the named setting's ratios
 }
 ladder6 = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 # At 1024 ranks the rungs that wait for each message at once (simple, ga, hook) would stand still for every one
-# of their hundreds of fixed costs, for seconds a step, so only the bucketed rungs and hook-async run there.
+# of their hundreds of fixed costs, so only the bucketed rungs and hook-async run there, one micro-batch a step.
 RUN = {"4 × T4": ladder6, "1024 ranks": ["hook-async", "bucket", "bucket-async"]}
 blog_runs, blog_links, setting_ratios, sized_from = {}, {}, {}, {}
 for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
-    bytes_ratio, message_ratio = setting_ratios[name] = ratios(blog, link_name, ranks)
-    model = lesson.make_model(name=model_name)
-    # this machine's backward of one micro-batch, timed as the runs below are (profiled); rank 0's, so that every
-    # rank builds the same link.
-    # small-llama: the sweep's median above (five steps of bucket-async, less the check); deep-llama: one step of
-    # single, which has no check and no message
-    accum = lesson.SETTINGS.grad_accum if name == "4 × T4" else 1
-    if name == "4 × T4":
-        timed, timed_how = this_run, "the median of the cap sweep's last backwards above, less the check"
-    else:
-        floor = lesson.Trainee("single", model=model_name, grad_accum=1).look()
-        timed, timed_how = floor["last_backward_ms"] / 1e3, "single's, in one profiled step"
-    rank0 = torch.tensor([timed], dtype=torch.float64, device=message_device())
-    dist.broadcast(rank0, src=0)
-    backward_s = rank0.item()
-    # two timings apart, on two networks: a match in whole ms is said, so that it does not read as one value copied
-    same = [other for other, b in sized_from.items() if round(1e3 * b) == round(1e3 * backward_s)]
-    sized_from[name] = backward_s
-    params = [p for p in model.parameters() if p.requires_grad]
+    setting_ratios[name] = ratios(blog, link_name, ranks)
+    params = [p for p in lesson.make_model(name=model_name).parameters() if p.requires_grad]
     sync_bytes = sum(p.numel() * p.element_size() for p in params)
-    blog_links[name] = link_like(f"ratios of {name}", backward_s, sync_bytes, bytes_ratio, message_ratio, world_size)
-    cap = 25 * sync_bytes / blog.total_bytes  # the blog's 25 MiB, scaled to this model: as many buckets
-    lesson.say(
-        f"{name[0].upper() + name[1:]}: "
-        + ("the blog's run" if ranks == 4 else "the blog's model at a scale the blog did not run")
-        + f" ({link_name}, {ranks} ranks), as the step-time model rebuilds it: one sync's bytes take "
-        f"{bytes_ratio:.2f} backwards, one message's fixed cost at {ranks} ranks {message_ratio:.1e} of one. Here, for "
-        f"{model_name} ({len(params)} gradient tensors, the blog's SmolLM2-360M {len(blog.nbytes)}; "
-        f"{sync_bytes / 2**20:.1f} MiB; a backward of {1e3 * backward_s:.0f} ms, {timed_how}, on rank 0"
-        + (f", the same whole ms as {same[0]}'s by chance: timed apart, on another network" if same else "")
-        + "): "
-        f"a link of {blog_links[name].bandwidth / 1e9:.2g} GB/s and {1e3 * blog_links[name].latency:.3g} ms per hop, "
-        f"between 2 ranks; a cap of {cap:.2f} MiB."
+    if name == "4 × T4":  # the sweep's median above; deep-llama: the median of three steps of single (no check)
+        timed, how = this_run, "the cap sweep's median"
+    else:
+        timed, how = lesson_03.median_backward_s("single", model_name), "single's, median of 3 steps"
+    sized_from[name] = lesson_03.rank0s(timed)  # rank 0's, so that every rank builds the same link
+    link = blog_links[name] = link_like(
+        f"ratios of {name}", sized_from[name], sync_bytes, *setting_ratios[name], world_size
     )
-    # one profiled step each, no warm-up: the claims below hold from the first step. At 1024 ranks one micro-batch
-    # a step: every rung there syncs once a step, after the last, and the profiler reads a third of the events.
-    for stage in RUN[name]:
+    cap = 25 * sync_bytes / blog.total_bytes  # the blog's 25 MiB, scaled to this model: as many buckets
+    lesson_03.say_sized(
+        name,
+        link,
+        ranks,
+        link_name,
+        model_name,
+        setting_ratios[name],
+        len(params),
+        len(blog.nbytes),
+        sync_bytes,
+        sized_from[name],
+        how,
+        cap,
+    )
+    for stage in RUN[name]:  # one profiled step each, no warm-up step
         v = lesson.Trainee(
-            stage, link=blog_links[name], bucket_cap_mb=cap, model=model_name, warmup=0, grad_accum=accum
+            stage,
+            link=link,
+            bucket_cap_mb=cap,
+            model=model_name,
+            warmup=0,
+            grad_accum=lesson.SETTINGS.grad_accum if name == "4 × T4" else 1,
         ).look()
         blog_runs[name, stage] = on_the_link(v["row"]) | {
             "calls": v["calls"],
             "backward_ms": lesson.backward_less_check(v),
             "hooks_ms": lesson.hooks_less_check(v),
         }
-    own_h, own_b = (blog_runs[name, s]["backward_ms"] for s in ("hook-async", "bucket-async"))
-    longer = (
-        "alike in whole ms"
-        if round(own_h) == round(own_b)
-        else f"{'hook' if own_h > own_b else 'bucket'}-async's the longer"
-    )
-    lesson.say(
-        f"{name[0].upper() + name[1:]}: bucket-async sent {blog_runs[name, 'bucket-async']['calls']} buckets a step "
-        f"(the blog's model at 25 MiB: {blog_buckets}). The async rungs' own last backwards, less the check, lasted "
-        f"{own_h:.0f} ms (hook-async) and {own_b:.0f} ms (bucket-async) ({longer}), against the "
-        f"{1e3 * backward_s:.0f} ms the link was sized from: hook-async's {own_h / (1e3 * backward_s):.1f} times it, "
-        f"so it met the setting's two ratios times {1e3 * backward_s / own_h:.1f}; bucket-async's "
-        f"{own_b / (1e3 * backward_s):.1f} times it, so it met them times {1e3 * backward_s / own_b:.1f}. A rung's "
-        "run is the named setting only at 1.0, a milder one below it, a harsher one above."
-    )
+    lesson_03.say_met(name, {s: blog_runs[name, s] for s in RUN[name]}, sized_from[name], blog_buckets)
 
 # %% [markdown]
-# Two measures for each setting (by `01_collectives`'s functions, over the link's transfers only): *overlap*, the share of the
-# link's time during which the training thread was inside a forward, a backward or the optimizer and not
-# waiting (what 01 counts as compute: the thread's lines there, a stage's grad hooks included, not only the
-# network's arithmetic; the blog reads an overlap of its own from its GPU traces, a different measure, not set
-# beside these), and *exposed*, the link time the step stood waiting through. The two need not cover all the
-# link's time: the rest passed with the thread in neither (running lines outside a forward, a
-# backward or the optimizer, as between the end of backward and its wait in finish). The lines below print each
-# rung's link time on these links beside its overlap and exposed. The rungs that wait for each message as
-# soon as the call that sends it returns (`simple`, `ga`, `hook`, `bucket`) all leave some of the link's time
-# unwaited: from the hand-over, inside that call, to the wait (the side-by-side's line on them prints it). That time
-# counts in the overlap only where it falls inside a forward, a backward or the
-# optimizer: `hook`'s and `bucket`'s sends run in their grad hooks, inside backward, and the time up to
-# each wait counts; `simple`'s and `ga`'s run in finish, after backward, and do not. So their overlap says where
-# their sends and waits run, not that backward's arithmetic went on while a message travelled (in these
-# four it never does).
+# On these links the lines below print each rung's link time, *overlap* and *exposed* (01's, over the
+# link's transfers). Overlap counts link time with the thread inside a forward, a backward or the
+# optimizer, its grad hooks' lines included, not only the network's arithmetic (the blog's overlap,
+# read from GPU traces, is another measure). The two need not cover all the link's time: the rest
+# passed with the thread in neither, as between the end of backward and its wait in finish. `hook`
+# and `bucket` send and then wait inside backward, so the time from a send to its wait counts as
+# overlap; `simple` and `ga` do it in finish, after backward, where it does not. In these four no
+# backward arithmetic runs while a message travels.
 
 # %%
 # %%distributed
 t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
 far = {s: blog_runs["1024 ranks", s] for s in RUN["1024 ranks"]}
-
-
-def sized_label(name):
-    """The legend's words for a link: the setting whose ratios sized it, and those ratios."""
-    bytes_ratio, message_ratio = setting_ratios[name]
-    return (
-        f"link sized with the ratios of {name}: one sync's bytes {bytes_ratio:.2f} and one message's fixed cost "
-        f"{message_ratio:.1e} of the backward the link was sized from"
-    )
-
-
 if rank == 0:
-    settings_ladder(
-        {sized_label("4 × T4"): t4, sized_label("1024 ranks"): far},
-        title=f"The ladder on {world_size} ranks: small-llama on a link sized with the ratios of the blog's 4 × T4 "
-        "run,\ndeep-llama on one sized with those of its model at 1024 ranks (not run by the blog);\neach rung met "
-        "them at its own backward, less the check (ms, under its exposed time; hook's and bucket's hold their waits too)",
-    )
-for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
-    lesson.say(
-        f"On the link with the ratios of {name}, link time: "
-        + ", ".join(f"{s} {r['link_ms']:.0f} ms" for s, r in runs.items())
-        + "; overlap: "
-        + ", ".join(f"{s} {r['overlap_pct']:.0f} %" for s, r in runs.items())
-        + "; exposed: "
-        + ", ".join(f"{s} {r['exposed_ms']:.0f} ms" for s, r in runs.items())
-        + "; each one's own last backward, less the check: "
-        + ", ".join(f"{s} {r['backward_ms']:.0f} ms" for s, r in runs.items())
-        + " (hook's and bucket's hold their waits for messages too)."
-    )
+    lesson_03.sized_figure(t4, far, setting_ratios, world_size)
+lesson_03.say_sized_measures(t4, far)
 # simple sends every message after its backward, in finish, and waits for each: none runs while it computes
 lesson.claim(t4["simple"]["overlap_pct"] <= 1, "simple overlaps nothing with computation.")
-# the link's modeled times: ga sends simple's messages once per step instead of once per micro-batch
-lesson.claim(
+lesson.claim(  # the link's modeled times: ga sends simple's messages once per step instead of once per micro-batch
     abs(t4["simple"]["link_ms"] - k * t4["ga"]["link_ms"]) < 1e-6 * t4["simple"]["link_ms"],
     f"ga's messages need 1/{k} of simple's time on the link.",
 )
-# With the ratios of 4 × T4 one sync's bytes take a fraction of a backward and a message's fixed cost almost
-# nothing: both async rungs send during backward and hide what travels before it ends; the rungs that wait hide only
-# the time between a send and its wait. How much each hides is decided by one profiled step each (its own backward,
-# not the one the link was sized from), so the order is printed, not claimed.
-blocking = ("simple", "ga", "hook", "bucket")
-most_blocking, least_async = (
-    max(t4[s]["overlap_pct"] for s in blocking),
-    min(t4[s]["overlap_pct"] for s in ("hook-async", "bucket-async")),
-)
-lesson.say(
-    f"On the link with the ratios of 4 × T4, in these steps, the less of the two async rungs' overlaps "
-    f"({least_async:.0f} %) is "
-    + ("above" if round(least_async) > round(most_blocking) else "not above")
-    + f" the most of the four rungs that wait for each message once the call that sends it returns "
-    f"({most_blocking:.0f} %)."
-)
-# With the ratios of 1024 ranks hook-async's messages pay many more fixed costs than the buckets: on the link's modeled
-# clock. How much of them hook-async then hides depends on how long its own backward lasts: the overlap and
-# exposed time of the two async rungs are printed above, not claimed. bucket waits for each message as soon
-# as it is sent: its overlap is only the hooks' work between a send and its wait.
-lesson.claim(
+lesson_03.say_overlap_order(t4)  # one profiled step each decides it: printed, not claimed
+lesson.claim(  # the link's modeled clock: 291 fixed costs against 26
     far["hook-async"]["link_ms"] > far["bucket-async"]["link_ms"],
-    "On the link with the ratios of 1024 ranks, hook-async's messages keep the link busier than bucket-async's (their "
-    "fixed costs, below).",
+    "On the link with the ratios of 1024 ranks, hook-async's messages keep the link busier than bucket-async's.",
 )
-far_h = far["hook-async"]["exposed_ms"]
-one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3
-
-
-lesson.say(
-    f"Buckets, in the end. On this notebook's 1 Gbit/s link, at the settings' {here:g} MiB cap, in one profiled step "
-    f"each, {lesson.by_both(looks['bucket-async'], looks['hook-async'])}. One message's fixed cost on the link is "
-    f"{per_message_ms:.2f} ms: hook-async's {looks['hook-async']['calls']} pay "
-    f"{100 * per_message_ms * looks['hook-async']['calls'] / looks['hook-async']['link_ms']:.0f} % of its link time, "
-    "so on the link the buckets can save no more than that. The link does not model the time waited after it had "
-    "delivered."
-)
-same_ms = [  # two steps apart, on two links: a match in whole ms is said, so that it does not read as one value copied
-    m
-    for m in ("exposed_ms", "waited_ms")
-    if t4["bucket-async"][m] >= 0.5 and round(t4["bucket-async"][m]) == round(looks["bucket-async"][m])
-]
-lesson.say(
-    f"On the link with the ratios of 4 × T4, {lesson.by_both(t4['bucket-async'], t4['hook-async'])}"
-    + "".join(
-        f" (bucket-async's {m.split('_')[0]}, the same whole ms as on the 1 Gbit/s link by chance: another step, "
-        "another cap, another link)"
-        for m in same_ms
-    )
-    + "."
-)
-far_fixed, far_backward = far["hook-async"]["messages"] * one_far, far["hook-async"]["backward_ms"]
-far_fixed_b = far["bucket-async"]["messages"] * one_far
-lesson.say(
-    f"On the link with the ratios of 1024 ranks, each at its own backward (so not at the setting's ratios: see "
-    f"above), {lesson.by_both(far['bucket-async'], far['hook-async'])}. bucket, which waits for each bucket inside the "
-    f"backward, left {far['bucket']['exposed_ms']:.0f} ms exposed, "
-    f"{lesson.than(far['bucket']['exposed_ms'], far_h)} hook-async's. One message costs {one_far:.3f} ms of fixed "
-    "cost on "
-    f"that link: hook-async's {far['hook-async']['messages']} messages pay {far_fixed:.0f} ms of them"
-    + (  # the difference of the two printed (rounded) numbers, so that the sum reads as printed
-        f", more than its own last backward of {far_backward:.0f} ms (less the check) by "
-        f"{round(far_fixed) - round(far_backward)} ms: that much of its link's work at least (to the printed ms) came "
-        "after that backward ended"
-        if round(far_fixed) > round(far_backward)
-        else f", {far_fixed / far_backward:.2f} of its own last backward of {far_backward:.0f} ms (less the check)"
-    )
-    + f"; bucket-async's {far['bucket-async']['messages']} pay {far_fixed_b:.0f} ms, "
-    f"{far_fixed_b / far['bucket-async']['backward_ms']:.2f} of its own {far['bucket-async']['backward_ms']:.0f} ms: "
-    "each rung paid its fixed costs against its own backward, not at the setting's ratio (the last line sets "
-    "the backwards beside each other)."
-)
-far_sized = 1e3 * sized_from["1024 ranks"]  # the backward the link was sized from: the setting's ratios hold there
-lesson.say(
-    f"At the setting's ratios, that is against the {far_sized:.0f} ms backward the link was sized from, hook-async's "
-    f"{far_fixed:.0f} ms of fixed costs are {far_fixed / far_sized:.1f} times that backward, bucket-async's "
-    f"{far_fixed_b:.0f} ms {far_fixed_b / far_sized:.2f} of it"
-    + (
-        f": there hook-async's link would still carry at least {round(far_fixed) - round(far_sized)} ms of its "
-        f"messages after the backward ended. Its {far_h:.0f} ms exposed above was measured at its own backward, "
-        f"{far_backward / far_sized:.1f} times as long, so these steps do not show the setting's verdict."
-        if round(far_fixed) > round(far_sized)
-        else "."
-    )
-)
-lesson.say(  # the backwards beside the three verdicts above, in one place
-    lesson.backwards_beside(
-        {
-            "on the 1 Gbit/s link": (
-                [lesson.backward_less_check(looks[s]) for s in ("hook-async", "bucket-async")],
-                [lesson.hooks_less_check(looks[s]) for s in ("hook-async", "bucket-async")],
-            )
-        }
-        | {
-            f"with the ratios of {name}": (
-                [runs[s]["backward_ms"] for s in ("hook-async", "bucket-async")],
-                [runs[s]["hooks_ms"] for s in ("hook-async", "bucket-async")],
-            )
-            for name, runs in (("4 × T4", t4), ("1024 ranks", far))
-        }
-    )
-)
+one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3  # one message's fixed cost there
+lesson_03.say_verdicts(looks, t4, far, per_message_ms, one_far, sized_from["1024 ranks"])
 
 # %% [markdown]
 # **The bucket lesson in words.** On this notebook's 1 Gbit/s link between 2 ranks, buckets of 4 MiB
-# save 6.1 ms of the link's 165 ms (the link does not model the thread's work to hand a message over),
-# and their last bucket, full only late in backward, takes 23.4 ms on the link from when it is handed
-# over (the bucket lesson's first cell prints how long after backward's end bucket-async's link was
-# done, and which end set it; torch's default, whose last bucket holds 17.5 MiB: 147 ms). A smaller cap can shorten that tail
-# and send the first message earlier, for more fixed costs (the sweep's table). Where one message's
-# fixed cost is large, buckets pay it once per bucket instead of once per gradient tensor: on the link
-# sized with the ratios of 1024 ranks, 26 times a step instead of 291 (each rung met those ratios only
-# at its own backward, times the factor the cell that sized the link prints: the run is that setting
-# only where the factor is 1). Whether the buckets paid in these steps, three lines printed
-# above say, from "Buckets, in the end", one for each link ("by both ... the buckets paid", "did not
-# pay", or "made no difference", by exposed and by waited); the line after them sets hook-async's fixed
-# costs on the 1024-rank link against the backward that link was sized from, where the setting's ratios hold. Each is one profiled step of each rung,
-# on a machine shared with other work: it says what those two steps did, not which rung is the
-# faster (on this notebook's link, the sweep's last line tallies its steps at other caps against the same
-# hook-async step). The step-time model's answer for this link is the sweep's sentence "By the
-# model ...". On a sized link each verdict is at the run's own backward, not at the setting's ratios;
-# and each is by two measures of the link's messages only, which can answer differently (neither covers the backwards
-# or the steps, which can differ between rungs: the last line printed sets the backwards of each pair beside each
-# other, and a "did not pay" does not say the bucketed step was the longer): *exposed*, the link's modeled time the thread stood waiting
-# through; and *waited*, all the thread stood still for its messages, which adds the time it waited
-# after the link had delivered (the link does not model it, and these runs do not measure what the
-# thread waited for then). That unmodeled time can decide the waited verdict.
+# save 6.1 ms of the link's 165 ms in fixed costs, and their last bucket, full only late in backward,
+# takes 23.4 ms on the link (torch's default, whose last bucket holds 17.5 MiB: 147 ms). A smaller cap
+# can shorten that tail and send the first message earlier, for more fixed costs, down to the floor
+# the sweep's table shows. Where one message's fixed cost is large, buckets pay it once per bucket
+# instead of once per gradient tensor: on the link sized with the ratios of 1024 ranks, 26 times a
+# step instead of 291. Whether the buckets paid in these steps, the lines from "Buckets, in the end"
+# say, one per link, by *exposed*; *waited* beside it adds time the link does not model. Each is one
+# profiled step of each rung on a shared machine, at that step's own backward: it says what those two
+# steps did, not which rung is the faster. The step-time model's answer for this link is the sweep's
+# sentence "by the model".
 
 # %%
 # %dist_shutdown

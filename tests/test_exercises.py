@@ -275,6 +275,10 @@ MISTAKES = [
     (wrong.BucketAsyncSentAtFirstGradient, "bucket-async", "sent before its last gradient was in"),
     (wrong.BucketAsyncNotCopiedBack, "bucket-async", "the all_reduce summed a copy (torch.cat makes one"),
     (wrong.BucketAsyncKeepsParameters, "bucket-async", "the averages belong in the gradients, each parameter's .grad"),
+    # the parameters flattened, not their .grad: torch.cat copies, so no collective is handed a parameter; named from
+    # the gradients, which end as the parameters' own values
+    (wrong.BucketFlattensTheParameters, "bucket", "flattened the parameters themselves"),
+    (wrong.BucketAsyncFlattensTheParameters, "bucket-async", "flattened the parameters themselves"),
     # a finish inherited from ga syncs again after the hooks: the gradients stay right, the count names the second sync
     (
         wrong.HookSyncsTwice,

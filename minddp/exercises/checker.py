@@ -880,6 +880,17 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             f"gradients were divided by {divisor}, not by the world size ({world}) ({names}): a world size written "
             f"as a number is right on {divisor} ranks only; divide by dist.get_world_size(){at}"
         )
+    if f["kind"] == "values":  # .grad holds the parameters' own values: the flat buffer was made of the parameters
+        if (like or "").startswith("bucket"):
+            return (
+                f"your stage flattened the parameters themselves, not their gradients ({names}){at}: each .grad "
+                "now holds its parameter's values (their average over ranks): self.buckets[b] holds parameters, so "
+                "flatten their gradients, torch.cat([p.grad.reshape(-1) for p in self.buckets[b]])"
+            )
+        return (
+            f"your stage averaged the parameters' values, not their gradients ({names}){at}: each .grad now holds "
+            "its parameter's values; all_reduce p.grad, not p"
+        )
     if f["kind"] == "other":
         value, name = f["largest"]
         return (

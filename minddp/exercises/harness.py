@@ -1008,6 +1008,9 @@ def train(
             local = local_micro_grads(module, micro)
             averaged = [mean_over_ranks(g, checker) for g in local]
             rank0 = [rank0_copy(g, checker) for g in local]
+            # the parameters as the step found them: a stage that flattened the parameters, not their .grad, and wrote
+            # the averaged slices back into the gradients leaves these values there (the same on every rank)
+            values = {n: p.detach().clone() for n, p in module.named_parameters()}
         record = run_step(model, optimizer, module, micro, progress, step, events)
         for key in ("counts", "kinds", "in_flight"):
             out[key].append(record[key])
@@ -1026,7 +1029,7 @@ def train(
             out["checked_steps"] = step
             break
         synced = [record["counts"][f"backward{i + 1}"] + record["counts"][f"finish{i + 1}"] > 0 for i in range(accum)]
-        kinds = classify(record["grads"], candidates(local, averaged, world, synced, rank0))
+        kinds = classify(record["grads"], {**candidates(local, averaged, world, synced, rank0), "values": values})
         everyone: list = [None] * world
         dist.all_gather_object(everyone, (kinds, record["on_parameters"], record["parameters_sent_in"]), group=checker)
         out["finding"] = gradient_finding([k for k, _, _ in everyone], step, record, local, averaged)

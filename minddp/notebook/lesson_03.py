@@ -1,0 +1,385 @@
+"""Plumbing of notebook 03 (``notebooks/03_build_up``): the sentences its cells print, its tables and the cap
+sweep's figure, built from the runs' values, so that each cell shows its point in a few lines.
+
+Each function prints (or returns) words computed from the values it is handed, in the vocabulary of notebook 01
+and ``docs/analysis.md`` (link time, exposed, waited, overlap, interleaved); none of them runs a step. The
+bucket lesson's verdicts are by *exposed* alone: *waited* adds the time the thread stood still after the link had
+delivered, which the emulated link does not model, so it is printed as numbers, without a verdict.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from minddp.notebook import lesson
+from minddp.notebook.lesson import backward_less_check, hooks_less_check, say, than
+
+#: exposed against exposed, in words: what bucket-async's step did against hook-async's
+PAID = {"less than": "paid", "as much as": "made no difference", "more than": "did not pay"}
+
+
+def say_hook_split(looks: dict, interleaved_ms: float) -> None:
+    """hook's step: its interleaved time beside its exposed time, and its last backward split into autograd's
+    accumulation steps (where the grad hooks run: their waits, the check, their own lines) and the rest."""
+    v, ga = looks["hook"], looks["ga"]
+    say(
+        f"*Interleaved* (over the link's modeled transfers): {interleaved_ms:.0f} ms of the backward passed with a "
+        f"message on the link and the thread not computing; exposed: {v['exposed_ms']:.0f} ms."
+    )
+    lasted, in_steps = round(v["last_backward_ms"]), round(v["accumulate_ms"])
+    own = in_steps - round(v["waited_ms"]) - round(v["check_ms"])
+    say(
+        f"Its last backward lasted {lasted} ms, {in_steps} ms of it in autograd's accumulation steps, where the grad "
+        f"hooks run: there rank 0 waited {v['waited_ms']:.0f} ms for its messages, stood {v['check_ms']:.0f} ms at "
+        "the parameters-used check"
+        + (
+            f", and spent {own} ms in neither (adding each gradient into .grad and the hooks' own lines), "
+            f"{than(own, v['exposed_ms'])} its exposed {v['exposed_ms']:.0f} ms"
+            if own >= 0
+            else ""
+        )
+        + f". ga, with no grad hook, spent {ga['accumulate_ms']:.0f} ms in its accumulation steps."
+    )
+
+
+def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
+    """Each of ``stages``' time at the parameters-used check (ms, summed over the step's checks) on every rank, from
+    every rank's own look. Call on every rank (an all_gather_object)."""
+    mine = {s: looks[s]["check_ms"] for s in stages}
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return {s: [r[s] for r in everyone] for s in mine}
+
+
+def say_exposed_pairs(looks: dict) -> None:
+    """Exposed before and after each of the ladder's three changes that cut waiting, in these steps."""
+    pairs = [("simple", "ga"), ("hook", "hook-async"), ("bucket", "bucket-async")]
+    e = {s: looks[s]["exposed_ms"] for pair in pairs for s in pair}
+    cut = sum(round(e[after]) < round(e[before]) for before, after in pairs)
+    say(
+        "Exposed, ms: "
+        + ", ".join(f"{before} {e[before]:.0f} → {after} {e[after]:.0f}" for before, after in pairs)
+        + f"; lower after {cut} of these {len(pairs)} changes."
+    )
+
+
+def look_table(looks: dict, checks: dict[str, list[float]]):
+    """The side-by-side table (:func:`minddp.notebook.lesson.look_table`) with the check's time on each rank."""
+    table = lesson.look_table(looks)
+    for r in range(len(next(iter(checks.values()), [0]))):
+        table[f"at the check, ms, rank {r}"] = [round(checks[s][r]) if s in checks else "–" for s in looks]
+    return table
+
+
+def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, object]:
+    """The bucket lesson's first cell: hook-async's and bucket-async's links (``on_the_link`` of each step's row),
+    the late start said from the bare network's timings (``bare``, :func:`minddp.costmodel.compute.probe`; ``plan``
+    the settings' buckets), and the two links' ends in words. Returns (the links, their table)."""
+    import pandas as pd
+
+    from minddp.costmodel.buckets import on_the_link
+
+    why = {s: on_the_link(looks[s]["row"]) for s in ("hook-async", "bucket-async")}
+    filled = [max(bare.ready[i] for i in bucket) for bucket in plan]  # a bucket leaves when its last gradient is in
+    first = min(range(len(plan)), key=filled.__getitem__)  # the bucket that fills first, not always the plan's first
+    backward = 1e3 * bare.backward
+    say(
+        "Late start, on the bare network (no wrapper, no messages): the first gradient is ready after "
+        f"{100 * 1e3 * min(bare.ready) / backward:.1f} % of the backward; bucket-async's first message, "
+        + ("the plan's first bucket" if first == 0 else f"the plan's bucket {first + 1} of {len(plan)}")
+        + f" ({len(plan[first])} gradients), after {100 * 1e3 * filled[first] / backward:.0f} %. In the profiled steps "
+        f"the parameters-used check, at the first gradient, held the first message back: hook-async's "
+        f"{looks['hook-async']['check_ms']:.0f} ms, bucket-async's {looks['bucket-async']['check_ms']:.0f} ms."
+    )
+    for s in why:
+        why[s]["backward_ms"] = backward_less_check(looks[s])
+    table = (
+        pd.DataFrame(why)
+        .T[["messages", "link_ms", "start_end_ms", "tail_end_ms", "end_ms", "limit", "exposed_ms", "backward_ms"]]
+        .rename(
+            columns={
+                "link_ms": "link time, ms",
+                "start_end_ms": "start-limited end, ms after backward (< 0: before)",
+                "tail_end_ms": "tail-limited end, ms after backward (< 0: before)",
+                "end_ms": "link after backward, ms",
+                "limit": "set by",
+                "exposed_ms": "exposed, ms",
+                "backward_ms": "last backward less the check, ms",
+            }
+        )
+    )
+    say(
+        "In one profiled step each: "
+        + "; ".join(lesson.link_end_in_words(s, why[s], looks[s]) for s in ("bucket-async", "hook-async"))
+        + "."
+    )
+    return why, table.infer_objects().round(1)
+
+
+def cap_name(cap) -> str:
+    return "None" if cap is None else f"{cap:g} MiB"
+
+
+def _by_cap(d: dict):
+    return sorted(d.items(), key=lambda cv: 99 if cv[0] is None else cv[0])
+
+
+def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run_s: float, here) -> None:
+    """The cap sweep in sentences: each cap's measured step, the model's link after backward, each step's lag to
+    its first wait, and the tally of the measured steps against hook-async's (``h``)."""
+    own = {c: backward_less_check(v) for c, v in swept.items()}
+    say(
+        f"torch's default (None) makes {default.messages} buckets here, its last of "
+        f"{default.last_bytes / 2**20:.1f} MiB ({1e3 * default.tail:.0f} ms on the link). Measured, one step per cap "
+        "(exposed / waited / backward less the check, ms): "
+        + ", ".join(
+            f"{cap_name(c)} {v['exposed_ms']:.0f} / {v['waited_ms']:.0f} / {own[c]:.0f}" for c, v in _by_cap(swept)
+        )
+        + f"; hook-async {h['exposed_ms']:.0f} / {h['waited_ms']:.0f} / {backward_less_check(h):.0f}."
+    )
+    median_of = [cap_name(c) for c, b in own.items() if abs(b / 1e3 - this_run_s) < 1e-9]
+    best = min(c.after_backward for c in model)
+    paying = sum(c.after_backward < per_gradient.after_backward for c in model)
+    say(
+        f"The step-time model, scaled to a backward of {1e3 * this_run_s:.0f} ms (the median of these steps' "
+        "backwards less the check"
+        + (f": the {median_of[0]} step's own" if median_of else "")
+        + f"), leaves {1e3 * model[0].after_backward:.1f} ms of link after backward at {model[0].cap_mb:g} MiB"
+        + (", its least on the grid" if model[0].after_backward <= best + 5e-5 else f" (least {1e3 * best:.1f} ms)")
+        + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient: by the model the buckets "
+        + ("pay at no cap on the grid." if paying == 0 else f"pay at {paying} of the grid's {len(model)} caps.")
+    )
+    lags = {c: lesson.wait_after_backward(v["row"]) for c, v in swept.items()}
+    say(
+        "Each step's first wait after its backward, ms after the backward ended: "
+        + ", ".join(f"{cap_name(c)} " + ("none" if g is None else f"{g:.1f}") for c, g in _by_cap(lags))
+        + "; the link's time before it is not exposed."
+    )
+
+    def tally(key):
+        words = [than(v[key], h[key]) for v in swept.values()]
+        return ", ".join(
+            f"{w.rsplit(' ', 1)[0]} at {words.count(w)}" for w in ("less than", "as much as", "more than") if w in words
+        )
+
+    say(
+        f"Against hook-async's step, of the {len(swept)} caps' steps: by exposed, {tally('exposed_ms')}; by waited, "
+        f"{tally('waited_ms')}."
+    )
+
+
+def sweep_figure(swept: dict, model: list, default, per_gradient, h: dict, link_name: str, world: int, here):
+    """The cap sweep's figure: the model's *link after backward* against the cap, beside each measured step's own
+    link after backward (the same measure), and the three costs of each plan below. torch's default (None) has no
+    cap on this axis: its measured and modeled points are drawn right of the grid, apart."""
+    from minddp.costmodel.buckets import on_the_link
+    from minddp.costmodel.figures import bucket_sweep
+
+    measured = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}
+    points = [
+        (c, measured[c], "measured: link after backward, one step, no warm-up step")
+        for c in swept
+        if c not in (here, None)
+    ]
+    points += [(here, measured[here], f"measured: link after backward, the settings' {here:g} MiB step")]
+    points += [  # None has no cap: drawn right of the grid, apart from each other and from the line
+        (48, measured[None], f"measured: link after backward, None ({measured[None]:.0f} ms; no cap: drawn at 48)"),
+        (
+            64,
+            1e3 * default.after_backward,
+            f"step-time model: link after backward, None ({1e3 * default.after_backward:.0f} ms; drawn at 64)",
+        ),
+    ]
+    h_measured = on_the_link(h["row"])["end_ms"]
+    return bucket_sweep(
+        {"step-time model: link after backward": model},
+        measured=points,
+        per_gradient={
+            f"hook-async, link after backward: model {1e3 * per_gradient.after_backward:.1f} ms, "
+            f"measured {h_measured:.1f} ms": 1e3 * per_gradient.after_backward
+        },
+        title=f"bucket-async on {link_name}, {world} ranks: link after backward against the cap "
+        "(exposed and waited: the table)",
+    )
+
+
+def sweep_table(swept: dict, model: list, default):
+    """The sweep's table: each plan's costs by the model, and the measured steps' link after backward, exposed,
+    waited and backward less the check."""
+    import pandas as pd
+
+    from minddp.costmodel.buckets import on_the_link
+
+    def measured(c):
+        v = swept.get(c)
+        return {
+            "link after backward, ms (measured)": on_the_link(v["row"])["end_ms"] if v else None,
+            "exposed, ms (measured)": v["exposed_ms"] if v else None,
+            "waited, ms (measured)": v["waited_ms"] if v else None,
+            "backward less the check, ms (measured)": backward_less_check(v) if v else None,
+        }
+
+    return pd.DataFrame({cap_name(c.cap_mb): c.row() | measured(c.cap_mb) for c in [*model, default]}).T
+
+
+def median_backward_s(stage: str, model: str, steps: int = 3) -> float:
+    """The median of ``steps`` profiled steps' last backwards of ``stage`` (one micro-batch, each step after a
+    warm-up step of its own), seconds, this rank's."""
+    return statistics.median(
+        lesson.Trainee(stage, model=model, grad_accum=1).look()["last_backward_ms"] / 1e3 for _ in range(steps)
+    )
+
+
+def rank0s(value: float) -> float:
+    """Rank 0's ``value`` on every rank (a broadcast): a timing every rank must build the same link from."""
+    from minddp.runtime.device import message_device
+
+    rank0 = torch.tensor([value], dtype=torch.float64, device=message_device())
+    dist.broadcast(rank0, src=0)
+    return rank0.item()
+
+
+def say_sized(
+    name: str,
+    link,
+    ranks: int,
+    link_name: str,
+    model_name: str,
+    ratios: tuple,
+    n_tensors: int,
+    blog_tensors: int,
+    sync_bytes: int,
+    backward_s: float,
+    how: str,
+    cap: float,
+) -> None:
+    """One sized link, in a sentence: the setting's ratios, the network, the backward it was sized from, the link."""
+    bytes_ratio, message_ratio = ratios
+    say(
+        f"{name}: {link_name}, {ranks} ranks (step-time model): one sync's bytes take {bytes_ratio:.2f} backwards, one "
+        f"message's fixed cost {message_ratio:.1e} of one. {model_name}: {n_tensors} gradient tensors (SmolLM2-360M "
+        f"{blog_tensors}), {sync_bytes / 2**20:.1f} MiB, a backward of {1e3 * backward_s:.0f} ms ({how}, rank 0): "
+        f"a link of {link.bandwidth / 1e9:.2g} GB/s and {1e3 * link.latency:.3g} ms per hop; a cap of {cap:.2f} MiB."
+    )
+
+
+def say_met(name: str, runs: dict, backward_s: float, blog_buckets: int) -> None:
+    """How far from the sized backward the async rungs' own backwards ran: the factor by which each met the
+    setting's ratios (1.0: the setting; below: milder; above: harsher)."""
+    own = {s: runs[s]["backward_ms"] for s in ("hook-async", "bucket-async")}
+    say(
+        f"{name}: bucket-async sent {runs['bucket-async']['calls']} buckets (the blog's 25 MiB: {blog_buckets}). Own "
+        "backwards less the check: "
+        + ", ".join(f"{s} {b:.0f} ms, meeting the ratios × {1e3 * backward_s / b:.1f}" for s, b in own.items())
+        + f" (sized from {1e3 * backward_s:.0f} ms; × 1.0 is the setting)"
+        # timed apart, in other steps: a match in whole ms is said, so that it does not read as copied
+        + "".join(
+            f"; {s}'s {b:.0f} ms is the sized backward's whole ms by chance: timed in other steps"
+            for s, b in own.items()
+            if round(b) == round(1e3 * backward_s)
+        )
+        + "."
+    )
+
+
+def sized_figure(t4: dict, far: dict, setting_ratios: dict, world: int):
+    """Overlap and exposed of each rung on the two sized links, each bar with its step's own backward."""
+    from minddp.costmodel.figures import settings_ladder
+
+    def label(name):
+        bytes_ratio, message_ratio = setting_ratios[name]
+        return (
+            f"link sized with the ratios of {name}: one sync's bytes {bytes_ratio:.2f} and one message's fixed cost "
+            f"{message_ratio:.1e} of the backward the link was sized from"
+        )
+
+    return settings_ladder(
+        {label("4 × T4"): t4, label("1024 ranks"): far},
+        title=f"The ladder on {world} ranks: small-llama on a link sized with the ratios of the blog's 4 × T4 "
+        "run,\ndeep-llama on one sized with those of its model at 1024 ranks (not run by the blog);\neach rung met "
+        "them at its own backward, less the check (ms, under its exposed time; hook's and bucket's hold their "
+        "waits too)",
+    )
+
+
+def say_overlap_order(t4: dict) -> None:
+    """On the 4 × T4 link: the less of the two async rungs' overlaps against the most of the four that wait for
+    each message as soon as the call that sends it returns."""
+    most = max(t4[s]["overlap_pct"] for s in ("simple", "ga", "hook", "bucket"))
+    least = min(t4[s]["overlap_pct"] for s in ("hook-async", "bucket-async"))
+    say(
+        f"Ratios of 4 × T4, overlap: the less of the two async rungs' ({least:.0f} %) is "
+        + ("above" if round(least) > round(most) else "not above")
+        + f" the most of simple, ga, hook and bucket ({most:.0f} %)."
+    )
+
+
+def by_exposed(b: dict, h: dict) -> str:
+    """bucket-async's step (``b``) against hook-async's (``h``): the verdict by exposed, waited as numbers only."""
+    return (
+        f"exposed: bucket-async {b['exposed_ms']:.0f} ms, hook-async {h['exposed_ms']:.0f} ms, so by exposed the "
+        f"buckets {PAID[than(b['exposed_ms'], h['exposed_ms'])]} in these two steps (waited: bucket-async "
+        f"{b['waited_ms']:.0f} ms, hook-async {h['waited_ms']:.0f} ms)"
+    )
+
+
+def say_sized_measures(t4: dict, far: dict) -> None:
+    """Each sized link's rungs: link time, overlap, exposed and own backward; a whole-ms match of bucket-async's
+    backward on the two links is said to be chance (two networks, two steps)."""
+    for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
+        say(
+            f"Ratios of {name} (link time ms / overlap % / exposed ms / backward less the check ms): "
+            + ", ".join(
+                f"{s} {r['link_ms']:.0f} / {r['overlap_pct']:.0f} / {r['exposed_ms']:.0f} / {r['backward_ms']:.0f}"
+                for s, r in runs.items()
+            )
+            + "."
+        )
+    if round(t4["bucket-async"]["backward_ms"]) == round(far["bucket-async"]["backward_ms"]):
+        say(
+            f"bucket-async's backward, {t4['bucket-async']['backward_ms']:.0f} ms on both links, is the same whole ms "
+            "by chance: two networks, two steps."
+        )
+
+
+def say_verdicts(looks: dict, t4: dict, far: dict, per_message_ms: float, one_far_ms: float, far_sized_s: float):
+    """The bucket lesson's verdicts, one per link, by exposed; and hook-async's fixed costs on the 1024-rank link
+    against the backward that link was sized from."""
+    b, h = looks["bucket-async"], looks["hook-async"]
+    say(
+        f"Buckets, in the end. 1 Gbit/s link, one step each: {by_exposed(b, h)}. One message's fixed cost is "
+        f"{per_message_ms:.2f} ms: hook-async's {h['calls']} are "
+        f"{100 * per_message_ms * h['calls'] / h['link_ms']:.0f} % of its link time, the most buckets can save on "
+        "this link."
+    )
+    say(f"Ratios of 4 × T4: {by_exposed(t4['bucket-async'], t4['hook-async'])}.")
+    fixed_h = far["hook-async"]["messages"] * one_far_ms
+    fixed_b = far["bucket-async"]["messages"] * one_far_ms
+    sized = 1e3 * far_sized_s
+    say(
+        f"Ratios of 1024 ranks: {by_exposed(far['bucket-async'], far['hook-async'])}; bucket, waiting inside the "
+        f"backward, {far['bucket']['exposed_ms']:.0f} ms exposed. One message's fixed cost there is {one_far_ms:.3f} "
+        f"ms: hook-async's {far['hook-async']['messages']} pay {fixed_h:.0f} ms, bucket-async's "
+        f"{far['bucket-async']['messages']} pay {fixed_b:.0f} ms, {fixed_h / sized:.1f} and {fixed_b / sized:.2f} "
+        f"times the {sized:.0f} ms backward the link was sized from."
+    )
+    say(
+        lesson.backwards_beside(
+            {
+                "on the 1 Gbit/s link": (
+                    [backward_less_check(looks[s]) for s in ("hook-async", "bucket-async")],
+                    [hooks_less_check(looks[s]) for s in ("hook-async", "bucket-async")],
+                )
+            }
+            | {
+                f"with the ratios of {name}": (
+                    [runs[s]["backward_ms"] for s in ("hook-async", "bucket-async")],
+                    [runs[s]["hooks_ms"] for s in ("hook-async", "bucket-async")],
+                )
+                for name, runs in (("4 × T4", t4), ("1024 ranks", far))
+            }
+        )
+    )
