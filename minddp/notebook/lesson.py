@@ -518,29 +518,6 @@ def than(bucketed: float, per_gradient: float) -> str:
     )
 
 
-def by_both(b: dict, h: dict) -> str:
-    """bucket-async's step (``b``) against hook-async's (``h``) by exposed and by waited, in words, and by each measure
-    whether the buckets paid in these two steps: exposed is the link's time the thread stood waiting through, waited
-    all its standing still for its messages, which adds the time it waited after the link had delivered (printed
-    apart where there was any, as waited less exposed in the printed whole ms). One step each: the verdict is these
-    steps', not a ranking of the two stages."""
-    paid = {"less than": "paid", "as much as": "made no difference", "more than": "did not pay"}
-    e, w = than(b["exposed_ms"], h["exposed_ms"]), than(b["waited_ms"], h["waited_ms"])
-    late = {s: round(r["waited_ms"]) - round(r["exposed_ms"]) for s, r in (("bucket-async", b), ("hook-async", h))}
-    said = (
-        f"bucket-async left {b['exposed_ms']:.0f} ms exposed, {e} hook-async's {h['exposed_ms']:.0f} ms, and waited "
-        f"{b['waited_ms']:.0f} ms, {w} hook-async's {h['waited_ms']:.0f} ms"
-        + (
-            " (of each, after the link had delivered: " + ", ".join(f"{s} {ms} ms" for s, ms in late.items()) + ")"
-            if max(late.values()) >= 1
-            else ""
-        )
-        + ": "
-    )
-    if paid[e] == paid[w]:
-        return said + f"in these two steps, by both, exposed and waited, the buckets {paid[e]}"
-    return said + f"in these two steps, by exposed the buckets {paid[e]}; by waited they {paid[w]}"
-
 
 def look_table(looks: dict):
     """The profiled steps side by side (one row per stage), every column named with its unit; "–": not known."""
@@ -762,9 +739,3 @@ def non_compute_in_checks(run: Path, stage: str) -> float:
 
     iv, _, checks = parameter_checks(run, stage)
     return metrics.non_compute([iv.steps[-1][1:]], iv.compute, checks)
-
-
-def compared(x: float, y: float, unit: str = "ms") -> str:
-    """``x`` against ``y`` as printed to 0.1: "as long as", or the difference and "longer than" / "shorter than"."""
-    d = round(x, 1) - round(y, 1)
-    return "as long as" if d == 0 else f"{abs(d):.1f} {unit} {'longer' if d > 0 else 'shorter'} than"
