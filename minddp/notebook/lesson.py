@@ -518,7 +518,6 @@ def than(bucketed: float, per_gradient: float) -> str:
     )
 
 
-
 def look_table(looks: dict):
     """The profiled steps side by side (one row per stage), every column named with its unit; "–": not known."""
     import pandas as pd
