@@ -445,8 +445,8 @@ lesson.claim(
     and "did not find any unused parameters" in warnings_of[1][0]
     and "turning this flag off" in warnings_of[1][0]
     and "head" not in warnings_of[1][0],
-    "torch warned once, on rank 1, not on the frozen rank 0: that the flag found no unused parameter there and is "
-    "best turned off for speed; the warning does not name head",
+    "torch warned once, on rank 1, not on the frozen rank 0: the flag found no unused parameter there, consider "
+    "turning it off (for performance); the warning does not name head",
 )
 
 # %% [markdown]
