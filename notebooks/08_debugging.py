@@ -269,9 +269,9 @@ lesson.claim(
 # %% [markdown]
 # A collective made on some ranks only is the same bug seen one call later: rank 0 logs its loss
 # with an all_reduce that rank 1 never makes, so it meets rank 1's next call on its group: in debug
-# mode, the step check's all_gather; under torch, in a real job, rank 1's next call (the recorded script
-# hangs: `docs/debugging.md`), here none. The
-# fix: log on every rank (or log rank 0's loss without a collective).
+# mode, the step check's all_gather; under torch, in a real job, rank 1's next call too (the recorded
+# script hangs: `docs/debugging.md`), here none. The fix: log on every rank (or log rank 0's loss without a
+# collective).
 
 
 # %%
