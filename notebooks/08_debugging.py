@@ -24,8 +24,9 @@
 #
 # 1. **torch**, debug mode *paused* (nothing checked, `minddp.debug.disable()`): what torch's DDP says
 #    (or, for the script's own collectives, `dist.all_reduce` or `dist.barrier`). Unlike a real job's,
-#    which share one group, the script's own collectives run on a process group of their own whose timeout is 3 s,
-#    and torch's DDP on another with torch's default timeout (the set-up cell prints both). A rank that
+#    which share one group, the script's own collectives run on `short` (*the short group*), a group of their
+#    own whose timeout is 3 s, and torch's DDP on another, `group`, with torch's default timeout (the set-up cell
+#    prints both). A rank that
 #    fails destroys its groups, as a job's process ends when it raises, so a partner waiting on it fails then;
 # 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own
 #    collectives the *collective check* (section 4). What it says is a `DebugError` raised on every rank
@@ -43,7 +44,7 @@
 # Jupyter shows as `In [N]` (run top to bottom, the N-th code cell), as rank R ran it.
 #
 # Debug mode is off unless asked for: `MINDDP_DEBUG=1 torchrun ... train.py` (or
-# `minddp.debug.enable()`). What each check does: `docs/debugging.md`.
+# `minddp.debug.enable()`).
 
 # %%
 # %load_ext minddp.notebook
@@ -51,13 +52,14 @@
 
 # %% [markdown]
 # The set-up cell turns debug mode on in every rank, as `MINDDP_DEBUG=1` would. Its helpers
-# (`minddp/notebook/lesson_08.py`) give every rank the same small model, `build()`'s `Net` wrapped,
-# and its own batches (its shard), and run each section's script three ways:
+# (`minddp/notebook/lesson_08.py`) give every rank the same small model, `build()`'s `Net` (linear layers
+# `encoder` 8→16, tanh, `head` 16→4) wrapped, with SGD at learning rate 0.1, and its own batches of 6 examples
+# (its shard), and run each section's script three ways:
 #
-# * `torch_does`: debug mode paused; what each rank raised and after how long, from the script's start,
-#   in seconds to the hundredth (the error's first two sentences, and the line naming the parameter
-#   indices if it has one), or "raised nothing"; `torch_drifts`, for sections 1 and 2: how far the
-#   replicas ended apart;
+# * `torch_does`: the script, given `group` and `short`, with debug mode paused; what each rank raised and
+#   after how long, from the script's start (the error's first two sentences, any later one naming
+#   `find_unused_parameters`, and any line naming the parameter indices), or "raised nothing";
+#   `torch_drifts`, for sections 1 and 2: how far the replicas ended apart;
 # * `minddp_says`: the `DebugError` debug mode raised, checked on every rank;
 # * `fixed`: the corrected script, in debug mode; its ✓ line checks that debug mode says nothing and the
 #   replicas are equal. Other fixes are checked in their cell.
@@ -65,11 +67,10 @@
 # %%
 # %%distributed
 import contextlib
-import time
 import warnings
 
 from torch import nn
-from torch.distributed.constants import default_pg_timeout
+from torch.distributed.constants import default_pg_nccl_timeout, default_pg_timeout
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import minddp.debug
@@ -98,9 +99,11 @@ minddp.debug.enable()  # what `MINDDP_DEBUG=1 torchrun ...` does for every rank 
 train(*build(), steps=1)  # one correct step, untimed: what a process pays once is not in the times torch_does prints
 print(f"rank {rank}: debug mode on")
 lesson.say(f"Net(extra=True)'s parameters, in order: {', '.join(n for n, _ in Net(extra=True).named_parameters())}")
+backend = dist.get_backend()
+default_timeout = default_pg_nccl_timeout if backend == "nccl" else default_pg_timeout  # torch's choice by backend
 lesson.say(
-    f"Under torch, a script's own collective gives up after {WAIT_S} s here; torch's default timeout for a gloo "
-    f"group, which torch's DDP keeps here, is {default_pg_timeout.total_seconds() / 60:g} minutes."
+    f"Under torch, a script's own collective gives up after {WAIT_S} s here; torch's default timeout for a {backend} "
+    f"group, which torch's DDP keeps here, is {default_timeout.total_seconds() / 60:g} minutes."
 )
 
 # %% [markdown]
@@ -149,7 +152,7 @@ fixed(drifting_loop, "without the edit", edit=False)
 # fix: call the wrapper.
 #
 # Each of this section's two cells prints two gaps: the ✓ line under torch's run, how far the
-# replicas' *parameters* ended apart after the step, in the parameter with the largest gap; debug
+# replicas' *parameters* ended apart after the step; debug
 # mode's message, how far the *gradients* of the first tensor (in the model's order) that differs are
 # apart at `optimizer.step()`, which it stops before any parameter moves.
 
@@ -236,9 +239,9 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # The fix: the same metrics on every rank.
 #
 # The message numbers the call: *collective #K* counts from 0 every collective on the default group
-# that debug mode has checked (the wrappers' own, their checks' and buckets' among them, and the
-# earlier sections'), so the two ranks' K-th calls are the ones compared; the torch runs' calls, on
-# groups of their own, are not counted. A call is said as op(shapes): for an all_gather, the output
+# that debug mode has checked (the wrappers', their checks' and buckets', the helpers' that gather what
+# each rank said, and the earlier sections'), so the two ranks' K-th calls are the ones compared. A call
+# is said as op(shapes): for an all_gather, the output
 # list and then the input, so `all_gather(2 × int64[17], int64[17])` gathers a row of 17 from each of
 # the 2 ranks. Then the step: `(step 0)` for a call made in a wrapper's step (from its forward to its
 # `optimizer.step()`), `(after step S)` for a script's own call made after the last step a wrapper
@@ -266,8 +269,9 @@ lesson.claim(
 # %% [markdown]
 # A collective made on some ranks only is the same bug seen one call later: rank 0 logs its loss
 # with an all_reduce that rank 1 never makes, so it meets rank 1's next call on its group: in debug
-# mode, the step check's all_gather; under torch here, none (the call is on a group of its own). The
-# fix: log on every rank (or log rank 0's loss without a collective).
+# mode, the step check's all_gather; under torch, in a real job, rank 1's next call too (the recorded
+# script hangs: `docs/debugging.md`), here none. The fix: log on every rank (or log rank 0's loss without a
+# collective).
 
 
 # %%
@@ -284,7 +288,7 @@ def log_loss(model, optimizer, group=None, everywhere=False):
 said = torch_does(lambda group, short: log_loss(*build(TorchDDP, process_group=group), group=short))
 lesson.claim(
     "Timed out" in said[0] and torch_took[0] >= WAIT_S and said[1] == "raised nothing",
-    f"under torch rank 0 waited until the short group's {WAIT_S} s timeout; rank 1 stepped on, raising nothing",
+    f"under torch here rank 0 waited until the short group's {WAIT_S} s timeout; rank 1 stepped on, raising nothing",
 )
 minddp_says(lambda: log_loss(*build()), "mismatched collectives")
 fixed(log_loss, "the loss logged on every rank", everywhere=True)
@@ -298,7 +302,7 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # gloo's "Connection closed by peer" (or "reset by peer"); neither says which rank ran out, or when.
 # Debug mode sees a rank in a step on one side and a rank out of its loop on the other. The message
 # names the fixes: the same number of batches on every rank, or training under the wrapper's
-# `join()` (how it works: `docs/ddp.md`), the fix the cell runs. Under `join()` debug mode's forward
+# `join()`, the fix the cell runs. Under `join()` debug mode's forward
 # and step checks pause, so its ✓ line does not test them.
 
 
@@ -344,7 +348,8 @@ lesson.claim(
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they
 # send. Under torch's DDP, rank 1, which has every gradient, sends and waits; rank 0 fails at its
-# next forward, saying its module has parameters not used in producing loss, and their indices (in
+# next forward, saying its module has parameters not used in producing loss, suggesting
+# `find_unused_parameters=True`, and their indices (in
 # the order the set-up cell prints: 2 and 3 are `head.weight` and `head.bias`), and destroys its
 # groups, so rank 1 fails too. Debug mode compares `requires_grad` across ranks before each forward
 # (the forward check). The fix: freeze the layer on every rank, before wrapping.
@@ -367,9 +372,12 @@ def freeze_on_rank_0(wrap, everywhere=False):
 
 said = torch_does(lambda group, short: freeze_on_rank_0(lambda m: TorchDDP(m, process_group=group)))
 lesson.claim(
-    "not used in producing loss" in said[0] and "indices" in said[0] and peer_gone(said[1]),
-    "under torch rank 0 raised, naming unused parameters by index, and rank 1 failed with an error saying its "
-    "partner is gone",
+    "not used in producing loss" in said[0]
+    and "find_unused_parameters=True" in said[0]
+    and "indices" in said[0]
+    and peer_gone(said[1]),
+    "under torch rank 0 raised, naming unused parameters by index and suggesting find_unused_parameters=True, and "
+    "rank 1 failed with an error saying its partner is gone",
 )
 minddp_says(
     lambda: freeze_on_rank_0(DistributedDataParallel), "requires_grad differs across ranks: parameter 'head.weight'"
@@ -380,11 +388,12 @@ lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, not
 
 
 # %% [markdown]
-# `find_unused_parameters=True` does not fix this bug. The next cell runs it under torch's DDP beside
+# `find_unused_parameters=True`, torch's advice, does not fix this bug. The next cell runs it under
+# torch's DDP beside
 # `own`, an unwrapped copy of the module: no error; rank 1's `head.weight` gradient is averaged with
 # rank 0's zeros, which halves it (the ✓ line compares its norm with `own`'s), while rank 0, whose
-# `head` is frozen, does not step it, so the replicas end apart. All torch says is what its C++ code
-# writes to stderr, which the cell catches and prints for each rank, without the log's timestamp.
+# `head` is frozen, does not step it, so the replicas end apart. The cell prints, per rank, the warnings
+# torch's C++ code writes to stderr, without the log's timestamp.
 
 
 # %%
@@ -430,6 +439,15 @@ lesson.claim(
 )
 for r, heard in enumerate(warnings_of):
     lesson.say(f"torch's C++ code, rank {r}: " + (" | ".join(heard) or "no warning"))
+lesson.claim(
+    not warnings_of[0]
+    and len(warnings_of[1]) == 1
+    and "did not find any unused parameters" in warnings_of[1][0]
+    and "turning this flag off" in warnings_of[1][0]
+    and "head" not in warnings_of[1][0],
+    "torch warned once, on rank 1, not on the frozen rank 0: the flag found no unused parameter there, consider "
+    "turning it off (for performance); the warning does not name head",
+)
 
 # %% [markdown]
 # A branch of the model taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
@@ -463,12 +481,11 @@ lesson.claim(
 # processes started without `MINDDP_DEBUG`); this notebook's torch runs have it *paused*. A wrapper
 # built while it is on has three things one built while it is paused lacks: a *watch* (the object that
 # runs the wrapper's forward and step checks), the `DebugReducer` (the *reducer* is the part of the
-# wrapper that averages the gradients in buckets; debug mode's sends each bucket through
+# wrapper that averages the gradients in buckets; debug mode's reducer sends each bucket through
 # `torch.distributed`, checked, and blocks backward until it is summed) and the *plan check* (each
 # step, the ranks compare which parameters each bucket holds and the order the buckets were sent in).
 # It is built to change no value the training computes: the cell checks that 5 steps end with
-# bit-identical parameters either way. It does add work each step (the cell prints the steps' time each
-# way), so time or profile a run without it.
+# bit-identical parameters either way. It does add work each step, so time or profile a run without it.
 #
 # `docs/debugging.md` has what each check does, what torch's DDP does on each bug as a script under
 # torchrun (recorded), and what debug mode does not see.
@@ -477,17 +494,15 @@ lesson.claim(
 # %%
 # %%distributed
 def five_steps(on: bool):
-    """5 steps of the correct script with debug mode on or paused: the wrapper, its parameters, the steps' seconds."""
+    """5 steps of the correct script with debug mode on or paused: the wrapper and its parameters."""
     (minddp.debug.enable if on else minddp.debug.disable)()
     model, optimizer = build()
-    start = time.perf_counter()
     train(model, optimizer, steps=5)
-    took = time.perf_counter() - start
     minddp.debug.enable()
-    return model, [p.detach().clone() for p in model.parameters()], took
+    return model, [p.detach().clone() for p in model.parameters()]
 
 
-(paused, paused_params, paused_s), (on, on_params, on_s) = five_steps(False), five_steps(True)
+(paused, paused_params), (on, on_params) = five_steps(False), five_steps(True)
 lesson.claim(
     paused.watch is None
     and type(paused.reducer).__name__ == "Reducer"
@@ -501,7 +516,6 @@ lesson.claim(
     all(torch.equal(a, b) for a, b in zip(paused_params, on_params)),
     "paused or on, the same 5 steps end with bit-identical parameters on every rank",
 )
-lesson.say(f"the 5 steps' time on rank {rank}: {paused_s * 1e3:.1f} ms paused, {on_s * 1e3:.1f} ms on")
 
 # %%
 # %dist_shutdown

@@ -1,8 +1,9 @@
 """What the step-through notebooks share: one workload, one set of settings, one way to run a stage.
 
-Every notebook that trains uses the offline ``small-llama`` preset on the offline paraphrase task,
-16 examples per rank per micro-batch, with :data:`SETTINGS` (3 micro-batches per step, AdamW, 4 MiB
-buckets, seed 314), so that a number in one notebook means what it means in the next. A
+The notebooks that train the ladder's stages (02 to 06) use the offline ``small-llama`` preset on the
+offline paraphrase task, 16 examples per rank per micro-batch, with :data:`SETTINGS` (3 micro-batches per
+step, AdamW, 4 MiB buckets, seed 314), so that a number in one notebook means what it means in the next;
+the others that train (07 to 10) each use a small model of their own (08's: ``lesson_08.Net``, SGD). A
 :class:`Trainee` is one stage (wrapped by :func:`minddp.ladder.wrap`) training it on this rank, alive
 between cells; three ways to look at it:
 

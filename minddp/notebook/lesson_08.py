@@ -122,8 +122,9 @@ def apart_at(model) -> tuple[float, str]:
 
 def torch_does(script) -> list[str]:
     """Run ``script(group, short)`` with debug mode paused; print and return whether each rank raised, in a line
-    (an error: its type, the seconds until it was raised, its first two sentences and the line naming the parameter
-    indices if it has one); each rank's seconds until it raised (or finished) are left in :data:`torch_took`.
+    (an error: its type, the seconds until it was raised, its first two sentences, any later one naming
+    ``find_unused_parameters`` (torch's advice), and the line naming the parameter indices if it has one); each
+    rank's seconds until it raised (or finished) are left in :data:`torch_took`.
 
     ``group``: a new group for torch's DDP, with torch's default timeout; ``short``: one whose calls give up after
     :data:`WAIT_S`, for the script's own collectives. A rank that fails destroys both, as a job's process ends
@@ -138,7 +139,9 @@ def torch_does(script) -> list[str]:
         mine, took = "raised nothing", time.perf_counter() - start
     except RuntimeError as error:  # torch's and gloo's errors: the lines the docstring names
         lines = str(error).strip().splitlines()
-        said = ". ".join(lines[0].split(". ")[:2]) + "".join(f" ({x.strip()})" for x in lines if "indices" in x)
+        sentences = " ".join(x.strip() for x in lines if "indices" not in x).split(". ")
+        said = ". ".join(sentences[:2] + [x for x in sentences[2:] if "find_unused_parameters" in x])
+        said += "".join(f" ({x.strip()})" for x in lines if "indices" in x)
         took = time.perf_counter() - start
         mine = f"{type(error).__name__} after {took:.2f} s: {said}"
         for g in groups:
