@@ -43,7 +43,7 @@
 # * for fp16 and bf16, and for PowerSGD on its first steps, the *relative gradient error* `‖ĝ − g‖ / ‖g‖`:
 #   how far the hook's average `ĝ` is from the *reference average* `g`, the float32 average of this step's
 #   gradients, computed with an extra float32 all_reduce before the hook's, not counted as traffic;
-# * how far each hook's parameters end up from plain averaging's, and their held-out loss.
+# * how far each hook's parameters end up from plain averaging's.
 #
 # Then the hooks send over an **emulated 1 Gbit/s link** (`minddp.comm.link`, as in notebooks 03 and 05), and
 # their all_reduces are priced on other links.
@@ -79,13 +79,12 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 #
 # Calls and payload are the last step's, as rank 0 measured them. `bucket-async` syncs once per optimizer step
 # (02's *sync*): the backwards of every micro-batch but the last run inside `no_sync()` (as in 03) and send
-# nothing. In the last one's backward each bucket is sent once all its gradients have arrived, and backward goes
-# on while it travels; before `optimizer.step()` any bucket not yet sent is sent and every bucket is waited for.
+# nothing. In the last one's backward each bucket is sent once all its gradients have arrived; before
+# `optimizer.step()` any bucket not yet sent is sent and every bucket is waited for.
 # The *param distance* (relative), after the last step's update, is
 # `‖θ_hook − θ_allreduce‖ / ‖θ_allreduce − θ_start‖`: how far each hook's parameters ended from plain
 # averaging's, as a share of how far plain averaging moved them (a ratio, unlike 02's distances). PowerSGD
-# compresses in the last 2 of the 4 steps only (below), fp16 and bf16 in all 4. The *held-out loss*
-# (docs/analysis.md) is the mean cross-entropy of each hook's model, after the last step, on held-out examples.
+# compresses in the last 2 of the 4 steps only (below), fp16 and bf16 in all 4.
 #
 # The cell after the table holds fp16's and bf16's gradient error against the bound on rounding alone, a worst
 # case (`minddp.comm.measure.rounding_bound`, by which the exercise checker also judges an fp16 hook): on its
@@ -94,7 +93,7 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # epsilon, `torch.finfo(dtype).eps`, float16's 2⁻¹⁰, bfloat16's 2⁻⁷), or by half the spacing of the format's
 # subnormals, for a result below its smallest normal one. That keeps the average within about (n + 1) · u of the
 # ranks' mean magnitude of that value (plus the subnormals' part); the bound adds float32's rounding of the
-# reference average, and is taken relative to the norm of this step's gradient.
+# reference average, and is taken relative to ‖g‖, as the error is.
 
 # %%
 # %%rank 0
@@ -112,14 +111,14 @@ for name, t in trainees.items():
         "payload KiB": last["bytes"] / 1024,
         "payload vs allreduce": last["bytes"] / plain_avg.metered[-1]["bytes"],
         "param distance (relative)": ((t.flat_parameters() - plain_avg.flat_parameters()).norm() / moved).item(),
-        "held-out loss": lesson_04.held_out_loss(t.model.module),
     }
 table = pd.DataFrame.from_dict(rows, orient="index")  # by rows: the calls stay integers
+distance = table["param distance (relative)"]
 lesson.say(
-    f"Held-out loss on the first {lesson_04.HELD_OUT_EXAMPLES} held-out examples: "
-    f"{lesson_04.held_out_loss(lesson.make_model()):.4f} at the start, the table's after the {STEPS} steps."
+    f"PowerSGD's param distance is {distance['powersgd'] / distance['fp16']:.0f} times fp16's, "
+    f"bf16's {distance['bf16'] / distance['fp16']:.1f} times fp16's."
 )
-table.round({"payload KiB": 1, "payload vs allreduce": 4, "param distance (relative)": 4, "held-out loss": 4})
+table.round({"payload KiB": 1, "payload vs allreduce": 4, "param distance (relative)": 4})
 
 # %%
 # %%rank 0
@@ -129,7 +128,7 @@ from minddp.comm.measure import rounding_bound
 
 dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
 err = {name: trainees[name].metered[-1]["relative_error"] for name in dtypes}  # the last step's
-# the bound on rounding alone (the markdown above), relative to this step's gradient's norm
+# the bound on rounding alone (the markdown above), relative to ‖g‖, the reference average's norm
 bound = {
     name: rounding_bound(dtypes[name], world_size, **trainees[name].metered[-1]["magnitudes"])
     / trainees[name].metered[-1]["norm"]
@@ -144,8 +143,8 @@ lesson.claim(
 )
 lesson.claim(
     all(err[name] <= bound[name] for name in dtypes),
-    f"Their relative gradient errors on the last step, {err['fp16']:.1e} and {err['bf16']:.1e}, stay within the "
-    f"bound on rounding alone for this step's gradients: {bound['fp16']:.1e} for float16 and {bound['bf16']:.1e} "
+    f"Their relative gradient errors on the last step, {err['fp16']:.1e} and {err['bf16']:.1e}, stay within this "
+    f"step's bounds on rounding alone, also relative to ‖g‖: {bound['fp16']:.1e} for float16 and {bound['bf16']:.1e} "
     "for bfloat16.",
 )
 
@@ -175,8 +174,8 @@ lesson.claim(
 # up to three all_reduces: one for the tensors it leaves uncompressed, if it holds any (a vector counts as an
 # a × 1 matrix, and a matrix is compressed only when its a · b values exceed `min_compression_rate`, 2 as in
 # torch, times the (a + b) · r values of its factors, so a vector never is); one for all its P factors and one
-# for all its Q factors, if it compresses any matrix. Its gradient error is not read on its compressing steps:
-# with error feedback, the hook's average is not meant to equal this step's reference average.
+# for all its Q factors, if it compresses any matrix. Its gradient error is not read on its compressing steps,
+# where by design (the last point above) the hook's average is not this step's reference average.
 
 # %%
 # %%rank 0
@@ -196,7 +195,7 @@ buckets = lesson.buckets_of(plain_trainee.model)
 last = steps.iloc[-1]
 early, late = steps.iloc[:start_iter], steps.iloc[start_iter:]
 # plain averaging through PowerSGD's first steps is allreduce_hook itself: the same division and sum as the
-# reference average it is compared with, so its error is 0 up to float32's rounding of one sum (1e-6 is ~10 eps)
+# reference average it is compared with, so its error is 0 up to float32's rounding of one sum
 lesson.claim(
     (early["powersgd calls"] == plain_calls).all()
     and (early["powersgd payload KiB"] == plain_kib).all()
@@ -219,7 +218,8 @@ steps.round(1)
 #
 # The hooks now train over the emulated 1 Gbit/s link: the real all_reduce still runs, and its Future completes
 # no earlier than the message arrives. The notation is 01's: a *message* is one all_reduce, α the fixed cost of
-# one *hop* (a point-to-point send; an all_reduce around a ring makes 2(n − 1) of them), β the time per byte
+# one *hop* (a point-to-point send; an all_reduce around a ring makes 2(n − 1) of them, so a message's fixed
+# cost is 2(n − 1) α), β the time per byte
 # (1 / B, B the link's bandwidth). The link carries one message at a time, each for its α-β time,
 # `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of m bytes on n ranks. Each hook gets a fresh trainee,
 # without the error measurement's extra all_reduce; it takes one warm-up step (PowerSGD as many as it needs to
@@ -253,24 +253,19 @@ linked = {
 on_link = {name: t.look() for name, t in linked.items()}
 sent = {name: [(m["kind"], m["bytes"]) for m in t.link.log] for name, t in linked.items()}  # as carried, in order
 lesson.say(f"The emulated link: {LINK.describe()}.")
-lesson.say(
-    f"Plain averaging's {len(sent['allreduce'])} messages (one a bucket), in the order the link carried them: "
-    + ", ".join(lesson.mib(m) for _, m in sent["allreduce"])
-    + "."
-)
 lesson.say(lesson.machine())
 
 # %%
 # %%rank 0
 n = world_size
-per_message = LINK.seconds("all_reduce", 0, n) * 1e3  # 2(n − 1) α: the fixed cost of one all_reduce, ms
+per_message = LINK.seconds("all_reduce", 0, n) * 1e3  # 2(n − 1) α: a message's fixed cost, ms
 calls = {h: v["calls"] for h, v in on_link.items()}
 link = {h: v["link_ms"] for h, v in on_link.items()}  # link ms (modelled)
 fixed = {h: calls[h] * per_message for h in calls}
 lesson.claim(
     fixed["fp16"] == fixed["allreduce"]
     and abs(link["fp16"] - fixed["fp16"] - (link["allreduce"] - fixed["allreduce"]) / 2) < 1e-9 * link["allreduce"],
-    f"On the link, half the bytes halve all but the fixed cost: fp16 takes {link['fp16']:.1f} ms "
+    f"On the link, half the bytes halve all but the messages' fixed cost: fp16 takes {link['fp16']:.1f} ms "
     f"against plain averaging's {link['allreduce']:.1f} ms, that is ({link['allreduce']:.1f} − "
     f"{fixed['fp16']:.1f}) / 2 + {fixed['fp16']:.1f}, where {fixed['fp16']:.1f} ms is the fixed cost of the "
     f"{calls['fp16']} messages each of these two hooks makes ({per_message:.2f} ms a message).",
@@ -307,7 +302,7 @@ lesson.say(
 # %% [markdown]
 # ## Where each takes less link time: messages against bytes
 #
-# This section compares link time only, not the step's length. PowerSGD pays an all_reduce's fixed cost,
+# This section compares link time only, not the step's length. PowerSGD pays a message's fixed cost,
 # 2(n − 1) α, three times a bucket here where plain averaging pays it once, and saves almost all of the bytes.
 # Per step, with c all_reduces (a count, not 01's C) of S bytes of payload in all, the link time is
 #
@@ -330,11 +325,11 @@ lesson.say(
 # line's upload; `wan`, two cloud regions a continent apart); what the cell says of a preset is said of that
 # pair, not of a measured network. Its link times, B*'s and m* are for this notebook's n ranks. Its figure draws
 # both hooks' link time against the bandwidth at two α's: solid lines at `1gbit`'s α, dotted ones at `nvlink`'s,
-# which `100gbit-ib` shares. A preset at another α is priced at its own, so which hook takes less link time there
-# is read from the table (its bandwidth against its B*), not from the lines. As B grows each line falls towards
-# its messages' fixed cost, c · 2(n − 1) α, PowerSGD's three times plain averaging's; at each α the two hooks'
-# lines cross at that α's B*. A hook's solid and dotted lines meet where the bytes' term is most of its link time
-# and part where the fixed cost counts: plain averaging's only on the right, PowerSGD's already at far lower
+# which `100gbit-ib` shares. Which hook takes less link time at a preset is read from the table (its bandwidth
+# against its B*), not from the figure: a preset at another α is priced at its own, and near B* its marks
+# overlap. As B grows each line falls towards its messages' fixed cost, c · 2(n − 1) α, PowerSGD's three times
+# plain averaging's; at each α the two hooks' lines cross at that α's B*. A hook's solid and dotted lines meet where the bytes' term is most of its link time
+# and part where the α term counts: plain averaging's only on the right, PowerSGD's already at far lower
 # bandwidths.
 
 # %%
@@ -377,8 +372,9 @@ lesson.claim(
 )
 smallest = min(m for _, m in sent["allreduce"])  # this step's smallest bucket, bytes
 lesson.say(
-    f"At {LINK.name}: n* = {n_star:.1f} ranks; at n = {n} ranks, m* = {m_star / 1024:.0f} KiB for S′/S = {q:.4f}, "
-    f"and plain averaging's smallest message, {lesson.mib(smallest)}, is {smallest / m_star:.0f} times m*."
+    f"At {LINK.name}: PowerSGD's messages take less link time below n* = {n_star:.1f} ranks; at n = {n} ranks a "
+    f"bucket compressed to S′/S = {q:.4f} of its bytes saves link time above m* = {m_star / 1024:.0f} KiB, and plain "
+    f"averaging's smallest bucket, {lesson.mib(smallest)}, is {smallest / m_star:.0f} times m*."
 )
 lesson_04.link_figure(sent, n, LINK, crossover)
 wins.round(3)
@@ -409,9 +405,9 @@ wins.round(3)
 # hook on a bucket of known gradients (a Future? of one tensor of the right size and dtype? the average? how far
 # off, against the float16 `rounding_bound` above? how many bytes? does it return before its all_reduce is waited
 # for? do gradients whose float16 sum would overflow come back finite?), then trains its own small test model
-# with it for 3 steps in the `bucket-async` stage and prints the largest absolute difference between its
-# parameters and those of torch's DDP with torch's `fp16_compress_hook`, unjudged: a hook that casts and divides
-# in another order may differ more and still pass. A hook that passes on 2 ranks is checked again on 3, where a
+# with it for 3 steps in the `bucket-async` stage, where its ranks' parameters must stay equal, and prints the
+# largest absolute difference between its parameters and those of torch's DDP with torch's `fp16_compress_hook`,
+# unjudged: a hook that casts and divides in another order may differ more and still pass. A hook that passes on 2 ranks is checked again on 3, where a
 # world size written as a number (`/ 2`) no longer gives the average. The error and bound it prints are for its
 # test bucket, not the workload's.
 #

@@ -1,6 +1,6 @@
-"""Notebook 04's helpers (``04_comm_hooks``): the hooks' names in sentences, the held-out loss printed beside the
-param distance, and the plumbing of its section on messages against bytes (each preset's link time, the table,
-the figure), so that the section's cell shows its three formulas, B*, n* and m*, and what it claims of them.
+"""Notebook 04's helpers (``04_comm_hooks``): the hooks' names in sentences and the plumbing of its section on
+messages against bytes (each preset's link time, the table, the figure), so that the section's cell shows its
+three formulas, B*, n* and m*, and what it claims of them.
 
 ``sent``, below, is what a trainee's emulated link carried in one step, in order: ``[(kind, bytes), ...]``
 (``[(m["kind"], m["bytes"]) for m in trainee.link.log]``).
@@ -8,29 +8,8 @@ the figure), so that the section's cell shows its three formulas, B*, n* and m*,
 
 from __future__ import annotations
 
-import torch
-
-from minddp.notebook import lesson
-
 #: A hook's name in the notebook's sentences (cell 0): the tables keep the registry's names.
 NAMES = {"allreduce": "plain averaging", "fp16": "fp16", "bf16": "bf16", "powersgd": "PowerSGD"}
-
-
-#: How many held-out examples :func:`held_out_loss` scores (the first ones, as the CLI's ``--eval-examples``).
-HELD_OUT_EXAMPLES = 256
-
-
-def held_out_loss(module: torch.nn.Module) -> float:
-    """The *held-out loss* (docs/analysis.md: the mean cross-entropy over the held-out examples) of ``module``,
-    the workload's model with whatever weights it holds now, on the first :data:`HELD_OUT_EXAMPLES` held-out
-    examples, scored by this process alone (:func:`minddp.train.data.held_out` with one replica: no collective, so
-    a ``%%rank 0`` cell may call it)."""
-    from minddp.runtime.device import current_device
-    from minddp.train.data import Encoded, held_out
-
-    d = lesson.data()
-    first = Encoded(d.eval.input_ids[:HELD_OUT_EXAMPLES], d.eval.labels[:HELD_OUT_EXAMPLES])
-    return held_out(module, first, replicas=1, rank=0, device=current_device(), pad_token_id=d.pad_token_id)["loss"]
 
 
 def link_ms(sent: list[tuple[str, int]], spec, n: int) -> float:
