@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 05 · Reading traces: where does the time go?
+# # 05 · Reading traces
 #
 # Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev, or
 # `chrome://tracing`). This notebook profiles one step of each stage of the DDP ladder that keeps a
@@ -26,8 +26,8 @@
 # `docs/analysis.md` defines the measures, each computed by one function in `minddp.analysis.metrics`:
 #
 # * **in flight** (this course's name): the time a communication range was open;
-# * **overlap** (HTA's `comp_comm_overlap_pctg`): the share of the time in flight during which a
-#   training thread computed (ran an `aten::` operator);
+# * **overlap**: the share of the time in flight during which a training thread computed (ran an `aten::`
+#   operator);
 # * **non-compute** (HTA's name): the time in flight during which none computed (ms).
 #
 # So non-compute = (100 % − overlap) × in flight. Neither ranks the stages by speed. Then **one step of each
@@ -59,9 +59,8 @@ dist.barrier()
 ddp_ladder = [s for s in STAGES if s not in SHARDED_OPTIMIZER + SHARDED_GRADIENTS]  # the sharded rungs: 06
 profiled = ["single", *ddp_ladder, "torch"]
 for stage in profiled:
-    # warmup=0: no step before profile(); profile() itself takes one step that the profiler discards
-    # (the first step's one-off costs stay out, but for ddp's and torch's bucket plan rebuild, which comes
-    # at the first forward after the first synced backward: the recorded step's), then the one step it records
+    # warmup=0: no step before profile(); profile() itself takes one step that the profiler discards (the
+    # first step's one-off costs stay out, but for one of ddp's and torch's: below), then the one step it records
     lesson.Trainee(stage, warmup=0).profile(RUN, steps=1)
 lesson.say(lesson.describe())
 lesson.say(lesson.machine(link=False))
@@ -93,14 +92,14 @@ lesson.say(
 #   training thread (the Python thread, and the autograd engine's where it has its own), and compute on any
 #   of them counts;
 # * **in flight** is one of gloo's threads inside a `gloo:*` range: every collective, not only the
-#   gradients' (the parameter check and `ddp`'s and torch's broadcasts too);
+#   gradients';
 # * **non-compute** is time in flight while no training thread ran an `aten::` op: a thread stopped until a
-#   message is back, in the parameter check or a broadcast, running its own Python (hooks, the time between
-#   autograd nodes), or ready to run with no core free.
+#   collective is back, running its own Python (hooks, the time between autograd nodes), or ready to run with
+#   no core free.
 #
 # The caveat that decides how to read them: a gloo range lasts from the moment gloo's thread picks the
 # collective up until it is done, so it is also *held open* until the other rank joins the same collective,
-# and while gloo's thread waits for a core; it can end after the thread that waited for it has gone on. A
+# and while gloo's thread has no core; it can end after the training thread that needed it has gone on. A
 # range's length is how long it was open, not how long its bytes took. `single` has nothing in flight and is
 # not in the table.
 #
@@ -109,31 +108,32 @@ lesson.say(
 # * the *finish*: minddp's `finish_gradient_synchronization()`, which the training loop calls after every
 #   backward (torch's DDP has none; `ddp`'s finds its work done at the end of the backward). `simple` syncs in
 #   it after every micro-batch, `ga` once a step;
-# * the *parameter check* (`minddp.stages.checks`, minddp's, for teaching): once a sync, `simple` to
-#   `bucket-async` check that both ranks' forwards used the same parameters, with one small all_gather (one
-#   byte per parameter tensor, so a long check range is time held open): at the start of the finish in
-#   `simple` and `ga`, in the first gradient's hook in `hook` to `bucket-async`. It is a collective, not a
-#   message; `ddp` and torch's DDP run none;
+# * the *parameter check* (`minddp.stages.checks`, minddp's, for teaching): once a sync, before its first
+#   message, `simple` to `bucket-async` check that both ranks' forwards used the same parameters, with one small
+#   all_gather (one byte per parameter tensor): at the start of the finish in `simple` and `ga`, in the first
+#   gradient's hook in `hook` to `bucket-async`. It is a collective, not a message; `ddp` and torch's DDP run
+#   none;
 # * `ddp`'s and torch's *broadcasts* (`gloo:broadcast` ranges, with no column or bar of their own): the model's
 #   buffers from rank 0 at the step's first forward, and, once, at the profiled step's first forward, the
 #   bucket plan rebuilt in the order the gradients came (`minddp.ddp.plan`).
 #
-# The table's last two columns split non-compute: the part inside the parameter checks' ranges (all of the
-# step's: `simple` checks at each of its k syncs, `ga` to `bucket-async` once; `lesson.non_compute_in_checks`),
-# and the rest. The *blocking* stages (`simple`, `ga`, `hook`, `bucket`) send each message only once the one
-# before it is back: `simple` and `ga` after a backward, `hook` and `bucket` inside the step's last backward.
-# The *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send theirs during the step's last
-# backward and need them back only when it ends. In all but `simple` the step's first k−1 backwards send
-# nothing: one sync a step.
+# The table's last column is the part of non-compute inside the parameter checks' ranges (all of the step's:
+# `simple` checks at each of its k syncs, `ga` to `bucket-async` once; `lesson.non_compute_in_checks`). The check
+# is a sync's first collective, so its range is held open until the other rank gets there too: a long part in the
+# check is time held open, not what its few bytes cost. The *blocking* stages (`simple`, `ga`, `hook`, `bucket`)
+# send each message only once the one before it is back: `simple` and `ga` after a backward, `hook` and `bucket`
+# inside the step's last backward. The *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP)
+# send theirs during the step's last backward and need them back only when it ends. In all but `simple` the
+# step's first k−1 backwards send nothing: one sync a step.
 #
 # What the table does not show (the trace shows when a range was open, not why):
 #
 # * whether a difference between two rows would hold on a re-run: each row is one step, the stages profiled
 #   one after another on a shared machine;
 # * why stages that send as many messages differ, nor whether the other rank or a core held a range open;
-# * what a blocking stage's threads computed in the time its overlap counts: its thread waits for each message
-#   before it goes on, so that overlap is not computation beside a message on its way (one way it arises: a
-#   range that ends after the waiting thread has gone on).
+# * what a blocking stage's threads computed in the time its overlap counts: its thread stops until each message
+#   is back, so that overlap is not computation beside a message on its way (one way it arises: a range that
+#   ends after the training thread has gone on).
 
 # %%
 import pandas as pd
@@ -164,7 +164,7 @@ lesson.claim(
     "For every stage, non-compute = (100 % − overlap) × in flight.",
 )
 blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
-ov = zero["comm_comp_overlap_pctg"]
+ov = shares["overlap (%)"]
 lesson.say(  # printed, not claimed: one profiled step per stage on a shared machine decides it
     "Overlap: "
     + (
@@ -188,9 +188,6 @@ lesson.say(
 nc, inside = shares["non-compute (ms)"], shares["of it, in the check (ms)"]
 most = [f"{st} ({100 * inside[st] / nc[st]:.0f} %)" for st in nc.index if inside[st] > nc[st] / 2]
 lesson.say(f"The check holds more than half of the non-compute of: {', '.join(most) or 'none'}.")
-pairs = [("ga", "simple"), ("hook", "ga"), ("bucket", "hook"), ("hook-async", "hook"), ("bucket-async", "bucket")]
-for line in lesson_05.changes(shares, pairs, ["in flight (ms)", "non-compute (ms)", "outside the check (ms)"]):
-    lesson.say(line)
 
 # %% [markdown]
 # One row per profiled stage, one axis in ms from the start of the profiled step (rank 0); `single` sends
@@ -200,18 +197,18 @@ for line in lesson_05.changes(shares, pairs, ["in flight (ms)", "non-compute (ms
 # * the forward (pale) and backward (darker) band of each micro-batch: *forward* from the micro-batch's start
 #   to its first autograd node (the forward, and what the stage does around it, such as the broadcasts),
 #   *backward* from the first to the last autograd node (the gradients, and what the hooks do inside those
-#   nodes: in `hook` and `bucket` the wait for each message, in `hook` to `bucket-async` the parameter check);
+#   nodes: in `hook` and `bucket` stopping until each message is back, in `hook` to `bucket-async` the check);
 # * a tick when a message was *handed to the wire* (the tables' *sent*; the wire here is gloo over loopback):
 #   for minddp's stages the start of its `minddp.bucket_launch` range, for torch's DDP the reducer's
 #   `c10d::allreduce_` call;
 # * an orange bar while the message's gloo all_reduce range was open, held open included: the range matched to
-#   its `c10d::allreduce_` call, the first of its size that opened at or after the call (`docs/analysis.md`),
-#   so no bar starts before its tick, but one can start later. Ranges open at once are drawn one above another,
-#   and a row's bars alternate two shades in the order they opened. The bars are part of the table's in
-#   flight, which also counts the check and the broadcasts; a bar narrower than a pixel need not show;
-# * the parameter check (hatched red) where gloo's all_gather range of the check was open, over the top half of
-#   the bands: gloo's thread's range, not the waiting thread's time in the check (the caveat); a short one is
-#   too thin to see;
+#   its `c10d::allreduce_` call, the first of its size that opened at or after the call (`docs/analysis.md`), so
+#   no bar starts before its tick, but one can start later. Ranges open at once (a blocking stage's too: the
+#   caveat) are drawn one above another, and a row's bars alternate two shades in the order they opened. The bars
+#   are part of the table's in flight, which also counts the check and the broadcasts; a bar narrower than a
+#   pixel need not show;
+# * the parameter check (hatched orange: a gloo range, like the bars) where its all_gather range was open, over
+#   the top half of the bands; a short one is too thin to see;
 # * the finish (purple), however long, as a thin strip along the bands' lower edge; the optimizer step
 #   (green) and the end of the step.
 #
@@ -220,12 +217,12 @@ for line in lesson_05.changes(shares, pairs, ["in flight (ms)", "non-compute (ms
 # * **blocking after backward** (`simple` after every micro-batch, `ga` after the last): ticks and bars
 #   after a backward band; the step ends only when they are done;
 # * **blocking inside backward** (`hook`, `bucket`): ticks and bars inside the last backward band: each hook
-#   holds the backward until its message is back (a bar inside the band is not overlap, which counts only
-#   `aten::` operators);
+#   holds the backward until its message is back (a bar inside the band overlaps only where a training thread
+#   ran an `aten::` operator beside it);
 # * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the last backward band, bars
 #   running on while backward goes on; what is still running when the band ends must be back before the
 #   optimizer step: in the finish for `hook-async` and `bucket-async`, at the end of the `loss.backward()`
-#   call for `ddp` and torch's DDP (the gap between the last backward band and the optimizer).
+#   call for `ddp` and torch's DDP.
 
 # %%
 rows = lesson_05.timeline_rows(result, RUN)  # the rows draw_steps draws, with each stage's parameter checks
@@ -233,34 +230,30 @@ fig = draw_steps(rows, title=f"One step of each stage, on one time axis: run {re
 lesson_05.show(fig, RUN / "one_step_each_stage.png")
 
 # %% [markdown]
-# The numbers behind the plot (rank 0): the messages sent (ticks), how many during a backward, the longest time
-# from a tick to its bar, and the longest bar.
+# The numbers behind the plot (rank 0): the messages sent (ticks), how many during a backward, and the longest
+# time from a tick to its bar.
 
 # %%
 anatomy = lesson_05.anatomy(result, zero.index)
 display(anatomy)
-held = [st for st in anatomy.index if anatomy.loc[st, "longest bar (ms)"] > shares.loc[st, "in flight (ms)"] / 2]
-parts = [
-    f"{st} ({anatomy.loc[st, 'longest bar (ms)']:.1f} of {shares.loc[st, 'in flight (ms)']:.1f} ms)" for st in held
-]
-lesson.say(f"The longest bar is more than half of the stage's in flight in: {', '.join(parts) or 'none'}.")
 
 # %%
 lesson.say(
     "The optimizer step, the same work in every stage (`single` included: the same model, micro-batches and "
-    f"AdamW), took {lesson_05.spread(lesson_05.phase_ms(result, 'optimizer'))}, one profiled step each; the trace "
-    "records when each operator ran, not what held it back."
+    f"AdamW), took {lesson_05.spread(lesson_05.phase_ms(result, 'optimizer'))}, one profiled step each: a "
+    "difference between two rows of the tables need not be the stages'."
 )
 
 # %% [markdown]
 # One stage's buckets (`bucket-async`, rank 0, `RunAnalysis.buckets`): `order`, the bucket's place in the
-# sending order; `numel`, the float32 numbers it carried. The profiling cell's "buckets of 4 MiB" is the size
+# sending order; `MiB`, its gradients' size. The profiling cell's "buckets of 4 MiB" is the size
 # at which a bucket closes: parameters join it until it holds 4 MiB or more, so a bucket can be a little over
 # 4 MiB, and the last holds what is left:
 
 # %%
 buckets = lesson_05.rank0(result.buckets)
-buckets.loc[buckets["stage"] == "bucket-async", ["order", "numel"]].set_index("order").astype(int)
+mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
+(mine["numel"] * 4 / 2**20).round(3).to_frame("MiB")  # float32: 4 bytes a number
 
 # %% [markdown]
 # The same analysis from a shell, with an HTML report: `python -m minddp.analyze traces/notebooks/05_reading_traces
@@ -302,11 +295,9 @@ display(on_link)
 # %% [markdown]
 # The three claims hold by construction: what accumulation, hooks and buckets change on the link (the
 # messages' count, where they are handed over, the link time). How long a stage waited also depends on when it
-# handed its messages over and when it waited, which the link time does not decide. The printed lines are one
-# step each, not claimed: the two kinds by waited (`ddp` and torch's DDP did not run over the link), each
-# change's later stage against its earlier one, and whose waited is mostly exposed, whose mostly not.
-# Buckets change the link's work by the link time's change alone, so a larger change in waited is not
-# work the link saved.
+# handed its messages over and when it waited, which the link time does not decide. The two printed lines are
+# one step each, not claimed: the two kinds by waited (`ddp` and torch's DDP did not run over the link), and
+# whose waits the link mostly spent carrying a transfer, whose carrying nothing.
 
 # %%
 sent = lesson_05.rank0(linked.buckets)
@@ -348,9 +339,6 @@ lesson.say(  # printed, not claimed: one profiled step per stage on a shared mac
     + f" than every blocking one ({quick.max():.1f} ms at most, {quick.idxmax()}, against "
     f"{slow.min():.1f} ms at least, {slow.idxmin()})."
 )
-pairs = [("ga", "simple"), ("hook", "ga"), ("bucket", "hook"), ("hook-async", "hook"), ("bucket-async", "hook-async")]
-for line in lesson_05.changes(on_link, pairs, ["waited (ms)", "exposed (ms)", "link time (ms)"]):
-    lesson.say(line)
 lesson.say(lesson_05.whose_waits(on_link))
 
 # %% [markdown]

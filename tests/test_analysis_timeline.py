@@ -152,6 +152,24 @@ def test_a_check_leaves_the_band_it_falls_in_visible():
     assert "parameter check" in names and not any("wait" in n for n in names)
 
 
+def test_a_check_that_is_gloos_range_is_drawn_as_one_not_as_a_wait():
+    # Notebook 05's figure drew the check's gloo all_gather range in the waits' red, which every other drawing uses
+    # for the training thread standing still; a row whose checks are gloo's ranges draws them in the messages' orange.
+    from matplotlib.colors import to_rgba
+
+    from minddp.analysis.timeline import COLORS, draw_steps
+
+    def colour(**extra):
+        row = {"label": "s", "forward": [(0, 40)], "backward": [(40, 90)], "checks": [(41, 60)], "end": 100, **extra}
+        fig = draw_steps([row])
+        (check,) = [c for c in fig.axes[0].collections if c.get_gid() == "checks:s"]
+        plt.close(fig)
+        return tuple(check.get_facecolor()[0])
+
+    assert colour() == to_rgba(COLORS["wait"])  # the thread's time in the check (03): a wait
+    assert colour(checks_in_flight=True) == to_rgba(COLORS["message"])
+
+
 def test_the_legend_says_what_an_orange_bar_is():
     # Notebook 09's figure: its orange bars are gloo's all_reduce ranges, which include the wait for the other rank
     # and for a core, and the legend called them "message on the wire". Only an emulated link's modeled transfer is.

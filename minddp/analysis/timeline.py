@@ -8,7 +8,9 @@ A **step row** is a plain dict of spans in milliseconds from the step's start, f
   emulated link: its modeled transfer, the legend's "message on the wire"); ``sent``: when each was handed
   to the wire; ``waits``: when the training thread stood still waiting for one; ``checks`` (optional): the spans of
   a check that is no message of the row's (the teaching stages' few-byte all_gather), as the caller times it (from
-  the call to the gather's end, or gloo's range of it), drawn over the top half of the band it falls in;
+  the call to the gather's end, or gloo's range of it), drawn hatched over the top half of the band it falls in:
+  in the waits' red, or, where the row sets ``checks_in_flight`` (the spans are gloo's ranges, held open included,
+  not the thread's time), in the messages' orange;
 * ``finish``, ``optimizer``: the spans of ``finish_gradient_synchronization()`` and ``optimizer.step()``;
 * ``end``: when the step ended; ``label``: the row's name; ``stage``: names the drawn spans;
 * ``link``: the emulated link's name, where the messages are its modeled transfers and the waits are known;
@@ -75,7 +77,8 @@ def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float
         bars("backward", -0.40, 0.40, COLORS["backward"], label="backward")
         bars("waits", -0.40, 0.40, COLORS["wait"], label="training thread waits")
         # the check over the band's top half only: the band it falls in (forward, backward or none) shows below it
-        bars("checks", -0.40, 0.20, COLORS["wait"], label="parameter check", hatch="xxxx", edgecolor="white")
+        check = COLORS["message" if row.get("checks_in_flight") else "wait"]
+        bars("checks", -0.40, 0.20, check, label="parameter check", hatch="xxxx", edgecolor="white")
         bars("optimizer", -0.40, 0.40, COLORS["optimizer"], label="optimizer step")
         bars("finish", -0.02, 0.06, COLORS["finish"], label="finish", zorder=3)  # above the ticks
         wire = row.get("wire") or (

@@ -1,4 +1,4 @@
-"""The plumbing of ``notebooks/05_reading_traces``: its tables, its figure's rows and its printed comparisons.
+"""The plumbing of ``notebooks/05_reading_traces``: its tables, its figure's rows and its printed lines.
 
 Each function reads rank 0's profiled step from a :class:`minddp.analysis.RunAnalysis` (or the run folder) and
 returns a table or lines to print, so that a cell of the notebook shows its point in a few lines. No measure is
@@ -27,10 +27,9 @@ def summary(result) -> pd.DataFrame:
 
 
 def shares(zero: pd.DataFrame, run: Path) -> pd.DataFrame:
-    """The loopback table: in flight (ms), overlap (%), non-compute (ms), the part of non-compute inside the
-    parameter checks (:func:`lesson.non_compute_in_checks`) and the rest, each to 0.1; the rest is the difference
-    of the two printed columns, so that it adds up as printed."""
-    table = pd.DataFrame(
+    """The loopback table: in flight (ms), overlap (%), non-compute (ms) and the part of it inside the parameter
+    checks (:func:`lesson.non_compute_in_checks`), each to 0.1."""
+    return pd.DataFrame(
         {
             "in flight (ms)": zero["comm_time_per_step_us"] / 1e3,
             "overlap (%)": zero["comm_comp_overlap_pctg"],
@@ -39,34 +38,6 @@ def shares(zero: pd.DataFrame, run: Path) -> pd.DataFrame:
             / 1e3,
         }
     ).round(1)
-    table["outside the check (ms)"] = (table["non-compute (ms)"] - table["of it, in the check (ms)"]).round(1)
-    return table
-
-
-def change(x: float, y: float, unit: str = "ms") -> str:
-    """``x`` against ``y`` as printed to 0.1, in words: "the same", or "<difference> <unit> longer" / "shorter".
-
-    >>> change(12.34, 10.0), change(1.0, 1.04), change(3.0, 3.5)
-    ('2.3 ms longer', 'the same', '0.5 ms shorter')
-    """
-    d = round(round(x, 1) - round(y, 1), 1)
-    return "the same" if d == 0 else f"{abs(d):.1f} {unit} {'longer' if d > 0 else 'shorter'}"
-
-
-def changes(table: pd.DataFrame, pairs: list[tuple[str, str]], columns: list[str]) -> list[str]:
-    """One line per ``(later, earlier)`` pair of stages: the later against the earlier in each of ``columns`` (ms,
-    as printed in ``table``), in words.
-
-    >>> t = pd.DataFrame({"waited (ms)": [5.0, 7.5], "link time (ms)": [2.0, 2.0]}, index=["a", "b"])
-    >>> changes(t, [("b", "a")], ["waited (ms)", "link time (ms)"])
-    ['b against a: waited 2.5 ms longer, link time the same.']
-    """
-    return [
-        f"{a} against {b}: "
-        + ", ".join(f"{c.removesuffix(' (ms)')} {change(table.loc[a, c], table.loc[b, c])}" for c in columns)
-        + "."
-        for a, b in pairs
-    ]
 
 
 def sent_in_backward(result, stage: str) -> int:
@@ -79,8 +50,8 @@ def sent_in_backward(result, stage: str) -> int:
 
 
 def anatomy(result, stages) -> pd.DataFrame:
-    """Per stage (rank 0): messages sent (ticks), how many during a backward, the longest time from a tick to the
-    start of its bar, and the longest bar (a message's gloo range, from its first start to its last end), ms."""
+    """Per stage (rank 0): messages sent (ticks), how many during a backward, and the longest time from a tick to
+    the start of its bar, ms."""
     b = rank0(result.buckets)
     rows = {}
     for stage in stages:
@@ -89,20 +60,20 @@ def anatomy(result, stages) -> pd.DataFrame:
             "messages sent": len(mine),
             "sent during a backward": sent_in_backward(result, stage),
             "tick to bar, at most (ms)": (mine["comm_start_us"] - mine["ready_us"]).max() / 1e3,
-            "longest bar (ms)": (mine["comm_end_us"] - mine["comm_start_us"]).max() / 1e3,
         }
     return pd.DataFrame(rows).T.astype({"messages sent": int, "sent during a backward": int}).round(1)
 
 
 def timeline_rows(result, run: Path) -> list[dict]:
     """The rows :func:`minddp.analysis.timeline.draw_steps` draws (``rows_from_analysis``), each with its stage's
-    parameter checks (``checks``: gloo's all_gather ranges, ms from the step's start)."""
+    parameter checks (``checks``: gloo's all_gather ranges, ms from the step's start, so ``checks_in_flight``)."""
     from minddp.analysis.timeline import rows_from_analysis
 
     rows = rows_from_analysis(result)
     for row in rows:
         _, s0, checks = lesson.parameter_checks(run, row["stage"])
         row["checks"] = [((a - s0) / 1e3, (b - s0) / 1e3) for a, b in checks]
+        row["checks_in_flight"] = True
     return rows
 
 
@@ -169,12 +140,13 @@ def link_table(linked, link) -> pd.DataFrame:
 
 def whose_waits(table: pd.DataFrame) -> str:
     """A line to print: the stages whose exposed (as printed in ``table``) is more than half their waited, and those
-    whose waited − exposed is, each with its part.
+    whose waited − exposed is, each with its part and what rank 0's link carried in it.
 
     >>> t = pd.DataFrame({"waited (ms)": [10.0, 8.0], "exposed (ms)": [9.0, 0.2]}, index=["a", "b"])
     >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
-    >>> whose_waits(t)
-    'Exposed is more than half of waited in: a (9.0 of 10.0 ms); waited − exposed is, in: b (7.8 of 8.0 ms).'
+    >>> print(whose_waits(t))  # doctest: +NORMALIZE_WHITESPACE
+    Exposed (rank 0's link carried a transfer) is more than half of waited in: a (9.0 of 10.0 ms);
+    waited − exposed (it carried nothing) is, in: b (7.8 of 8.0 ms).
     """
 
     def listed(column: str) -> str:
@@ -183,6 +155,6 @@ def whose_waits(table: pd.DataFrame) -> str:
         return ", ".join(parts) or "none"
 
     return (
-        f"Exposed is more than half of waited in: {listed('exposed (ms)')}; "
-        f"waited − exposed is, in: {listed('waited − exposed (ms)')}."
+        f"Exposed (rank 0's link carried a transfer) is more than half of waited in: {listed('exposed (ms)')}; "
+        f"waited − exposed (it carried nothing) is, in: {listed('waited − exposed (ms)')}."
     )
