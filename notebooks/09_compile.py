@@ -25,8 +25,8 @@
 # once its last gradient is there and every earlier bucket has been handed over (`_bucket_filled` in
 # `minddp/ddp/reducer.py`); it goes to *gloo*, the process group's backend on CPU. A bucket's *message* is its
 # `all_reduce`. It is *in flight* while gloo runs it, as the profiler records it (the orange bar), not from the
-# tick. On CPU ranks that time can also hold waits for the other rank or for a free core: a bar's length is not the
-# time the bytes took to travel, and its end can come after the rank has stopped waiting for it and gone on.
+# tick, for a handed-over message can wait before gloo begins it. On CPU ranks a bar can also hold waits for the
+# other rank or for a free core: its length is not the time the bytes took to travel.
 #
 # nanoGPT (a small GPT training script) compiles the model, then wraps it: `model = torch.compile(model)`, then
 # `DDP(model)`. `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph* (in this notebook
@@ -136,8 +136,8 @@ lesson.say(
 # its forward to the black line where its optimizer step ends: the forward (pale, the loss's included), the gradient
 # nodes (blue), the `AccumulateGrad` nodes (grey), a tick when a bucket was handed over, an orange bar for each
 # message in flight (bars that share time drawn one above the other; in a lane, two shades alternating), and the
-# optimizer step (green). Between the last grey and the green the row draws nothing: there the rank ends its
-# backward pass and waits for the messages (in `finish_gradient_synchronization`), time the row leaves out.
+# optimizer step (green). The rank's wait for the messages (in `finish_gradient_synchronization`), between the last
+# grey and the green, is not drawn.
 #
 # The blue begins with the loss's gradient nodes; then, with the cut, one gradient node per piece, piece 0 first,
 # and without it the whole graph's one. Count the pieces in the claims, not in the figure: nodes run one after the
@@ -148,11 +148,9 @@ lesson.say(
 # share this machine's cores, and any bar can hold time its thread waits rather than computes (for a core, say; an
 # orange bar, for the other rank). This notebook does not measure what compiling or the cut costs.
 #
-# In the claims of the figure's cell, a node *ran after* the first bucket was handed over if it ends after that
-# tick: it was still running then, or began after. The line after them counts, in each run, the messages in flight
-# while a gradient node ran (their ranges share time), in the order the messages began. Without the cut none can be:
-# a message begins after its bucket's tick, and every tick comes after the graph's one gradient node. With the cut,
-# and in eager, this run's timing decides which and how many.
+# In the claims of the figure's cell, a gradient node *ran after* a bucket was handed over if it ends after that
+# bucket's tick: it was still running then, or began after. Without the cut none can, nor can a message be in
+# flight while one runs: every tick comes after the graph's one gradient node, and a message begins after its tick.
 
 # %%
 # %%distributed
@@ -162,17 +160,17 @@ nodes.picture(looks, title)  # rank 0 draws
 # orders of events, not timings: they hold on any machine. Without the cut every tick comes in an
 # AccumulateGrad node, which runs once the graph's one gradient node, the last gradient node,
 # has produced its gradient; every message starts after its bucket's tick
-after = {label: v["ran_after_first_handover"] for label, v in looks.items()}  # nodes still running or begun
+after = {label: v["node_after_handover"] for label, v in looks.items()}  # per bucket: a gradient node ran after it
 lesson.claim(
-    after[NO_CUT]["gradient nodes"] == 0
-    and after[NO_CUT]["AccumulateGrad nodes"] > 0
-    and looks[NO_CUT]["in_flight_beside_node"] == 0,
-    "Compiled without the cut, no gradient node ran after the first bucket was handed over, only AccumulateGrad "
-    "nodes did, and no message was in flight while a gradient node ran.",
+    not any(after[NO_CUT]) and looks[NO_CUT]["in_flight_beside_node"] == 0,
+    "Compiled without the cut, no gradient node ran after any bucket was handed over, and no message was in flight "
+    "while a gradient node ran.",
 )
+# autograd's order, not a timing: a bucket's last AccumulateGrad node runs before the gradient nodes of the layers
+# before the bucket's (the queue's rule: markdown below), and no gradient node is left after the last bucket's
 lesson.claim(
-    after[CUT]["gradient nodes"] > 0 and after["eager"]["gradient nodes"] > 0,
-    "Compiled with the cut, as eager, gradient nodes ran after the first bucket was handed over.",
+    all(after[label][:-1] == [True] * (len(after[label]) - 1) and not after[label][-1] for label in ("eager", CUT)),
+    "Compiled with the cut, as in eager, a gradient node ran after each bucket was handed over but the last.",
 )
 # the reducer's hook runs in each parameter's AccumulateGrad node, after the gradient is accumulated
 lesson.claim(
@@ -182,14 +180,6 @@ lesson.claim(
 lesson.claim(
     all(torch.equal(v["params"], looks["eager"]["params"]) for v in looks.values()),
     "The three trainings end with the same parameters, to the bit (aot_eager computes with eager's aten ops).",
-)
-
-
-# %%
-# %%distributed
-lesson.say(
-    "Messages in flight while a gradient node ran, on rank 0 in the profiled step: "
-    + "; ".join(f"{label} {nodes.beside(v['beside_node'])}" for label, v in looks.items())
 )
 
 # %% [markdown]
@@ -203,15 +193,18 @@ lesson.say(
 # parameters in the order their gradients arrived in that step on rank 0 (a first step's plan lists them otherwise:
 # *A bucket cap of 0.5 MiB*).
 #
-# Under torch's DDP, Dynamo caps piece 0 not at the bucket cap but at
+# Dynamo cuts only while torch's DDP's class attribute `_active_ddp_module` is set (torch's DDP sets it to itself
+# around its forward), reading the bucket cap from it, and caps piece 0 at
 # `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (`torch_first` below). While its module runs compiled, minddp's
-# `ddp`, given a `bucket_cap_mb`, sets that cap to its `bucket_cap_mb` (`compat.ddp_optimizer_caps`, called in
-# `minddp/runtime/compiling.py`), so that piece 0 closes at the bucket cap, as bucket 0 does.
+# `ddp`, given a `bucket_cap_mb`, sets `_active_ddp_module` to a stand-in holding its bucket cap and the first
+# piece's cap to that cap, restoring both after (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap,
+# as bucket 0 does.
 #
 # A bucket that a piece fills is handed over before the next piece's backward begins, and not by chance. When a
 # piece's backward ends, its parameters' `AccumulateGrad` nodes (where the reducer's hook runs) and the next piece's
-# gradient node are all ready to run, and autograd's queue of ready nodes runs the highest *sequence number* first;
-# an `AccumulateGrad` node's is the largest there is (`ReadyQueue` in torch's `torch/csrc/autograd/engine.h`). A
+# gradient node are all ready to run, and autograd's queue of ready nodes runs first the node of highest *sequence
+# number* (the forward numbers the nodes it records in order); an `AccumulateGrad` node's is set to the largest
+# there is (`ReadyQueue` in torch's `torch/csrc/autograd/engine.h`). A
 # piece's `AccumulateGrad` nodes share that number, so the queue's rule leaves their order, the order their
 # gradients arrive in, open: it is printed below (each bucket's order), not claimed.
 
@@ -408,8 +401,8 @@ lesson.claim(
 #
 # * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the graph into pieces, and
 #   here each bucket but the last was handed over before the next piece's backward began, so its message could be in
-#   flight while gradients were still computed; without the cut none can be. How many were, on rank 0 in the
-#   profiled step, is printed after the figure. What the cut does to a step's length is not measured here.
+#   flight while gradients were still computed, as in eager; without the cut none can be. What the cut does to a
+#   step's length is not measured here.
 #
 # * `torch.compile(wrapper)`: at a bucket cap of 2 MiB `torch.compile(ddp)` adds no graph break to the model's own,
 #   where torch's DDP adds breaks; at 0.5 MiB its training step has no graph break, and one more forward runs in

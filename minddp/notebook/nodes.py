@@ -6,8 +6,8 @@ once a bucket's last one is, hands the bucket over, ``c10d::allreduce_``), and e
 node*; a compiled piece's gradient node is ``CompiledFunctionBackward``. :func:`node_view` reads one
 ``train_step`` under :func:`minddp.analysis.live.profiler` that way, on top of
 :func:`~minddp.analysis.live.step_view`; :func:`picture` draws the three runs' rows with the nodes as bars and
-the legend in the notebook's words; :func:`beside`, :func:`bucket_names`, :func:`parameter_bytes`,
-:func:`compiled_pieces` and :func:`refusal` keep the notebook's plumbing out of its cells.
+the legend in the notebook's words; :func:`bucket_names`, :func:`parameter_bytes`, :func:`compiled_pieces`
+and :func:`refusal` keep the notebook's plumbing out of its cells.
 
 Example (one rank here; notebook 09 runs it on every rank): two layers of 0.25 MiB, a bucket each::
 
@@ -25,8 +25,8 @@ Example (one rank here; notebook 09 runs it on every rank): two layers of 0.25 M
     >>> view = node_view(prof)
     >>> view["calls"], view["inside_accumulate"]           # each bucket handed over inside an AccumulateGrad node
     (2, [True, True])
-    >>> view["ran_after_first_handover"]["gradient nodes"] > 0   # the first layer's backward, after the first bucket
-    True
+    >>> view["node_after_handover"]    # the first layer's backward ran after the first bucket, no node after the last
+    [True, False]
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def node_view(prof) -> dict:
 
     * ``row["backward"]``: one bar per gradient node, ``row["accumulate"]``: one per ``AccumulateGrad`` node
       (ms since the step's forward began, as the row is drawn; ``step_view`` draws one bar per backward);
-    * ``ran_after_first_handover``: how many gradient nodes and how many ``AccumulateGrad`` nodes were still
-      running, or began, after the first bucket was handed over (a node whose range ends after it);
+    * ``node_after_handover``: for each handover, in order, whether a gradient node ran after it (was still
+      running then, or began after: its range ends after the handover);
     * ``inside_accumulate``: for each handover, whether it fell inside an ``AccumulateGrad`` node's range;
     * ``beside_node``: for each message (gloo's ``all_reduce`` range), in the order the messages began, whether
       it was in flight while a gradient node ran (their ranges share time); ``in_flight_beside_node``: how many were;
@@ -69,10 +69,7 @@ def node_view(prof) -> dict:
     def ms(picked) -> list[tuple[float, float]]:
         return sorted(((e.time_range.start - t0) / 1e3, (e.time_range.end - t0) / 1e3) for e in picked)
 
-    view["ran_after_first_handover"] = {
-        "gradient nodes": sum(e.time_range.end > handovers[0] for e in nodes),
-        "AccumulateGrad nodes": sum(e.time_range.end > handovers[0] for e in accumulate),
-    }
+    view["node_after_handover"] = [any(e.time_range.end > t for e in nodes) for t in handovers]
     view["inside_accumulate"] = [
         any(e.time_range.start <= t <= e.time_range.end for e in accumulate) for t in handovers
     ]
@@ -83,18 +80,6 @@ def node_view(prof) -> dict:
     view["pieces_begun_at_handover"] = [sum(e.time_range.start <= t for e in pieces) for t in handovers]
     view["row"].update(backward=ms(nodes), accumulate=ms(accumulate), finish=[])
     return view
-
-
-def beside(flags: list[bool]) -> str:
-    """``node_view``'s ``beside_node`` in words: ``"2 of 4 (the 2nd and 3rd to begin)"``, the messages counted in
-    the order they began."""
-
-    def ordinal(i: int) -> str:
-        return f"{i}{'th' if 10 < i % 100 < 14 else {1: 'st', 2: 'nd', 3: 'rd'}.get(i % 10, 'th')}"
-
-    nth = [ordinal(i) for i, flag in enumerate(flags, 1) if flag]
-    named = f"{', '.join(nth[:-1])} and {nth[-1]}" if len(nth) > 1 else "".join(nth)
-    return f"{len(nth)} of {len(flags)}" + (f" (the {named} to begin)" if nth else "")
 
 
 def bucket_names(ddp) -> list[list[str]]:
