@@ -24,7 +24,7 @@
 # arXiv 1910.02054, "the ZeRO paper"), and FSDP, *Fully Sharded Data Parallel*, PyTorch's version
 # of ZeRO's third stage. They keep DDP's computation (every rank runs the whole forward and backward on
 # its own examples) and stop repeating the *state*. On n ranks they cut each *parameter tensor* into n
-# *chunks*, about `1/n` of it each; the chunk a rank updates is its *shard*. Two collectives do the work:
+# *chunks*, one per rank; the chunk a rank updates is its *shard*. Two collectives do the work:
 # the *reduce-scatter* (each rank receives one piece of the sum) and the *all-gather* (each rank receives
 # every rank's piece):
 #
@@ -33,7 +33,7 @@
 # * `zero2`: the gradients are reduce-scattered instead of all-reduced: each rank needs only the piece
 #   of the average it updates;
 # * `fsdp`: the parameters are sharded too (all but a few tensors minddp's fsdp keeps whole on every
-#   rank, its *replicated* ones, named with the memory table; torch's FSDP shards those too), and
+#   rank, its *replicated* ones; torch's FSDP shards those too), and
 #   each decoder layer (a *unit*) is gathered only around its own forward and backward, the next
 #   unit's gather started one unit ahead (a *prefetch*).
 #
@@ -58,8 +58,8 @@ lesson.say(lesson.describe())
 #
 # A **reduce-scatter** sums a tensor over the ranks and leaves each rank one `1/n` piece of the
 # sum. An **all-gather** is the opposite move: each rank brings a piece and everyone ends with all
-# of them. One after the other, they are an all_reduce. A *transport* is a function a stage's `Wire`
-# calls instead of torch's all_reduce (and, optionally, reduce-scatter and all-gather); `TRANSPORTS`
+# of them. One after the other, they are an all_reduce. A *transport* is a function a stage sends
+# through instead of torch's all_reduce (and, optionally, reduce-scatter and all-gather); `TRANSPORTS`
 # names minddp's (`ring` and `naive`, written from `send`/`recv`; the exercise writes one from torch's
 # collectives). Here the ring's two, on every rank, checked against gloo's all_reduce:
 
@@ -123,8 +123,7 @@ lesson.say(
     f"ZeRO-2's reduce-scatter + all-gather {lesson.mib(2 * one_pass)}, ZeRO-1's all_reduce + all-gather "
     f"{lesson.mib(3 * one_pass)}; FSDP's reduce-scatter + all-gathers + all_reduce of its replicated tensors at most "
     f"{lesson.mib(fsdp_most)} "
-    f"(1 + 2 × {accum} passes, a bound: at most {fsdp_most / (2 * one_pass):.1f} times DDP's; at 1 micro-batch a "
-    f"step it is 1 + 2 × 1 = 3 passes, {lesson.mib(3 * one_pass)}, {3 / 2:.1f} times DDP's)."
+    f"(1 + 2 × {accum} passes, a bound: at most {fsdp_most / (2 * one_pass):.1f} times DDP's)."
 )
 
 # %% [markdown]
@@ -143,8 +142,7 @@ lesson.say(
 # peak: the full parameters it has gathered and the buffers its all-gathers receive into (a unit just
 # gathered counts twice, in its buffer and in what was unpacked from it). No column counts the buffers
 # of zero1's and zero2's all-gathers. `lesson.Trainee(stage, warmup=0)` builds the stage and its
-# optimizer on every rank without a step, so the measured step is its first: the *memory step*. The
-# code's comments number the parts of each algorithm (`# part 3`).
+# optimizer on every rank without a step, so the measured step is its first: the *memory step*.
 
 # %%
 # %%distributed
@@ -211,11 +209,11 @@ lesson.say(
 table.round(3).astype(object).where(table.notna(), "–")
 
 # %% [markdown]
-# The gradients column, and so the model state, is what rank 0 holds at the update; earlier in the step
-# zero2 and fsdp hold whole gradients, as ddp does (no cell measures them). fsdp's gathered units are held
-# during a forward or backward, not at the update. Every stage runs the same forward on the same batch:
-# sharding saves model state, not activations. The columns are measured at different moments, so their
-# sum is not the most a rank holds.
+# The gradients column, and so the model state, is what rank 0 holds at the update; until the last
+# backward reduce-scatters them, zero2 and fsdp hold whole gradients, as ddp does (no cell measures them).
+# fsdp's gathered units are held during a forward or backward, not at the update. Every stage runs the
+# same forward on the same batch: sharding saves model state, not activations. The columns are measured at
+# different moments, so their sum is not the most a rank holds.
 #
 # ## bf16 compute with fp32 master weights
 #
@@ -449,10 +447,10 @@ show_source(reduce_scatter_hook)
 # counts the all-gathers of parameters apart. On gloo a `Wire` with no transport of its own runs zero2's
 # and fsdp's reduce-scatters as all_reduces of the whole tensor they are given (a zero2 bucket, an fsdp
 # unit's gradients) and keeps this rank's piece, so that the hook hands back at once a Future of the sum
-# while the backward goes on (gloo's reduce-scatter hands back no Future; a transport, as in the
-# exercise, runs it and waits). So every gradient collective here is an all_reduce. Each look is its
-# trainee's second step: the first was the memory step, so zero2's look starts by gathering the
-# parameters that step updated.
+# while the backward goes on (gloo's reduce-scatter hands back no Future; a transport with a
+# reduce-scatter of its own, as the ring below, runs it and waits). So every gradient collective here is
+# an all_reduce. Each look is its trainee's second step: the first was the memory step, so zero2's look
+# starts by gathering the parameters that step updated.
 
 # %%
 # %%distributed
@@ -562,7 +560,7 @@ lesson.claim(
     f"{len(fsdp.units)} units ({type(fsdp.units[0].module).__name__}), "
     f"{len({id(p) for _, _, p in fsdp.replicated})} replicated parameter tensors; at most "
     f"{lesson.mib(memory['fsdp']['gathered'])} gathered at once (the memory table's column: full parameters and "
-    "receive buffers), two units' worth, against "
+    "receive buffers), twice the largest unit's full parameters, against "
     f"{lesson.mib(memory['ddp']['parameters'])} for the whole model.",
 )
 f = looks["fsdp"]
@@ -663,27 +661,27 @@ lesson.say(
 # ## What each rung trades
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's ring
-# (the ring table). The model state is not the most a rank holds during the step: before the last
-# micro-batch zero2 and fsdp hold whole gradients, as ddp does, and it leaves out the activations, the
-# collectives' buffers and fsdp's gathered units. The bytes are the ring's: through gloo zero2's
-# reduce-scatters run as all_reduces of whole buckets, so the ✓ line's fewer bytes hold on the ring only.
-# fsdp gathers every unit for each micro-batch, so its multiple grows with the micro-batches a step.
+# (the ring table). The model state is not the most a rank holds during the step: it leaves out the
+# activations, fsdp's gathered units and the buffers of zero1's and zero2's all-gathers, which no column
+# counts (zero2 starts every bucket's at once); so it does not rank fsdp against zero2 by their peaks. The
+# bytes are the β term only (each collective, a mark in the figure above, adds α) and the ring's: through
+# gloo zero2's reduce-scatters run as all_reduces of whole buckets, so the ✓ line's fewer bytes hold on
+# the ring only.
 
 # %%
 # %%rank 0
 trade = pd.DataFrame({"model state MiB": table["model state MiB"], "sent a step MiB": pd.Series(total) / 2**20})
 spared = trade.loc["ddp", "model state MiB"] - trade["model state MiB"]  # against ddp's, at the update
+handed = {s: looks[s]["calls"] + looks[s]["gathers"] for s in STAGES}  # collectives a step, each paying α
 lesson.say(
-    "Against ddp, on the ring: "
+    f"Against ddp ({handed['ddp']} collectives a step), on the ring: "
     + "; ".join(
-        f"{s} {spared[s]:.1f} MiB less model state at the update, {total[s] / total['ddp']:.1f} times ddp's bytes sent"
+        f"{s} {spared[s]:.1f} MiB less model state at the update, {total[s] / total['ddp']:.1f} times ddp's bytes sent "
+        f"in {handed[s]} collectives"
         for s in STAGES[1:]
     )
-    + f".\nfsdp against zero2: {spared['fsdp'] - spared['zero2']:.1f} MiB less model state at the update; during a "
-    f"forward or backward its gathered units hold up to {table.loc['fsdp', 'gathered units (peak) MiB']:.1f} MiB "
-    f"(activations: {table.loc['fsdp', 'activations MiB']:.1f} MiB). It sends {total['fsdp'] / total['zero2']:.1f} "
-    f"times zero2's bytes at {accum} micro-batches a step (the first section's bound at 1 micro-batch: "
-    f"{3 / 2:.1f} times DDP's, which zero2 sends)."
+    + f".\nfsdp against zero2: {spared['fsdp'] - spared['zero2']:.1f} MiB less model state at the update, "
+    f"{total['fsdp'] / total['zero2']:.1f} times zero2's bytes sent at {accum} micro-batches a step."
 )
 lesson.claim(
     (trade.loc["zero2"] < trade.loc["zero1"]).all(),

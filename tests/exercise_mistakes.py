@@ -968,6 +968,16 @@ def _halves_copied_back_flat(tensor, group):
     tensor.copy_(padded[: flat.numel()])
 
 
+def _halves_assigned_back_flat(tensor, group):
+    """Writes the sum back by slice assignment without ``.view_as(tensor)``, padding cut off: right on the flat
+    buckets; on a tensor of more dimensions torch refuses it as ``copy_`` does, in other words ("the expanded size")."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor[:] = padded[: flat.numel()]
+
+
 def _halves_padded_unflattened(tensor, group):
     """Pads the tensor as it was handed, without flattening it: right on the flat buckets; on a 5 × 7 tensor
     ``F.pad`` pads the last dimension (5 × 8), and gloo's reduce-scatter, which cuts the first, refuses it (where a
@@ -1164,6 +1174,7 @@ HalvesGatheredUnpadded = _halves_with("HalvesGatheredUnpadded", _halves_gathered
 HalvesPaddingCopiedBack = _halves_with("HalvesPaddingCopiedBack", _halves_padding_copied_back)
 HalvesPieceCopiedBack = _halves_with("HalvesPieceCopiedBack", _halves_piece_copied_back)
 HalvesCopiedBackFlat = _halves_with("HalvesCopiedBackFlat", _halves_copied_back_flat)
+HalvesAssignedBackFlat = _halves_with("HalvesAssignedBackFlat", _halves_assigned_back_flat)
 HalvesPaddedUnflattened = _halves_with("HalvesPaddedUnflattened", _halves_padded_unflattened)
 HalvesPaddedUnflattenedUnshaped = _halves_with("HalvesPaddedUnflattenedUnshaped", _halves_padded_unflattened_unshaped)
 HalvesCopiedBackTransposed = _halves_with("HalvesCopiedBackTransposed", _halves_copied_back_transposed)

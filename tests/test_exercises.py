@@ -422,6 +422,16 @@ MISTAKES = [
             "shape the sum as the tensor, tensor.copy_(padded[: flat.numel()].view_as(tensor))",
         ),
     ),
+    # the same by slice assignment, tensor[:] = padded[: flat.numel()]: torch's other text ("the expanded size ...
+    # the existing size (35)") named as the missing view_as, not as padding left on (its line cuts the padding off)
+    (
+        wrong.HalvesAssignedBackFlat,
+        "halves",
+        (
+            "in _halves_assigned_back_flat (line",
+            "shape the sum as the tensor, tensor.copy_(padded[: flat.numel()].view_as(tensor))",
+        ),
+    ),
     # the tensor padded as handed, not flattened: F.pad pads a 5 x 7 tensor's last dimension (5 x 8), which gloo's
     # reduce-scatter refuses (it cuts the first): named as the missing flatten, not as a length the world size does
     # not divide (40 is even) nor, where a backend accepts it, as padding left on or a missing view_as

@@ -570,12 +570,17 @@ def _raise_hint(
             "F.pad pads the last dimension, but the collectives and padded[: tensor.numel()] cut the first; flatten "
             "it first, flat = tensor.reshape(-1), and pad flat)"
         )
-    # a transport's flat sum copied into the checker's tensor of more dimensions (harness.SHAPED) without its shape
-    unshaped = re.search(r"must match the size of tensor b \(\d+\) at non-singleton dimension [1-9]", message)
-    if like == "halves" and unshaped:
+    # a transport's flat sum copied into the checker's tensor of more dimensions (harness.SHAPED) without its shape,
+    # by copy_ ("size of tensor b") or by slice assignment, tensor[:] = ... ("the existing size"); the sum with its
+    # padding still on (the padded length) is left to the copy-back hint below
+    unshaped = re.search(
+        r"must match the (?:size of tensor b|existing size) \((\d+)\) at non-singleton dimension [1-9]", message
+    )
+    if like == "halves" and unshaped and not (sizes and int(unshaped.group(1)) == sizes.get("padded")):
         return (
-            " (the sum is flat and the tensor you were handed is not: copy_ broadcasts a 1-D tensor along the last "
-            "dimension only; shape the sum as the tensor, tensor.copy_(padded[: flat.numel()].view_as(tensor)))"
+            " (the sum is flat and the tensor you were handed is not: copy_ and slice assignment broadcast a 1-D "
+            "tensor along the last dimension only; shape the sum as the tensor, "
+            "tensor.copy_(padded[: flat.numel()].view_as(tensor)))"
         )
     copy_back = like == "halves" and sizes and sizes["kind"] == "copy_back" and re.search(r"shape|size", message, re.I)
     if copy_back and world and f"({sizes['padded'] // world})" in message and f"({sizes['padded']})" not in message:
