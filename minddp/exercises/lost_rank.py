@@ -144,7 +144,10 @@ def check_shards(shards: list, *, steps: int = 6, timeout_s: float = 180.0) -> l
             steps,
             world_size=WORLD,
             faults=parse_faults(FAULT),
-            hang_s=5.0,
+            # the fault is a kill, which the launcher reports at once (gone/<slot>): the hang bound serves only a
+            # frozen process, so it is set far above the longest a live rank's heartbeat thread may go unscheduled
+            # on a loaded 2-core machine (5 s, test_ft's HANG_S, leaves a live rank evictable when eight jobs share it)
+            hang_s=30.0,
             digests=True,  # the processes' own checks (minddp.ft.report.consistency), for the verdict
             full_world_at=(0, 2),  # the first step and the fault's meet the whole world
             rejoin_before_end=True,  # ... and the killed rank is back, healed, for the last step
