@@ -124,10 +124,10 @@ for line in run.report():
 #   the attempt at the first no it reads, or once a member that has not voted is no longer live (phase 5).
 #   The row names the slots whose votes it had read by then;
 # * **exit seen** and **exit recorded** (the kill only): the launcher looks over its processes in
-#   **passes**, sleeping 20 ms after each; exit seen is the pass that found slot 1's process ended, exit
-#   recorded its record of that exit for the lighthouse. Between the two it sleeps a fixed `EXIT_WAIT_S`,
-#   then looks for the process's **result** (the final state and log a process hands the launcher once it
-#   has trained its last step), which a killed process never sends;
+#   **passes**, sleeping 20 ms, `PASS_SLEEP_S`, after each; exit seen is the pass that found slot 1's
+#   process ended, exit recorded its record of that exit for the lighthouse. Between the two it sleeps a
+#   fixed `EXIT_WAIT_S`, then looks for the process's **result** (the final state and log a process hands
+#   the launcher once it has trained its last step), which a killed process never sends;
 # * **next quorum**: the lighthouse answers, with a new tag, once every live slot has asked; slot 1 counts
 #   as live until the lighthouse has read the exit's record;
 # * **work started** and **work done**: in the attempt that committed the step, the last member to start
