@@ -137,8 +137,10 @@ for line in run.report():
 #
 # The raise's process stayed (the first claim), so its table has no exit rows. The last lines cut both
 # recoveries into six spans, each named by the two moments it runs between, and name the span that differs
-# most: the kill's next quorum waits for the exit's record, so for the part of the launcher's sleep after
-# the discard. Why the other spans differ, the run does not show.
+# most. The kill's next quorum waits for the exit's record, so for the part of the launcher's sleep after
+# the discard: where discard → next quorum differs most, the line says how much. Why the other spans
+# differ, the run does not show.
+
 
 # %%
 from minddp.ft import fault_outcomes
@@ -181,9 +183,9 @@ lesson_07.print_rejoin(kill)
 # waited at step 9 because this notebook sets `full_world_at=(9,)`. They ask for a step's quorum as soon
 # as they have committed the step before, so the time from their last commit to the quorum (the last line
 # above) is the lighthouse waiting for the new process alone, and the new process's time from its start to
-# the quorum is its starting up, to its first request (it imports the `ft` modules, connects to the
-# lighthouse, builds its model, then starts its heartbeat and asks; the run does not time these apart).
-# That time is part of neither fault's recovery.
+# the quorum is its starting up, to its first request (its imports, its connection to the lighthouse,
+# its model: not timed apart). That time is part of neither fault's recovery.
+
 #
 # Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline below),
 # and only slot 1's process was started again; a restart from a checkpoint (not run here) starts every
