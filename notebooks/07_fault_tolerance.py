@@ -20,11 +20,10 @@
 # from the last checkpoint. At scale failures are routine: the pre-training of Llama 3 405B saw 419
 # unexpected interruptions in 54 days on 16,384 GPUs, one every 3.1 hours (54 × 24 / 419; *The Llama 3
 # Herd of Models*, Meta, 2024, arXiv:2407.21783, section 3.3.4), and each one costs the work since that
-# checkpoint plus a restart. The `ft` **rung** (one of minddp's ways to train, as each stage of notebook
-# 03's ladder is one; in `minddp/ft/`, after torchft, PyTorch's fault-tolerance library) keeps training
-# instead: it runs the `ddp` stage of notebooks 02 and 03 inside the phases below. Each try at a step (an
-# **attempt**) goes through them (numbered as in `docs/fault-tolerance.md`; phases 2 and 3 only in the
-# attempts that need them):
+# checkpoint plus a restart. The `ft` **rung** (a rung above notebook 03's ladder, built on the `ddp`
+# stage that closes it; in `minddp/ft/`, after torchft, PyTorch's fault-tolerance library) keeps training
+# instead: it runs that stage inside the phases below. Each try at a step (an **attempt**) goes through
+# them (phases 2 and 3 only in the attempts that need them):
 #
 # 1. a **quorum**: before each attempt, a small coordinator (the *lighthouse*, a process of its own)
 #    answers who trains it, the attempt's **members**;
@@ -32,7 +31,7 @@
 #    quorum, and whenever the members changed or the last attempt at a step was discarded (phase 5: a
 #    group that saw a failure may be broken);
 # 3. a process that comes back is **healed**: it receives the trained state from a peer, over the group,
-#    no file (the parameters, the optimizer's state, and the count of steps committed, phase 5);
+#    no file (the parameters, the optimizer's state, and the count of steps committed);
 # 4. **the work**: the members split the step's whole global batch among themselves, so a lost process's
 #    examples are trained by the others (the exercise's checker shows it, in the last code cell);
 # 5. **should_commit**: each member votes yes or no, and the attempt is **committed** on every member or
@@ -76,7 +75,7 @@
 #   not silent and the launcher has not reported its process's exit. The lighthouse answers a quorum once
 #   every live slot has asked (every slot, at the run's first quorum and at the first attempt of a step in
 #   `full_world_at`). A silent slot is evicted (its process ended and started again), unless it is the
-#   last holder (question 1 below);
+#   last holder, which is waited for;
 # * `full_world_at=(9,)`: step 9's first quorum waits for all three slots, so slot 1 is back, healed,
 #   before the raise of step 11;
 # * `restart_after_steps=1`: the launcher starts a killed slot again only once a step was committed
@@ -124,20 +123,24 @@ for line in run.report():
 # * **discard**: each member that caught an error drops its group, then votes no; the lighthouse discards
 #   the attempt at the first no it reads, or once a member that has not voted is no longer live (phase 5).
 #   The row names the slots whose votes it had read by then;
-# * **exit seen** and **exit recorded** (the kill only): the launcher's pass that found slot 1's process
-#   ended, and its record of that exit for the lighthouse; between the two it sleeps a fixed `EXIT_WAIT_S`
-#   for a result that may be in flight, which a killed process never sends;
+# * **exit seen** and **exit recorded** (the kill only): the launcher looks over its processes in
+#   **passes**, sleeping 20 ms, `PASS_SLEEP_S`, after each; exit seen is the pass that found slot 1's
+#   process ended, exit recorded its record of that exit for the lighthouse. Between the two it sleeps a
+#   fixed `EXIT_WAIT_S`, then looks for the process's **result** (the final state and log a process hands
+#   the launcher once it has trained its last step), which a killed process never sends;
 # * **next quorum**: the lighthouse answers, with a new tag, once every live slot has asked; slot 1 counts
 #   as live until the lighthouse has read the exit's record;
 # * **work started** and **work done**: in the attempt that committed the step, the last member to start
-#   and the last to finish its work (forward, `ToyTask`'s pause, backward, all_reduce). Before the start
-#   each member builds the new group and takes its digest; after the end it votes;
+#   and the last to finish its work (`ToyTask`'s pause, forward, backward with the all_reduce). Before
+#   the start each member builds the new group and takes its digest; after the end it votes;
 # * **commit**: the lighthouse commits once every member has voted yes.
 #
 # The raise's process stayed (the first claim), so its table has no exit rows. The last lines cut both
 # recoveries into six spans, each named by the two moments it runs between, and name the span that differs
-# most: the kill's next quorum waits for the exit's record, so for the part of the launcher's sleep after
-# the discard. Why the other spans differ, the run does not show.
+# most. The kill's next quorum waits for the exit's record, so for the part of the launcher's sleep after
+# the discard: where discard → next quorum differs most, the line says how much. Why the other spans
+# differ, the run does not show.
+
 
 # %%
 from minddp.ft import fault_outcomes
@@ -164,7 +167,7 @@ lesson_07.print_spans(run, kill, raised, hang_s)
 # %% [markdown]
 # The kill also ended slot 1's process: its **rejoin** (the report's first line) ends at the quorum that
 # took a new process in slot 1 back. The cell prints what each side did from the kill to that quorum (in
-# whole ms; the report rounds to hundredths of a second).
+# whole ms).
 
 # %%
 lesson.claim(
@@ -180,9 +183,9 @@ lesson_07.print_rejoin(kill)
 # waited at step 9 because this notebook sets `full_world_at=(9,)`. They ask for a step's quorum as soon
 # as they have committed the step before, so the time from their last commit to the quorum (the last line
 # above) is the lighthouse waiting for the new process alone, and the new process's time from its start to
-# the quorum is its starting up, to its first request (it imports the `ft` modules, connects to the
-# lighthouse, builds its model, then starts its heartbeat and asks; the run does not time these apart).
-# That time is part of neither fault's recovery.
+# the quorum is its starting up, to its first request (its imports, its connection to the lighthouse,
+# its model: not timed apart). That time is part of neither fault's recovery.
+
 #
 # Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline below),
 # and only slot 1's process was started again; a restart from a checkpoint (not run here) starts every
@@ -212,52 +215,42 @@ print(run.timeline())
 #   was tried again by a new group of the same three slots.
 
 # %%
-entries = [(slot, e) for slot, _, e in run.entries]  # one entry per member and attempt
-
-
-def at(step, committed):
-    return [(slot, e) for slot, e in entries if e["step"] == step and e["committed"] == committed]
-
-
-def tags(step, committed):  # the tags of those attempts' quorums: a new tag, a new group
-    return {e["tag"] for _, e in at(step, committed)}
-
+from minddp.notebook.lesson_07 import attempts, heals, in_a_new_group
 
 for slot, error in run.errors(4):  # in the order caught; of a gloo error, minddp's label, then gloo's sentence
     print(f"slot {slot}, step 4: {error}")
+failed, retried = attempts(run, 4, committed=False), attempts(run, 4, committed=True)
 lesson.claim(
-    {slot for slot, _ in at(4, False)} == {0, 2} and not any(e["ok"] for _, e in at(4, False)),
+    {slot for slot, _ in failed} == {0, 2} and not any(e["ok"] for _, e in failed),
     "step 4: both survivors' attempts failed, they voted no, and the attempt was discarded on both",
 )
 lesson.claim(
-    [e["members"] for _, e in at(4, True)] == [[0, 2], [0, 2]] and tags(4, True).isdisjoint(tags(4, False)),
+    [e["members"] for _, e in retried] == [[0, 2], [0, 2]] and in_a_new_group(run, 4),
     "step 4 was then committed by both survivors, slots 0 and 2, in a new group of 2 (ranks 0 and 1)",
 )
 peers = {n for s, n in kill.rejoin_steps.items() if s != 1}
 lesson.claim(
     kill.rejoin_steps[1] == 0 and peers == {kill.healed_at} and 4 < kill.healed_at <= 9,
     f"slot 1's new process asked for step 0 and its peers for step {kill.healed_at}: it was healed there, after "
-    "step 4 was committed without it (restart_after_steps=1) and no later than step 9 (full_world_at)",
+    "step 4 and no later than step 9 (full_world_at)",
 )
-heals = [(slot, e["step"], e["committed"]) for slot, e in entries if e["healed"]]
 lesson.claim(
-    heals == [(1, kill.healed_at, True)],
+    heals(run) == [(1, kill.healed_at, True)],
     f"slot 1 was healed once, at step {kill.healed_at}, and that attempt was committed: `H` on the timeline "
     "(no other process was healed)",
 )
 lesson.claim(
-    all(len(e["members"]) == 3 for _, e in entries if e["step"] >= kill.healed_at),
+    all(len(e["members"]) == 3 for _, _, e in run.entries if e["step"] >= kill.healed_at),
     f"from step {kill.healed_at} on, every attempt had all three slots",
 )
 for slot, error in run.errors(11):
     print(f"slot {slot}, step 11: {error}")
 lesson.claim(
-    {slot for slot, _ in at(11, False)} == {0, 1, 2} and len(at(11, True)) == 3,
+    {s for s, _ in attempts(run, 11, committed=False)} == {0, 1, 2} and len(attempts(run, 11, committed=True)) == 3,
     "step 11: discarded on all three slots, then committed by all three",
 )
 lesson.claim(
-    len(tags(11, False)) == len(tags(11, True)) == 1 and tags(11, False) != tags(11, True),
-    "and the retry of step 11 ran in a new group (a new tag), of the same three members",
+    in_a_new_group(run, 11), "and the retry of step 11 ran in a new group (a new tag), of the same three members"
 )
 
 # %% [markdown]
@@ -278,8 +271,7 @@ lesson.claim(
 )
 lesson.claim(
     checks.one_start,
-    f"every member that recorded a digest, in each of the {checks.attempts} attempts (the timeline's columns), "
-    "started it from the same bytes",
+    f"every member that recorded a digest, in each of the {checks.attempts} attempts, started it from the same bytes",
 )
 lesson.claim(
     checks.discards_kept,
@@ -394,7 +386,7 @@ show_source(solutions.ft_shard)
 # rank multiplies its rows' summed loss by world / B, and the all_reduce averages over the world), as if
 # rows 6-9 had a gradient of zero. Only a comparison with a single process on the whole batch shows rows
 # 6-9 untrained: the second cell below runs this split in the checker's run, where all three checks pass
-# and that comparison fails.
+# and that comparison fails (its line says by how many times the tolerance).
 #
 # </details>
 
@@ -447,6 +439,4 @@ lesson.claim(
 
 # %% [markdown]
 # `docs/fault-tolerance.md` has the recovery over 24 faults at a 2 s hang bound, torchft's recovery beside
-# minddp's for one fault (as alike as the two designs allow: under torchft a replica group's thread raises
-# and aborts its group, under minddp `kill@3:1` kills a slot's process), and a projection against
-# checkpoint-restart.
+# minddp's for one fault, and a projection against checkpoint-restart.

@@ -845,6 +845,7 @@ def test_the_shard_exercise_names_each_wrong_split_from_one_run_through_a_lost_r
     # What the processes' own checks cannot see: a lost row leaves the ranks identical, each attempt started from one
     # state, each discard changing nothing.
     assert "though the processes' own checks all pass" in verdicts[len(SHARD_ANSWERS)].line
+    assert "times the tolerance" in verdicts[len(SHARD_ANSWERS)].line  # how far over it, beside a right split's
 
 
 SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
@@ -948,6 +949,16 @@ def test_the_shard_checker_names_the_remainder_of_a_floor_division_by_the_first_
     assert "each rank took 10 // 3 = 3 rows, so the remainder of the floor division, row 9, went to no rank" in problem
     assert "as if `world` were always 3: at world 2, rows 6-9 go to no rank" in problem, problem
     assert "rank  go" not in problem and "ranks  go" not in problem, problem
+
+
+def test_the_shard_checker_says_how_many_times_the_tolerance_a_wrong_split_is_off():
+    """Notebook 07, question 3: a wrong split's largest difference from the single process is said with the tolerance
+    and how many times over it it lies (a right split's line gives its difference and the tolerance), so the scale
+    of a lost row is read, not worked out."""
+    problem = lost_rank.coverage_problem(
+        wrong.shard_floor_of_the_first_world, [(0, 3), (1, 2)], lost_rank.Lanes([], 2), 0.24, blind=True, bound=1.8e-4
+    )
+    assert "(largest difference 0.24, 1,333 times the tolerance 1.8e-04), though" in problem, problem
 
 
 SHARD_HALF_NAMED = [  # once named by half their mistake: each verdict names what the code does, whole

@@ -576,7 +576,7 @@ def verdict(fn, mine: dict, oracle: dict, committed, task: Lanes, run, blind: bo
             f"batches of {min(OTHER_ROWS)} to {max(OTHER_ROWS)} rows (checked in this process); "
             f"{compared_with_the_rung(fn, task.global_batch(0))}",
         )
-    return Verdict(False, "✗ shard: " + coverage_problem(fn, committed, task, d_single, blind))
+    return Verdict(False, "✗ shard: " + coverage_problem(fn, committed, task, d_single, blind, tolerance(oracle)))
 
 
 #: Batch sizes checked besides the run's (in this process, starting none), every one from 1 to 12 rows: a split must
@@ -809,9 +809,23 @@ def compared_with_the_rung(fn, batch) -> str:
     return "your split gives every rank the rows the ft rung's own split gives it"
 
 
-def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool) -> str:
-    """Which rows no rank trained (or several did), at the first world where the split was wrong."""
-    left = f"the parameters differ from a single process's on the whole batch (largest difference {difference:.2g})"
+def times(ratio: float) -> str:
+    """How many times over, in words a learner reads at a glance.
+
+    >>> times(1333.4), times(12.6), times(1.26)
+    ('1,333 times', '13 times', '1.3 times')
+    """
+    return f"{ratio:,.0f} times" if ratio >= 10 else f"{ratio:.2g} times"
+
+
+def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool, bound: float | None = None) -> str:
+    """Which rows no rank trained (or several did), at the first world where the split was wrong (``bound``: the
+    :func:`tolerance` the difference was over, said as how many times over)."""
+    over = "" if bound is None else f", {times(difference / bound)} the tolerance {bound:.1e}"
+    left = (
+        f"the parameters differ from a single process's on the whole batch (largest difference {difference:.2g}{over})"
+    )
+
     if blind:  # what the processes' own checks cannot see
         left += (
             f", though the processes' own checks all pass (the {WORLD} slots end equal, every "

@@ -2,11 +2,14 @@
 
 Each function reads a run of :func:`minddp.ft.launch_ft` and one of its faults (a
 :class:`minddp.ft.report.FaultOutcome`) through :mod:`minddp.ft.report`'s measures and prints them;
-it defines no measure of its own. The notebook keeps its claims in its cells; these only print:
+it defines no measure of its own. The notebook keeps its claims in its cells; these print or read:
 
 * :func:`print_moments`: the moments the members, the lighthouse and the launcher recorded after a fault;
 * :func:`print_spans`: two faults' recoveries cut into six spans, side by side, and the span that differs most;
-* :func:`print_rejoin`: what each side did from a kill to the quorum that took the slot's new process back.
+* :func:`print_rejoin`: what each side did from a kill to the quorum that took the slot's new process back;
+
+and three readers of the members' entries (one per member and attempt) for the cells' claims: :func:`attempts`,
+:func:`in_a_new_group`, :func:`heals`.
 
 A span is named by the two moments it runs between (``"discard → next quorum"``); in the tables' whole
 milliseconds the six spans of a recovery add up to it exactly (:func:`spans`).
@@ -86,7 +89,7 @@ def spans(run, o) -> dict[str, int]:
 def print_spans(run, kill, raised, hang_s: float) -> None:
     """Each recovery (and its share of the hang bound), then both cut into :func:`spans`, side by side, and the
     span that differs most; where that span is the kill's wait for its exit's record, how much of the launcher's
-    sleep (from the exit seen to its record, ``EXIT_WAIT_S``) lies in it."""
+    sleep and look for a result (from the exit seen to exit recorded) lies in it."""
     for o in (kill, raised):
         print(
             f"{o.fault} recovery: {ms(o.recovery_s)} ms, {o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s)"
@@ -104,8 +107,9 @@ def print_spans(run, kill, raised, hang_s: float) -> None:
     if most == "discard → next quorum" and kill.exit_s is not None and d <= ms(kill.exit_s) <= q:
         record, seen = ms(kill.exit_s), ms(kill.seen_s)
         line += (
-            f"; the kill's holds {record - max(seen, d)} ms of the {record - seen} ms from slot {kill.fault.slot}'s "
-            f"exit seen to its record (the launcher's sleep, EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms)"
+            f"; in the kill it holds {record - max(seen, d)} ms of the {record - seen} ms from slot "
+            f"{kill.fault.slot}'s exit seen to exit recorded (the launcher's sleep, EXIT_WAIT_S = "
+            f"{EXIT_WAIT_S * 1000:g} ms, then its look for a result)"
         )
     print(line)
 
@@ -126,3 +130,36 @@ def print_rejoin(o) -> None:
         f"the last {ms(last)} ms after the kill; "
         f"then {rejoin - ms(last)} ms to the quorum of step {o.healed_at}"
     )
+
+
+def attempts(run, step: int, *, committed: bool) -> list[tuple[int, dict]]:
+    """``(slot, entry)`` of each member's attempt at ``step`` that was committed (or discarded), by slot.
+
+    >>> from types import SimpleNamespace
+    >>> run = SimpleNamespace(entries=[(2, 0, {"step": 4, "committed": False}), (0, 0, {"step": 4, "committed": False}),
+    ...                                (0, 0, {"step": 4, "committed": True})])
+    >>> [slot for slot, _ in attempts(run, 4, committed=False)]
+    [0, 2]
+    """
+    return sorted(
+        ((s, e) for s, _, e in run.entries if e["step"] == step and e["committed"] == committed), key=lambda se: se[0]
+    )
+
+
+def in_a_new_group(run, step: int) -> bool:
+    """Whether ``step``'s committed attempt ran under a tag none of its discarded attempts had: a new tag, so a new
+    group (phase 2), built for the retry.
+
+    >>> from types import SimpleNamespace
+    >>> run = SimpleNamespace(entries=[(0, 0, {"step": 4, "committed": False, "tag": "e0q1"}),
+    ...                                (0, 0, {"step": 4, "committed": True, "tag": "e0q2"})])
+    >>> in_a_new_group(run, 4)
+    True
+    """
+    tags = [{e["tag"] for _, e in attempts(run, step, committed=c)} for c in (False, True)]
+    return bool(tags[0] and tags[1]) and tags[0].isdisjoint(tags[1])
+
+
+def heals(run) -> list[tuple[int, int, bool]]:
+    """``(slot, step, committed)`` of each attempt in which a member was healed, in the order recorded."""
+    return [(s, e["step"], e["committed"]) for s, _, e in run.entries if e["healed"]]
