@@ -747,18 +747,6 @@ class BucketAsyncReadsBeforeWait(solutions.AsyncBucketDDP):
         self.in_flight.clear()
 
 
-class AsyncRegistersAgain(solutions.AsyncHookDDP):
-    """The hook exercise's registration carried over into a class built on HookDDP, whose __init__ already registers
-    _grad_ready: every gradient is sent twice, and finish divides each of its two entries, so the gradients come out
-    right ((2S / 2) / 2, the mean) with twice the all_reduce calls."""
-
-    def __init__(self, module, process_group=None):
-        super().__init__(module, process_group)
-        for param in module.parameters():
-            if param.requires_grad:
-                param.register_post_accumulate_grad_hook(self._grad_ready)
-
-
 class AsyncDividesEveryFinish(solutions.AsyncHookDDP):
     """Keeps only the works, and in finish divides every parameter's gradient: finish runs after the no_sync()
     micro-batches too, so their local gradients are divided as well, with nothing summed."""
