@@ -32,10 +32,10 @@
 #    sends each gradient or bucket through the *comm hook*
 #    (`self.comm_hook(self.comm_state, GradBucket(...))`, which returns a Future; `04_comm_hooks`
 #    swaps it); once in each synced backward it checks that every rank's forwards used the same
-#    parameters (`parameters_used.check()`, one all_gather: in finish for `simple` and `ga`, at the
-#    backward's first gradient from `hook` on); and from `hook-async` on it refuses a step whose last
-#    sync was left unfinished (`check_finished`). A comment *step 1*, *step 2* in a class numbers a
-#    list in its module's docstring (not printed here), not a training step;
+#    parameters (`parameters_used.check()`, one all_gather: after backward for `simple` and `ga`, at
+#    the backward's first gradient from `hook` on); and from `hook-async` on it refuses a step whose
+#    last sync was left unfinished (`check_finished`). A comment *step 1*, *step 2* in a class numbers
+#    the parts of its idea, not a training step;
 # 3. **a run on real ranks**: one warm-up step, then one step under the profiler (`Trainee.look`): the
 #    all_reduce calls, when each message was handed to the link, how long the link took, and when
 #    the training thread waited; then **a picture** of that step, the stage before it faded above it;
@@ -44,7 +44,8 @@
 #    only (one step, on a machine shared with other work);
 # 5. **your turn**: write the stage; `check` runs it on real ranks and says what is wrong.
 #
-# Every stage trains the same model on the same batches, with the settings printed below.
+# Until "The cap, swept", every stage trains the same model on the same batches, with the settings
+# printed below.
 
 # %% [markdown]
 # ### The link, and the words used below
@@ -63,10 +64,11 @@
 # all_reduce handed to the link (a gradient, or a bucket of them); its *fixed cost* is 2(n−1)·α. Over
 # the link's modeled transfers: *link time*, the step's messages' time on the link; *exposed*, the part
 # of it the training thread stood waiting through; *interleaved*, time inside a backward with a message
-# on the link and the thread not computing; *overlap*, the share of the link time during which the
-# thread computed. *Waited* is the measured time the thread stood still for its messages: the exposed
-# part and any waiting after the link had delivered, which the link does not model. The
-# parameters-used check's all_gather is printed apart (*at the check*).
+# on the link and the thread waiting (for a message or at the check); *overlap*, the share of the link
+# time the thread spent inside a forward, a backward or the optimizer, not waiting. *Waited* is the
+# measured time the thread stood still for its messages: the exposed part and any waiting after the
+# link had delivered, which the link does not model. The parameters-used check's all_gather is
+# printed apart (*at the check*).
 #
 # **Words of this notebook.** `hook` in code type is a stage. A *grad hook* is the function autograd
 # calls when a parameter's gradient is ready (`register_post_accumulate_grad_hook`; `hook` and every
@@ -308,17 +310,13 @@ lesson.claim(
     "And the training thread waits for each of them right there, inside the backward: communication is "
     "*interleaved* with the backward, which stops for every message and then goes on.",
 )
-from minddp.analysis.timeline import row_measures
-
-lesson_03.say_hook_split(looks, row_measures(v["row"])["interleaved_ms"])
+lesson_03.say_hook_split(looks, fixed)
 
 # %% [markdown]
 # What to look for: the messages and the waits have moved into the last backward, which stops at
 # every gradient until its all_reduce is back (zoomed in, each stop is a red wait; at this size the
-# many thin waits and the backward between them blend into one band). The hatched stop at its first
-# gradient is the parameters-used check. The cell above splits this backward: autograd's
-# accumulation steps hold the grad hooks' waits, the check and the hooks' own lines (handing each
-# message over), and those lines' time is in neither waited nor exposed.
+# many thin waits and the backward between them blend into one band). The cell above splits this
+# backward: the hooks' own lines' time is in neither waited nor exposed.
 #
 # ### Your turn: `hook`
 #
@@ -692,8 +690,9 @@ lesson_03.look_table(looks, checks)
 # bucketed stage trades three things against a per-gradient one (an all_reduce of m bytes between n
 # ranks takes 2(n−1)·α + 2(n−1)/n · m·β on the link):
 #
-# 1. **per message**: every all_reduce pays 2(n−1)·α however few its bytes; buckets pay it once per
-#    bucket instead of once per gradient tensor;
+# 1. **per message**: every all_reduce pays 2(n−1)·α on the link, and the thread's time to hand it
+#    over in a grad hook, however few its bytes; buckets pay both once per bucket instead of once per
+#    gradient tensor, and copy each gradient into its bucket;
 # 2. **the late start**: nothing goes to the link before some bucket's last gradient is ready, while a
 #    per-gradient stage sends its first gradient as soon as it is ready. The first message is the
 #    bucket that fills first, not always the plan's first;
@@ -706,10 +705,10 @@ lesson_03.look_table(looks, checks)
 # the *tail-limited* one. The link's time still to run when backward ends (*link after backward*) is
 # the most that step can expose: the thread stands through it only while in one of its waits in
 # finish. Each step has a backward of its own, and a longer backward hides more of the link: the
-# cells print each step's backward beside its exposed time, and the verdicts, by *exposed*, hold at
-# those backwards. *Waited* is printed beside it, without a verdict: it adds the waiting after the
-# link had delivered, which the link does not model. When each gradient is ready comes from the
-# *bare network* (no wrapper, no hooks, no messages, no profiler), timed here.
+# cells print each step's backward beside its exposed time, and the verdicts hold at those backwards.
+# *Waited* is printed without a verdict: it adds the waiting after the link had delivered, which the
+# link does not model. When each gradient is ready comes from the *bare network* (no wrapper, no
+# hooks, no messages, no profiler), timed here.
 
 # %%
 # %%distributed
@@ -798,11 +797,11 @@ lesson_03.sweep_table(swept, model, default).infer_objects().round(1)
 # long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
 # emulated link that keeps both ratios of a setting for the network at hand, against a backward timed
 # on this machine (rank 0's): a faster machine gets a faster link. On the 2 ranks here (one all_reduce
-# of m bytes takes 2α + m/B), B = one sync's bytes / (bytes ratio × that backward) and α = message
+# of m bytes takes 2α + m·β), 1/β = one sync's bytes / (bytes ratio × that backward) and α = message
 # ratio × that backward / 2. Each rung's own backward differs from that one, and so do the ratios it
-# meets: the cell prints the factor. The rungs run without a warm-up step. Both settings come from the
-# blog's run as the step-time model rebuilds it (`python -m minddp.model project --setting blog`,
-# `docs/scaling.md` §5: SmolLM2-360M, bf16 gradients, an assumed 3 TFLOP/s on each T4):
+# meets. The rungs run without a warm-up step. Both settings come from the blog's run as the
+# step-time model rebuilds it (`python -m minddp.model project --setting blog`, `docs/scaling.md` §5:
+# SmolLM2-360M, bf16 gradients, an assumed 3 TFLOP/s on each T4):
 #
 # * **the ratios of 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`); every stage, on this notebook's
 #   workload;
@@ -879,13 +878,12 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 
 # %% [markdown]
 # On these links the lines below print each rung's link time, *overlap* and *exposed* (01's, over the
-# link's transfers). Overlap counts link time with the thread inside a forward, a backward or the
-# optimizer, its grad hooks' lines included, not only the network's arithmetic (the blog's overlap,
-# read from GPU traces, is another measure). The two need not cover all the link's time: the rest
-# passed with the thread in neither, as between the end of backward and its wait in finish. `hook`
-# and `bucket` send and then wait inside backward, so the time from a send to its wait counts as
-# overlap; `simple` and `ga` do it in finish, after backward, where it does not. In these four no
-# backward arithmetic runs while a message travels.
+# link's transfers). Overlap counts the grad hooks' lines, not only the network's arithmetic (the
+# blog's overlap, read from GPU traces, is another measure). The two need not cover all the link's
+# time: the rest passed with the thread in neither, as between the end of backward and its wait in
+# finish. `hook` and `bucket` send and then wait inside backward, so the time from a send to its wait
+# counts as overlap; `simple` and `ga` do it in finish, after backward, where it does not. In these
+# four no backward arithmetic runs while a message travels.
 
 # %%
 # %%distributed
@@ -916,10 +914,10 @@ lesson_03.say_verdicts(looks, t4, far, per_message_ms, one_far, sized_from["1024
 # the sweep's table shows. Where one message's fixed cost is large, buckets pay it once per bucket
 # instead of once per gradient tensor: on the link sized with the ratios of 1024 ranks, 26 times a
 # step instead of 291. Whether the buckets paid in these steps, the lines from "Buckets, in the end"
-# say, one per link, by *exposed*; *waited* beside it adds time the link does not model. Each is one
-# profiled step of each rung on a shared machine, at that step's own backward: it says what those two
-# steps did, not which rung is the faster. The step-time model's answer for this link is the sweep's
-# sentence "by the model".
+# say: one per link by *exposed* alone, and the last by exposed and the thread's time in the
+# accumulation steps together. Each is one profiled step of each rung on a shared machine, at that
+# step's own backward: it says what those two steps did, not which rung is the faster. The step-time
+# model's answer for this link is the sweep's sentence "by the model".
 
 # %%
 # %dist_shutdown

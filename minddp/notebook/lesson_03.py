@@ -21,28 +21,34 @@ from minddp.notebook.lesson import backward_less_check, hooks_less_check, say, t
 PAID = {"less than": "paid", "as much as": "made no difference", "more than": "did not pay"}
 
 
-def say_hook_split(looks: dict, interleaved_ms: float) -> None:
-    """hook's step: its interleaved time beside its exposed time, and its last backward split into autograd's
-    accumulation steps (where the grad hooks run: their waits, the check, their own lines) and the rest."""
+def say_hook_split(looks: dict, fixed_ms: float) -> None:
+    """hook's last backward split into autograd's accumulation steps (where the grad hooks run: their waits, the
+    check, their own lines) and the rest; the hooks' own lines per message, beyond ga's accumulation steps (which
+    have no grad hook), against one message's fixed cost on the link (``fixed_ms``)."""
     v, ga = looks["hook"], looks["ga"]
-    say(
-        f"*Interleaved* (over the link's modeled transfers): {interleaved_ms:.0f} ms of the backward passed with a "
-        f"message on the link and the thread not computing; exposed: {v['exposed_ms']:.0f} ms."
-    )
     lasted, in_steps = round(v["last_backward_ms"]), round(v["accumulate_ms"])
     own = in_steps - round(v["waited_ms"]) - round(v["check_ms"])
-    say(
+    beyond = own - round(ga["accumulate_ms"])  # the printed whole ms, so that the reader's subtraction matches
+    said = (
         f"Its last backward lasted {lasted} ms, {in_steps} ms of it in autograd's accumulation steps, where the grad "
         f"hooks run: there rank 0 waited {v['waited_ms']:.0f} ms for its messages, stood {v['check_ms']:.0f} ms at "
         "the parameters-used check"
-        + (
-            f", and spent {own} ms in neither (adding each gradient into .grad and the hooks' own lines), "
-            f"{than(own, v['exposed_ms'])} its exposed {v['exposed_ms']:.0f} ms"
-            if own >= 0
-            else ""
-        )
-        + f". ga, with no grad hook, spent {ga['accumulate_ms']:.0f} ms in its accumulation steps."
     )
+    if own < 0:
+        say(said + ".")
+        return
+    said += (
+        f", and spent {own} ms in neither: adding each gradient into .grad (ga, with no grad hook, spent "
+        f"{ga['accumulate_ms']:.0f} ms in its accumulation steps) and the hooks' own lines, handing each message over "
+        "and writing its average back"
+    )
+    if beyond > 0:
+        per = beyond / v["calls"]
+        said += (
+            f": the {beyond} ms beyond ga's are {per:.1f} ms for each of its {v['calls']} messages, "
+            f"{per / fixed_ms:.0f} times one message's fixed cost on the link ({fixed_ms:.1f} ms)"
+        )
+    say(said + ".")
 
 
 def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
@@ -185,8 +191,12 @@ def sweep_figure(swept: dict, model: list, default, per_gradient, h: dict, link_
         if c not in (here, None)
     ]
     points += [(here, measured[here], f"measured: link after backward, the settings' {here:g} MiB step")]
-    points += [  # None has no cap: drawn right of the grid, apart from each other and from the line
-        (48, measured[None], f"measured: link after backward, None ({measured[None]:.0f} ms; no cap: drawn at 48)"),
+    points += [  # None, torch's default caps: drawn right of the grid, apart from each other and from the line
+        (
+            48,
+            measured[None],
+            f"measured: link after backward, None, torch's default ({measured[None]:.0f} ms; drawn at 48)",
+        ),
         (
             64,
             1e3 * default.after_backward,
@@ -352,8 +362,8 @@ def say_verdicts(looks: dict, t4: dict, far: dict, per_message_ms: float, one_fa
     say(
         f"Buckets, in the end. 1 Gbit/s link, one step each: {by_exposed(b, h)}. One message's fixed cost is "
         f"{per_message_ms:.2f} ms: hook-async's {h['calls']} are "
-        f"{100 * per_message_ms * h['calls'] / h['link_ms']:.0f} % of its link time, the most buckets can save on "
-        "this link."
+        f"{100 * per_message_ms * h['calls'] / h['link_ms']:.0f} % of its link time, the most buckets can take off "
+        "its link time."
     )
     say(f"Ratios of 4 × T4: {by_exposed(t4['bucket-async'], t4['hook-async'])}.")
     fixed_h = far["hook-async"]["messages"] * one_far_ms
@@ -366,20 +376,40 @@ def say_verdicts(looks: dict, t4: dict, far: dict, per_message_ms: float, one_fa
         f"{far['bucket-async']['messages']} pay {fixed_b:.0f} ms, {fixed_h / sized:.1f} and {fixed_b / sized:.2f} "
         f"times the {sized:.0f} ms backward the link was sized from."
     )
+    pairs = {
+        "on the 1 Gbit/s link": {
+            s: {"backward_ms": backward_less_check(looks[s]), "hooks_ms": hooks_less_check(looks[s])}
+            | {"exposed_ms": looks[s]["exposed_ms"]}
+            for s in ("hook-async", "bucket-async")
+        }
+    } | {f"with the ratios of {name}": runs for name, runs in (("4 × T4", t4), ("1024 ranks", far))}
     say(
         lesson.backwards_beside(
             {
-                "on the 1 Gbit/s link": (
-                    [backward_less_check(looks[s]) for s in ("hook-async", "bucket-async")],
-                    [hooks_less_check(looks[s]) for s in ("hook-async", "bucket-async")],
-                )
-            }
-            | {
-                f"with the ratios of {name}": (
-                    [runs[s]["backward_ms"] for s in ("hook-async", "bucket-async")],
-                    [runs[s]["hooks_ms"] for s in ("hook-async", "bucket-async")],
-                )
-                for name, runs in (("4 × T4", t4), ("1024 ranks", far))
+                where: tuple([r[s][key] for s in ("hook-async", "bucket-async")] for key in ("backward_ms", "hooks_ms"))
+                for where, r in pairs.items()
             }
         )
+    )
+    say(both_costs(pairs))
+
+
+def both_costs(pairs: dict) -> str:
+    """The bucket lesson's conclusion from both of the thread's costs that the buckets change: exposed, and the time
+    in autograd's accumulation steps less the check, where the grad hooks hand each message over. ``pairs`` maps
+    where the two steps ran to each rung's run (``exposed_ms``, ``hooks_ms``). Each sum is of the printed whole ms,
+    and the verdict compares those sums, so the reader's arithmetic gives the printed verdict."""
+
+    def cost(r: dict) -> tuple[int, int]:
+        return round(r["exposed_ms"]), round(r["hooks_ms"])
+
+    said, paid = [], 0
+    for where, r in pairs.items():
+        (be, bh), (he, hh) = cost(r["bucket-async"]), cost(r["hook-async"])
+        said.append(f"{where}, bucket-async {be} + {bh} = {be + bh} ms, hook-async {he} + {hh} = {he + hh} ms")
+        paid += be + bh < he + hh
+    return (
+        "The two together (exposed + the accumulation steps less the check, where the grad hooks hand each message "
+        f"over): {'; '.join(said)}. By the two together the buckets paid in {paid} of these {len(pairs)} pairs of "
+        "steps."
     )
