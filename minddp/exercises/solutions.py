@@ -221,15 +221,15 @@ def ft_shard(batch, rank: int, world: int):
 
 
 #: ``like=`` name -> model answer.
-def outer_sync(params, synced, outer, group=None) -> None:
+def outer_sync(params, synced, outer) -> None:
     """Notebook 10: DiLoCo's outer sync, after the H-th inner step on every replica
     (:func:`minddp.exercises.check_outer_sync`): the pseudo-gradient synced − local averaged over the
     replicas, the synced weights put back, the outer optimizer stepped, the result kept as the new synced."""
     with torch.no_grad():
         pseudo = [s - p for p, s in zip(params, synced)]  # the way a gradient points
         for g in pseudo:
-            dist.all_reduce(g, group=group)
-            g /= dist.get_world_size(group)
+            dist.all_reduce(g)
+            g /= dist.get_world_size()
         for p, s, g in zip(params, synced, pseudo):
             p.copy_(s)  # the outer step starts from the weights every replica agreed on
             p.grad = g
