@@ -445,8 +445,8 @@ lesson.claim(
     and "did not find any unused parameters" in warnings_of[1][0]
     and "turning this flag off" in warnings_of[1][0]
     and "head" not in warnings_of[1][0],
-    "torch's one word on the bug is a warning to rank 1, not the frozen rank 0: the flag found no unused parameter "
-    "there, consider turning it off (for performance); it does not name head, so it points away from the bug",
+    "torch's C++ code warned once, on rank 1, not on the frozen rank 0: the flag found no unused parameter there, "
+    "consider turning it off (for performance); it does not name head: its advice points away from the bug",
 )
 
 # %% [markdown]
