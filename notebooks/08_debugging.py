@@ -53,16 +53,16 @@
 # %% [markdown]
 # The set-up cell turns debug mode on in every rank, as `MINDDP_DEBUG=1` would. Its helpers
 # (`minddp/notebook/lesson_08.py`) give every rank the same small model, `build()`'s `Net` (linear layers
-# `encoder` 8→16, tanh, `head` 16→4) wrapped, with SGD at learning rate 0.1, and its own batches of 6 examples
+# `encoder` 8→16, tanh, `head` 16→4; `Net(extra=True)` adds `extra` 16→4, a second head whose output is added
+# to `head`'s in a forward given `use_extra=True`) wrapped, with SGD at learning rate 0.1, and its own batches of 6 examples
 # (its shard), and run each section's script three ways:
 #
-# * `torch_does`: the script, given `group` and `short`, with debug mode paused; what each rank raised and
-#   after how long, from the script's start (the error's first two sentences, any later one naming
-#   `find_unused_parameters`, and any line naming the parameter indices), or "raised nothing";
+# * `torch_does`: the script, given `group` and `short`, with debug mode paused; what each rank raised (an
+#   excerpt) and after how long, from the script's start, or "raised nothing";
 #   `torch_drifts`, for sections 1 and 2: how far the replicas ended apart;
 # * `minddp_says`: the `DebugError` debug mode raised, checked on every rank;
 # * `fixed`: the corrected script, in debug mode; its ✓ line checks that debug mode says nothing and the
-#   replicas are equal. Other fixes are checked in their cell.
+#   replicas are equal.
 
 # %%
 # %%distributed
@@ -117,7 +117,7 @@ lesson.say(
 # its `requires_grad` and a fingerprint (its bits, weighted by place): `int64[8]` for `Net()`'s 4
 # parameter tensors. On a mismatch the first differing tensor is compared in full, and every rank
 # stops at the same point. Before each `optimizer.step()` the *step check* gathers another row,
-# `int64[17]` for `Net()`: one integer of notes (among them section 2's bugs), then, for each of four
+# `int64[17]` for `Net()`: one integer of notes, then, for each of four
 # things, one integer per parameter: whether each has a gradient, each gradient's fingerprint, whether
 # debug mode's hook on its gradient ran, and each local gradient's fingerprint (from before averaging).
 # The fix: change parameters the same way on every rank (here: not at all).
@@ -231,7 +231,7 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 #
 # A script's own collectives must match across ranks too: the same op, shape and dtype, in the same
 # order. Here rank 0 logs two metrics and rank 1 one. Under torch, gloo pairs an all_reduce of 2
-# values with one of 1 and both ranks wait until the group's timeout ends a wait: here the short
+# values with one of 1 and both ranks wait until their group's timeout ends a wait: here the short
 # group's, in a real job torch's default. In debug mode every `torch.distributed` collective is first
 # compared across ranks on a side channel (the store of the *default group*, the process group the
 # ranks started with: a key-value table every rank reaches), the *collective check*, so both ranks
@@ -239,7 +239,7 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # The fix: the same metrics on every rank.
 #
 # The message numbers the call: *collective #K* counts from 0 every collective on the default group
-# that debug mode has checked (the wrappers', their checks' and buckets', the helpers' that gather what
+# that debug mode has checked (the wrappers' and their checks', the helpers' that gather what
 # each rank said, and the earlier sections'), so the two ranks' K-th calls are the ones compared. A call
 # is said as op(shapes): for an all_gather, the output
 # list and then the input, so `all_gather(2 × int64[17], int64[17])` gathers a row of 17 from each of
@@ -269,8 +269,7 @@ lesson.claim(
 # %% [markdown]
 # A collective made on some ranks only is the same bug seen one call later: rank 0 logs its loss
 # with an all_reduce that rank 1 never makes, so it meets rank 1's next call on its group: in debug
-# mode, the step check's all_gather; under torch, in a real job, rank 1's next call too (the recorded
-# script hangs: `docs/debugging.md`), here none. The fix: log on every rank (or log rank 0's loss without a
+# mode, the step check's all_gather; under torch, in a real job, rank 1's next call too, here none. The fix: log on every rank (or log rank 0's loss without a
 # collective).
 
 
@@ -302,8 +301,9 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # gloo's "Connection closed by peer" (or "reset by peer"); neither says which rank ran out, or when.
 # Debug mode sees a rank in a step on one side and a rank out of its loop on the other. The message
 # names the fixes: the same number of batches on every rank, or training under the wrapper's
-# `join()`, the fix the cell runs. Under `join()` debug mode's forward
-# and step checks pause, so its ✓ line does not test them.
+# `join()`, the fix the cell runs: a rank that has run out makes the others' remaining collectives, with
+# zeros. Under `join()` debug mode skips its forward and step checks (not the collective check), so the
+# ✓ line does not test them.
 
 
 # %%
@@ -393,7 +393,7 @@ lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, not
 # `own`, an unwrapped copy of the module: no error; rank 1's `head.weight` gradient is averaged with
 # rank 0's zeros, which halves it (the ✓ line compares its norm with `own`'s), while rank 0, whose
 # `head` is frozen, does not step it, so the replicas end apart. The cell prints, per rank, the warnings
-# torch's C++ code writes to stderr, without the log's timestamp.
+# torch's C++ code writes to stderr.
 
 
 # %%
@@ -435,7 +435,7 @@ lesson.claim(
     and where.startswith("head."),
     f"with find_unused_parameters=True torch's DDP raised nothing; the norm of rank 1's head.weight gradient was "
     f"{shares[1]:.3f} × the unwrapped copy's; rank 0's head kept its initial values while rank 1's moved, and the "
-    f"replicas' parameters ended apart by up to {gap:.1e}, the largest gap in '{where}'",
+    f"replicas' parameters ended apart by up to {gap:.1e}, the largest gap in head",
 )
 for r, heard in enumerate(warnings_of):
     lesson.say(f"torch's C++ code, rank {r}: " + (" | ".join(heard) or "no warning"))
@@ -445,12 +445,12 @@ lesson.claim(
     and "did not find any unused parameters" in warnings_of[1][0]
     and "turning this flag off" in warnings_of[1][0]
     and "head" not in warnings_of[1][0],
-    "torch warned once, on rank 1, not on the frozen rank 0: the flag found no unused parameter there, consider "
-    "turning it off (for performance); the warning does not name head",
+    "torch's C++ code warned once, on rank 1, not on the frozen rank 0: the flag found no unused parameter there, "
+    "consider turning it off (for performance); it does not name head: its advice points away from the bug",
 )
 
 # %% [markdown]
-# A branch of the model taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
+# A branch (`extra`) taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
 # *is* the fix: the message says so. Averaging zeros in is right here: a rank that did not take the
 # branch has a true gradient of zero for it, and every rank steps the branch with the same average.
 # Under torch, rank 0 (the one with the branch's gradient) sends and waits; rank 1 fails at its next
@@ -508,6 +508,7 @@ lesson.claim(
     and type(paused.reducer).__name__ == "Reducer"
     and not paused.check_consistency
     and on.watch is not None
+    and type(on.reducer).__name__ == "DebugReducer"
     and on.check_consistency,
     f"built with debug mode paused, the wrapper has no watch, the plain reducer ({type(paused.reducer).__name__}), no "
     f"per-step plan check; built with it on: a watch, the {type(on.reducer).__name__}, the plan check",

@@ -169,11 +169,10 @@ def torch_drifts(script) -> None:
         script(model, optimizer)
 
     said = torch_does(run)
-    gap, where = apart_at(models[0])
+    gap = apart(models[0])
     lesson.claim(
         said == ["raised nothing"] * dist.get_world_size() and gap > 0,
-        f"torch's DDP trained on, raising nothing, and its replicas' parameters now differ by up to {gap:.1e} "
-        f"(the largest gap is in '{where}')",
+        f"torch's DDP raised nothing, and its replicas' parameters now differ by up to {gap:.1e}",
     )
 
 
