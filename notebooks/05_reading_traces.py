@@ -192,8 +192,9 @@ lesson.say(f"The check holds more than half of the non-compute of: {', '.join(mo
 #   to its first autograd node (the forward, and what the stage does around it, such as the broadcasts),
 #   *backward* from the first to the last autograd node (the gradients, and what the hooks do inside those
 #   nodes: in `hook` and `bucket` stopping until each message is back, in `hook` to `bucket-async` the check);
-# * a tick when a message was *handed over* (*sent* in the table under the figure): for minddp's stages the
-#   start of its `minddp.bucket_launch` range, for torch's DDP the reducer's `c10d::allreduce_` call;
+# * a tick (the legend's "handed to the wire") when a message was *handed over* (*sent* in the table under the
+#   figure): for minddp's stages the start of its `minddp.bucket_launch` range, for torch's DDP the reducer's
+#   `c10d::allreduce_` call;
 # * an orange bar while the message's gloo all_reduce range was open, held open included: the range matched to
 #   its `c10d::allreduce_` call, the first of its size that opened at or after the call (`docs/analysis.md`), so
 #   no bar starts before its tick, but one can start later (no gloo thread has picked it up yet). Ranges open
