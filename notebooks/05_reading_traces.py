@@ -59,8 +59,9 @@ dist.barrier()
 ddp_ladder = [s for s in STAGES if s not in SHARDED_OPTIMIZER + SHARDED_GRADIENTS]  # the sharded rungs: 06
 profiled = ["single", *ddp_ladder, "torch"]
 for stage in profiled:
-    # warmup=0: no step before profile(); profile() itself takes one step that the profiler discards (the
-    # first step's one-off costs stay out, but for one of ddp's and torch's: below), then the one step it records
+    # warmup=0: no step before profile(); profile() itself takes one step that the profiler discards (its
+    # one-off costs stay out, but ddp's and torch's bucket plan rebuild, at the profiled step's first forward),
+    # then the one step it records
     lesson.Trainee(stage, warmup=0).profile(RUN, steps=1)
 lesson.say(lesson.describe())
 lesson.say(lesson.machine(link=False))
@@ -106,8 +107,8 @@ lesson.say(
 # Three more terms:
 #
 # * the *finish*: minddp's `finish_gradient_synchronization()`, which the training loop calls after every
-#   backward (torch's DDP has none; `ddp`'s finds its work done at the end of the backward). `simple` syncs in
-#   it after every micro-batch, `ga` once a step;
+#   backward (torch's DDP has none; `ddp`'s finds its work done when `loss.backward()` returns). `simple`
+#   syncs in it after every micro-batch, `ga` once a step;
 # * the *parameter check* (`minddp.stages.checks`, minddp's, for teaching): once a sync, before its first
 #   message, `simple` to `bucket-async` check that both ranks' forwards used the same parameters, with one small
 #   all_gather (one byte per parameter tensor): at the start of the finish in `simple` and `ga`, in the first
@@ -123,8 +124,8 @@ lesson.say(
 # check is time held open, not what its few bytes cost. The *blocking* stages (`simple`, `ga`, `hook`, `bucket`)
 # send each message only once the one before it is back: `simple` and `ga` after a backward, `hook` and `bucket`
 # inside the step's last backward. The *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP)
-# send theirs during the step's last backward and need them back only when it ends. In all but `simple` the
-# step's first k−1 backwards send nothing: one sync a step.
+# send theirs during the step's last backward and need them back only before the optimizer step. In all but
+# `simple` the step's first k−1 backwards send nothing: one sync a step.
 #
 # What the table does not show (the trace shows when a range was open, not why):
 #
@@ -153,8 +154,7 @@ display(shares)
 # Under the table, the first claim checks the definitions' arithmetic on the unrounded values (worked by hand
 # from the rounded columns it can miss in the last digit); the second holds by construction (both stages plan
 # their buckets with `minddp.stages.bucket_plan`). The printed lines are one step each, not claimed. Overlap is a
-# share of each stage's own in flight, its check included, so it does not say whose non-compute is shorter; the
-# in flight of the stages that send as many messages counts their other collectives too.
+# share of each stage's own in flight, its check included, so it does not say whose non-compute is shorter.
 
 # %%
 tied = (zero["non_compute_time_us"] - (1 - zero["comm_comp_overlap_pctg"] / 100) * zero["comm_time_per_step_us"]).abs()
@@ -179,34 +179,28 @@ lesson.claim(
     sizes["bucket"] == sizes["bucket-async"],
     f"bucket and bucket-async send the same {len(sizes['bucket'])} messages (the same sizes).",
 )
-alike = [st for st in zero.index if len(sizes.get(st, [])) == len(sizes["bucket"])]
-lesson.say(
-    f"In flight of the stages that send {len(sizes['bucket'])} messages each: "
-    + ", ".join(f"{st} {shares.loc[st, 'in flight (ms)']:.1f} ms" for st in alike)
-    + "."
-)
 nc, inside = shares["non-compute (ms)"], shares["of it, in the check (ms)"]
 most = [f"{st} ({100 * inside[st] / nc[st]:.0f} %)" for st in nc.index if inside[st] > nc[st] / 2]
 lesson.say(f"The check holds more than half of the non-compute of: {', '.join(most) or 'none'}.")
 
 # %% [markdown]
 # One row per profiled stage, one axis in ms from the start of the profiled step (rank 0); `single` sends
-# nothing. A row's length does not rank its stage: each row is one step, and the same work takes different
-# times from row to row. In each row:
+# nothing. Neither a row's length nor a band's ranks anything: each row is one step, and the same work takes
+# different times from row to row and band to band. In each row:
 #
 # * the forward (pale) and backward (darker) band of each micro-batch: *forward* from the micro-batch's start
 #   to its first autograd node (the forward, and what the stage does around it, such as the broadcasts),
 #   *backward* from the first to the last autograd node (the gradients, and what the hooks do inside those
 #   nodes: in `hook` and `bucket` stopping until each message is back, in `hook` to `bucket-async` the check);
-# * a tick when a message was *handed to the wire* (the tables' *sent*; the wire here is gloo over loopback):
-#   for minddp's stages the start of its `minddp.bucket_launch` range, for torch's DDP the reducer's
+# * a tick (the legend's "handed to the wire") when a message was *handed over* (*sent* in the table under the
+#   figure): for minddp's stages the start of its `minddp.bucket_launch` range, for torch's DDP the reducer's
 #   `c10d::allreduce_` call;
 # * an orange bar while the message's gloo all_reduce range was open, held open included: the range matched to
 #   its `c10d::allreduce_` call, the first of its size that opened at or after the call (`docs/analysis.md`), so
-#   no bar starts before its tick, but one can start later. Ranges open at once (a blocking stage's too: the
-#   caveat) are drawn one above another, and a row's bars alternate two shades in the order they opened. The bars
-#   are part of the table's in flight, which also counts the check and the broadcasts; a bar narrower than a
-#   pixel need not show;
+#   no bar starts before its tick, but one can start later (no gloo thread has picked it up yet). Ranges open
+#   at once (a blocking stage's too: the caveat) are drawn one above another, and each level's bars alternate
+#   two shades in the order they opened. The bars are part of the table's in flight, which also counts the
+#   check and the broadcasts; a bar narrower than a pixel need not show;
 # * the parameter check (hatched orange: a gloo range, like the bars) where its all_gather range was open, over
 #   the top half of the bands; a short one is too thin to see;
 # * the finish (purple), however long, as a thin strip along the bands' lower edge; the optimizer step
@@ -216,13 +210,13 @@ lesson.say(f"The check holds more than half of the non-compute of: {', '.join(mo
 #
 # * **blocking after backward** (`simple` after every micro-batch, `ga` after the last): ticks and bars
 #   after a backward band; the step ends only when they are done;
-# * **blocking inside backward** (`hook`, `bucket`): ticks and bars inside the last backward band: each hook
-#   holds the backward until its message is back (a bar inside the band overlaps only where a training thread
-#   ran an `aten::` operator beside it);
+# * **blocking inside backward** (`hook`, `bucket`): ticks and bars inside the last backward band, a last bar
+#   perhaps running past it (the caveat); a bar inside the band overlaps only where a training thread ran an
+#   `aten::` operator beside it;
 # * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the last backward band, bars
 #   running on while backward goes on; what is still running when the band ends must be back before the
-#   optimizer step: in the finish for `hook-async` and `bucket-async`, at the end of the `loss.backward()`
-#   call for `ddp` and torch's DDP.
+#   optimizer step: in the finish for `hook-async` and `bucket-async`, before `loss.backward()` returns for
+#   `ddp` and torch's DDP (the figure does not mark when: a last band can end long before the optimizer).
 
 # %%
 rows = lesson_05.timeline_rows(result, RUN)  # the rows draw_steps draws, with each stage's parameter checks
@@ -282,7 +276,7 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 #   what a free link would save (`metrics.exposed`).
 #
 # Waited − exposed (the table's last column) is the part of the waits in which rank 0's link carried nothing:
-# the link's thread was waiting for a real all_reduce to end (for the other rank, or a core), or for a core itself.
+# a real all_reduce had not ended (held by the other rank, or a core), or the link's thread had no core.
 
 # %%
 from minddp.comm.link import parse_link
@@ -294,10 +288,11 @@ display(on_link)
 
 # %% [markdown]
 # The three claims hold by construction: what accumulation, hooks and buckets change on the link (the
-# messages' count, where they are handed over, the link time). How long a stage waited also depends on when it
-# handed its messages over and when it waited, which the link time does not decide. The two printed lines are
-# one step each, not claimed: the two kinds by waited (`ddp` and torch's DDP did not run over the link), and
-# whose waits the link mostly spent carrying a transfer, whose carrying nothing.
+# messages' count, where they are handed over, the link time). None of the three need shorten waited or
+# exposed (the table: compare `ga` and `hook`, `hook-async` and `bucket-async`), which also depend on when a
+# stage handed its messages over and when it waited. The two printed lines are one step each, not claimed: the
+# two kinds by waited (`ddp` and torch's DDP did not run over the link), and whose waits the link mostly spent
+# carrying a transfer, whose carrying nothing.
 
 # %%
 sent = lesson_05.rank0(linked.buckets)
@@ -318,7 +313,7 @@ in_backward = {st: lesson_05.sent_in_backward(linked, st) for st in ["ga", "hook
 lesson.claim(
     in_backward["ga"] == 0 and in_backward["hook"] == sends["hook"],
     f"The hooks move every message from after the backward into it (ga: {in_backward['ga']} of "
-    f"{sends['ga']} handed to the wire during a backward; hook: {in_backward['hook']} of {sends['hook']}).",
+    f"{sends['ga']} handed over during a backward; hook: {in_backward['hook']} of {sends['hook']}).",
 )
 fewer = sends["hook-async"] - sends["bucket-async"]
 fixed = 2 * (world - 1) * link.latency * 1e3  # one message's fixed cost 2(n−1)·α, in ms
@@ -340,7 +335,3 @@ lesson.say(  # printed, not claimed: one profiled step per stage on a shared mac
     f"{slow.min():.1f} ms at least, {slow.idxmin()})."
 )
 lesson.say(lesson_05.whose_waits(on_link))
-
-# %% [markdown]
-# For what the same stages would do at other link speeds and at 2 to 1024 ranks, see
-# `docs/scaling.md` (`python -m minddp.model project`).

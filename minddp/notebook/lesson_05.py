@@ -41,7 +41,7 @@ def shares(zero: pd.DataFrame, run: Path) -> pd.DataFrame:
 
 
 def sent_in_backward(result, stage: str) -> int:
-    """How many of the stage's messages (rank 0's ``buckets`` rows) were handed to the wire during one of its
+    """How many of the stage's messages (rank 0's ``buckets`` rows) were handed over during one of its
     backward bands (``phases``)."""
     p, b = rank0(result.phases), rank0(result.buckets)
     backward = p[(p["stage"] == stage) & (p["phase"] == "backward")]
@@ -146,7 +146,7 @@ def whose_waits(table: pd.DataFrame) -> str:
     >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
     >>> print(whose_waits(t))  # doctest: +NORMALIZE_WHITESPACE
     Exposed (rank 0's link carried a transfer) is more than half of waited in: a (9.0 of 10.0 ms);
-    waited − exposed (it carried nothing) is, in: b (7.8 of 8.0 ms).
+    waited − exposed (it carried nothing) is more than half of waited in: b (7.8 of 8.0 ms).
     """
 
     def listed(column: str) -> str:
@@ -156,5 +156,5 @@ def whose_waits(table: pd.DataFrame) -> str:
 
     return (
         f"Exposed (rank 0's link carried a transfer) is more than half of waited in: {listed('exposed (ms)')}; "
-        f"waited − exposed (it carried nothing) is, in: {listed('waited − exposed (ms)')}."
+        f"waited − exposed (it carried nothing) is more than half of waited in: {listed('waited − exposed (ms)')}."
     )
