@@ -41,7 +41,7 @@
 # side and measure what rank 0 holds (in fp32, and fsdp computing in bf16 too). The notation is notebook
 # 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one message, β the time per byte.
 # ddp, zero1 and zero2 send their gradients in *buckets* (the workload line), one collective per
-# bucket; fsdp per unit (its section).
+# bucket; fsdp per unit and per replicated tensor (its section).
 
 # %%
 # %load_ext minddp.notebook
@@ -94,9 +94,10 @@ show_source(ring_all_reduce)
 # %% [markdown]
 # What each costs, in the α-β model: a reduce-scatter or an all-gather of m bytes is `n − 1` messages
 # per rank, carrying `(n − 1)/n · m` bytes: `(n − 1) α + (n − 1)/n · m β`; the all_reduce is the two.
-# Below we count in *passes*: a *pass* is a reduce-scatter or an all-gather of the whole model's float32
-# bytes m, however many collectives carry it; its size is what a rank sends in it, `(n − 1)/n · m`. Per
-# step (all its micro-batches, the gradients synced once): DDP all-reduces the gradients, two passes;
+# Below, m is the whole model's float32 bytes and a *pass* is a reduce-scatter or an all-gather of them,
+# however many collectives carry it; its size is what a rank sends in it, `(n − 1)/n · m`. Per step (all
+# its micro-batches; the gradients synced once, the micro-batches before the last run under `no_sync()`,
+# notebook 03's context in which they only add up locally): DDP all-reduces the gradients, two passes;
 # ZeRO-2 reduce-scatters them and all-gathers the updated parameters, two passes too. minddp's ZeRO-1 is
 # DDP's all-reducing wrapper with its optimizer sharded, so it all-reduces and then all-gathers, three
 # passes: this design's cost, not ZeRO-1's idea's (a reduce-scatter would do, as in ZeRO-2). FSDP
@@ -140,9 +141,10 @@ lesson.say(
 # bytes autograd saved for the backward during one micro-batch's forward, leaving out saved tensors that
 # lie in a parameter's storage or, for fsdp, a gathered unit's), and fsdp's *gathered units* at their
 # peak: the full parameters it has gathered and the buffers its all-gathers receive into (a unit just
-# gathered counts twice, in its buffer and in what was unpacked from it). No column counts the buffers
-# of zero1's and zero2's all-gathers. `lesson.Trainee(stage, warmup=0)` builds the stage and its
-# optimizer on every rank without a step, so the measured step is its first: the *memory step*.
+# gathered counts twice, in its buffer and in what was unpacked from it; so do a unit and the next one's
+# prefetch in flight). No column counts the buffers of zero1's and zero2's all-gathers.
+# `lesson.Trainee(stage, warmup=0)` builds the stage and its optimizer on every rank without a step, so
+# the measured step is its first: the *memory step*.
 
 # %%
 # %%distributed
@@ -222,10 +224,10 @@ table.round(3).astype(object).where(table.notna(), "–")
 # computes in bf16 with `compute_dtype=torch.bfloat16`, as torch's `fully_shard` does with
 # `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`: the fp32 shards
 # *are* the master weights, cast to bf16 for each unit's gather. The cells below train it one step on
-# the memory step's micro-batches (a fresh `lesson.step_batches()` starts at the same first step) and
-# set its model state, gathered units and activations beside fp32 fsdp's. Its gradients at the update
-# are its fp32 shards' `.grad`; no cell shows the dtype of those its bf16 backward computes, or the bytes
-# its gathers send. `blocks_of(net)` makes each decoder layer a unit, as `lesson.Trainee` does.
+# the memory step's micro-batches (a fresh `lesson.step_batches()`) and set its model state, gathered
+# units and activations beside fp32 fsdp's. Its gradients at the update are its fp32 shards' `.grad`; no
+# cell shows the dtype of those its bf16 backward computes, or the bytes its gathers send.
+# `blocks_of(net)` makes each decoder layer a unit, as `lesson.Trainee` does.
 
 # %%
 # %%distributed
@@ -662,26 +664,25 @@ lesson.say(
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's ring
 # (the ring table). The model state is not the most a rank holds during the step: it leaves out the
-# activations, fsdp's gathered units and the buffers of zero1's and zero2's all-gathers, which no column
-# counts (zero2 starts every bucket's at once); so it does not rank fsdp against zero2 by their peaks. The
-# bytes are the β term only (each collective, a mark in the figure above, adds α) and the ring's: through
-# gloo zero2's reduce-scatters run as all_reduces of whole buckets, so the ✓ line's fewer bytes hold on
-# the ring only.
+# activations, the whole gradients zero2 and fsdp hold until the last backward, fsdp's gathered units and
+# the buffers of zero1's and zero2's all-gathers; so it does not rank fsdp against zero2 by their peaks.
+# The bytes are the β term only, not α's count of messages; through gloo zero2's reduce-scatters run as
+# all_reduces, so the ✓ line's fewer bytes hold on the ring only. fsdp buys less model state at the
+# update than zero2 with more bytes: it gathers every micro-batch (its section), zero2 once a step.
 
 # %%
 # %%rank 0
 trade = pd.DataFrame({"model state MiB": table["model state MiB"], "sent a step MiB": pd.Series(total) / 2**20})
 spared = trade.loc["ddp", "model state MiB"] - trade["model state MiB"]  # against ddp's, at the update
-handed = {s: looks[s]["calls"] + looks[s]["gathers"] for s in STAGES}  # collectives a step, each paying α
 lesson.say(
-    f"Against ddp ({handed['ddp']} collectives a step), on the ring: "
+    "Against ddp: "
     + "; ".join(
-        f"{s} {spared[s]:.1f} MiB less model state at the update, {total[s] / total['ddp']:.1f} times ddp's bytes sent "
-        f"in {handed[s]} collectives"
+        f"{s} {spared[s]:.1f} MiB less model state at the update, {total[s] / total['ddp']:.1f} times ddp's bytes "
+        "sent on the ring"
         for s in STAGES[1:]
     )
     + f".\nfsdp against zero2: {spared['fsdp'] - spared['zero2']:.1f} MiB less model state at the update, "
-    f"{total['fsdp'] / total['zero2']:.1f} times zero2's bytes sent at {accum} micro-batches a step."
+    f"{total['fsdp'] / total['zero2']:.1f} times zero2's bytes sent on the ring at {accum} micro-batches a step."
 )
 lesson.claim(
     (trade.loc["zero2"] < trade.loc["zero1"]).all(),
@@ -750,10 +751,7 @@ my_all_reduce = halves_all_reduce  # HalvesDDP looks the name up when it is buil
 check(HalvesDDP, like="halves")
 
 # %% [markdown]
-# That was the end of the ladder's sharded rungs: from one process, to DDP, to sharding each kind of model
-# state. `docs/sharding.md` has the rest: the balance of the shards, checkpoints that load at
-# another world size, the benchmark against torch's own sharding, and what torch's
-# `ZeroRedundancyOptimizer` and `fully_shard` do on CPU/gloo.
+# `docs/sharding.md` has the rest of sharding: balance, checkpoints, a benchmark against torch's own.
 
 # %%
 # %dist_shutdown
