@@ -26,8 +26,8 @@
 # `minddp/ddp/reducer.py`); it goes to *gloo*, the process group's backend on CPU. A bucket's *message* is its
 # `all_reduce`. It is *in flight* while gloo runs it, as the profiler records it (the orange bar), not from the
 # tick, for a handed-over message can wait before gloo begins it (gloo runs one message per worker thread). On CPU
-# ranks a bar can also hold waits for the other rank or for a free core: its length is not the time the bytes took to
-# travel.
+# ranks a bar can also hold waits for the other rank or for a free core, and end after the rank has stopped waiting
+# for it, even after the step's end: its length is not the time the bytes took to travel.
 #
 # nanoGPT (a small GPT training script) compiles the model, then wraps it: `model = torch.compile(model)`, then
 # `DDP(model)`. `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph* (in this notebook
