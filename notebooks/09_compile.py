@@ -25,8 +25,9 @@
 # once its last gradient is there and every earlier bucket has been handed over (`_bucket_filled` in
 # `minddp/ddp/reducer.py`); it goes to *gloo*, the process group's backend on CPU. A bucket's *message* is its
 # `all_reduce`. It is *in flight* while gloo runs it, as the profiler records it (the orange bar), not from the
-# tick, for a handed-over message can wait before gloo begins it. On CPU ranks a bar can also hold waits for the
-# other rank or for a free core: its length is not the time the bytes took to travel.
+# tick, for a handed-over message can wait before gloo begins it (gloo runs one message per worker thread). On CPU
+# ranks a bar can also hold waits for the other rank or for a free core, and end after the rank has stopped waiting
+# for it, even after the step's end: its length is not the time the bytes took to travel.
 #
 # nanoGPT (a small GPT training script) compiles the model, then wraps it: `model = torch.compile(model)`, then
 # `DDP(model)`. `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph* (in this notebook
@@ -43,8 +44,8 @@
 # numbered here in that order: piece 0 is the forward's last layers; a *piece's backward* is the run of its gradient
 # node. A bucket whose last gradient a piece produces can then be handed over before the next piece's backward
 # begins, so that its message can be in flight while that backward runs. Given a `bucket_cap_mb`, minddp's `ddp` has
-# each piece but the last, the first included, close once its parameters reach that cap (here 2 MiB); the last holds
-# what is left.
+# Dynamo cut by it, the first piece included; here each piece but the last closes once its parameters reach that cap
+# (2 MiB), and the last holds what is left.
 #
 # This notebook shows one step of `ddp` in each of three runs, one row each: eager (not compiled), compiled without
 # the cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and compiled with it; then the
@@ -127,17 +128,17 @@ lesson.say(
 # %% [markdown]
 # ## One step of each run, each row from its forward's start
 #
-# What to look for: without the cut every tick comes after the last blue; with it, here, a tick comes after each
-# piece's blue and before the next piece's (the claim that checks it, and why: *The pieces and the buckets*), so
-# orange can lie under later blue. That order of events is what the cut changes.
-#
 # A training step (`train_step` in `minddp/ladder/loop.py`) runs the forward and the backward pass, then the
 # optimizer step. Each row is one run's third step (the first two are not profiled), on rank 0, from the start of
 # its forward to the black line where its optimizer step ends: the forward (pale, the loss's included), the gradient
 # nodes (blue), the `AccumulateGrad` nodes (grey), a tick when a bucket was handed over, an orange bar for each
 # message in flight (bars that share time drawn one above the other; in a lane, two shades alternating), and the
-# optimizer step (green). The rank's wait for the messages (in `finish_gradient_synchronization`), between the last
-# grey and the green, is not drawn.
+# optimizer step (green). After the last grey the rank's `finish_gradient_synchronization` (it waits for any message
+# still in flight, then writes the averaged gradients back) is not drawn.
+#
+# What to look for: without the cut every tick comes after the last blue; with it, here, a tick comes after each
+# piece's blue and before the next piece's (the claim that checks it, and why: *The pieces and the buckets*), so
+# orange can lie under later blue. That order of events is what the cut changes.
 #
 # The blue begins with the loss's gradient nodes; then, with the cut, one gradient node per piece, piece 0 first,
 # and without it the whole graph's one. Count the pieces in the claims, not in the figure: nodes run one after the
@@ -161,6 +162,13 @@ nodes.picture(looks, title)  # rank 0 draws
 # AccumulateGrad node, which runs once the graph's one gradient node, the last gradient node,
 # has produced its gradient; every message starts after its bucket's tick
 after = {label: v["node_after_handover"] for label, v in looks.items()}  # per bucket: a gradient node ran after it
+lesson.say(
+    "messages in flight while a gradient node ran, on rank 0 in the profiled step: "
+    + ", ".join(
+        f"{label} {looks[label]['in_flight_beside_node']} of {len(looks[label]['beside_node'])}"
+        for label in (NO_CUT, CUT)
+    )
+)
 lesson.claim(
     not any(after[NO_CUT]) and looks[NO_CUT]["in_flight_beside_node"] == 0,
     "Compiled without the cut, no gradient node ran after any bucket was handed over, and no message was in flight "
@@ -189,9 +197,9 @@ lesson.claim(
 # hang off it (their `AccumulateGrad` nodes). The cell walks autograd's nodes back from the output of one more
 # forward of the third run's `ddp` (compiled with the cut; under `no_sync()`: the reducer expects no gradients from
 # it) and lists the pieces in the order the backward pass runs them, each with its parameters in the forward's order
-# (the piece's inputs). Beside them, that run's buckets: `ddp`'s `bucket_plan`, which after the first step lists the
-# parameters in the order their gradients arrived in that step on rank 0 (a first step's plan lists them otherwise:
-# *A bucket cap of 0.5 MiB*).
+# (the piece's inputs). Beside them, that run's buckets: `ddp`'s `bucket_plan`, rebuilt at the second step's forward
+# in the order the first step's gradients arrived on rank 0 (until then it lists them otherwise: *A bucket cap of
+# 0.5 MiB*).
 #
 # Dynamo cuts only while torch's DDP's class attribute `_active_ddp_module` is set (torch's DDP sets it to itself
 # around its forward), reading the bucket cap from it, and caps piece 0 at
@@ -204,9 +212,8 @@ lesson.claim(
 # piece's backward ends, its parameters' `AccumulateGrad` nodes (where the reducer's hook runs) and the next piece's
 # gradient node are all ready to run, and autograd's queue of ready nodes runs first the node of highest *sequence
 # number* (the forward numbers the nodes it records in order); an `AccumulateGrad` node's is set to the largest
-# there is (`ReadyQueue` in torch's `torch/csrc/autograd/engine.h`). A
-# piece's `AccumulateGrad` nodes share that number, so the queue's rule leaves their order, the order their
-# gradients arrive in, open: it is printed below (each bucket's order), not claimed.
+# there is (NOTE [ Sequence Number] in torch's `torch/csrc/autograd/node.h`). A piece's `AccumulateGrad` nodes share
+# that number, so the queue's rule leaves their order, the order their gradients arrive in, open.
 
 
 # %%
@@ -252,10 +259,6 @@ lesson.claim(
     "but the last before the backward of the next piece began.",
 )
 forward = list(size)  # the parameters in the order the model registers them, the forward's here
-in_order = sum(bucket == sorted(bucket, key=forward.index) for bucket in buckets)
-lesson.say(
-    f"compiled with the cut, buckets listing their parameters in the forward's order: {in_order} of {len(buckets)}"
-)
 eager_buckets = looks["eager"]["buckets"]
 lesson.say("eager's buckets: " + " | ".join(", ".join(bucket) for bucket in eager_buckets))
 lesson.claim(
@@ -267,14 +270,14 @@ lesson.claim(
 # %% [markdown]
 # ### Your turn: after which piece is each bucket handed over?
 #
-# Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order the backward pass runs
-# them, each as its gradients' sizes in bytes in the order they arrive (the bucket lines above show it); `cap` is
-# the bucket cap in bytes, every bucket's, the first included (as in minddp's `ddp` given a `bucket_cap_mb`). Fill
-# the buckets in arrival order (a bucket closes at the first gradient that takes it to the cap or past it; the
-# gradients left at the end make one last bucket) and return, for each bucket, the index of the piece after whose
-# backward it is handed over. `check_handover` runs it on its cases, without ranks, and names the usual mistakes;
-# for any other wrong answer it shows a case where yours differs. On this notebook's step, four pieces of two 1 MiB
-# gradients at a cap of 2 MiB, the answer is `[0, 1, 2, 3]`, one of the checker's cases.
+# Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order the backward pass runs them,
+# each as its gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes, every bucket's, the
+# first included (as in minddp's `ddp` given a `bucket_cap_mb`). Fill the buckets in arrival order (a bucket closes at
+# the first gradient that takes it to the cap or past it; the gradients left at the end make one last bucket) and
+# return, for each bucket, the index of the piece after whose backward it is handed over. `check_handover` runs it on
+# its cases, without ranks, and names the usual mistakes; for any other wrong answer it shows a case where yours
+# differs. On this notebook's step, four pieces of two 1 MiB gradients at a cap of 2 MiB, the answer is `[0, 1, 2, 3]`,
+# one of the checker's cases.
 
 # %%
 from minddp.exercises import check_handover
@@ -305,11 +308,9 @@ print(check_handover(solutions.handed_over_after))
 # wrapper's own Python first. A graph break is a place inside a graph Dynamo has begun where it stops the graph,
 # runs Python, and starts a new one; this notebook counts the breaks, not what they cost. Under
 # `torch.compile(ddp)`, Dynamo compiles only `ddp`'s module and runs the rest of `ddp`'s `forward` as Python,
-# beginning no graph in the wrapper's own code (`eager_under_compile` in `minddp/runtime/compiling.py`). A count of
-# 0 alone does not show that the module was compiled (a wrapper Dynamo skipped whole would count 0 too); *A bucket
-# cap of 0.5 MiB* prints the compiled pieces of `torch.compile(ddp)`. Each count compiles an MLP of two 1 MiB
-# layers, alone or in a wrapper (`bucket_cap_mb` is the wrappers'), for one training step. Dynamo's cut into pieces
-# is no graph break: it cuts the graph Dynamo has captured.
+# beginning no graph in the wrapper's own code (`eager_under_compile` in `minddp/runtime/compiling.py`). Each count
+# compiles an MLP of two 1 MiB layers, alone or in a wrapper (`bucket_cap_mb` is the wrappers'), for one training
+# step. Dynamo's cut into pieces is no graph break: it cuts the graph Dynamo has captured.
 
 
 # %%

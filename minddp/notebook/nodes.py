@@ -133,6 +133,8 @@ def picture(looks: dict, title: str):
     """The rows of ``looks`` (each a :func:`node_view`) on one time axis, as :func:`minddp.notebook.lesson.picture`
     draws them, with a grey bar per ``AccumulateGrad`` node under the blue gradient nodes, and the legend in
     :data:`WORDS` (grey beside blue). Rank 0 draws; the others get ``None``."""
+    from matplotlib.lines import Line2D
+
     from minddp.analysis.timeline import legend_above
     from minddp.notebook import lesson
 
@@ -146,6 +148,8 @@ def picture(looks: dict, title: str):
     ax.set_xlabel("ms since the step's forward began", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     named = {WORDS.get(label, label): h for label, h in zip(labels, handles) if not label.startswith("_")}
+    if "step ends" in named:  # the mark on the axes is a vertical line: so is its sample
+        named["step ends"] = Line2D([], [], color="black", marker="|", linestyle="none", markersize=10, mew=1.2)
     order = [WORDS["forward"], WORDS["backward"], "AccumulateGrad nodes", *named]
     legend_above(ax, {key: named[key] for key in dict.fromkeys(order) if key in named}, len(named))
     return figure
