@@ -34,8 +34,9 @@
 #    no file (the parameters, the optimizer's state, and the count of steps committed);
 # 4. **the work**: the members split the step's whole global batch among themselves, so a lost process's
 #    examples are trained by the others (the exercise's checker shows it, in the last code cell);
-# 5. **should_commit**: each member votes yes or no, and the attempt is **committed** on every member or
-#    on none. An attempt that saw a failure is **discarded**, and its step tried again.
+# 5. **should_commit**: the members vote yes or no, and the attempt is **committed** on every member or
+#    on none. An attempt that saw a failure (a no, or a member lost before voting) is **discarded**, and
+#    its step tried again.
 #
 # Phases 4 and 5 differ from torchft's. torchft trains in **replica groups**, each one copy of the model,
 # maybe several processes; here each replica group is one process. torchft's `DistributedSampler` gives
@@ -63,7 +64,7 @@
 # a toy task (`ToyTask`: a small MLP regression, 12 rows per global batch, AdamW, and a 10 ms pause per
 # step standing in for compute); its groups run on gloo, torch's CPU backend. The settings:
 #
-# * `world_size=3`: three slots (torch's name; the world, an attempt's members, is at most 3);
+# * `world_size=3`: three slots (each attempt's group is built with its world as torch's `world_size`);
 # * `faults`: `kill@4:1`, slot 1 SIGKILLs itself in step 4 after its forward, before its all_reduce;
 #   `raise@11:2`, slot 2's comm hook (the function that averages the gradients with an all_reduce, as in
 #   notebook 04) raises in step 11, before it starts its all_reduce (slot 2's process stays);
@@ -121,13 +122,12 @@ for line in run.report():
 # * **a peer's error**: the first error caught by a member other than the fault's slot: its all_reduce
 #   failed (gloo's sentences are printed further down);
 # * **discard**: each member that caught an error drops its group, then votes no; the lighthouse discards
-#   the attempt at the first no it reads, or once a member that has not voted is no longer live (phase 5).
-#   The row names the slots whose votes it had read by then;
+#   the attempt once it has read a no, or once a member that has not voted is no longer live. The row
+#   names the slots whose votes it had read by then, not whose no came first;
 # * **exit seen** and **exit recorded** (the kill only): the launcher looks over its processes in
-#   **passes**, sleeping 20 ms, `PASS_SLEEP_S`, after each; exit seen is the pass that found slot 1's
-#   process ended, exit recorded its record of that exit for the lighthouse. Between the two it sleeps a
-#   fixed `EXIT_WAIT_S`, then looks for the process's **result** (the final state and log a process hands
-#   the launcher once it has trained its last step), which a killed process never sends;
+#   **passes**; exit seen is the pass that found slot 1's process ended, exit recorded its record of that
+#   exit for the lighthouse, after a fixed wait (`EXIT_WAIT_S`) for the final state a process hands the
+#   launcher after its last step, which a killed process never sends;
 # * **next quorum**: the lighthouse answers, with a new tag, once every live slot has asked; slot 1 counts
 #   as live until the lighthouse has read the exit's record;
 # * **work started** and **work done**: in the attempt that committed the step, the last member to start
@@ -135,11 +135,11 @@ for line in run.report():
 #   the start each member builds the new group and takes its digest; after the end it votes;
 # * **commit**: the lighthouse commits once every member has voted yes.
 #
-# The raise's process stayed (the first claim), so its table has no exit rows. The last lines cut both
-# recoveries into six spans, each named by the two moments it runs between, and name the span that differs
-# most. The kill's next quorum waits for the exit's record, so for the part of the launcher's sleep after
-# the discard: where discard → next quorum differs most, the line says how much. Why the other spans
-# differ, the run does not show.
+# The raise's process stayed (the first claim), so its table has no exit rows. The lighthouse cannot tell a
+# dead process from a slow one until the launcher records the exit, so the kill's next quorum waits for
+# that record (the second claim); neither fault waits for the hang bound. The last lines cut both
+# recoveries into six spans, each named by the two moments it runs between. Why the spans differ beyond
+# that wait, the run does not show.
 
 
 # %%
@@ -290,8 +290,8 @@ lesson.claim(
 # returns the batch's row count: return only the two), so that each row goes to exactly one of the `world`
 # ranks and no rank takes more than ceil(B / world) of the B rows (a step lasts as long as its busiest
 # rank), whatever `world` and `len(x)` are now. Split by the `rank` and `world` you are given: the
-# launcher's `RANK` is the slot, not the rank of now, and the checker refuses a function that reads it (or
-# `dist.get_rank()`).
+# launcher's `RANK` is the slot, not the rank of now, and the checker refuses a function that reads it, or
+# `dist.get_rank()` (it calls `shard` outside any group).
 #
 # `check_shard` first calls your function, in this process, for each rank of worlds 3, 2 and 1 on a 10-row
 # batch. Then it trains it on the `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3, on
@@ -364,8 +364,8 @@ show_source(solutions.ft_shard)
 #
 # A prediction (this notebook runs only the three-kill case, below): with `kill@4:1,kill@5:2` the world
 # shrinks by one at each kill. Slot 1 is started again only after step 4 is committed without it, and in
-# the run above its new process took far longer to start than the survivors took to commit a step (the
-# rejoin's lines), so it is not back when slot 2 dies in step 5: the world goes down to 1, slot 0 training
+# the run above the survivors committed steps 4-8 before its new process was taken back (the rejoin's
+# lines), so it is not back when slot 2 dies in step 5: the world goes down to 1, slot 0 training
 # alone on the whole batch. `full_world_at=(9,)` brings the world back to 3 by step 9 at the latest.
 # Killing all three in the same step leaves no holder: in this design, as in torchft's, the trained state
 # lives only in the training processes. The processes started again would hold a fresh initialisation, so

@@ -961,6 +961,15 @@ def test_the_shard_checker_says_how_many_times_the_tolerance_a_wrong_split_is_of
     assert "(largest difference 0.24, 1,333 times the tolerance 1.8e-04), though" in problem, problem
 
 
+def test_the_shard_checkers_times_over_is_the_ratio_of_the_numbers_it_prints():
+    """A learner who divides the printed difference by the printed tolerance gets the printed ratio (0.236 / 1.84e-4
+    is 1,283, printed as 0.24 and 1.8e-04, whose ratio is 1,333)."""
+    problem = lost_rank.coverage_problem(
+        wrong.shard_floor_of_the_first_world, [(0, 3), (1, 2)], lost_rank.Lanes([], 2), 0.236, blind=True, bound=1.84e-4
+    )
+    assert "(largest difference 0.24, 1,333 times the tolerance 1.8e-04), though" in problem, problem
+
+
 SHARD_HALF_NAMED = [  # once named by half their mistake: each verdict names what the code does, whole
     (  # no split called: named as pieces of `world` rows, not as a call to x.split the learner never wrote
         wrong.shard_pieces_of_world_rows,

@@ -821,7 +821,12 @@ def times(ratio: float) -> str:
 def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool, bound: float | None = None) -> str:
     """Which rows no rank trained (or several did), at the first world where the split was wrong (``bound``: the
     :func:`tolerance` the difference was over, said as how many times over)."""
-    over = "" if bound is None else f", {times(difference / bound)} the tolerance {bound:.1e}"
+    # the ratio of the two numbers as printed, so that a learner who divides them gets it
+    over = (
+        ""
+        if bound is None
+        else f", {times(float(f'{difference:.2g}') / float(f'{bound:.1e}'))} the tolerance {bound:.1e}"
+    )
     left = (
         f"the parameters differ from a single process's on the whole batch (largest difference {difference:.2g}{over})"
     )

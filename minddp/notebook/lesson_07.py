@@ -5,7 +5,7 @@ Each function reads a run of :func:`minddp.ft.launch_ft` and one of its faults (
 it defines no measure of its own. The notebook keeps its claims in its cells; these print or read:
 
 * :func:`print_moments`: the moments the members, the lighthouse and the launcher recorded after a fault;
-* :func:`print_spans`: two faults' recoveries cut into six spans, side by side, and the span that differs most;
+* :func:`print_spans`: two faults' recoveries cut into six spans, side by side;
 * :func:`print_rejoin`: what each side did from a kill to the quorum that took the slot's new process back;
 
 and three readers of the members' entries (one per member and attempt) for the cells' claims: :func:`attempts`,
@@ -17,7 +17,6 @@ milliseconds the six spans of a recovery add up to it exactly (:func:`spans`).
 
 from __future__ import annotations
 
-from minddp.ft.launch import EXIT_WAIT_S
 from minddp.ft.report import peer_error_s, retry_work_s
 
 
@@ -87,9 +86,7 @@ def spans(run, o) -> dict[str, int]:
 
 
 def print_spans(run, kill, raised, hang_s: float) -> None:
-    """Each recovery (and its share of the hang bound), then both cut into :func:`spans`, side by side, and the
-    span that differs most; where that span is the kill's wait for its exit's record, how much of the launcher's
-    sleep and look for a result (from the exit seen to exit recorded) lies in it."""
+    """Each recovery (and its share of the hang bound), then both cut into :func:`spans`, side by side."""
     for o in (kill, raised):
         print(
             f"{o.fault} recovery: {ms(o.recovery_s)} ms, {o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s)"
@@ -97,21 +94,8 @@ def print_spans(run, kill, raised, hang_s: float) -> None:
     longer = ms(kill.recovery_s) - ms(raised.recovery_s)
     print(f"the recoveries span by span, ms (kill - raise adds up to {longer:+}):")
     print(f"  {'':<30}{'kill':>6}{'raise':>6}{'kill - raise':>14}")
-    differences = {}
     for (name, k), r in zip(spans(run, kill).items(), spans(run, raised).values()):
-        differences[name] = k - r
         print(f"  {name:<30}{k:>6}{r:>6}{k - r:>+14}")
-    most = max(differences, key=lambda name: abs(differences[name]))
-    line = f"the span that differs most: {most}, {differences[most]:+} ms of the {longer:+} ms"
-    d, q = ms(kill.discard_s), ms(kill.quorum_s)
-    if most == "discard → next quorum" and kill.exit_s is not None and d <= ms(kill.exit_s) <= q:
-        record, seen = ms(kill.exit_s), ms(kill.seen_s)
-        line += (
-            f"; in the kill it holds {record - max(seen, d)} ms of the {record - seen} ms from slot "
-            f"{kill.fault.slot}'s exit seen to exit recorded (the launcher's sleep, EXIT_WAIT_S = "
-            f"{EXIT_WAIT_S * 1000:g} ms, then its look for a result)"
-        )
-    print(line)
 
 
 def print_rejoin(o) -> None:
