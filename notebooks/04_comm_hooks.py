@@ -387,7 +387,7 @@ wins.round(3)
 #
 # minddp's hooks (`minddp.comm.default_hooks`, `minddp.comm.powerSGD_hook`) have torch's interface and are
 # registered with `register_comm_hook(state, hook)` as in torch, with two differences: torch 2.13 refuses its bf16
-# hook on gloo, these ranks' backend, and minddp's does not; minddp's PowerSGD hook
+# hook on a torch built without CUDA and NCCL (as here), whatever the backend, and minddp's does not; minddp's PowerSGD hook
 # waits inside itself for the P factors' all_reduce and, where the bucket has any, the uncompressed tensors', so
 # on a compressing step it holds up the backward that calls it until those are done, where torch's hook chains
 # that work on a Future (`_compute_qs` in `minddp/comm/powerSGD_hook.py` says why). The code of minddp's other

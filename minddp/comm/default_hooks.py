@@ -8,7 +8,8 @@ Torch's signature ``hook(state, bucket) -> Future[Tensor]``; the state is the pr
 * :func:`fp16_compress_hook` / :func:`bf16_compress_hook`: the same in 16 bits, half the bytes;
 * :func:`fp16_compress_wrapper` / :func:`bf16_compress_wrapper`: that cast around *any* hook.
 
-bf16 is not refused on gloo (torch 2.13 refuses it); a complex bucket is refused by the compress
+bf16 is not refused (torch 2.13's ``register_comm_hook`` refuses its bf16 hooks unless torch was built with
+CUDA and NCCL 2.10+, or XPU and XCCL, whatever the group's backend); a complex bucket is refused by the compress
 hooks. More: ``docs/hooks.md``.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
