@@ -165,8 +165,8 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: three bursts of messages, one after each backward, each waited for (red)
-# before the next micro-batch may start. The hatched marks are the parameters-used check, not waits
-# for messages. `simple` has no `no_sync()`, so the loop syncs after every micro-batch. A bar's
+# before the next micro-batch may start. The hatched marks are the parameters-used check, one per
+# backward, some too thin to see, not waits for messages. `simple` has no `no_sync()`, so the loop syncs after every micro-batch. A bar's
 # length, the faded row's too, is one step's and does not compare the stages' compute. Your version
 # of this stage was the exercise of `02_simple_ddp`.
 #
@@ -679,8 +679,8 @@ lesson_03.look_table(looks, checks)
 # all_gather returns on a rank only once both ranks have joined it: a rank that reaches it first
 # stands there until the other arrives, whatever its few bytes cost, so the two ranks' columns need
 # not agree. `ga` divides the traffic by the number of micro-batches; the hook stages move the
-# messages into the backward; the async stages stop waiting for them there; the buckets divide the
-# number of messages. Whether that last idea pays is the next section's question.
+# messages into the backward, where `hook` still waits for each; the async stages stop waiting for
+# them there; the buckets divide the number of messages.
 
 # %% [markdown]
 # ## The bucket lesson: when do buckets pay?
@@ -913,9 +913,9 @@ lesson_03.say_verdicts(looks, t4, far, per_message_ms, one_far, sized_from["1024
 # can shorten that tail and send the first message earlier, for more fixed costs, down to the floor
 # the sweep's table shows. Where one message's fixed cost is large, buckets pay it once per bucket
 # instead of once per gradient tensor: on the link sized with the ratios of 1024 ranks, 26 times a
-# step instead of 291. Whether the buckets paid in these steps, the lines from "Buckets, in the end"
-# say: one per link by *exposed* alone, and the last by exposed and the thread's time in the
-# accumulation steps together. Each is one profiled step of each rung on a shared machine, at that
+# step instead of 291. Whether the buckets paid in these steps, "Buckets, in the end" says, one line
+# per link, by *exposed*; the line after prints, without a verdict, the backwards exposed does not
+# count. Each is one profiled step of each rung on a shared machine, at that
 # step's own backward: it says what those two steps did, not which rung is the faster. The step-time
 # model's answer for this link is the sweep's sentence "by the model".
 

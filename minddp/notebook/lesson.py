@@ -462,21 +462,15 @@ def hooks_less_check(v: dict) -> float:
 def backwards_beside(pairs: dict) -> str:
     """The backwards the bucket lesson's verdicts do not count, in words: ``pairs`` maps where the two steps ran to
     ``((hook-async's, bucket-async's) last backward less the check, (the same two) in the accumulation steps less the
-    check)``, ms (:func:`backward_less_check`, :func:`hooks_less_check`). Each count is at the printed whole ms."""
+    check)``, ms (:func:`backward_less_check`, :func:`hooks_less_check`): numbers only, no verdict."""
     said = "; ".join(
         f"{where}: hook-async {h:.0f} ms ({hh:.0f} ms), bucket-async {b:.0f} ms ({bh:.0f} ms)"
         for where, ((h, b), (hh, bh)) in pairs.items()
     )
-
-    def count(i: int) -> int:  # pairs in which hook-async's (backward, i=0; accumulation steps, i=1) is the longer
-        return sum(round(p[i][0]) > round(p[i][1]) for p in pairs.values())
-
     return (
-        "Beside these verdicts, the backwards they do not count (last backward less the check; in brackets, the part "
-        f"of it in autograd's accumulation steps, where the grad hooks run, less the check): {said}. hook-async's "
-        f"backward was the longer in {count(0)} of these {len(pairs)} pairs, its accumulation steps in {count(1)}: its "
-        "grad hooks hand over one message per gradient, bucket-async's one per bucket, when it fills. What made the "
-        "backwards differ beyond the time in those steps, these runs do not measure."
+        "Beside these verdicts, as numbers only, the backwards exposed does not count (last backward less the check; "
+        f"in brackets, the part of it in autograd's accumulation steps, where the grad hooks run, less the check): "
+        f"{said}."
     )
 
 
@@ -490,13 +484,13 @@ def link_end_in_words(stage: str, w: dict, look: dict) -> str:
     step's look (for the thread's waits)."""
     said = f"{stage}'s link was done {_before_after(w['end_ms'])} its backward ended"
     if w["limit"] == "start":
-        said += ", an end set by its first message's late start"
+        said += ", an end set by its first message (start-limited)"
     elif w["limit"] == "tail":
         said += ", an end set by its last message (the tail)"
     else:
         said += (
-            f", an end set by its {w['limit']} of {w['messages']} and the messages behind it (its late start alone "
-            f"would have ended it {_before_after(w['start_end_ms'])}, its last message alone "
+            f", an end set by its {w['limit']} of {w['messages']} and the messages behind it (its start-limited end "
+            f"would have been {_before_after(w['start_end_ms'])}, its tail-limited end "
             f"{_before_after(w['tail_end_ms'])})"
         )
     lag = wait_after_backward(look["row"])

@@ -379,7 +379,6 @@ def say_verdicts(looks: dict, t4: dict, far: dict, per_message_ms: float, one_fa
     pairs = {
         "on the 1 Gbit/s link": {
             s: {"backward_ms": backward_less_check(looks[s]), "hooks_ms": hooks_less_check(looks[s])}
-            | {"exposed_ms": looks[s]["exposed_ms"]}
             for s in ("hook-async", "bucket-async")
         }
     } | {f"with the ratios of {name}": runs for name, runs in (("4 × T4", t4), ("1024 ranks", far))}
@@ -390,26 +389,4 @@ def say_verdicts(looks: dict, t4: dict, far: dict, per_message_ms: float, one_fa
                 for where, r in pairs.items()
             }
         )
-    )
-    say(both_costs(pairs))
-
-
-def both_costs(pairs: dict) -> str:
-    """The bucket lesson's conclusion from both of the thread's costs that the buckets change: exposed, and the time
-    in autograd's accumulation steps less the check, where the grad hooks hand each message over. ``pairs`` maps
-    where the two steps ran to each rung's run (``exposed_ms``, ``hooks_ms``). Each sum is of the printed whole ms,
-    and the verdict compares those sums, so the reader's arithmetic gives the printed verdict."""
-
-    def cost(r: dict) -> tuple[int, int]:
-        return round(r["exposed_ms"]), round(r["hooks_ms"])
-
-    said, paid = [], 0
-    for where, r in pairs.items():
-        (be, bh), (he, hh) = cost(r["bucket-async"]), cost(r["hook-async"])
-        said.append(f"{where}, bucket-async {be} + {bh} = {be + bh} ms, hook-async {he} + {hh} = {he + hh} ms")
-        paid += be + bh < he + hh
-    return (
-        "The two together (exposed + the accumulation steps less the check, where the grad hooks hand each message "
-        f"over): {'; '.join(said)}. By the two together the buckets paid in {paid} of these {len(pairs)} pairs of "
-        "steps."
     )
