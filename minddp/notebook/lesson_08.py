@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 import minddp.debug
-from minddp import DistributedDataParallel
+from minddp.ddp import DistributedDataParallel
 from minddp.notebook import lesson
 from minddp.runtime.device import current_device
 from minddp.runtime.launch import peer_gone

@@ -29,10 +29,10 @@ one compiled piece per layer::
 from __future__ import annotations
 
 import torch
-from torch._dynamo.utils import counters
 
 from minddp.ladder.loop import train_step
 from minddp.notebook import nodes
+from minddp.runtime.compat import dynamo_reset, graph_breaks
 
 
 def flat(model) -> torch.Tensor:
@@ -49,8 +49,7 @@ def compile_at(wrapper, model, model_first: bool, batch, loss_fn, cap: float, ba
     (:func:`~minddp.notebook.nodes.bucket_names`), Dynamo's count of graph breaks in the step, then the compiled
     pieces of one more forward (:func:`~minddp.notebook.nodes.compiled_pieces`; under ``no_sync()``, its backward
     never runs), each as its parameters' names, in the order backward would run them."""
-    torch._dynamo.reset()
-    counters.clear()
+    dynamo_reset()
     if model_first:
         wrapped = ddp = wrapper(torch.compile(model, backend=backend), bucket_cap_mb=cap)
     else:
@@ -62,10 +61,10 @@ def compile_at(wrapper, model, model_first: bool, batch, loss_fn, cap: float, ba
         return nodes.refusal(error)
     bits = "to eager ddp's bits" if torch.equal(flat(model), reference) else "to bits that differ from eager's"
     step_buckets = " | ".join(", ".join(bucket) for bucket in nodes.bucket_names(ddp))  # a first step's plan
-    graph_breaks = sum(counters["graph_break"].values())
+    breaks = graph_breaks()
     with wrapped.no_sync():  # a forward whose backward never runs, to walk its pieces
         pieces = nodes.compiled_pieces(wrapped(torch.randn_like(batch[0])), model)
     return (
-        f"trained a step {bits}; the step's buckets: {step_buckets}; graph breaks: {graph_breaks}; "
+        f"trained a step {bits}; the step's buckets: {step_buckets}; graph breaks: {breaks}; "
         "pieces of one more forward: " + " | ".join(", ".join(piece) for piece in pieces)
     )

@@ -15,7 +15,8 @@ name minddp reads (``tests/test_compat.py`` fails on one used anywhere else in t
 
   - compiled code (Dynamo): :func:`is_compiled` and :func:`uncompiled` (what ``torch.compile(model)``
     returned, and the model inside), :func:`ddp_optimizer_caps` (the bucket sizes Dynamo cuts a compiled
-    graph at, set only inside a compiled call), :func:`default_first_bucket_bytes`;
+    graph at, set only inside a compiled call), :func:`default_first_bucket_bytes`, :func:`dynamo_reset` and
+    :func:`graph_breaks` (Dynamo's cache emptied and its count of graph breaks since);
   - autograd: :func:`at_backward_end` (a callback when the running backward ends), :func:`hook_slots` and
     :func:`put_hooks` (a gradient hook taken out and put back), :func:`future_type`;
   - the profiler: :func:`profiler_on`, :func:`fast_range`; the fused list ops :func:`foreach_copy_`,
@@ -335,6 +336,24 @@ def ddp_optimizer_caps(module, bucket_bytes: int, first_bucket_bytes: int):
         yield
     finally:
         torch_ddp._active_ddp_module, dist._DEFAULT_FIRST_BUCKET_BYTES = before
+
+
+def dynamo_reset() -> None:
+    """Empty Dynamo's cache of compiled code and its counters (``torch._dynamo.reset()``, ``counters.clear()``):
+    the next ``torch.compile`` call compiles anew, and :func:`graph_breaks` counts from here."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+
+
+def graph_breaks() -> int:
+    """Dynamo's count of graph breaks since the last :func:`dynamo_reset` (``counters["graph_break"]``, summed over
+    their reasons)."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
 
 
 def default_first_bucket_bytes() -> int:
