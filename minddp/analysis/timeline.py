@@ -19,7 +19,7 @@ A **step row** is a plain dict of spans in milliseconds from the step's start, f
   else "collective in flight (held open included)".
 
 The messages' bars have no edge line, so that a bar is drawn no longer than its span (to a pixel). Messages open at
-once (gloo's ranges of two collections in flight together) are drawn in lanes, one above the other within the
+once (gloo's ranges of two collectives in flight together) are drawn in lanes, one above the other within the
 band, each in the first lane free when it starts (:func:`lanes`), so that no bar is drawn over another and hides
 it; within a lane the bars alternate two shades of orange, in the order they start, so that bars back to back are
 told apart; the legend's swatch for them shows both shades.
@@ -140,7 +140,8 @@ def lanes(spans: list[tuple[float, float]]) -> tuple[list[int], int]:
         free = next((k for k, last in enumerate(ends) if last <= start), len(ends))
         if free == len(ends):
             ends.append(end)
-        ends[free] = max(ends[free], end)
+        else:
+            ends[free] = end  # the lane's last span ended by this one's start, so this one ends later
         lane.append(free)
     return lane, len(ends)
 
