@@ -18,27 +18,23 @@
 #
 # `SimpleDDP` waits until backward is over, then sends one all_reduce per parameter, after every
 # micro-batch. Each stage below changes one thing about *when* or *how much* is sent; none changes
-# *what* is computed (the test suite checks every stage against a single process and torch's DDP;
-# `check` checks your own versions here). The stages in this order, from `simple` up, are the
-# *ladder*; each stage is a *rung* of it.
+# *what* is computed (the test suite checks every stage against a single process and torch's DDP).
+# The stages in this order, from `simple` up, are the *ladder*; each stage is a *rung* of it.
 #
-# Each stage from `ga` to `bucket-async` has a section of five parts (`simple`, built in
-# `02_simple_ddp`, has its code and its run here; `ddp`, minddp's production DDP, and `torch`, torch's
-# own, their run and picture only):
+# Each stage from `ga` to `bucket-async` has a section of five parts (`ddp` and `torch`: the run
+# and picture only):
 #
 # 1. **the idea**, in words and in the few plain `torch.distributed` lines that carry it;
 # 2. **the code**: the stage's class as it is in `minddp/stages/`, and **what changed** from the stage
-#    before, method by method (a diff computed from the package). Besides the idea's lines, a class
-#    sends each gradient or bucket through the *comm hook*
-#    (`self.comm_hook(self.comm_state, GradBucket(...))`, which returns a Future; `04_comm_hooks`
-#    swaps it); once in each synced backward it checks that every rank's forwards used the same
-#    parameters (`parameters_used.check()`, one all_gather: after backward for `simple` and `ga`, at
-#    the backward's first gradient from `hook` on); and from `hook-async` on it refuses a step whose
-#    last sync was left unfinished (`check_finished`). A comment *step 1*, *step 2* in a class numbers
-#    the parts of its idea, not a training step;
-# 3. **a run on real ranks**: one warm-up step, then one step under the profiler (`Trainee.look`): the
-#    all_reduce calls, when each message was handed to the link, how long the link took, and when
-#    the training thread waited; then **a picture** of that step, the stage before it faded above it;
+#    before, method by method. Besides the idea's lines, a class sends each gradient or bucket
+#    through the *comm hook* (`self.comm_hook(self.comm_state, GradBucket(...))`, which returns a
+#    Future; `04_comm_hooks` swaps it); once in each synced backward it checks that every rank's
+#    forwards used the same parameters (`parameters_used.check()`, one all_gather: after backward for
+#    `simple` and `ga`, at the backward's first gradient from `hook` on); and from `hook-async` on it
+#    refuses a step whose last sync was left unfinished (`check_finished`). A comment *step 1*,
+#    *step 2* numbers the parts of the idea;
+# 3. **a run on real ranks**: one warm-up step, then one step under the profiler, and **a picture**
+#    of that step, the stage before it faded above it;
 # 4. **what to look for**: sentences printed from the run. Those with a ✓ are checked on the run
 #    shown (`lesson.claim`: a run that contradicts one fails the cell); the others hold for that run
 #    only (one step, on a machine shared with other work);
@@ -56,16 +52,15 @@
 # **The link.** Every message, up to the last section, goes over an **emulated 1 Gbit/s link**
 # (`minddp.comm.link`): the real all_reduce runs, so every result is exact, but it completes no earlier
 # than it would on Gigabit Ethernet, one message at a time. That time is *modeled*: the same on every run
-# and machine (the last section sizes its links from a backward timed in the run). The training
+# and machine. The training
 # thread's waits are *measured*: a wait can last past the link's time, until the real all_reduce
 # returns, and a collective returns on a rank only once every rank has joined it.
 #
 # **Measures**, 01's. α, β, n and m as there; k is the micro-batches of a step. A *message* is one
 # all_reduce handed to the link (a gradient, or a bucket of them); its *fixed cost* is 2(n−1)·α. Over
 # the link's modeled transfers: *link time*, the step's messages' time on the link; *exposed*, the part
-# of it the training thread stood waiting through; *interleaved*, time inside a backward with a message
-# on the link and the thread waiting (for a message or at the check); *overlap*, the share of the link
-# time the thread spent inside a forward, a backward or the optimizer, not waiting. *Waited* is the
+# of it the training thread stood waiting through; *overlap*, the share of the link time the thread
+# spent inside a forward, a backward (its grad hooks' lines included) or the optimizer, not waiting. *Waited* is the
 # measured time the thread stood still for its messages: the exposed part and any waiting after the
 # link had delivered, which the link does not model. The parameters-used check's all_gather is
 # printed apart (*at the check*).
@@ -74,8 +69,7 @@
 # calls when a parameter's gradient is ready (`register_post_accumulate_grad_hook`; `hook` and every
 # stage after it sync from one), inside autograd's *accumulation steps*, which add each gradient into
 # `.grad`. *The network* is what every stage trains; *the link* carries the messages (the
-# *interconnect* of the blog this notebook follows, "First Steps With Distributed Data Parallelism and
-# PyTorch Profiling", blog.underfit.ai/ddp-profiled; `docs/scaling.md`). *Backward* is the span the
+# *interconnect* of the blog this notebook follows, blog.underfit.ai/ddp-profiled). *Backward* is the span the
 # pictures draw, from its first operator to its last. The *step-time model* (`minddp.costmodel`)
 # replays a step on the link.
 
@@ -125,15 +119,13 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # ## No communication at all (`single`)
 #
 # Here each rank trains its own shard and never talks to the other: not data parallelism (the
-# replicas drift apart), with no message at all. The cells read messages and waits from the link's
-# modeled transfers and the thread's recorded waits, not from step times, which on a shared machine
-# move from one step to the next. The picture is one step: the forward (pale) and backward (blue) of
-# each micro-batch, then the optimizer (green); the black line is the end of the step. The stages
-# below add messages (orange on the wire, two shades alternating so that neighbours stay apart; a
-# tick under the row where each was handed to the wire), waits (red: the thread standing still until
-# a message is back), the parameters-used check (hatched red) and `finish_gradient_synchronization()`
-# (a thin purple strip, the legend's *finish*). A legend names the marks its figure draws, except
-# those under a pixel wide.
+# replicas drift apart), with no message at all. The picture is one step: the forward (pale) and
+# backward (blue) of each micro-batch, then the optimizer (green); the black line is the end of the
+# step. The stages below add messages (orange on the wire, two shades alternating; a tick under the
+# row where each was handed to the wire), waits (red: the thread standing still until a message is
+# back), the parameters-used check (hatched red) and `finish_gradient_synchronization()` (a thin
+# purple strip, the legend's *finish*). A legend names the marks its figure draws, except those
+# under a pixel wide.
 
 # %%
 # %%distributed
@@ -166,21 +158,18 @@ lesson.claim(
 # %% [markdown]
 # What to look for: three bursts of messages, one after each backward, each waited for (red)
 # before the next micro-batch may start. The hatched marks are the parameters-used check, one per
-# backward, some too thin to see, not waits for messages. `simple` has no `no_sync()`, so the loop syncs after every micro-batch. A bar's
-# length, the faded row's too, is one step's and does not compare the stages' compute. Your version
-# of this stage was the exercise of `02_simple_ddp`.
+# backward, not waits for messages. A bar's length, the faded row's too, is one step's and does not
+# compare the stages' compute.
 #
 # ## `ga`: gradient accumulation, `no_sync()`
 #
 # Autograd *adds* each micro-batch's gradient into `.grad`, and the loop divides each micro-batch's
 # loss by k before its backward, so after the last one `.grad` holds the step's mean, not a sum over
-# micro-batches. Averaging is linear (the mean of the
-# sums is the sum of the means), so syncing once, after the last micro-batch, gives the same
+# micro-batches. Averaging is linear, so syncing once, after the last micro-batch, gives the same
 # gradient as syncing after every one. Inside `with model.no_sync():` a forward records that its
 # backward must not sync; the last micro-batch runs outside the block. The decision is taken in
-# `forward`, as in torch, so the *forward* of a micro-batch must be inside `no_sync()`. The idea,
-# in a training step of k micro-batches, as the ladder's loop (`minddp.ladder.loop.train_step`)
-# and the checker drive every stage:
+# `forward`, as in torch. The idea, in a training step of k micro-batches, as the ladder's loop
+# (`minddp.ladder.loop.train_step`) and the checker drive every stage:
 #
 # ```python
 # no_sync = getattr(model, "no_sync", None)                          # simple has none
@@ -193,10 +182,8 @@ lesson.claim(
 #         finish()                                  # after every backward: syncs only after the last
 # ```
 #
-# The loop calls `finish_gradient_synchronization()` after every backward, outside the with-block
-# (so does the checker, which in some steps also runs only the forward inside it, the backward after),
-# so finish cannot ask `no_sync()` whether to sync: it reads what the forward recorded. One sync a
-# step: every accumulated gradient, once, after the last micro-batch.
+# The loop calls `finish_gradient_synchronization()` after every backward, outside the with-block,
+# so finish cannot ask `no_sync()` whether to sync: it reads what the forward recorded.
 
 # %%
 show_source(STAGES["ga"])
@@ -223,9 +210,7 @@ lesson.claim(
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, with the thread's waits for them
 # (red); the micro-batches before it run straight on into each other. Just before the burst ga runs
-# the parameters-used check, in finish (hatched, where wide enough to draw). The link's time is
-# modeled, so the ratio above is exact; the compute bars are measured on a shared machine: the rows
-# share an axis to show where the messages go, not which step is shorter.
+# the parameters-used check, in finish (hatched).
 #
 # ### Your turn: `ga`
 #
@@ -234,9 +219,8 @@ lesson.claim(
 # several micro-batches per step, calling finish after every backward as the loop above does, so it
 # sees whether the micro-batches inside `no_sync()` stayed quiet; it also nests a `no_sync()` inside
 # another, whose sync must stay off when the inner one ends, as torch's does, and raises inside one,
-# after which the flag must be what it was before. It trains a small network
-# of its own (three linear layers: 6 parameter tensors), so the counts it prints are that network's,
-# not the runs' above. Why each stage is built the way it is:
+# after which the flag must be what it was before. It trains a small network of its own (6 parameter
+# tensors), so the counts it prints are that network's. Why each stage is built the way it is:
 # `docs/ladder.md`.
 
 
@@ -276,12 +260,9 @@ check(solutions.GradAccumDDP, like="ga")
 # backward's contribution into `param.grad`: the accumulated gradient, the one to sync (a plain
 # tensor hook would hand over only the incoming gradient of this micro-batch). This grad hook sends the
 # gradient and, in this stage, waits for the result before backward may go on: the messages move
-# into the backward, but the backward's operators stand still while each travels. (The hooks reach the
-# wrapper through `weakref`: autograd keeps them on its C++ side, where Python's garbage collector
-# cannot see a cycle, so a strong reference would keep every wrapper alive; `weakref.finalize`
-# removes the hooks when the wrapper goes. Plumbing, not the idea: the sketch below and the model
-# answer register the bound method `self._grad_ready`, a strong reference, which keeps the wrapper
-# alive; in the exercise that is allowed, and the checker does not look at it.) The idea:
+# into the backward, but the backward's operators stand still while each travels. (The stage's hooks
+# reach the wrapper through `weakref`, so that they do not keep it alive; plumbing, not the idea.)
+# The idea:
 #
 # ```python
 # for p in params:
@@ -307,16 +288,14 @@ lesson.claim(
 )
 lesson.claim(
     v["waits"] == v["waits_in_backward"] == v["calls"],
-    "And the training thread waits for each of them right there, inside the backward: communication is "
-    "*interleaved* with the backward, which stops for every message and then goes on.",
+    "And the training thread waits for each of them right there, inside the backward, which stops for every "
+    "message and then goes on.",
 )
-lesson_03.say_hook_split(looks, fixed)
+lesson_03.say_hook_split(looks)
 
 # %% [markdown]
 # What to look for: the messages and the waits have moved into the last backward, which stops at
-# every gradient until its all_reduce is back (zoomed in, each stop is a red wait; at this size the
-# many thin waits and the backward between them blend into one band). The cell above splits this
-# backward: the hooks' own lines' time is in neither waited nor exposed.
+# every gradient until its all_reduce is back (each stop a red wait).
 #
 # ### Your turn: `hook`
 #
@@ -390,12 +369,9 @@ lesson.say(  # measured: one profiled step each decides it, so printed, not clai
 
 # %% [markdown]
 # What to look for: messages on the wire while the backward goes on, and no wait for a message inside
-# it. The thread waits for the messages once, in finish, after the backward; the cell above prints how
-# long, and how much of the link's time it left exposed against `hook`: one profiled step each decides
-# that, so it is printed, not claimed. That wait is a red block after the backward only where it is wide
-# enough to draw: where the cell prints that it waited no time, this row has none. A hatched red block at the
-# start of its backward is no wait for a message: it is the parameters-used check (where wide enough to draw;
-# the side-by-side table's *at the check*), and no message leaves until it ends.
+# it. The thread waits for the messages once, in finish, after the backward (a red block only where
+# wide enough to draw). A hatched red block at the start of its backward is the parameters-used check;
+# no message leaves until it ends.
 #
 # ### Your turn: `hook-async`
 #
@@ -427,19 +403,16 @@ check(solutions.AsyncHookDDP, like="hook-async")
 # %% [markdown]
 # ## `bucket`: fewer, bigger messages
 #
-# Every collective pays a fixed cost before its bytes move: 2(n−1)·α per all_reduce, α for each of its 2(n−1) hops. One all_reduce per parameter pays
-# it once per parameter tensor. Buckets
-# pay it once per bucket: at construction the parameters are grouped, in reverse order (backward
+# Every all_reduce pays a fixed cost, 2(n−1)·α, before its bytes move: one all_reduce per parameter
+# pays it once per parameter tensor, buckets once per bucket. At construction the parameters are grouped, in reverse order (backward
 # produces the last layers' gradients first), into buckets of about `bucket_cap_mb` (torch's rule,
 # `plan_buckets`); in the grad hook each parameter is counted in its bucket, and when the bucket's last
 # gradient is in, the bucket is flattened into one buffer and sent in one call; when the average is
 # back, each slice is copied into its parameter's `.grad`. Like `hook`, this stage waits for each
-# bucket. One more line is torch's: left at its default (the stage's `bucket_cap_mb=None`, which the
-# stage reads as torch's 25 MiB), the first bucket's cap is 1 MiB (it closes at the gradient that reaches or passes it, so it can
-# hold more), so that the first all_reduce can start early in backward (whether an
-# earlier start helps depends on the link: the bucket lesson, after the side-by-side, models it). A cap given, as the
-# settings printed at the top give one, is every bucket's cap, the first's too, as in torch. The
-# idea:
+# bucket. One more line is torch's: left at its default (`bucket_cap_mb=None`: torch's 25 MiB), the
+# first bucket's cap is 1 MiB, so that the first all_reduce can start early in backward. A cap given,
+# as the settings printed at the top give one, is every bucket's cap, the first's too, as in torch. A
+# bucket closes at the gradient that reaches or passes its cap, so it can hold more. The idea:
 #
 # ```python
 # def _grad_ready(self, p):
@@ -481,24 +454,18 @@ lesson.claim(
 )
 
 # %% [markdown]
-# What to look for: a few wide messages instead of many thin ones. The cell above computes what
-# that saves on this link: 2(n−1)·α per message not sent. That saving grows with the ranks (an
-# all_reduce makes 2(n−1) hops) and with the number of gradient tensors; what buckets cost in
-# return is the bucket lesson's subject, after the side-by-side. The diff shows what `bucket` takes
-# from `hook` (the waiting `_sent`) rather than from `hook-async`: it waits for each bucket inside
-# backward; the next stage removes the wait again. One more difference from the idea: the stage sets
-# the counts back in finish, not at the send, after sending any bucket that did not fill (one of its
-# parameters got no gradient), and its `forward` refuses a step while they are not back
-# (`check_finished`).
+# What to look for: a few wide messages instead of many thin ones. That saving, 2(n−1)·α per message
+# not sent, grows with the ranks and with the number of gradient tensors. `bucket` takes `hook`'s
+# waiting `_sent`, not `hook-async`'s. One more difference from the idea: the stage sets the counts
+# back in finish, not at the send, after sending any bucket that did not fill (one of its parameters
+# got no gradient), and its `forward` refuses a step while they are not back (`check_finished`).
 #
 # ### Your turn: `bucket`
 #
-# The plan is given (`plan_buckets`, the rule above, without torch's first-bucket line: here every
-# bucket, the first too, has the cap passed in; the ladder's stage adds the line with `bucket_caps`; and to
-# `plan_buckets` a cap of `None` means no cap at all, one bucket for everything, not the stage's 25 MiB:
-# the exercise's default is 25). Count each gradient in its bucket; when a
-# bucket is full, flatten it with `torch.cat`, all_reduce it once, divide, and copy each slice
-# back into its `.grad`. The checker uses a cap that gives its small network two buckets.
+# The plan is given (`plan_buckets`, the rule above, with the cap passed in for every bucket, the
+# first too). Count each gradient in its bucket; at the bucket's last gradient, flatten it with
+# `torch.cat`, all_reduce it once, divide, and copy each slice back into its `.grad`. The checker
+# uses a cap that gives its small network two buckets.
 
 # %%
 from minddp.stages.bucket_plan import plan_buckets
@@ -527,10 +494,9 @@ check(solutions.BucketDDP, like="bucket")
 # %% [markdown]
 # ## `bucket-async`: buckets in flight while backward goes on
 #
-# No new idea: `bucket`'s buckets with `hook-async`'s not-waiting. The stage is `bucket`
-# plus that one idea, in a list made in `__init__` and two methods: keep each bucket's Future,
-# wait for them all in finish. torch's DDP too sends buckets while backward goes on; it adds more (`ddp` below lists it), among it buckets launched
-# strictly in the plan's order, where `bucket-async` sends each as soon as it is full.
+# No new idea: `bucket`'s buckets with `hook-async`'s not-waiting: keep each bucket's Future, wait
+# for them all in finish. torch's DDP also launches buckets strictly in the plan's order, where
+# `bucket-async` sends each at its last gradient.
 
 # %%
 show_source(STAGES["bucket-async"])
@@ -551,17 +517,14 @@ lesson.say(  # measured: one profiled step each decides it, so printed, not clai
 
 # %% [markdown]
 # What to look for: `bucket`'s few messages, travelling while the backward goes on, as
-# `hook-async`'s did, and no wait for a message inside the backward (any hatched red block at its start
-# is the parameters-used check, made at the backward's first gradient; how long it held the thread is the
-# side-by-side table's *at the check*, and the bucket lesson sets the backwards beside each other less
-# that time). Its exposed time against
-# `bucket`'s is printed, not claimed: one profiled step each decides it.
+# `hook-async`'s did, and no wait for a message inside the backward (a hatched red block at its start
+# is the parameters-used check).
 #
 # ### Your turn: `bucket-async`
 #
 # Start each bucket's all_reduce without waiting, and finish them all in
-# `finish_gradient_synchronization()`. Build on the model answer `solutions.BucketDDP` (its source
-# is shown above, under `bucket`'s exercise), not on the ladder's stage shown in this section. The
+# `finish_gradient_synchronization()`. Build on the model answer `solutions.BucketDDP`, not on the
+# ladder's stage shown in this section. The
 # model answer's helper is `_write_back(grads, average)`: it copies the averaged flat buffer into the
 # bucket's gradient tensors `grads`.
 
@@ -592,12 +555,9 @@ check(solutions.AsyncBucketDDP, like="bucket-async")
 # ## `ddp`: torch's DDP, rebuilt
 #
 # The teaching stages stop at `bucket-async`. `minddp.DistributedDataParallel` is the stage a
-# training script uses: a drop-in for `torch.nn.parallel.DistributedDataParallel`. It lives apart, in `minddp/ddp/`, built as torch builds its DDP (a module that
-# owns a reducer), because what it adds (the end of backward handled inside `loss.backward()`, a
-# bucket plan rebuilt from the order gradients really arrive in, buckets launched strictly in
-# order, unused parameters, gradients as views into the buckets) would bury the ladder's ideas.
-# Its module docstring maps each part to the stage that introduced it; `docs/ddp.md` has the full
-# table.
+# training script uses: a drop-in for `torch.nn.parallel.DistributedDataParallel`, built as torch
+# builds its DDP (a module that owns a reducer), in `minddp/ddp/`. Its module docstring maps each part
+# to the stage that introduced it; `docs/ddp.md` has the full table.
 
 # %%
 show_doc(sys.modules[STAGES["ddp"].__module__])
@@ -630,7 +590,8 @@ lesson.say(
 # The same workload through `torch.nn.parallel.DistributedDataParallel`, with the same bucket size.
 # Its reducer is C++; on the emulated link it hands each bucket to minddp's allreduce comm hook
 # (`minddp.ladder.wrap` registers it), which sends it over the link, so it is counted the same way. Its
-# waits are not drawn (the cell says why; the legend's *training thread waits* are the faded `ddp` row's).
+# waits are not drawn (the cell says why), so the blank between its backward and its optimizer is not
+# split into waiting and other work.
 
 # %%
 # %%distributed
@@ -647,10 +608,10 @@ lesson.claim(
 #
 # Every profiled step above on one axis, and their numbers (units in the column names). *Last
 # backward* is the backward of the step's last micro-batch and *step* the whole step, each measured
-# once on a shared machine; *at the check* the time the parameters-used check held each rank (not on
-# the link, so in neither waited nor exposed; "–": no check). From `hook` to `bucket-async` the last
-# backward holds the check, and for `hook` and `bucket` their waits too. torch's C++ reducer waits
-# through a Future of its own, so its waits are not seen (–).
+# once on a shared machine; *at the check* the time the parameters-used check held each rank, summed
+# over the step's checks (not on the link, so in neither waited nor exposed; "–": no check). From
+# `hook` to `bucket-async` the last backward holds the check, and for `hook` and `bucket` their waits
+# too. torch's waits are not seen (–).
 
 # %%
 # %%distributed
@@ -664,6 +625,7 @@ ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 # one profiled step each decides the order of exposed: printed, not claimed
 lesson_03.say_exposed_pairs(looks)
 checks = lesson_03.checks_on_ranks(looks, ladder)  # each rank's own time at the check
+lesson_03.say_check_against_exposed(looks, checks, ladder)
 
 # %%
 # %%rank 0
@@ -672,15 +634,11 @@ lesson_03.look_table(looks, checks)
 # %% [markdown]
 # How to read it: compare the stages by the link, exposed and waited columns. The last backward and
 # step columns are one step each, on cores shared with the other rank and the link's thread: a
-# row's length does not rank the stages, and the verdicts below do not count them. Exposed and waited
-# can order two stages in opposite ways: exposed leaves out the link's time before a wait began,
-# waited adds the waiting after the link had delivered. *At the check* sums the step's checks
-# (`simple` checks after each of its k backwards, the other stages with a check once a step). The
-# all_gather returns on a rank only once both ranks have joined it: a rank that reaches it first
-# stands there until the other arrives, whatever its few bytes cost, so the two ranks' columns need
-# not agree. `ga` divides the traffic by the number of micro-batches; the hook stages move the
-# messages into the backward, where `hook` still waits for each; the async stages stop waiting for
-# them there; the buckets divide the number of messages.
+# row's length does not rank the stages. Exposed and waited can order two stages in opposite ways:
+# exposed leaves out the link's time before a wait began, waited adds the waiting after the link had
+# delivered. The check's all_gather returns on a rank only once both ranks have joined it: a rank
+# that reaches it first stands there until the other arrives, so the two ranks' columns need not
+# agree.
 
 # %% [markdown]
 # ## The bucket lesson: when do buckets pay?
@@ -691,8 +649,8 @@ lesson_03.look_table(looks, checks)
 # ranks takes 2(n−1)·α + 2(n−1)/n · m·β on the link):
 #
 # 1. **per message**: every all_reduce pays 2(n−1)·α on the link, and the thread's time to hand it
-#    over in a grad hook, however few its bytes; buckets pay both once per bucket instead of once per
-#    gradient tensor, and copy each gradient into its bucket;
+#    over in a grad hook (in the accumulation steps); buckets pay both once per bucket instead of once
+#    per gradient tensor, and copy each gradient into its bucket;
 # 2. **the late start**: nothing goes to the link before some bucket's last gradient is ready, while a
 #    per-gradient stage sends its first gradient as soon as it is ready. The first message is the
 #    bucket that fills first, not always the plan's first;
@@ -704,11 +662,10 @@ lesson_03.look_table(looks, checks)
 # (`minddp.costmodel.buckets.queue_end`): message 1 gives the *start-limited* end, the last message
 # the *tail-limited* one. The link's time still to run when backward ends (*link after backward*) is
 # the most that step can expose: the thread stands through it only while in one of its waits in
-# finish. Each step has a backward of its own, and a longer backward hides more of the link: the
-# cells print each step's backward beside its exposed time, and the verdicts hold at those backwards.
-# *Waited* is printed without a verdict: it adds the waiting after the link had delivered, which the
-# link does not model. When each gradient is ready comes from the *bare network* (no wrapper, no
-# hooks, no messages, no profiler), timed here.
+# finish. A longer backward hides more of the link, and handing messages over lengthens it, so the
+# verdicts at the end count both in the thread's time: exposed, and the accumulation steps less the
+# check. When each gradient is ready comes from the *bare network* (no wrapper, no hooks, no
+# messages, no profiler), timed here.
 
 # %%
 # %%distributed
@@ -746,8 +703,9 @@ table
 # ### The cap, swept
 #
 # The cap decides all three costs: a small cap makes many small buckets (many fixed costs, a short
-# tail, an early first message), down to a floor: a bucket closes at the gradient that reaches its
-# cap, so no cap splits a gradient; a large cap makes a few large ones. Below, `bucket-async` is
+# tail, an early first message); a large cap makes a few large ones. A bucket closes at the gradient
+# that reaches its cap, so several small caps can close the first bucket at the same gradient, and
+# send the first message at the same time. Below, `bucket-async` is
 # measured at other caps on the same link, one profiled step each with no warm-up step (the settings'
 # cap is the step above; `None` is torch's default: a first bucket of 1 MiB, then 25 MiB ones, drawn
 # right of the grid). The step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap's plan
@@ -798,8 +756,7 @@ lesson_03.sweep_table(swept, model, default).infer_objects().round(1)
 # emulated link that keeps both ratios of a setting for the network at hand, against a backward timed
 # on this machine (rank 0's): a faster machine gets a faster link. On the 2 ranks here (one all_reduce
 # of m bytes takes 2α + m·β), 1/β = one sync's bytes / (bytes ratio × that backward) and α = message
-# ratio × that backward / 2. Each rung's own backward differs from that one, and so do the ratios it
-# meets. The rungs run without a warm-up step. Both settings come from the blog's run as the
+# ratio × that backward / 2. The rungs run without a warm-up step. Both settings come from the blog's run as the
 # step-time model rebuilds it (`python -m minddp.model project --setting blog`, `docs/scaling.md` §5:
 # SmolLM2-360M, bf16 gradients, an assumed 3 TFLOP/s on each T4):
 #
@@ -812,9 +769,8 @@ lesson_03.sweep_table(swept, model, default).infer_objects().round(1)
 #   (`minddp.train.models`). Only `hook-async` and the bucketed rungs run there, one micro-batch a
 #   step: `simple`, `ga` and `hook` wait for each of hundreds of fixed costs.
 #
-# What is scaled is the link: on 2 ranks a message makes 2 hops, so one hop here stands for 1023 of
-# the real ring's. The bucketed stages get a cap that cuts each network into about as many buckets as
-# the blog's 25 MiB cuts SmolLM2 (the cell prints the count).
+# The bucketed stages get a cap that cuts each network into about as many buckets as the blog's
+# 25 MiB cuts SmolLM2 (the cell prints the count).
 
 # %%
 # %%distributed
@@ -877,13 +833,11 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     lesson_03.say_met(name, {s: blog_runs[name, s] for s in RUN[name]}, sized_from[name], blog_buckets)
 
 # %% [markdown]
-# On these links the lines below print each rung's link time, *overlap* and *exposed* (01's, over the
-# link's transfers). Overlap counts the grad hooks' lines, not only the network's arithmetic (the
-# blog's overlap, read from GPU traces, is another measure). The two need not cover all the link's
-# time: the rest passed with the thread in neither, as between the end of backward and its wait in
-# finish. `hook` and `bucket` send and then wait inside backward, so the time from a send to its wait
-# counts as overlap; `simple` and `ga` do it in finish, after backward, where it does not. In these
-# four no backward arithmetic runs while a message travels.
+# On these links the lines below print each rung's link time, *overlap* and *exposed*. Overlap is time
+# inside a backward, not only its arithmetic: `hook` and `bucket` send and then wait inside backward,
+# so a message's time between its send and its wait counts as overlap, though no backward arithmetic
+# runs then; `simple` and `ga` send and wait in finish, after backward. The rest of the link time
+# passed with the thread in neither, as between the end of backward and its wait in finish.
 
 # %%
 # %%distributed
@@ -892,8 +846,6 @@ far = {s: blog_runs["1024 ranks", s] for s in RUN["1024 ranks"]}
 if rank == 0:
     lesson_03.sized_figure(t4, far, setting_ratios, world_size)
 lesson_03.say_sized_measures(t4, far)
-# simple sends every message after its backward, in finish, and waits for each: none runs while it computes
-lesson.claim(t4["simple"]["overlap_pct"] <= 1, "simple overlaps nothing with computation.")
 lesson.claim(  # the link's modeled times: ga sends simple's messages once per step instead of once per micro-batch
     abs(t4["simple"]["link_ms"] - k * t4["ga"]["link_ms"]) < 1e-6 * t4["simple"]["link_ms"],
     f"ga's messages need 1/{k} of simple's time on the link.",
@@ -907,17 +859,12 @@ one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3  #
 lesson_03.say_verdicts(looks, t4, far, per_message_ms, one_far, sized_from["1024 ranks"])
 
 # %% [markdown]
-# **The bucket lesson in words.** On this notebook's 1 Gbit/s link between 2 ranks, buckets of 4 MiB
-# save 6.1 ms of the link's 165 ms in fixed costs, and their last bucket, full only late in backward,
-# takes 23.4 ms on the link (torch's default, whose last bucket holds 17.5 MiB: 147 ms). A smaller cap
-# can shorten that tail and send the first message earlier, for more fixed costs, down to the floor
-# the sweep's table shows. Where one message's fixed cost is large, buckets pay it once per bucket
-# instead of once per gradient tensor: on the link sized with the ratios of 1024 ranks, 26 times a
-# step instead of 291. Whether the buckets paid in these steps, "Buckets, in the end" says, one line
-# per link, by *exposed*; the line after prints, without a verdict, the backwards exposed does not
-# count. Each is one profiled step of each rung on a shared machine, at that
-# step's own backward: it says what those two steps did, not which rung is the faster. The step-time
-# model's answer for this link is the sweep's sentence "by the model".
+# **The bucket lesson in words.** Buckets cut two costs paid per message: the link's fixed cost,
+# 2(n−1)·α, and the thread's time to hand each message over in a grad hook. In return the last
+# bucket, full only late in backward, has a longer tail on the link, and the first message leaves
+# later; a smaller cap shortens both, for more messages. "Buckets, in the end" says, for each link,
+# whether the buckets paid in its two steps: one profiled step of each rung on a shared machine, so
+# what those two steps did, not which rung is the faster.
 
 # %%
 # %dist_shutdown

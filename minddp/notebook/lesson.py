@@ -459,21 +459,6 @@ def hooks_less_check(v: dict) -> float:
     return v["accumulate_ms"] - (v["last_backward_ms"] - backward_less_check(v))
 
 
-def backwards_beside(pairs: dict) -> str:
-    """The backwards the bucket lesson's verdicts do not count, in words: ``pairs`` maps where the two steps ran to
-    ``((hook-async's, bucket-async's) last backward less the check, (the same two) in the accumulation steps less the
-    check)``, ms (:func:`backward_less_check`, :func:`hooks_less_check`): numbers only, no verdict."""
-    said = "; ".join(
-        f"{where}: hook-async {h:.0f} ms ({hh:.0f} ms), bucket-async {b:.0f} ms ({bh:.0f} ms)"
-        for where, ((h, b), (hh, bh)) in pairs.items()
-    )
-    return (
-        "Beside these verdicts, as numbers only, the backwards exposed does not count (last backward less the check; "
-        f"in brackets, the part of it in autograd's accumulation steps, where the grad hooks run, less the check): "
-        f"{said}."
-    )
-
-
 def _before_after(ms: float) -> str:
     return f"{abs(ms):.1f} ms {'after' if ms >= 0 else 'before'}"
 

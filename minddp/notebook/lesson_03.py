@@ -2,9 +2,9 @@
 sweep's figure, built from the runs' values, so that each cell shows its point in a few lines.
 
 Each function prints (or returns) words computed from the values it is handed, in the vocabulary of notebook 01
-and ``docs/analysis.md`` (link time, exposed, waited, overlap, interleaved); none of them runs a step. The
-bucket lesson's verdicts are by *exposed* alone: *waited* adds the time the thread stood still after the link had
-delivered, which the emulated link does not model, so it is printed as numbers, without a verdict.
+and ``docs/analysis.md`` (link time, exposed, waited, overlap); none of them runs a step. The bucket lesson's
+verdicts count the two costs a per-gradient rung pays that buckets cut, in the thread's time: *exposed*, and the
+time in autograd's accumulation steps, where the grad hooks hand each message over (less the check).
 """
 
 from __future__ import annotations
@@ -17,36 +17,23 @@ import torch.distributed as dist
 from minddp.notebook import lesson
 from minddp.notebook.lesson import backward_less_check, hooks_less_check, say, than
 
-#: exposed against exposed, in words: what bucket-async's step did against hook-async's
-PAID = {"less than": "paid", "as much as": "made no difference", "more than": "did not pay"}
 
-
-def say_hook_split(looks: dict, fixed_ms: float) -> None:
+def say_hook_split(looks: dict) -> None:
     """hook's last backward split into autograd's accumulation steps (where the grad hooks run: their waits, the
-    check, their own lines) and the rest; the hooks' own lines per message, beyond ga's accumulation steps (which
-    have no grad hook), against one message's fixed cost on the link (``fixed_ms``)."""
+    check, the rest) and the rest of the backward."""
     v, ga = looks["hook"], looks["ga"]
     lasted, in_steps = round(v["last_backward_ms"]), round(v["accumulate_ms"])
     own = in_steps - round(v["waited_ms"]) - round(v["check_ms"])
-    beyond = own - round(ga["accumulate_ms"])  # the printed whole ms, so that the reader's subtraction matches
     said = (
         f"Its last backward lasted {lasted} ms, {in_steps} ms of it in autograd's accumulation steps, where the grad "
         f"hooks run: there rank 0 waited {v['waited_ms']:.0f} ms for its messages, stood {v['check_ms']:.0f} ms at "
         "the parameters-used check"
     )
-    if own < 0:
-        say(said + ".")
-        return
-    said += (
-        f", and spent {own} ms in neither: adding each gradient into .grad (ga, with no grad hook, spent "
-        f"{ga['accumulate_ms']:.0f} ms in its accumulation steps) and the hooks' own lines, handing each message over "
-        "and writing its average back"
-    )
-    if beyond > 0:
-        per = beyond / v["calls"]
+    if own >= 0:
         said += (
-            f": the {beyond} ms beyond ga's are {per:.1f} ms for each of its {v['calls']} messages, "
-            f"{per / fixed_ms:.0f} times one message's fixed cost on the link ({fixed_ms:.1f} ms)"
+            f", and spent {own} ms in neither: adding each gradient into .grad (ga, with no grad hook, spent "
+            f"{ga['accumulate_ms']:.0f} ms in its accumulation steps), the hooks' own lines, and the link's time the "
+            "thread did not wait through"
         )
     say(said + ".")
 
@@ -61,14 +48,29 @@ def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
 
 
 def say_exposed_pairs(looks: dict) -> None:
-    """Exposed before and after each of the ladder's three changes that cut waiting, in these steps."""
-    pairs = [("simple", "ga"), ("hook", "hook-async"), ("bucket", "bucket-async")]
-    e = {s: looks[s]["exposed_ms"] for pair in pairs for s in pair}
+    """Exposed before and after each of the ladder's changes, from ``simple`` to ``bucket-async``, in these steps."""
+    ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
+    e = {s: looks[s]["exposed_ms"] for s in ladder}
+    pairs = list(zip(ladder, ladder[1:]))
     cut = sum(round(e[after]) < round(e[before]) for before, after in pairs)
     say(
         "Exposed, ms: "
-        + ", ".join(f"{before} {e[before]:.0f} → {after} {e[after]:.0f}" for before, after in pairs)
-        + f"; lower after {cut} of these {len(pairs)} changes."
+        + " → ".join(f"{s} {e[s]:.0f}" for s in ladder)
+        + f"; lower after {cut} of these {len(pairs)} changes, not lower after "
+        + (", ".join(f"{b} → {a}" for b, a in pairs if round(e[a]) >= round(e[b])) or "none")
+        + "."
+    )
+
+
+def say_check_against_exposed(looks: dict, checks: dict[str, list[float]], stages: list[str]) -> None:
+    """The stages whose parameters-used check held a rank (its longest) longer than the step's exposed time."""
+    longer = [s for s in stages if s in checks and max(checks[s]) > looks[s]["exposed_ms"]]
+    say(
+        "At the check (the longer rank) against exposed, ms: "
+        + ", ".join(f"{s} {max(checks[s]):.0f} against {looks[s]['exposed_ms']:.0f}" for s in stages if s in checks)
+        + "; the check held a rank longer than the link's exposed time in "
+        + (", ".join(longer) if longer else "none")
+        + f" of these {len(stages)}."
     )
 
 
@@ -155,8 +157,10 @@ def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run
         + (f": the {median_of[0]} step's own" if median_of else "")
         + f"), leaves {1e3 * model[0].after_backward:.1f} ms of link after backward at {model[0].cap_mb:g} MiB"
         + (", its least on the grid" if model[0].after_backward <= best + 5e-5 else f" (least {1e3 * best:.1f} ms)")
-        + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient: by the model the buckets "
-        + ("pay at no cap on the grid." if paying == 0 else f"pay at {paying} of the grid's {len(model)} caps.")
+        + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient: by the model, buckets "
+        + "leave less link after backward than one message per gradient at "
+        + ("no cap on the grid" if paying == 0 else f"{paying} of the grid's {len(model)} caps")
+        + " (the model times the bare network: no grad hook hands messages over)."
     )
     lags = {c: lesson.wait_after_backward(v["row"]) for c, v in swept.items()}
     say(
@@ -277,14 +281,13 @@ def say_sized(
 
 
 def say_met(name: str, runs: dict, backward_s: float, blog_buckets: int) -> None:
-    """How far from the sized backward the async rungs' own backwards ran: the factor by which each met the
-    setting's ratios (1.0: the setting; below: milder; above: harsher)."""
+    """The async rungs' own backwards (less the check) beside the backward the link was sized from."""
     own = {s: runs[s]["backward_ms"] for s in ("hook-async", "bucket-async")}
     say(
         f"{name}: bucket-async sent {runs['bucket-async']['calls']} buckets (the blog's 25 MiB: {blog_buckets}). Own "
         "backwards less the check: "
-        + ", ".join(f"{s} {b:.0f} ms, meeting the ratios × {1e3 * backward_s / b:.1f}" for s, b in own.items())
-        + f" (sized from {1e3 * backward_s:.0f} ms; × 1.0 is the setting)"
+        + ", ".join(f"{s} {b:.0f} ms" for s, b in own.items())
+        + f" (the link was sized from {1e3 * backward_s:.0f} ms)"
         # timed apart, in other steps: a match in whole ms is said, so that it does not read as copied
         + "".join(
             f"; {s}'s {b:.0f} ms is the sized backward's whole ms by chance: timed in other steps"
@@ -327,12 +330,23 @@ def say_overlap_order(t4: dict) -> None:
     )
 
 
-def by_exposed(b: dict, h: dict) -> str:
-    """bucket-async's step (``b``) against hook-async's (``h``): the verdict by exposed, waited as numbers only."""
+def by_thread_time(b: dict, h: dict) -> str:
+    """bucket-async's step (``b``) against hook-async's (``h``), each a dict with ``exposed_ms`` and ``hooks_ms``
+    (the accumulation steps less the check, :func:`minddp.notebook.lesson.hooks_less_check`): the two differences
+    and one verdict from their sum, at the printed precision (whole ms)."""
+    d_exposed = round(b["exposed_ms"]) - round(h["exposed_ms"])
+    d_hooks = round(b["hooks_ms"]) - round(h["hooks_ms"])
+    total = d_exposed + d_hooks
+
+    def diff(d):
+        return f"{abs(d)} ms {'more' if d > 0 else 'less'}" if d else "as much"
+
+    verdict = "paid" if total < 0 else "did not pay" if total > 0 else "made no difference"
     return (
-        f"exposed: bucket-async {b['exposed_ms']:.0f} ms, hook-async {h['exposed_ms']:.0f} ms, so by exposed the "
-        f"buckets {PAID[than(b['exposed_ms'], h['exposed_ms'])]} in these two steps (waited: bucket-async "
-        f"{b['waited_ms']:.0f} ms, hook-async {h['waited_ms']:.0f} ms)"
+        f"exposed bucket-async {b['exposed_ms']:.0f} ms, hook-async {h['exposed_ms']:.0f} ms; in the accumulation "
+        f"steps, less the check, {b['hooks_ms']:.0f} ms and {h['hooks_ms']:.0f} ms. bucket-async's thread: "
+        f"{diff(d_exposed)} exposed, {diff(d_hooks)} in the accumulation steps, {diff(total)} in all: the buckets "
+        f"{verdict} in these two steps"
     )
 
 
@@ -356,37 +370,25 @@ def say_sized_measures(t4: dict, far: dict) -> None:
 
 
 def say_verdicts(looks: dict, t4: dict, far: dict, per_message_ms: float, one_far_ms: float, far_sized_s: float):
-    """The bucket lesson's verdicts, one per link, by exposed; and hook-async's fixed costs on the 1024-rank link
-    against the backward that link was sized from."""
-    b, h = looks["bucket-async"], looks["hook-async"]
-    say(
-        f"Buckets, in the end. 1 Gbit/s link, one step each: {by_exposed(b, h)}. One message's fixed cost is "
-        f"{per_message_ms:.2f} ms: hook-async's {h['calls']} are "
-        f"{100 * per_message_ms * h['calls'] / h['link_ms']:.0f} % of its link time, the most buckets can take off "
-        "its link time."
+    """The bucket lesson's verdicts, one per link, by exposed and the accumulation steps (:func:`by_thread_time`);
+    and the fixed costs on each link against the link time or the backward it was sized from."""
+    b, h = (
+        {"exposed_ms": looks[s]["exposed_ms"], "hooks_ms": hooks_less_check(looks[s])}
+        for s in ("bucket-async", "hook-async")
     )
-    say(f"Ratios of 4 × T4: {by_exposed(t4['bucket-async'], t4['hook-async'])}.")
+    fewer = looks["hook-async"]["calls"] - looks["bucket-async"]["calls"]
+    say(
+        f"Buckets, in the end, one step each. 1 Gbit/s link: {by_thread_time(b, h)}. The {fewer} fewer messages took "
+        f"{fewer * per_message_ms:.1f} ms of fixed costs ({per_message_ms:.2f} ms each) off the link, and "
+        f"{round(h['hooks_ms']) - round(b['hooks_ms'])} ms off the thread's accumulation steps."
+    )
+    say(f"Ratios of 4 × T4: {by_thread_time(t4['bucket-async'], t4['hook-async'])}.")
     fixed_h = far["hook-async"]["messages"] * one_far_ms
     fixed_b = far["bucket-async"]["messages"] * one_far_ms
     sized = 1e3 * far_sized_s
     say(
-        f"Ratios of 1024 ranks: {by_exposed(far['bucket-async'], far['hook-async'])}; bucket, waiting inside the "
-        f"backward, {far['bucket']['exposed_ms']:.0f} ms exposed. One message's fixed cost there is {one_far_ms:.3f} "
-        f"ms: hook-async's {far['hook-async']['messages']} pay {fixed_h:.0f} ms, bucket-async's "
-        f"{far['bucket-async']['messages']} pay {fixed_b:.0f} ms, {fixed_h / sized:.1f} and {fixed_b / sized:.2f} "
-        f"times the {sized:.0f} ms backward the link was sized from."
-    )
-    pairs = {
-        "on the 1 Gbit/s link": {
-            s: {"backward_ms": backward_less_check(looks[s]), "hooks_ms": hooks_less_check(looks[s])}
-            for s in ("hook-async", "bucket-async")
-        }
-    } | {f"with the ratios of {name}": runs for name, runs in (("4 × T4", t4), ("1024 ranks", far))}
-    say(
-        lesson.backwards_beside(
-            {
-                where: tuple([r[s][key] for s in ("hook-async", "bucket-async")] for key in ("backward_ms", "hooks_ms"))
-                for where, r in pairs.items()
-            }
-        )
+        f"Ratios of 1024 ranks: {by_thread_time(far['bucket-async'], far['hook-async'])}. One message's fixed cost "
+        f"there is {one_far_ms:.3f} ms: hook-async's {far['hook-async']['messages']} pay {fixed_h:.0f} ms, "
+        f"bucket-async's {far['bucket-async']['messages']} pay {fixed_b:.0f} ms, {fixed_h / sized:.1f} and "
+        f"{fixed_b / sized:.2f} times the {sized:.0f} ms backward the link was sized from."
     )
