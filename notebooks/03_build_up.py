@@ -495,7 +495,7 @@ check(solutions.BucketDDP, like="bucket")
 # ## `bucket-async`: buckets in flight while backward goes on
 #
 # No new idea: `bucket`'s buckets with `hook-async`'s not-waiting: keep each bucket's Future, wait
-# for them all in finish. torch's DDP also launches buckets strictly in the plan's order, where
+# for them all in finish. Unlike torch's DDP, which launches buckets strictly in the plan's order,
 # `bucket-async` sends each at its last gradient.
 
 # %%
@@ -833,11 +833,12 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     lesson_03.say_met(name, {s: blog_runs[name, s] for s in RUN[name]}, sized_from[name], blog_buckets)
 
 # %% [markdown]
-# On these links the lines below print each rung's link time, *overlap* and *exposed*. Overlap is time
-# inside a backward, not only its arithmetic: `hook` and `bucket` send and then wait inside backward,
-# so a message's time between its send and its wait counts as overlap, though no backward arithmetic
-# runs then; `simple` and `ga` send and wait in finish, after backward. The rest of the link time
-# passed with the thread in neither, as between the end of backward and its wait in finish.
+# On these links the lines below print each rung's link time, *overlap* and *exposed*. Overlap counts
+# time inside a backward, not only its arithmetic: `hook` and `bucket` send and then wait inside
+# backward, so a message's time between its send and its wait counts as overlap, though no backward
+# arithmetic runs then; `simple` and `ga` send and wait in finish, after backward. Link time that is
+# neither overlap nor exposed passed with the thread outside any phase and not waiting, as between
+# the end of backward and its wait in finish.
 
 # %%
 # %%distributed
