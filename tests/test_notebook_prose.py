@@ -46,10 +46,6 @@ STEADY: dict[str, dict[str, str]] = {
         "**emulated 1 Gbit/s link**": LINK,
         "**the ratios of 4 × T4**": "the blog's machine: four T4 GPUs",
         "over 100 Gbit/s InfiniBand": LINK,
-        "On this notebook's 1 Gbit/s link": LINK,
-        "save 6.1 ms of the link's 165 ms": MODELED,
-        "takes 23.4 ms on the link": MODELED,
-        "holds 17.5 MiB: 147 ms)": MODELED,
     },
     "04_comm_hooks": {"**emulated 1 Gbit/s link**": LINK, "the emulated 1 Gbit/s link": LINK},
     "05_reading_traces": {
