@@ -21,8 +21,8 @@
 # *what* is computed (the test suite checks every stage against a single process and torch's DDP).
 # The stages in this order, from `simple` up, are the *ladder*; each stage is a *rung* of it.
 #
-# Each stage from `ga` to `bucket-async` has a section of five parts (`ddp` and `torch`: the run
-# and picture only):
+# Each stage from `ga` to `bucket-async` has a section of five parts (`ddp` and `torch` have no
+# exercise):
 #
 # 1. **the idea**, in words and in the few plain `torch.distributed` lines that carry it;
 # 2. **the code**: the stage's class as it is in `minddp/stages/`, and **what changed** from the stage
@@ -751,7 +751,7 @@ lesson_03.sweep_table(swept, model, default).infer_objects().round(1)
 # %% [markdown]
 # ### Links sized with two of the blog's settings' ratios, at this machine's speed
 #
-# Which rung wins depends on two ratios: how long one sync's bytes take against one backward, and how
+# Two ratios of a setting matter here: how long one sync's bytes take against one backward, and how
 # long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
 # emulated link that keeps both ratios of a setting for the network at hand, against a backward timed
 # on this machine (rank 0's): a faster machine gets a faster link. On the 2 ranks here (one all_reduce
