@@ -22,9 +22,9 @@
 #
 # * `fp16` / `bf16`: cast the bucket to a 16-bit float, divide it by the world size, all_reduce (the sum of the
 #   divided values: the average), cast back: half the bytes;
-# * `powersgd`: approximate each large gradient matrix by `P Qᵀ`, two thin factors of low matrix rank, and
-#   send `P` and `Q` instead (the other tensors go uncompressed), with *error feedback*: each rank keeps a
-#   tensor per bucket that it adds to that bucket's gradient on the next step (see PowerSGD below).
+# * `powersgd`: approximate each large gradient matrix by `P Qᵀ`, two thin factors, and send `P` and `Q`
+#   instead (the other tensors go uncompressed), with *error feedback*: each rank keeps a
+#   tensor per bucket that it adds to that bucket's gradient on the next step.
 #
 # A **rank** is one of the training processes, as in every notebook; PowerSGD's **matrix rank**
 # (`matrix_approximation_rank`) is the number of columns of `P` and `Q`, the directions kept per gradient
@@ -32,18 +32,16 @@
 #
 # Each hook trains the workload of notebooks 02 to 06, in `03_build_up`'s `bucket-async` stage, from the same
 # start on the same batches: `lesson.Trainee(stage, hook=name)` builds the stage and registers the hook with
-# `register_comm_hook(state, hook)`; `lesson.race` steps every trainee once a round, in turn. The bucket size
-# printed below is a threshold, torch's `bucket_cap_mb`: a bucket closes at the first gradient that brings it to
-# that size or past it. For each hook we read:
+# `register_comm_hook(state, hook)`; `lesson.race` steps every trainee once a round, in turn. A bucket closes at
+# the first gradient that brings it to the printed bucket size (torch's `bucket_cap_mb`) or past it. For each
+# hook we read:
 #
 # * the all_reduce calls a step and their *payload*, counted by the hook's traffic meter (a trainee's
 #   `metered`, one reading a step): the bytes the step's all_reduces reduce (numel × element size), not the
 #   bytes a rank sends, which around a ring of n ranks are 2(n − 1)/n of the payload (equal at n = 2);
 # * for fp16 and bf16, and for PowerSGD on its first steps, the *relative gradient error* `‖ĝ − g‖ / ‖g‖`:
-#   how far the hook's average `ĝ` is from the *reference average* `g`, the float32 average of this step's
+#   how far the hook's average `ĝ` is from the *reference average* `g`, the float32 average of the same step's
 #   gradients, computed with an extra float32 all_reduce before the hook's, not counted as traffic.
-#
-# Training quality (the loss a hook reaches) is not compared here.
 #
 # Then all but bf16 send over an **emulated 1 Gbit/s link** (`minddp.comm.link`, as in notebooks 03 and 05), and
 # plain averaging's and PowerSGD's all_reduces are priced on other links.
@@ -86,8 +84,8 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # way into the average, each rank's term of a value is rounded at most n + 1 times (its cast, its division and
 # at most n − 1 additions), each time by at most u = eps / 2 of its result (eps: the 16-bit format's machine
 # epsilon, `torch.finfo(dtype).eps`, float16's 2⁻¹⁰, bfloat16's 2⁻⁷), or, below the format's smallest normal
-# value s (`torch.finfo(dtype).smallest_normal`), where its values are s · eps apart, by half that spacing. That
-# keeps the average within about (n + 1) · u of the ranks' mean magnitude of that value (plus (n + 1) · s · eps / 2);
+# value, `tiny` (`torch.finfo(dtype).tiny`), where its values are tiny · eps apart, by half that spacing. That
+# keeps the average within about (n + 1) · u of the ranks' mean magnitude of that value (plus (n + 1) · tiny · eps / 2);
 # the bound adds float32's rounding of the reference average, and is taken relative to ‖g‖, as the error is.
 
 # %%
@@ -135,36 +133,38 @@ lesson.claim(
     f"step's bounds on rounding alone, also relative to ‖g‖: {bound['fp16']:.1e} for float16 and {bound['bf16']:.1e} "
     "for bfloat16.",
 )
+lesson.say(
+    f"bf16's error is {err['bf16'] / err['fp16']:.1f} times fp16's, and its bound {bound['bf16'] / bound['fp16']:.1f} "
+    "times: bfloat16's eps is 2³ = 8 times float16's (8 bits of precision to 11)."
+)
 
 # %% [markdown]
-# In the ✓ lines above fp16's gradient error is the smaller, as its bound is: bfloat16 keeps 8 bits of precision
-# to float16's 11, and float32's range of exponents instead: a sum above float16's largest value, 65504,
-# overflows in float16 and not in bfloat16.
+# In exchange bfloat16 keeps float32's range of exponents: a sum above float16's largest value, 65504, overflows
+# in float16, not in bfloat16.
 #
 # ## PowerSGD, step by step
 #
 # On a compressing step the hook first adds to the whole bucket what this rank kept on the step before (error
-# feedback, the last point below; zero on the first compressing step) and keeps a copy of the sum. Then it takes
-# each gradient it compresses as an a × b matrix `M` (not 01's M) and, at matrix rank r
+# feedback, the last point below; zero on the first compressing step) and keeps a copy of the bucket so
+# corrected. Then it takes each gradient it compresses as an h × w matrix `A` and, at matrix rank r
 # (`minddp/comm/powerSGD_hook.py`):
 #
-# * computes `P = M Q` (a × r), with `Q` (b × r) the one of the step before (a random one the first time),
+# * computes `P = A Q` (h × r), with `Q` (w × r) the one of the step before (a random one the first time),
 #   its columns made orthonormal;
-# * all_reduces the P's, a sum (orthonormalizing removes its scale), and makes each `P`'s columns orthonormal:
-#   every rank now holds the same `P`;
-# * computes `Q = Mᵀ P` and all_reduces the Q's, divided by the world size: as every rank used the same `P`,
-#   the ranks' average of `Mᵀ P` is (the ranks' average of `M`)ᵀ `P`;
-# * writes `P Qᵀ` over `M`, the ranks' average `M` projected onto `P`'s r columns; when the bucket's all_reduces
+# * all_reduces the P's without dividing them (orthonormalizing removes the scale), and makes each `P`'s columns
+#   orthonormal: every rank now holds the same `P`;
+# * computes `Q = Aᵀ P` and all_reduces the Q's, divided by the world size: as every rank used the same `P`,
+#   the ranks' average of `Aᵀ P` is (the ranks' average of `A`)ᵀ `P`;
+# * writes `P Qᵀ` over `A`, the ranks' average `A` projected onto `P`'s r columns; when the bucket's all_reduces
 #   are done, it keeps, for the next step, the copy made first minus the average it hands back, as torch's hook
-#   does: for a matrix, this rank's `M` minus the ranks' average `M` (this rank's own: 0 averaged over the
-#   ranks), plus the average `M` minus `P Qᵀ` (what compression left out).
+#   does: for a matrix, this rank's `A` minus the ranks' average `A` (this rank's own: 0 averaged over the
+#   ranks), plus the average `A` minus `P Qᵀ` (what compression left out).
 #
-# Of a compressed matrix only `P` and `Q` travel: (a + b) · r values instead of a · b. A compressing bucket makes
+# Of a compressed matrix only `P` and `Q` travel: (h + w) · r values instead of h · w. A compressing bucket makes
 # up to three all_reduces: one for the tensors it leaves uncompressed, if it holds any (a vector counts as an
-# a × 1 matrix, and a matrix is compressed only when its a · b values exceed `min_compression_rate`, 2 as in
-# torch, times the (a + b) · r values of its factors, so a vector never is); one for all its P factors and one
-# for all its Q factors, if it compresses any matrix. Its gradient error is not read on its compressing steps,
-# where by design (the last point above) the hook's average is not this step's reference average.
+# h × 1 matrix, and a matrix is compressed only when its h · w values exceed `min_compression_rate`, 2 as in
+# torch, times the (h + w) · r values of its factors, so a vector never is); one for all its P factors and one
+# for all its Q factors, if it compresses any matrix.
 
 # %%
 # %%rank 0
@@ -208,19 +208,19 @@ steps.round(1)
 # The hooks now train over the emulated 1 Gbit/s link: the real all_reduce still runs, and its Future completes
 # no earlier than the message arrives. The notation is 01's: a *message* is one all_reduce, α the fixed cost of
 # one *hop* (a point-to-point send; an all_reduce around a ring makes 2(n − 1) of them, so a message's fixed
-# cost is 2(n − 1) α), β the time per byte (1 / B, B the link's bandwidth). The link carries one message at a time, each for its α-β time,
-# `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of m bytes on n ranks. Each hook gets a fresh trainee,
+# cost is 2(n − 1) α), β the time per byte (1 / B, B the link's bandwidth in bytes/s). The link carries one
+# message at a time, each for its α-β time, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of m bytes on n
+# ranks. Each hook gets a fresh trainee,
 # without the error measurement's extra all_reduce; it takes one warm-up step (PowerSGD as many as it needs to
-# start compressing), then one profiled step, *this step* from here on (each hook's own; not the first run's
-# last step). bf16 is left out: its messages are fp16's. For each hook the cell reads its *link ms* (*link time*,
-# `minddp.analysis.metrics.link_time`, 01's vocabulary): the modelled time of the step's messages on the link,
-# from their sizes alone.
+# start compressing), then one *profiled step*. bf16 is left out: its messages are fp16's. For each hook the cell
+# reads its *link ms* (*link time*, `minddp.analysis.metrics.link_time`, 01's vocabulary): the modelled time of
+# the profiled step's messages on the link, from their sizes alone.
 #
 # One profiled step per hook cannot rank the hooks by speed, so the step itself is read for plain averaging
-# alone, as rank 0 measured it: how long its profiled step took, and its *exposed* time (`metrics.exposed`), the
-# part of the link's transfers (01's L) during which rank 0's training thread stood waiting, whichever message
-# the link carried. Both are times measured in one run on shared cores: they describe this run, not the stage,
-# and need not agree with 03's for the same stage.
+# alone, as rank 0 measured it: how long it took; its *exposed* time (`metrics.exposed`), the part of the link's
+# transfers (01's L) during which the training thread waited; and its *waited* time (`metrics.waited`), all the
+# time the thread waited for its messages, waits after a transfer ended included. These are measured in one run
+# on shared cores: they describe this run, not the stage.
 
 # %%
 # %%distributed
@@ -259,73 +259,69 @@ lesson.claim(
     f"{fixed['fp16']:.1f}) / 2 + {fixed['fp16']:.1f}, where {fixed['fp16']:.1f} ms is the fixed cost of the "
     f"{count['fp16']} messages each of these two hooks makes ({per_message:.2f} ms a message).",
 )
-last_bucket = LINK.seconds(*messages["allreduce"][-1], n) * 1e3  # the last message the link carried in the step
-lesson.claim(
-    link_ms_of["powersgd"] < last_bucket and count["powersgd"] == 3 * count["allreduce"],
-    f"PowerSGD's {count['powersgd']} messages take {link_ms_of['powersgd']:.1f} ms of link time: "
-    f"less than plain averaging's last message alone ({lesson.mib(messages['allreduce'][-1][1])}, {last_bucket:.1f} ms).",
+payload = {h: sum(b for _, b in m) for h, m in messages.items()}  # bytes
+lesson.say(
+    f"PowerSGD's {count['powersgd']} messages take {link_ms_of['powersgd']:.1f} ms of link time, "
+    f"{fixed['powersgd']:.1f} ms ({fixed['powersgd'] / link_ms_of['powersgd']:.0%}) of it their fixed cost: its link "
+    f"time is {link_ms_of['powersgd'] / link_ms_of['allreduce']:.3f} of plain averaging's, its payload "
+    f"{payload['powersgd'] / payload['allreduce']:.4f}."
 )
 # the step itself, plain averaging's only: one profiled step per hook cannot rank the hooks by speed
-link_ms, exposed_ms, step_ms = (
+view = on_link["allreduce"]
+link_ms, exposed_ms, waited_ms, step_ms = (
     link_ms_of["allreduce"],
-    on_link["allreduce"]["exposed_ms"],
-    on_link["allreduce"]["row"]["end"],
+    view["exposed_ms"],
+    view["waited_ms"],
+    view["row"]["end"],
 )
-transfers = on_link["allreduce"]["row"]["messages"]  # L: each message's modelled transfer on the link, ms
+transfers = view["row"]["messages"]  # L: each message's modelled transfer on the link, ms
 transfer_ms = sum(e - s for s, e in transfers)  # |L|: the link carries one message at a time, so they do not overlap
 # each transfer lasts its message's α-β time, so |L| is the link time (1e-6 ms: float rounding of the intervals'
-# ends); exposed is |L ∩ waits|, so it cannot exceed |L|; every transfer lies inside the step (0: its first forward)
+# ends); exposed is |L ∩ waits|, so it exceeds neither |L| nor waited, |waits|; every transfer lies inside the step
+# (0: its first forward)
 shown = round(transfer_ms, 1), round(exposed_ms, 1)  # as printed, so that the printed rest is their difference
 lesson.claim(
     abs(transfer_ms - link_ms) < 1e-6
-    and exposed_ms <= transfer_ms + 1e-6
+    and exposed_ms <= min(transfer_ms, waited_ms) + 1e-6
     and all(0 <= s and e <= step_ms for s, e in transfers),
     f"Plain averaging's transfers on the link (01's L), {shown[0]:.1f} ms in all (its link time), lie inside its "
-    f"step; the training thread stood waiting through {shown[1]:.1f} ms of them (its exposed time) and not through the "
-    f"other {shown[0] - shown[1]:.1f} ms.",
+    f"profiled step; the training thread waited through {shown[1]:.1f} ms of them (its exposed time, "
+    f"{exposed_ms / transfer_ms:.0%} of the link time) and not through the other {shown[0] - shown[1]:.1f} ms. It "
+    f"waited {waited_ms:.1f} ms in all for its messages (its waited time).",
 )
 lesson.say(
-    f"This one profiled step took {step_ms:.1f} ms (the profiler's cost included: not the stage's step time): the "
-    f"link carried its messages during {transfer_ms / step_ms:.1%} of it, and the thread stood waiting through them during "
-    f"{exposed_ms / step_ms:.1%} of it: its exposed time is {exposed_ms / transfer_ms:.0%} of the link time, so in this step "
-    + ("most of the link time" if 2 * exposed_ms < transfer_ms else "no more than half of the link time")
-    + " passed while the thread was not waiting. What fp16's or PowerSGD's shorter link time would take off the "
-    "step is not measured here: that takes two runs' step times, as 01's comm cost does (a stage against the same "
-    "stage with `noop_hook`); exposed time is not it."
+    f"The profiled step took {step_ms:.1f} ms (the profiler's cost included: not the stage's step time); the link "
+    f"carried messages during {transfer_ms / step_ms:.1%} of it."
 )
 
 # %% [markdown]
 # ## Where each takes less link time: messages against bytes
 #
-# This section compares link time only, not the step's length. PowerSGD pays a message's fixed cost,
-# 2(n − 1) α, three times a bucket here where plain averaging pays it once, and saves almost all of the bytes.
+# PowerSGD pays a message's fixed cost, 2(n − 1) α, three times a bucket here where plain averaging pays it
+# once, and saves almost all of the bytes.
 # Per step, with c all_reduces (a count, not 01's C) of S bytes of payload in all, the link time is
 #
-# `c · 2(n − 1) α + 2(n − 1)/n · S β`,
+# `c · 2(n − 1) α + 2(n − 1)/n · S β`
 #
-# so PowerSGD's messages (c′ of them, S′ bytes) take less link time exactly when
-# `2(n − 1)/n · (S − S′) β > 2(n − 1)(c′ − c) α`. Read for the bandwidth, the ranks and the size of a bucket:
+# (sizes in bytes, α in seconds, β = 1 / B in seconds per byte), so PowerSGD's messages (c′ of them, S′ bytes)
+# take less link time exactly when `2(n − 1)/n · (S − S′) β > 2(n − 1)(c′ − c) α`:
 #
-# * **bandwidth**: PowerSGD's link time is the shorter below `B* = (S − S′) / (n (c′ − c) α)`, plain averaging's
-#   above it; B* falls as α grows: the larger α, the lower the bandwidth above which plain averaging's is the shorter;
+# * **bandwidth**: PowerSGD's link time is the shorter below `B* = (S − S′) / (n (c′ − c) α)` bytes/s, plain
+#   averaging's above it; the larger α, the lower B*;
 # * **ranks**: it is the shorter below `n* = (S − S′) / ((c′ − c) α B)`: around a ring every message's α
 #   is paid 2(n − 1) times, while the bytes each rank sends, 2(n − 1)/n · S, stay under 2S whatever n.
 #   An n* below 2 means plain averaging's link time is the shorter at any number of ranks;
 # * **bucket size**: a bucket of m bytes, compressed to S′/S of its bytes (the whole step's share), pays two
-#   extra messages (3 against 1, as every bucket here), so compressing it saves link time only for `m > m* = 2 n α B / (1 − S′/S)`:
-#   m* grows as n. A bucket of smaller matrices compresses less (matrix rank 1 all_reduces a + b values for an
-#   a × b matrix, against a · b), so its m* is larger.
+#   extra messages (3 against 1, as every bucket here), so compressing it saves link time only for
+#   `m > m* = 2 n α B / (1 − S′/S)` bytes: m* grows as n.
 #
-# The cell prices each hook's messages of this step, as the link carried them, on every preset link of
-# `minddp.comm.link.PRESETS` but `loopback`. A preset is a pair α, B (the table's first two columns), named for
-# what it stands for (`home`, a home broadband line's upload; `wan`, two cloud regions a continent apart); what
-# the cell says of a preset is said of that pair, not of a measured network. Its link times, B*'s and m* are for
-# this notebook's n ranks. Its figure draws both hooks' link time against the bandwidth at two α's: solid lines
-# at `1gbit`'s α, dotted ones at `nvlink`'s, which `100gbit-ib` shares. Which hook takes less link time at a
-# preset is read from the table (its bandwidth against its B*), not from the lines. As B grows each line falls towards its messages' fixed cost, c · 2(n − 1) α, PowerSGD's three times
-# plain averaging's; at each α the two hooks' lines cross at that α's B*. A hook's solid and dotted lines meet where the bytes' term is most of its link time
-# and part where the α term counts: plain averaging's only on the right, PowerSGD's already at far lower
-# bandwidths.
+# The cell prices plain averaging's and PowerSGD's messages of their profiled steps, as the link carried them, on every preset link of
+# `minddp.comm.link.PRESETS` but `loopback`. A preset is a pair α, B (the table's first two columns, in µs and
+# Gbit/s, a Gbit/s being 1.25 × 10⁸ bytes/s), not a measured network; `home` stands for a home broadband line's
+# upload, `wan` for two cloud regions a continent apart. Its figure draws both hooks' link time against the
+# bandwidth at two α's, solid lines at `1gbit`'s, dotted ones at `nvlink`'s (which `100gbit-ib` shares): as B
+# grows each line falls towards its messages' fixed cost, c · 2(n − 1) α, and at each α the two hooks' lines
+# cross at that α's B*. Which hook takes less link time at a preset is read from the table, not from the lines.
 
 # %%
 # %%rank 0
@@ -350,14 +346,22 @@ lesson.claim(
     f"the link's own prices agree with B* on every preset in the table: PowerSGD's messages take less link time on "
     f"{', '.join(wins.index[faster]) or 'none'}; plain averaging's on "
     + (
-        ", ".join(
-            f"{nm} ({wins.loc[nm, 'plain averaging, link ms']:.3f} against {wins.loc[nm, 'PowerSGD, link ms']:.3f} ms)"
-            for nm in wins.index[~faster]
+        " and ".join(
+            f"{nm} ({plain:.3f} against {psgd:.3f} ms: {1 - plain / psgd:.0%} less)"
+            for nm, plain, psgd in wins.loc[~faster, ["plain averaging, link ms", "PowerSGD, link ms"]].itertuples()
         )
         or "none"
     )
     + ".",
 )
+per_msg = {nm: spec.seconds("all_reduce", 0, n) * 1e3 for nm, spec in lesson_04.presets().items()}  # 2(n − 1) α, ms
+slower = wins.index[~faster]  # where PowerSGD's link time is the longer
+if len(slower):
+    lesson.say(
+        f"On {' and '.join(slower)}, PowerSGD's {c2} messages' fixed cost is all of its link time but "
+        + " and ".join(f"{wins.loc[nm, 'PowerSGD, link ms'] - c2 * per_msg[nm]:.3f}" for nm in slower)
+        + " ms."
+    )
 tie = LinkSpec("B*", crossover(LINK.latency), LINK.latency)
 tied = [lesson_04.link_ms(messages[h], tie, n) for h in ("powersgd", "allreduce")]
 lesson.claim(
@@ -365,7 +369,7 @@ lesson.claim(
     f"At {LINK.name}'s α = {LINK.latency * 1e6:g} µs and n = {n} ranks the two tie at B* = "
     f"{tie.bandwidth / GBIT:.1f} Gbit/s, {tie.bandwidth / LINK.bandwidth:.1f} times {LINK.name}'s bandwidth.",
 )
-smallest = min(m for _, m in messages["allreduce"])  # this step's smallest bucket, bytes
+smallest = min(m for _, m in messages["allreduce"])  # the profiled step's smallest bucket, bytes
 lesson.claim(
     smallest > m_star,
     f"At {LINK.name}: PowerSGD's messages take less link time below n* = {n_star:.1f} ranks; at n = {n} ranks a "
@@ -376,23 +380,21 @@ lesson_04.link_figure(messages, n, LINK, crossover)
 wins.round(3)
 
 # %% [markdown]
-# What *link ms* leaves out: the hooks' own compute (the casts; PowerSGD's matrix products and
-# orthogonalization), which this notebook does not time apart; the training thread's waits after a modelled
-# transfer has ended; PowerSGD's error feedback's memory and copies. The model is a ring; libraries may count α
-# otherwise (NCCL can send small messages along a tree, whose fixed cost grows like log n): a smaller α term with
-# the same bytes' term moves each crossover in PowerSGD's favour (a higher B*, a larger n*, a smaller m*). fp16
-# and bf16 never take more link time (the same messages, half the bytes).
+# These numbers show what PowerSGD saves, payload and link time, not what it costs: its gradient error on its
+# compressing steps (where error feedback makes its average differ from the step's reference average by design),
+# the loss it reaches, its compute (matrix products, orthogonalization), its waits (below) and its error
+# feedback's memory are not measured, nor what any hook's shorter link time takes off the step (that takes two
+# runs' step times: 01's comm cost). Nothing here tells whether PowerSGD is worth using.
 #
 # ## torch compatibility
 #
 # minddp's hooks (`minddp.comm.default_hooks`, `minddp.comm.powerSGD_hook`) have torch's interface and are
 # registered with `register_comm_hook(state, hook)` as in torch, with two differences: torch 2.13 refuses its bf16
-# hook on a torch built without CUDA and NCCL (as here), whatever the backend, and minddp's does not; minddp's PowerSGD hook
-# waits inside itself for the P factors' all_reduce and, where the bucket has any, the uncompressed tensors', so
-# on a compressing step it holds up the backward that calls it until those are done, where torch's hook chains
-# that work on a Future (`_compute_qs` in `minddp/comm/powerSGD_hook.py` says why). The code of minddp's other
-# hooks does not wait (the first run's error measurement, a wrapper, does). No cell here counts or times those
-# waits. A hook that needs no second collective has no reason to wait, and the exercise asks yours not to.
+# hook unless torch was built with CUDA and NCCL 2.10+ (or XPU and XCCL), whatever the backend, and minddp's does
+# not; minddp's PowerSGD hook waits inside itself for the P factors' all_reduce and, where the bucket has any, the
+# uncompressed tensors', so on a compressing step it holds up the backward that calls it until those are done,
+# where torch's hook chains that work on a Future (`_compute_qs` in `minddp/comm/powerSGD_hook.py` says why). A
+# hook that needs no second collective has no reason to wait, and the exercise asks yours not to.
 #
 # ## Your turn: an fp16 hook
 #
@@ -404,8 +406,8 @@ wins.round(3)
 # for? do gradients whose float16 sum would overflow come back finite?), then trains its own small test model
 # with it for 3 steps in the `bucket-async` stage, where its ranks' parameters must stay equal, and prints the
 # largest absolute difference between its parameters and those of torch's DDP with torch's `fp16_compress_hook`,
-# unjudged: a hook that casts and divides in another order may differ more and still pass. A hook that passes on 2 ranks is checked again on 3, where a
-# world size written as a number (`/ 2`) no longer gives the average. The error and bound it prints are for its
+# unjudged: a hook that casts and divides in another order may differ more and still pass. A hook that passes
+# on 2 ranks is checked again on 3, where a world size written as a number (`/ 2`) no longer gives the average. The error and bound it prints are for its
 # test bucket, not the workload's.
 #
 # Your hook runs on the checker's ranks with this kernel's names, and `world_size`, `rank` and `n` are not among
@@ -428,8 +430,8 @@ def my_fp16_hook(process_group, bucket):
 check_hook(my_fp16_hook, like="fp16")
 
 # %% [markdown]
-# Stuck? The next cell holds a model answer (`minddp.exercises.solutions`) and the checker's verdict on it; in
-# Jupyter the whole cell, code and output, is collapsed so as not to give it away: click it to open it.
+# Stuck? The next cell, collapsed in Jupyter (click it to open it), holds a model answer
+# (`minddp.exercises.solutions`) and the checker's verdict on it.
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true}
 from minddp.exercises import solutions

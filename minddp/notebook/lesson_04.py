@@ -84,7 +84,7 @@ def link_figure(sent: dict, n: int, link, crossover):
     top.set_xticks([spec.bandwidth / GBIT for spec in links.values()], list(links), rotation=90, fontsize=7)
     top.set_xlabel("preset links, at their bandwidth", fontsize=8)
     ax.set_title(
-        f"This step's messages on n = {n} ranks, at every bandwidth: lines at two α's (grey: each α's B*, where the "
+        f"The profiled step's messages on n = {n} ranks: lines at two α's (grey: each α's B*, where the "
         "two hooks' lines at that α cross), markers at each preset's own α",
         fontsize=9,
     )
