@@ -57,8 +57,7 @@ t
 # every rank evaluates `holds`; the sentence is printed once, under rank 0's label, with a ✓, and the cell fails on
 # any rank where `holds` is false. The sentence says what `holds` tests, no more, except that a value the cell puts
 # in it (a number, a name) is the run's own, computed but not tested. A claim states only what the code guarantees
-# (an order, a count, a value); what could come out either way is printed without a ✓. Lines without a ✓ and the
-# markdown are not checked.
+# (an order, a count, a value). Lines without a ✓ and the markdown are not checked.
 
 # %% [markdown]
 # `%%rank 0` runs a cell on rank 0 only, for example to draw a plot once: here rank 0's `t[0]` before and

@@ -21,8 +21,8 @@
 # ways on the two ranks:
 #
 # 1. **torch**, debug mode *paused* (nothing checked, `minddp.debug.disable()`): what torch's DDP says
-#    (or `torch.distributed`, for the script's own collectives). Unlike a real job's,
-#    which share one group, the script's own collectives run on `short` (*the short group*), whose
+#    (or `torch.distributed`, for the script's own collectives). Unlike in a real job, where all share
+#    one group, the script's own collectives run on `short` (*the short group*), whose
 #    timeout is 3 s, and torch's DDP on `group`, with torch's default timeout (the set-up cell prints
 #    both). A rank that fails destroys its groups, as a job's process ends when it raises, so a partner
 #    waiting on it fails then;
