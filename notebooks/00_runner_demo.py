@@ -53,13 +53,11 @@ lesson.claim(torch.equal(t, total), f"every rank holds the sum of the {world_siz
 t
 
 # %% [markdown]
-# The ✓ line above is a checked sentence: a sentence about a run is only as good as its check. The notebooks state theirs in two ways (`minddp.notebook.lesson`):
-#
-# * `lesson.claim(holds, sentence)` checks it: every rank evaluates `holds`; the sentence is printed once, under rank 0's label, with a ✓, and the cell fails on any rank where it does not hold. What is asserted is `holds`, and the ✓ sentence is written to say what `holds` tests, no more; a number the cell puts in it is the run's own, computed as in `lesson.say`. The notebooks claim orders, counts and values the code guarantees, and (notebook 08) that a rank failed at a timeout of seconds; a direction that could come out either way is said, not claimed.
-# * `lesson.say(...)` prints a sentence the cell composes from the run's own values (a time measured here, which of two runs was faster): its numbers and comparisons are computed, so they are true of the run shown, and a re-run prints its own. Nothing asserts them. The rest of such a sentence (what a number is, why it came out so) is the notebook's prose, written beside the values and no more checked than the markdown.
-#
-# Apart from these, a cell's plain `assert`s and the exercises' checkers (their own ✓ and ✗ verdicts), nothing is
-# checked: the prose of the markdown cells and the printed tables are not verdicts.
+# The ✓ line above is a checked sentence, printed by `lesson.claim(holds, sentence)` (`minddp.notebook.lesson`):
+# every rank evaluates `holds`; the sentence is printed once, under rank 0's label, with a ✓, and the cell fails on
+# any rank where `holds` is false. The sentence says what `holds` tests, no more, except that a value the cell puts
+# in it (a number, a name) is the run's own, computed but not tested. A claim states only what the code guarantees
+# (an order, a count, a value). Lines without a ✓ and the markdown are not checked.
 
 # %% [markdown]
 # `%%rank 0` runs a cell on rank 0 only, for example to draw a plot once: here rank 0's `t[0]` before and

@@ -17,52 +17,48 @@
 # # 08 · When data parallelism goes wrong: `MINDDP_DEBUG=1`
 #
 # A data-parallel script can be wrong in ways a single process never is, and torch's DDP says little
-# about them: replicas that drift apart train on in silence, a collective with another shape on one
-# rank meets its partner's but the two never match, so both wait; a rank that runs out of data leaves
-# the others waiting. We break DDP on purpose: nine bugs in six sections, and for each bug we run (at least) these three
-# things on the two ranks:
+# about them. We break DDP on purpose, nine bugs in six sections, and run each bug (at least) three
+# ways on the two ranks:
 #
 # 1. **torch**, debug mode *paused* (nothing checked, `minddp.debug.disable()`): what torch's DDP says
-#    (or, for the script's own collectives, `dist.all_reduce` or `dist.barrier`). Unlike a real job's,
-#    which share one group, the script's own collectives run on `short` (*the short group*), a group of their
-#    own whose timeout is 3 s, and torch's DDP on another, `group`, with torch's default timeout (the set-up cell
-#    prints both). A rank that
-#    fails destroys its groups, as a job's process ends when it raises, so a partner waiting on it fails then;
-# 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own
-#    collectives the *collective check* (section 4). What it says is a `DebugError` raised on every rank
-#    at the first check that sees the bug (for section 3's bug, a `DebugWarning`, and training goes on):
-#    the cell prints rank 0's, then whether each other rank raised the same finding. Its message names the
-#    cause, the tensor or call, the rank(s), the step, and the fix. A fix says `model` as torch's examples
-#    and these cells do: `model = DDP(model)`, so before wrapping `model` is the module, after it the
-#    wrapper (and `model.module` the module);
+#    (or `torch.distributed`, for the script's own collectives). Unlike in a real job, where all share
+#    one group, the script's own collectives run on `short` (*the short group*), whose
+#    timeout is 3 s, and torch's DDP on `group`, with torch's default timeout (the set-up cell prints
+#    both). A rank that fails destroys its groups, as a job's process ends when it raises, so a partner
+#    waiting on it fails then;
+# 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own collectives
+#    the *collective check* (section 4). It raises a `DebugError` on every rank at the first check that
+#    sees the bug (for section 3's bug, a `DebugWarning`, and training goes on), naming the cause, the
+#    tensor or call, the rank(s), the step, and the fix;
 # 3. **the fix**: the script corrected, in debug mode, which then says nothing. Section 6's first
 #    bug gets a fourth run: torch's DDP with `find_unused_parameters=True`.
 #
-# Steps count from 0, in debug mode's messages and in the loops over steps: "after step 1" is after the second step.
+# Steps count from 0: "after step 1" is after the second step.
 #
 # A place is named `<In [N], rank R>:L`: line L (the `%%distributed` line is line 1) of the cell
 # Jupyter shows as `In [N]` (run top to bottom, the N-th code cell), as rank R ran it.
-#
-# Debug mode is off unless asked for: `MINDDP_DEBUG=1 torchrun ... train.py` (or
-# `minddp.debug.enable()`).
 
 # %%
 # %load_ext minddp.notebook
 # %dist_init --world-size 2
 
 # %% [markdown]
-# The set-up cell turns debug mode on in every rank, as `MINDDP_DEBUG=1` would. Its helpers
-# (`minddp/notebook/lesson_08.py`) give every rank the same small model, `build()`'s `Net` (linear layers
-# `encoder` 8→16, tanh, `head` 16→4; `Net(extra=True)` adds `extra` 16→4, a second head whose output is added
-# to `head`'s in a forward given `use_extra=True`) wrapped, with SGD at learning rate 0.1, and its own batches of 6 examples
-# (its shard), and run each section's script three ways:
+# Debug mode is off unless asked for; the set-up cell turns it on in every rank, as
+# `MINDDP_DEBUG=1 torchrun ...` would. Its helpers
+# (`minddp/notebook/lesson_08.py`) give every rank the same model, `build()`'s `Net` (linear layers
+# `encoder` 8→16, tanh, `head` 16→4; `Net(extra=True)` adds `extra` 16→4, a second head whose output is
+# added to `head`'s in a forward given `use_extra=True`), wrapped, with SGD at learning rate 0.1, and its
+# own batches of 6 examples (its shard). They run each script three ways:
 #
-# * `torch_does`: the script, given `group` and `short`, with debug mode paused; what each rank raised (an
-#   excerpt) and after how long, from the script's start, or "raised nothing";
-#   `torch_drifts`, for sections 1 and 2: how far the replicas ended apart;
-# * `minddp_says`: the `DebugError` debug mode raised, checked on every rank;
-# * `fixed`: the corrected script, in debug mode; its ✓ line checks that debug mode says nothing and the
-#   replicas are equal.
+# * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised (an excerpt) and
+#   after how long from the script's start (kept in `torch_took`), or "raised nothing" (`peer_gone`
+#   tells an error saying the partner is gone). `torch_drifts`, for sections 1 and 2: the largest gap
+#   between the replicas' parameters at the end, and the tensor it is in;
+# * `minddp_says`: the `DebugError` debug mode raised, checked on every rank (`say_each` prints rank 0's
+#   line, then whether each other rank said the same);
+# * `fixed`: the corrected script in debug mode; its ✓ line checks that nothing is said (`quiet()`
+#   collected no `DebugWarning`; an error would raise) and that `apart(model)`, the largest difference
+#   between a rank's parameters and rank 0's, is 0 (`apart_at` also names its tensor).
 
 # %%
 # %%distributed
@@ -110,17 +106,17 @@ lesson.say(
 # ## 1. Replicas that drift apart
 #
 # DDP keeps the replicas equal by starting them equal and giving each the same averaged gradient.
-# Anything that changes a parameter on some ranks only breaks that for good: an in-place edit, a
-# `load_state_dict` on rank 0 only, an optimizer with another learning rate on one rank. Here rank 1
-# nudges one weight after step 1. In debug mode, before each forward whose backward will average the
+# Anything that changes a parameter on some ranks only breaks that for good: here rank 1 nudges one
+# weight after step 1. In debug mode, before each forward whose backward will average the
 # gradients (the *forward check*), every rank all-gathers one small row of integers: for each parameter
 # its `requires_grad` and a fingerprint (its bits, weighted by place): `int64[8]` for `Net()`'s 4
 # parameter tensors. On a mismatch the first differing tensor is compared in full, and every rank
 # stops at the same point. Before each `optimizer.step()` the *step check* gathers another row,
-# `int64[17]` for `Net()`: one integer of notes, then, for each of four
-# things, one integer per parameter: whether each has a gradient, each gradient's fingerprint, whether
-# debug mode's hook on its gradient ran, and each local gradient's fingerprint (from before averaging).
-# The fix: change parameters the same way on every rank (here: not at all).
+# `int64[17]` for `Net()`: one integer of notes (its bits: the step's last forward ran inside
+# `no_sync()`; a forward bypassed the wrapper; every local gradient was fingerprinted), then, for each
+# of four things, one integer per parameter: whether it has a gradient, the gradient's fingerprint,
+# whether debug mode's hook on its gradient ran, and its local gradient's fingerprint (from before
+# averaging). The fix: change parameters the same way on every rank (here: not at all).
 
 
 # %%
@@ -151,10 +147,10 @@ fixed(drifting_loop, "without the edit", edit=False)
 # the wrapped parameters, that the gradients are equal on every rank, and says why they are not. The
 # fix: call the wrapper.
 #
-# Each of this section's two cells prints two gaps: the ✓ line under torch's run, how far the
-# replicas' *parameters* ended apart after the step; debug
-# mode's message, how far the *gradients* of the first tensor (in the model's order) that differs are
-# apart at `optimizer.step()`, which it stops before any parameter moves.
+# Both of this section's cells print two gaps: torch's ✓ line, the largest gap between the
+# replicas' *parameters* after the step, and its tensor; debug mode's message, the gap between the
+# *gradients* of the first tensor (in the model's order) that differs, at the `optimizer.step()` it
+# stops before.
 
 
 # %%
@@ -192,9 +188,9 @@ fixed(accumulate, "the last micro-batch synced", last_syncs=True)
 # %% [markdown]
 # ## 3. Every rank reading the same data
 #
-# Without a `DistributedSampler` (or any other shard), every rank reads the same batches. Debug mode sees it from the local gradients,
-# fingerprinted before they are averaged: bit-identical on every rank three steps in a row. It is a
-# warning, and training goes on. The fix: a shard per rank.
+# Without a `DistributedSampler` (or any other shard), every rank reads the same batches. Debug mode
+# sees it from the local gradients, fingerprinted before they are averaged: bit-identical on every
+# rank three steps in a row. The fix: a shard per rank.
 
 
 # %%
@@ -231,21 +227,19 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 #
 # A script's own collectives must match across ranks too: the same op, shape and dtype, in the same
 # order. Here rank 0 logs two metrics and rank 1 one. Under torch, gloo pairs an all_reduce of 2
-# values with one of 1 and both ranks wait until their group's timeout ends a wait: here the short
-# group's, in a real job torch's default. In debug mode every `torch.distributed` collective is first
-# compared across ranks on a side channel (the store of the *default group*, the process group the
-# ranks started with: a key-value table every rank reaches), the *collective check*, so both ranks
-# stop before the mismatched all_reduce is sent, naming each rank's call and the line it came from.
-# The fix: the same metrics on every rank.
+# values with one of 1 and both ranks wait until their group's timeout: here the short group's, in a
+# real job torch's default. In debug mode the *collective check* first compares every
+# `torch.distributed` collective across ranks, through the key-value store of the *default group* (the
+# process group the ranks started with), so both ranks stop before the mismatched all_reduce is sent,
+# naming each rank's call and its line. The fix: the same metrics on every rank.
 #
 # The message numbers the call: *collective #K* counts from 0 every collective on the default group
-# that debug mode has checked (the wrappers' and their checks', the helpers' that gather what
-# each rank said, and the earlier sections'), so the two ranks' K-th calls are the ones compared. A call
-# is said as op(shapes): for an all_gather, the output
-# list and then the input, so `all_gather(2 × int64[17], int64[17])` gathers a row of 17 from each of
-# the 2 ranks. Then the step: `(step 0)` for a call made in a wrapper's step (from its forward to its
-# `optimizer.step()`), `(after step S)` for a script's own call made after the last step a wrapper
-# took (here section 3's last, its loop's step 3).
+# that debug mode has checked (the wrappers', their checks', the helpers' and the earlier sections'),
+# so the two ranks' K-th calls are the ones compared. A call is said as op(shapes): for an all_gather,
+# the output list and then the input, so `all_gather(2 × int64[17], int64[17])` gathers a row of 17
+# from each of the 2 ranks. Then the step: `(step 0)` for a call made in a wrapper's step (from its
+# forward to its `optimizer.step()`), `(after step S)` for a script's own call made after the last step
+# a wrapper took (here section 3's last, its loop's step 3).
 
 # %%
 # %%distributed
@@ -267,10 +261,10 @@ lesson.claim(
 )
 
 # %% [markdown]
-# A collective made on some ranks only is the same bug seen one call later: rank 0 logs its loss
-# with an all_reduce that rank 1 never makes, so it meets rank 1's next call on its group: in debug
-# mode, the step check's all_gather; under torch, in a real job, rank 1's next call too, here none. The fix: log on every rank (or log rank 0's loss without a
-# collective).
+# A collective made on some ranks only is the same bug one call later: rank 0's all_reduce of its
+# loss pairs with rank 1's next collective on that group. In debug mode that is the step check's
+# all_gather, on the default group; under torch here, none, as rank 1 makes no other call on the
+# short group. The fix: log on every rank (or log rank 0's loss without a collective).
 
 
 # %%
@@ -296,14 +290,12 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # ## 5. Uneven inputs
 #
 # Rank 1 has one batch fewer. It leaves its loop and waits at the script's final barrier, while rank
-# 0 starts a step whose collectives rank 1 will never make. Under torch rank 1 waits in its barrier
-# until the short group's timeout, and when it fails and destroys its groups, rank 0's step fails with
-# gloo's "Connection closed by peer" (or "reset by peer"); neither says which rank ran out, or when.
-# Debug mode sees a rank in a step on one side and a rank out of its loop on the other. The message
-# names the fixes: the same number of batches on every rank, or training under the wrapper's
-# `join()`, the fix the cell runs: a rank that has run out makes the others' remaining collectives, with
-# zeros. Under `join()` debug mode skips its forward and step checks (not the collective check), so the
-# ✓ line does not test them.
+# 0 starts a step whose collectives rank 1 will never make. Under torch rank 1 fails at the short
+# group's timeout, and when it destroys its groups, rank 0's step fails with gloo's "Connection
+# closed by peer" (or "reset by peer"); neither says which rank ran out, or when. The cell's fix is
+# the wrapper's `join()`: a rank that has run out makes the others' remaining collectives, and once
+# every rank has left its loop, each takes the parameters of the last rank to leave. Under `join()`
+# debug mode skips its forward and step checks (not the collective check).
 
 
 # %%
@@ -348,11 +340,10 @@ lesson.claim(
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they
 # send. Under torch's DDP, rank 1, which has every gradient, sends and waits; rank 0 fails at its
-# next forward, saying its module has parameters not used in producing loss, suggesting
-# `find_unused_parameters=True`, and their indices (in
-# the order the set-up cell prints: 2 and 3 are `head.weight` and `head.bias`), and destroys its
-# groups, so rank 1 fails too. Debug mode compares `requires_grad` across ranks before each forward
-# (the forward check). The fix: freeze the layer on every rank, before wrapping.
+# next forward, naming by index the parameters not used in producing loss (in the set-up cell's order:
+# 2 and 3 are `head.weight` and `head.bias`) and suggesting `find_unused_parameters=True`, and
+# destroys its groups, so rank 1 fails too. Debug mode compares `requires_grad` across ranks in the
+# forward check. The fix: freeze the layer on every rank, before wrapping.
 
 
 # %%
@@ -389,11 +380,10 @@ lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, not
 
 # %% [markdown]
 # `find_unused_parameters=True`, torch's advice, does not fix this bug. The next cell runs it under
-# torch's DDP beside
-# `own`, an unwrapped copy of the module: no error; rank 1's `head.weight` gradient is averaged with
-# rank 0's zeros, which halves it (the ✓ line compares its norm with `own`'s), while rank 0, whose
-# `head` is frozen, does not step it, so the replicas end apart. The cell prints, per rank, the warnings
-# torch's C++ code writes to stderr.
+# torch's DDP beside `own`, an unwrapped copy of the module: no error; rank 1's `head.weight` gradient
+# is averaged with rank 0's zeros, which halves it (the ✓ line compares its norm with `own`'s), while
+# rank 0, whose `head` is frozen, does not step it, so the replicas end apart. `cpp_warnings()` catches
+# the warnings torch's C++ code writes to stderr; the cell prints them per rank.
 
 
 # %%
@@ -445,17 +435,17 @@ lesson.claim(
     and "did not find any unused parameters" in warnings_of[1][0]
     and "turning this flag off" in warnings_of[1][0]
     and "head" not in warnings_of[1][0],
-    "torch's C++ code warned once, on rank 1, not on the frozen rank 0: the flag found no unused parameter there, "
-    "consider turning it off (for performance); it does not name head: its advice points away from the bug",
+    "torch's C++ code warned once, on rank 1, not on the frozen rank 0: it found no unused parameters, consider "
+    "turning the flag off; the warning does not name head",
 )
 
 # %% [markdown]
 # A branch (`extra`) taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
-# *is* the fix: the message says so. Averaging zeros in is right here: a rank that did not take the
-# branch has a true gradient of zero for it, and every rank steps the branch with the same average.
-# Under torch, rank 0 (the one with the branch's gradient) sends and waits; rank 1 fails at its next
-# forward (indices 4 and 5: `extra.weight`, `extra.bias`), and when it destroys its groups, rank 0
-# fails too.
+# *is* the fix, as debug mode's message says; the step check finds it (a gradient present on some
+# ranks only). Averaging zeros in is right here: a rank that did not take the branch has a true
+# gradient of zero for it, and every rank steps the branch with the same average. Under torch the
+# ranks swap roles: rank 1 fails at its next forward (indices 4 and 5: `extra.weight`,
+# `extra.bias`), then rank 0.
 
 # %%
 # %%distributed
@@ -477,18 +467,14 @@ lesson.claim(
 # %% [markdown]
 # ## What it adds, and where to read more
 #
-# A process that never turns debug mode on installs none of it (`tests/test_debug.py` checks that in
-# processes started without `MINDDP_DEBUG`); this notebook's torch runs have it *paused*. A wrapper
-# built while it is on has three things one built while it is paused lacks: a *watch* (the object that
-# runs the wrapper's forward and step checks), the `DebugReducer` (the *reducer* is the part of the
-# wrapper that averages the gradients in buckets; debug mode's reducer sends each bucket through
-# `torch.distributed`, checked, and blocks backward until it is summed) and the *plan check* (each
-# step, the ranks compare which parameters each bucket holds and the order the buckets were sent in).
-# It is built to change no value the training computes: the cell checks that 5 steps end with
-# bit-identical parameters either way. It does add work each step, so time or profile a run without it.
+# minddp's `DistributedDataParallel` built while debug mode is on has three things one built while it
+# is paused lacks: a *watch* (the object that runs the wrapper's forward and step checks), the
+# `DebugReducer` (the *reducer* averages the gradients in buckets; this one sends each bucket
+# through `torch.distributed`, checked, and blocks backward until it is summed) and the *plan check* (each step, the ranks compare which parameters each bucket
+# holds and the order the buckets were sent in).
 #
-# `docs/debugging.md` has what each check does, what torch's DDP does on each bug as a script under
-# torchrun (recorded), and what debug mode does not see.
+# `docs/debugging.md` has what each check does and which wrappers get it, what torch's DDP did on
+# each bug as a script under torchrun, and what debug mode does not see.
 
 
 # %%
@@ -510,8 +496,8 @@ lesson.claim(
     and on.watch is not None
     and type(on.reducer).__name__ == "DebugReducer"
     and on.check_consistency,
-    f"built with debug mode paused, the wrapper has no watch, the plain reducer ({type(paused.reducer).__name__}), no "
-    f"per-step plan check; built with it on: a watch, the {type(on.reducer).__name__}, the plan check",
+    f"minddp's DDP built with debug mode paused has no watch, the plain reducer ({type(paused.reducer).__name__}), "
+    f"no per-step plan check; built with it on: a watch, the {type(on.reducer).__name__}, the plan check",
 )
 lesson.claim(
     all(torch.equal(a, b) for a, b in zip(paused_params, on_params)),
