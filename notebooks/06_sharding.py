@@ -295,14 +295,14 @@ lesson.claim(
     f"Adding lr = {lr} to each of this model's {values.numel():,} initial parameter values: in bf16 the "
     f"{int(lost.sum()):,} values it leaves unchanged ({lost.double().mean():.2%} of them) are exactly the "
     f"weights of its {len(norms)} RMSNorms, each "
-    f"1.0; each of the others changes by {kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr, off lr by up "
-    f"to {(kept['bf16'] - 1).abs().max():.0%}. In fp32 every "
+    f"1.0; each of the others changes by {kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr, up to "
+    f"{(kept['bf16'] - 1).abs().max():.0%} away from lr. In fp32 every "
     f"value changes, by lr to within {(kept['fp32'] - 1).abs().max():.3%}.",
 )
 
 # %% [markdown]
 # In bf16 the RMSNorms' weights would lose this change, and every other value would take it rounded to
-# bf16's spacing at its value, off lr by as much as the ✓ line says; in fp32 every value takes it. AdamW's weight decay is a change at every update too: it shrinks each weight by
+# bf16's spacing at its value, as far from lr as the ✓ line says; in fp32 every value takes it. AdamW's weight decay is a change at every update too: it shrinks each weight by
 # lr · λ of itself (λ the weight decay). With 8 significant bits, bf16's spacing at a value is at least
 # 2⁻⁸ of it, so a change under 2⁻⁹ of the weight is rounded away. The cell sets lr · λ against 2⁻⁹,
 # then multiplies each initial value, held in bf16, by 1 − lr · λ (in fp32, the product rounded to bf16):
