@@ -304,8 +304,9 @@ lesson.claim(
 # In bf16 the RMSNorms' weights would lose this change, and every other value would take it rounded to
 # bf16's spacing at its value, as far from lr as the ✓ line says; in fp32 every value takes it.
 # AdamW's weight decay is a change at every update too: it shrinks each weight by lr · λ of itself (λ
-# the weight decay). With 8 significant bits, bf16's spacing at a value is at least 2⁻⁸ of it, so a change under 2⁻⁹ of the weight is rounded away. The cell sets lr · λ against 2⁻⁹,
-# then multiplies each initial value, held in bf16, by 1 − lr · λ (in fp32, the product rounded to bf16):
+# the weight decay). With 8 significant bits, bf16's spacing at a value is at least 2⁻⁸ of it, so a
+# change under 2⁻⁹ of the weight is rounded away. The cell sets lr · λ against 2⁻⁹, then multiplies
+# each initial value, held in bf16, by 1 − lr · λ (in fp32, the product rounded to bf16):
 
 # %%
 # %%rank 0
