@@ -121,7 +121,7 @@ lesson.say(
 # %% [markdown]
 # ## The four stages side by side
 #
-# `ddp` is minddp's own `DistributedDataParallel` (`minddp/ddp/`); `zero1` is the same wrapper with its
+# `ddp` is minddp's own `DistributedDataParallel`; `zero1` is the same wrapper with its
 # optimizer sharded by `minddp.ZeroRedundancyOptimizer`; `zero2` and `fsdp` hand out this rank's shards
 # as the model's parameters, so the optimizer built over `model.parameters()` holds state for the shards
 # (and for fsdp's replicated tensors). `zero2` keeps the whole parameters too (its shards are views into
@@ -359,11 +359,11 @@ formulas.round(2)
 # ## ZeRO-1: an optimizer that updates its own shard
 #
 # Each parameter tensor of `numel` elements is cut, flattened, into n chunks of `ceil(numel/n)` elements,
-# in rank order, the last ranks' shorter or empty (`minddp/sharding/shards.py`); rank `r` keeps the
+# in rank order, the last ranks' shorter or empty; rank `r` keeps the
 # optimizer state of chunk `r` of each. (An optimizer that is not element-wise needs whole tensors: one
 # rank then owns each, `owned_whole` below; AdamW is element-wise.) The updated chunks are all-gathered
-# in buckets of their own, each of at most `BUCKET_CAP_MB` = 25 MiB of full parameters
-# (`minddp/sharding/zero1.py`), not the stage's 4 MiB gradient buckets:
+# in buckets of their own, each of at most `BUCKET_CAP_MB` = 25 MiB of full parameters, not the stage's
+# 4 MiB gradient buckets:
 
 # %%
 # %%distributed
@@ -403,13 +403,13 @@ show_source(ZeroRedundancyOptimizer.step)
 # 3. that piece holds, back to back, this rank's shards' chunks of the averaged gradient; each becomes
 #    its shard's `.grad` (or is added to it): the optimizer updates the shards only;
 # 4. in the next forward, `gather_parameters` starts every bucket's all-gather of the updated shards at
-#    once, before the first module runs (waiting for them at once only under `torch.compile`:
+#    once, before the first module runs (waiting for them there only under `torch.compile`:
 #    `wait=self.compiled`); each module waits for its own bucket's just before it runs (forward
 #    pre-hooks).
 #
 # The cell prints the line that does each part, then part 2's
-# reduce-scatter hook. `Wire` is minddp's wrapper of a process group, through which a stage's comm hooks
-# send; `Wire.of(state)` wraps the hook's state in one unless it is one already.
+# reduce-scatter hook, in which `Wire.of(state)` wraps the hook's state in a `Wire` (minddp's wrapper of
+# a process group, through which a stage's comm hooks send) unless it is one already.
 
 # %%
 # %%rank 0
