@@ -17,31 +17,25 @@
 # # 06 · Sharding: ZeRO-1, ZeRO-2 and FSDP
 #
 # Every stage so far keeps a whole copy of the model state on every rank: the parameters, their
-# gradients, and the optimizer's state (Adam keeps two more tensors the size of the model). The
-# ranks compute the same update from the same averaged gradients, so all of that is repeated.
-# The notebooks climb a ladder of stages, each a *rung* that adds one idea to the one below. The
-# three rungs here follow ZeRO, the *Zero Redundancy Optimizer* (Rajbhandari et al., 2019,
-# arXiv 1910.02054, "the ZeRO paper"), and FSDP, *Fully Sharded Data Parallel*, PyTorch's version
-# of ZeRO's third stage. They keep DDP's computation (every rank runs the whole forward and backward on
-# its own examples) and stop repeating the *state*. On n ranks they cut each *parameter tensor* into n
-# *chunks*, one per rank; the chunk a rank updates is its *shard*. Two collectives do the work:
-# the *reduce-scatter* (each rank receives one piece of the sum) and the *all-gather* (each rank receives
-# every rank's piece):
+# gradients and the optimizer's state (Adam keeps two more tensors the size of the model). The three
+# stages here, each a *rung* of the notebooks' ladder, follow ZeRO, the *Zero Redundancy Optimizer*
+# (Rajbhandari et al., 2019, arXiv 1910.02054, "the ZeRO paper"), and FSDP, *Fully Sharded Data
+# Parallel*, PyTorch's version of ZeRO's third stage. They keep DDP's computation and stop repeating the
+# state. On n ranks they cut each *parameter tensor* into n *chunks*, one per rank; the chunk a rank
+# updates is its *shard*. Two collectives do the work, the reduce-scatter and the all-gather (next
+# section):
 #
 # * `zero1`: each rank keeps the optimizer state of its shards only, updates them, and the updated
 #   shards are all-gathered;
 # * `zero2`: the gradients are reduce-scattered instead of all-reduced: each rank needs only the piece
 #   of the average it updates;
-# * `fsdp`: the parameters are sharded too (all but a few tensors minddp's fsdp keeps whole on every
-#   rank, its *replicated* ones; torch's FSDP shards those too), and
-#   each decoder layer (a *unit*) is gathered only around its own forward and backward, the next
-#   unit's gather started one unit ahead (a *prefetch*).
+# * `fsdp`: the parameters are sharded too (all but a few tensors it keeps whole on every rank, its
+#   *replicated* ones), and each decoder layer (a *unit*) is gathered only around its own forward and
+#   backward, the next unit's gather started one unit ahead (a *prefetch*).
 #
-# We start with the two collectives, then train the notebooks' workload with the four stages side by
-# side and measure what rank 0 holds (in fp32, and fsdp computing in bf16 too). The notation is notebook
-# 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one message, β the time per byte.
-# ddp, zero1 and zero2 send their gradients in *buckets* (the workload line), one collective per
-# bucket; fsdp per unit and per replicated tensor (its section).
+# The notation is notebook 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one
+# message, β the time per byte. ddp, zero1 and zero2 send their gradients in *buckets* (the workload
+# line), one collective per bucket; fsdp per unit and per replicated tensor.
 
 # %%
 # %load_ext minddp.notebook
@@ -58,10 +52,10 @@ lesson.say(lesson.describe())
 #
 # A **reduce-scatter** sums a tensor over the ranks and leaves each rank one `1/n` piece of the
 # sum. An **all-gather** is the opposite move: each rank brings a piece and everyone ends with all
-# of them. One after the other, they are an all_reduce. A *transport* is a function a stage sends
-# through instead of torch's all_reduce (and, optionally, reduce-scatter and all-gather); `TRANSPORTS`
-# names minddp's (`ring` and `naive`, written from `send`/`recv`; the exercise writes one from torch's
-# collectives). Here the ring's two, on every rank, checked against gloo's all_reduce:
+# of them. One after the other, they are an all_reduce. A *transport* is what a stage sends through
+# instead of torch's collectives: called, it all-reduces. `TRANSPORTS` holds minddp's two, `ring` and
+# `naive`, written from `send`/`recv`, which also have `reduce_scatter` and `all_gather` methods. Here
+# the ring's two, on every rank, checked against gloo's all_reduce:
 
 # %%
 # %%distributed
@@ -92,22 +86,19 @@ from minddp.notebook.source import show_source
 show_source(ring_all_reduce)
 
 # %% [markdown]
-# What each costs, in the α-β model: a reduce-scatter or an all-gather of m bytes is `n − 1` messages
-# per rank, carrying `(n − 1)/n · m` bytes: `(n − 1) α + (n − 1)/n · m β`; the all_reduce is the two.
-# Below, m is the whole model's float32 bytes and a *pass* is a reduce-scatter or an all-gather of them,
-# however many collectives carry it; its size is what a rank sends in it, `(n − 1)/n · m`. Per step (all
-# its micro-batches; the gradients synced once, the micro-batches before the last run under `no_sync()`,
-# notebook 03's context in which they only add up locally): DDP all-reduces the gradients, two passes;
-# ZeRO-2 reduce-scatters them and all-gathers the updated parameters, two passes too. minddp's ZeRO-1 is
-# DDP's all-reducing wrapper with its optimizer sharded, so it all-reduces and then all-gathers, three
-# passes: this design's cost, not ZeRO-1's idea's (a reduce-scatter would do, as in ZeRO-2). FSDP
-# reduce-scatters its units' gradients, a little under one pass, but gathers each unit's parameters for
-# every micro-batch's forward and again for its backward (all but the unit the backward starts with).
-# The bound below counts one reduce-scatter pass a step and two gathering passes per micro-batch, each
-# of the whole model; the all_reduce of the replicated tensors lies within it. These counts are for true
-# reduce-scatters, as minddp's ring sends them (not gloo: the ZeRO-2 section), and count bytes, the β
-# term, only: a ratio of bytes is not a ratio of time. The cell works them out from the parameter count
-# (the ring section measures what a rank sends):
+# What each costs on minddp's ring, in the α-β model: a reduce-scatter or an all-gather of m bytes is
+# `n − 1` messages per rank, carrying `(n − 1)/n · m` bytes: `(n − 1) α + (n − 1)/n · m β`; the all_reduce
+# is the two. Below, m is the whole model's float32 bytes and a *pass* is a reduce-scatter or an
+# all-gather of them, however many collectives carry it: `(n − 1)/n · m` bytes sent per rank. Per step
+# (the gradients are synced once, in the last micro-batch's backward; the earlier ones run under notebook
+# 03's `no_sync()`): DDP all-reduces the gradients, two passes; ZeRO-2 reduce-scatters them and
+# all-gathers the updated parameters, two passes too. minddp's ZeRO-1 is DDP's wrapper with its optimizer
+# sharded, so it all-reduces and then all-gathers, three passes (a reduce-scatter would do, as in
+# ZeRO-2). FSDP reduce-scatters its units' gradients, a little under one pass, but gathers each unit's
+# parameters for every micro-batch's forward and again for its backward. The bound below counts one
+# reduce-scatter pass a step and two gathering passes per micro-batch; the all_reduce of the replicated
+# tensors lies within it. These are bytes, the β term, only: a ratio of bytes is not a ratio of time. The
+# cell works them out from the parameter count:
 
 # %%
 # %%distributed
@@ -130,7 +121,7 @@ lesson.say(
 # %% [markdown]
 # ## The four stages side by side
 #
-# `ddp` is minddp's own `DistributedDataParallel` (`minddp/ddp/`); `zero1` is the same wrapper with its
+# `ddp` is minddp's own `DistributedDataParallel`; `zero1` is the same wrapper with its
 # optimizer sharded by `minddp.ZeroRedundancyOptimizer`; `zero2` and `fsdp` hand out this rank's shards
 # as the model's parameters, so the optimizer built over `model.parameters()` holds state for the shards
 # (and for fsdp's replicated tensors). `zero2` keeps the whole parameters too (its shards are views into
@@ -140,9 +131,9 @@ lesson.say(
 # parameters, gradients just before the update, optimizer state just after, the activations (the most
 # bytes autograd saved for the backward during one micro-batch's forward, leaving out saved tensors that
 # lie in a parameter's storage or, for fsdp, a gathered unit's), and fsdp's *gathered units* at their
-# peak: the full parameters it has gathered and the buffers its all-gathers receive into (a unit just
-# gathered counts twice, in its buffer and in what was unpacked from it; so do a unit and the next one's
-# prefetch in flight). No column counts the buffers of zero1's and zero2's all-gathers.
+# peak: the full parameters it has gathered and the buffers its all-gathers receive into (a unit's buffer
+# and the full parameters unpacked from it are counted apart). No column counts the buffers of zero1's
+# and zero2's all-gathers.
 # `lesson.Trainee(stage, warmup=0)` builds the stage and its optimizer on every rank without a step, so
 # the measured step is its first: the *memory step*.
 
@@ -160,8 +151,8 @@ for name, t in trainees.items():
 
 # %% [markdown]
 # The table sets each stage's measured model state (parameters + gradients + optimizer state: no
-# activations, no gathered units) beside its formula, for `Ψ` float32 parameter values (elements, as the
-# ZeRO paper counts them) with Adam on n ranks: each value costs 4 bytes of parameter, 4 of gradient and
+# activations, no gathered units) beside its formula, for `Ψ` float32 parameter values (elements) with
+# Adam on n ranks: each value costs 4 bytes of parameter, 4 of gradient and
 # 8 of Adam's two moments, and each rung divides one more of the three among the ranks: DDP `16Ψ`;
 # ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and gradients) `4Ψ + 12Ψ/n`; FSDP (and parameters)
 # `16Ψₛ/n + 16Ψᵣ`, where `Ψᵣ` counts the values of the replicated tensors and `Ψₛ = Ψ − Ψᵣ` the rest.
@@ -211,9 +202,7 @@ lesson.say(
 table.round(3).astype(object).where(table.notna(), "–")
 
 # %% [markdown]
-# The gradients column, and so the model state, is what rank 0 holds at the update; until the last
-# backward reduce-scatters them, zero2 and fsdp hold whole gradients, as ddp does (no cell measures them).
-# fsdp's gathered units are held during a forward or backward, not at the update. Every stage runs the
+# The gradients column, and so the model state, is what rank 0 holds at the update. Every stage runs the
 # same forward on the same batch: sharding saves model state, not activations. The columns are measured at
 # different moments, so their sum is not the most a rank holds.
 #
@@ -225,9 +214,7 @@ table.round(3).astype(object).where(table.notna(), "–")
 # `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`: the fp32 shards
 # *are* the master weights, cast to bf16 for each unit's gather. The cells below train it one step on
 # the memory step's micro-batches (a fresh `lesson.step_batches()`) and set its model state, gathered
-# units and activations beside fp32 fsdp's. Its gradients at the update are its fp32 shards' `.grad`; no
-# cell shows the dtype of those its bf16 backward computes, or the bytes its gathers send.
-# `blocks_of(net)` makes each decoder layer a unit, as `lesson.Trainee` does.
+# units and activations beside fp32 fsdp's.
 
 # %%
 # %%distributed
@@ -279,11 +266,10 @@ lesson.claim(
 # ### Why the master weights stay fp32
 #
 # A bf16 number has 8 significant bits (2 to 3 decimal digits), so a change far smaller than a weight is
-# lost. AdamW changes each value by about lr times a ratio: the running average of its gradients over
-# the square root of the running average of their squares, each first divided by its bias correction
-# (1 − bᵗ at update t, b that average's decay rate, AdamW's `betas`; not the cost model's β), which makes
-# them g and g² at the first update. So the first update moves each value whose gradient g is neither
-# zero nor as small as AdamW's ε by about lr (g/|g| = ±1). The cell prints the median size of ddp's first
+# lost. AdamW changes each value by lr times the running average of its gradients over the square root
+# of that of their squares, both corrected for their bias, which makes them g and g² at the first
+# update: so the first update moves each value whose gradient g is neither zero nor as small as AdamW's ε
+# by about lr (g/|g| = ±1). The cell prints the median size of ddp's first
 # update's changes, then adds lr to every initial value held in bf16 and in fp32 (`lesson.added`) and
 # finds the values whose change is lost. The model's normalization layers, its *RMSNorms*, have weights
 # (scales) that start at 1.0:
@@ -309,17 +295,18 @@ lesson.claim(
     f"Adding lr = {lr} to each of this model's {values.numel():,} initial parameter values: in bf16 the "
     f"{int(lost.sum()):,} values it leaves unchanged ({lost.double().mean():.2%} of them) are exactly the "
     f"weights of its {len(norms)} RMSNorms, each "
-    f"1.0; each of the others changes by {kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr. In fp32 every "
+    f"1.0; each of the others changes by {kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr, up to "
+    f"{(kept['bf16'] - 1).abs().max():.0%} away from lr. In fp32 every "
     f"value changes, by lr to within {(kept['fp32'] - 1).abs().max():.3%}.",
 )
 
 # %% [markdown]
 # In bf16 the RMSNorms' weights would lose this change, and every other value would take it rounded to
-# bf16's spacing at its value (the ✓ line prints the smallest and the largest change); in fp32 every
-# value takes it. AdamW's weight decay is a change at every update too: it shrinks each weight by
-# lr · λ of itself (λ the weight decay). With 8 significant bits, bf16's spacing at a value is at least
-# 2⁻⁸ of it, so a change under 2⁻⁹ of the weight is rounded away. The cell sets lr · λ against 2⁻⁹,
-# then multiplies each initial value, held in bf16, by 1 − lr · λ (in fp32, the product rounded to bf16):
+# bf16's spacing at its value, as far from lr as the ✓ line says; in fp32 every value takes it.
+# AdamW's weight decay is a change at every update too: it shrinks each weight by lr · λ of itself (λ
+# the weight decay). With 8 significant bits, bf16's spacing at a value is at least 2⁻⁸ of it, so a
+# change under 2⁻⁹ of the weight is rounded away. The cell sets lr · λ against 2⁻⁹, then multiplies
+# each initial value, held in bf16, by 1 − lr · λ (in fp32, the product rounded to bf16):
 
 # %%
 # %%rank 0
@@ -334,8 +321,8 @@ lesson.claim(
 )
 
 # %% [markdown]
-# Weights held in bf16 would drift from the ones AdamW computes (no cell here measures by how much
-# over later updates): so the optimizer updates fp32 copies of the weights, the master weights.
+# So the optimizer updates fp32 copies of the weights, the master weights: held in bf16, the weights
+# would take the changes above rounded or not at all.
 
 # %% [markdown]
 # ### The ZeRO paper's mixed-precision count
@@ -372,11 +359,11 @@ formulas.round(2)
 # ## ZeRO-1: an optimizer that updates its own shard
 #
 # Each parameter tensor of `numel` elements is cut, flattened, into n chunks of `ceil(numel/n)` elements,
-# in rank order, the last ranks' shorter or empty (`minddp/sharding/shards.py`); rank `r` keeps the
+# in rank order, the last ranks' shorter or empty; rank `r` keeps the
 # optimizer state of chunk `r` of each. (An optimizer that is not element-wise needs whole tensors: one
 # rank then owns each, `owned_whole` below; AdamW is element-wise.) The updated chunks are all-gathered
-# in buckets of their own, of at most `BUCKET_CAP_MB` = 25 MiB (`minddp/sharding/zero1.py`), not the
-# stage's 4 MiB gradient buckets:
+# in buckets of their own, each of at most `BUCKET_CAP_MB` = 25 MiB of full parameters, not the stage's
+# 4 MiB gradient buckets:
 
 # %%
 # %%distributed
@@ -391,11 +378,10 @@ lesson.say(
 )
 
 # %% [markdown]
-# Its `step()` (the update): hand each chunk the same chunk of the averaged gradient, run the local
-# optimizer (an ordinary `torch.optim.AdamW` over the chunks, which are views into the parameters),
-# then all-gather the chunks (`_all_gather`, in the file). These are parts 3 and 4 in the code's
-# comments; parts 1 and 2 (plan every rank's chunks, make this rank's chunks views into the parameters)
-# run once, in `__init__`.
+# Its `step()`, the update: hand each chunk the same chunk of the averaged gradient, run the local
+# optimizer (an ordinary `torch.optim.AdamW` over the chunks, views into the parameters), then
+# all-gather the chunks (parts 3 and 4; parts 1 and 2, planning and making the chunks, run in
+# `__init__`):
 
 # %%
 # %%rank 0
@@ -417,12 +403,13 @@ show_source(ZeroRedundancyOptimizer.step)
 # 3. that piece holds, back to back, this rank's shards' chunks of the averaged gradient; each becomes
 #    its shard's `.grad` (or is added to it): the optimizer updates the shards only;
 # 4. in the next forward, `gather_parameters` starts every bucket's all-gather of the updated shards at
-#    once, before the first module runs; each module waits for its own bucket's just before it runs
-#    (forward pre-hooks).
+#    once, before the first module runs (waiting for them there only under `torch.compile`:
+#    `wait=self.compiled`); each module waits for its own bucket's just before it runs (forward
+#    pre-hooks).
 #
-# The cell prints the line that does each part (`key_lines` finds it by a text it holds), then part 2's
-# reduce-scatter hook. `Wire` is minddp's wrapper of a process group, through which a stage's comm hooks
-# send; `Wire.of(state)` wraps the hook's state in one unless it is one already.
+# The cell prints the line that does each part, then part 2's
+# reduce-scatter hook, in which `Wire.of(state)` wraps the hook's state in a `Wire` (minddp's wrapper of
+# a process group, through which a stage's comm hooks send) unless it is one already.
 
 # %%
 # %%rank 0
@@ -448,11 +435,10 @@ show_source(reduce_scatter_hook)
 # collectives* are those that sum gradients (fsdp's all_reduces of its replicated tensors included); it
 # counts the all-gathers of parameters apart. On gloo a `Wire` with no transport of its own runs zero2's
 # and fsdp's reduce-scatters as all_reduces of the whole tensor they are given (a zero2 bucket, an fsdp
-# unit's gradients) and keeps this rank's piece, so that the hook hands back at once a Future of the sum
-# while the backward goes on (gloo's reduce-scatter hands back no Future; a transport with a
-# reduce-scatter of its own, as the ring below, runs it and waits). So every gradient collective here is
-# an all_reduce. Each look is its trainee's second step: the first was the memory step, so zero2's look
-# starts by gathering the parameters that step updated.
+# unit's gradients) and keeps this rank's piece; a transport with a reduce-scatter of its own, as the
+# ring below, runs that. So every gradient collective here is an all_reduce. Each look is its trainee's
+# second step: the first was the memory step, so zero2's look starts by gathering the parameters that
+# step updated.
 
 # %%
 # %%distributed
@@ -473,9 +459,8 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 # The bytes given do not show what a reduce-scatter spares against an all_reduce. The four stages now
 # send through minddp's ring, plugged into each stage's `Wire` as its transport; the profiler records
 # each message gloo sends with the tensor it carried. The table is what rank 0 sent in one step, by the
-# collective the message served. zero2's trainee takes one step before its look (`warmup=1`), so that the
-# looked-at step starts with its all-gathers of the updated shards. The bytes fsdp sent "gathering units"
-# are sent in a step, not the memory table's gathered units, held at one moment. Bytes *sent* are not
+# collective the message served. The bytes fsdp sent "gathering units" are sent in a step, not the
+# memory table's gathered units, held at one moment. Bytes *sent* are not
 # bytes *given*: a ring all_reduce sends `2(n − 1)/n` of the bytes it is given, the same number at these
 # n = 2 ranks only:
 
@@ -524,31 +509,41 @@ on_wire.round(2)
 # %% [markdown]
 # ## FSDP: gather each unit around its run
 #
-# Each decoder layer of the model (an element of its `nn.ModuleList`) is a *unit*. Before a unit's
-# forward its shards are all-gathered into full parameters and the next unit's gather is started (a
-# prefetch); after the forward the full parameters are dropped, all but the last unit's, with which the
-# backward starts. The tensors autograd saves for the backward would keep them alive, so a saved-tensor
-# hook keeps a note of where they lay instead; the first note unpacked in the backward gathers the unit
-# again (or waits for its prefetched gather) and starts the gather of the unit before it. A unit's
-# gradients arrive together, from one autograd function; in the last micro-batch's backward they go to
-# one gradient collective (a reduce-scatter: on gloo an all_reduce, the ZeRO-2 section), in the others
-# they are accumulated whole under `no_sync()`. Each replicated tensor's gradient gets an all_reduce. The
-# lines that do each part (numbered in the module's docstring):
+# Each decoder layer of the model is a *unit*. Before a unit's forward its shards are all-gathered into
+# full parameters and the next unit's gather is started (a prefetch); after the forward the full
+# parameters are dropped, all but the last unit's, with which the backward starts. The tensors autograd
+# saves for the backward would keep them alive, so a saved-tensor hook keeps a note of where they lay
+# instead; the first note unpacked in the backward gathers the unit again (or waits for its prefetched
+# gather) and starts the gather of the unit before it. A unit's gradients arrive together, in the
+# backward of one autograd function (`Unshard`), and are cast to the shards' dtype; in the last
+# micro-batch's backward they go to one gradient collective (a reduce-scatter: on gloo an all_reduce), in
+# the others they are accumulated whole under `no_sync()`. Each replicated tensor's gradient gets an
+# all_reduce. At the end of the backward fsdp waits for them and gives each shard its piece as `.grad`.
+# The lines that do each part (numbered in the module's docstring; in part 1, a parameter no unit
+# owns is replicated):
 
 # %%
 # %%rank 0
 from minddp.sharding.fsdp import FullyShardedDataParallel
 
 lines = [  # (part, method, a text that the line doing it holds)
+    ("part 1", "__init__", "owned = {id(s)"),
+    ("part 1", "__init__", "if id(p) not in owned"),
     ("part 2", "_before_forward", "self._gather(unit)"),
     ("part 2", "_before_forward", "self._prefetch(unit, +1)"),
+    ("part 2", "_before_forward", "Unshard.apply("),
     ("part 3", "_after_forward", "unit.index == self.forward_order[-1]"),
     ("part 3", "_after_forward", "self._free(unit)"),
     ("part 3", "forward", "saved_tensors_hooks(self._pack, self._unpack)"),
     ("part 4", "_unpack", "self._gather(unit)"),
     ("part 4", "_unpack", "self._prefetch(unit, -1)"),
+    ("part 5", "_unit_backward_done", "master = [g.to(s.dtype)"),
     ("part 5", "_unit_backward_done", "unit.accumulated = master"),
     ("part 5", "_unit_backward_done", "self.pending.append("),
+    ("part 5", "_replicated_grad_ready", "self.pending_replicated.append("),
+    ("part 6", "_backward_started", "compat.at_backward_end("),
+    ("part 6", "finish_gradient_synchronization", "split_block(future.wait()"),
+    ("part 6", "finish_gradient_synchronization", "shard.grad = piece.clone()"),
 ]
 print(key_lines(FullyShardedDataParallel, lines))
 
@@ -587,13 +582,12 @@ lesson.claim(
 # gradient collective (black) and each all-gather of parameters (brown), in the phase it was handed over
 # in. It shows order, not time: within a phase each kind's marks are spread evenly on a line of their
 # own, in the order they were handed over; the order between the two kinds is not drawn (zero2's
-# all-gathers, handed over together before the first module runs, are spread across its forward 1). No
-# other collective is drawn.
+# all-gathers, handed over together before the first module runs, are spread across its forward 1).
 #
 # A collective can overlap compute (notebook 01's word) only while compute still runs after it is
 # handed over. zero1 hands its all-gather over in the update, with no module left to run in the step;
-# zero2 and fsdp hand theirs over in a forward or backward, with modules still to run. The figure shows
-# where, not whether they overlapped: no cell here measures that.
+# zero2 and fsdp hand theirs over in a forward or backward, with modules still to run. No cell here
+# measures whether they overlapped.
 
 
 # %%
@@ -637,9 +631,9 @@ lesson.claim(
 # ## The same training, whatever the rung
 #
 # Sharding changes what each rank keeps, not what is computed. The cell compares each sharded stage's
-# parameters with `ddp`'s after the same steps (`full_parameters()` gathers zero2's and fsdp's whole:
-# fsdp keeps most only as shards, and zero2's whole parameters hold the other ranks' old chunks until the
-# next forward). At more ranks the stages add the ranks' gradients in different orders, and
+# parameters with `ddp`'s after the same steps (`full_parameters()` gathers zero2's and fsdp's from the
+# shards). Here each sum of gradients has two ranks' terms, and a floating-point sum of two numbers does
+# not depend on their order; at more ranks the stages add the ranks' gradients in different orders, and
 # `docs/sharding.md`'s tests at 3 ranks allow for rounding.
 
 
@@ -663,12 +657,11 @@ lesson.say(
 # ## What each rung trades
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's ring
-# (the ring table). The model state is not the most a rank holds during the step: it leaves out the
-# activations, the whole gradients zero2 and fsdp hold until the last backward, fsdp's gathered units and
-# the buffers of zero1's and zero2's all-gathers; so it does not rank fsdp against zero2 by their peaks.
-# The bytes are the β term only, not α's count of messages; through gloo zero2's reduce-scatters run as
-# all_reduces, so the ✓ line's fewer bytes hold on the ring only. fsdp buys less model state at the
-# update than zero2 with more bytes: it gathers every micro-batch (its section), zero2 once a step.
+# (the ring table). The model state is not the most a rank holds during the step (it leaves out the
+# activations, fsdp's gathered units and the buffers of zero1's and zero2's all-gathers), so it does not
+# rank fsdp against zero2 by their peaks. The bytes are the β term only; through gloo zero2's
+# reduce-scatters run as all_reduces, so the ✓ line's fewer bytes hold on the ring only. fsdp buys less
+# model state at the update than zero2 with more bytes: it gathers every micro-batch, zero2 once a step.
 
 # %%
 # %%rank 0
@@ -699,7 +692,7 @@ trade.round(1)
 # that each rank receives its piece of the sum; all-gather the pieces back into the padded tensor; cut
 # the padding off and copy the sum into `tensor`. The two collectives are `reduce_scatter_single` and
 # `all_gather_single` from `minddp.runtime.compat` (torch's `dist.reduce_scatter_tensor` and
-# `dist.all_gather_into_tensor`, under torch 2.13's names); both take `(output, input)`. Pass `group` to
+# `dist.all_gather_into_tensor`); both take `(output, input)`. Pass `group` to
 # `dist.get_world_size(group)` and to both collectives (to the reduce-scatter by name, `group=group`:
 # its third parameter is `op`). Without it, or given `dist.group.WORLD`, a call runs over every rank of a
 # larger job: the checker hands your transport a group of its own and refuses both.
@@ -707,10 +700,9 @@ trade.round(1)
 # The cell makes `my_all_reduce` the sum of the `bucket-async` stage's buckets (its hook divides each
 # bucket by the world size first). `check` trains that stage beside a single process on the global batch
 # and against the model answer (`like="halves"`), on its own small network in two buckets, one of an odd
-# length, which tests your padding; some wrong answers come out right at two ranks (padding by
-# `numel % n` instead of `-numel % n`, or a `2` written for the world size), so an answer accepted at two
-# ranks is checked again at three. It then hands `my_all_reduce` a tensor of 5 × 7 values, which fails
-# an answer that does not flatten it or copies the sum back without `.view_as(tensor)`.
+# length; an answer accepted at two ranks is checked again at three, where padding by `numel % n`
+# instead of `-numel % n`, or a `2` written for the world size, shows. It then hands `my_all_reduce` a
+# tensor of 5 × 7 values, which fails an answer that does not flatten it or copies a flat sum into it.
 
 # %%
 import torch
