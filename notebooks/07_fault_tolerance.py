@@ -55,7 +55,7 @@
 #   quorum keeps the last one's tag and group;
 # * a **holder** is a process that holds the trained state: a member of the newest committed step.
 #
-# The cell below prints the lines of the rung and of the lighthouse that do each phase.
+# The cell below prints the rung's and the lighthouse's line for each phase.
 
 # %%
 from minddp.ft.coordinator import Lighthouse
@@ -200,7 +200,8 @@ lesson_07.print_rejoin(kill)
 # first heartbeat the new process was not live, so slots 0 and 2 trained without it at world 2, then
 # waited at step 9 (`full_world_at`). They ask for a step's quorum as soon as they have committed the step
 # before, so their time from their last commit to the quorum (the last line above) is the lighthouse
-# waiting for the new process alone, which was starting up (imports, connection, model: not timed apart). That time is part of neither fault's recovery.
+# waiting for the new process alone, which was starting up (imports, connection, model: not timed apart).
+# That time is part of neither fault's recovery.
 #
 # Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline below),
 # and only slot 1's process was started again; a restart from a checkpoint (not run here) starts every
@@ -358,8 +359,8 @@ show_source(solutions.ft_shard)
 # lighthouse evicts the slot once it has been silent for `hang_s`. Both waits start at about the freeze,
 # so they run together; once evicted, the slot is no longer live, so the next quorum need not wait for its
 # restart. Prediction: a little over `hang_s` (5 s in the run above; the `stop` row of the benchmark in
-# `docs/fault-tolerance.md` measured it with a 2 s bound), then the next quorum and step 4
-# trained again, as after the kill. Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s,
+# `docs/fault-tolerance.md` measured it with a 2 s bound), then the next quorum and step 4 trained again,
+# as after the kill. Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s,
 # about half that of 5 s, and makes a live process that goes unscheduled that long (a heavily loaded
 # machine) likelier to be evicted by mistake: the bound trades recovery time against false alarms.
 #
@@ -368,9 +369,10 @@ show_source(solutions.ft_shard)
 # <details><summary>2. Two kills, and three</summary>
 #
 # A prediction (this notebook runs only the three-kill case, below): with `kill@4:1,kill@5:2` the world
-# shrinks by one at each kill. Slot 1 is started again only after step 4 is committed without it, and in
-# the run above its new process was taken back seconds after the kill (the rejoin's lines), so it is not
-# back when slot 2 dies in step 5: the world goes down to 1, slot 0 training alone on the whole batch. `full_world_at=(9,)` brings the world back to 3 by step 9 at the latest.
+# shrinks by one at each kill. Slot 1 is started again only after step 4 is committed without it, and its
+# new process takes longer to be taken back than the survivors take for a step (the rejoin's lines), so it
+# is not back when slot 2 dies in step 5: the world goes down to 1, slot 0 training alone on the whole
+# batch. `full_world_at=(9,)` brings the world back to 3 by step 9 at the latest.
 # Killing all three in the same step leaves no holder: in this design, as in torchft's, the trained state
 # lives only in the training processes. The processes started again would hold a fresh initialisation, so
 # minddp stops the run with one line rather than train the committed steps again (-9 in it is the exit
