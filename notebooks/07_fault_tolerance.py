@@ -55,7 +55,7 @@
 #   quorum keeps the last one's tag and group;
 # * a **holder** is a process that holds the trained state: a member of the newest committed step.
 #
-# The cell below prints the rung's and the lighthouse's line for each phase.
+# The cell below prints the rung's and the lighthouse's lines for each phase.
 
 # %%
 from minddp.ft.coordinator import Lighthouse
