@@ -55,7 +55,7 @@
 #   quorum keeps the last one's tag and group;
 # * a **holder** is a process that holds the trained state: a member of the newest committed step.
 #
-# The cell below prints the rung's and the lighthouse's lines for each phase.
+# The cell below prints the lines of the rung and of the lighthouse that run these phases.
 
 # %%
 from minddp.ft.coordinator import Lighthouse
@@ -184,8 +184,7 @@ lesson_07.print_recoveries(kill, raised, hang_s)
 
 # %% [markdown]
 # The kill also ended slot 1's process: its **rejoin** (the report's first line) ends at the quorum that
-# took a new process in slot 1 back. The cell prints what each side did from the kill to that quorum (in
-# whole ms).
+# took a new process in slot 1 back. The cell prints what each side did from the kill to that quorum.
 
 # %%
 lesson.claim(
@@ -269,7 +268,7 @@ lesson.claim(
 
 # %% [markdown]
 # Three more properties (`consistency` in `minddp/ft/report.py`) of the parameters and the optimizer's
-# state (AdamW's moments and its own step count, which it keeps per parameter): the slots end equal (those
+# state (AdamW's moments and its step count per parameter): the slots end equal (those
 # tensors and the rung's count of steps committed, compared by value); every member of an attempt started
 # it from the same bytes (their *before* digests, healed processes included); and a discarded attempt
 # changed nothing (each member's before digest against its digest after the discard). A killed process
