@@ -20,31 +20,29 @@
 # from the last checkpoint. At scale failures are routine: the pre-training of Llama 3 405B saw 419
 # unexpected interruptions in 54 days on 16,384 GPUs, one every 3.1 hours (54 × 24 / 419; *The Llama 3
 # Herd of Models*, Meta, 2024, arXiv:2407.21783, section 3.3.4), and each one costs the work since that
-# checkpoint plus a restart. The `ft` **rung** (a rung above notebook 03's ladder, built on the `ddp`
-# stage that closes it; in `minddp/ft/`, after torchft, PyTorch's fault-tolerance library) keeps training
-# instead: it runs that stage inside the phases below. Each try at a step (an **attempt**) goes through
-# them (phases 2 and 3 only in the attempts that need them):
+# checkpoint plus a restart. The `ft` **rung** (a rung above notebook 03's ladder, in `minddp/ft/`, after
+# torchft, PyTorch's fault-tolerance library) keeps training instead: it runs the ladder's `ddp` stage
+# inside the phases below. Each try at a step (an **attempt**) goes through them (phases 2 and 3 only in
+# the attempts that need them):
 #
 # 1. a **quorum**: before each attempt, a small coordinator (the *lighthouse*, a process of its own)
 #    answers who trains it, the attempt's **members**;
 # 2. a new **group** (the processes a collective runs among, as in notebooks 01-04) at the run's first
-#    quorum, and whenever the members changed or the last attempt at a step was discarded (phase 5: a
-#    group that saw a failure may be broken);
+#    quorum, and whenever the members changed or the last attempt at a step was discarded (a group that
+#    saw a failure may be broken);
 # 3. a process that comes back is **healed**: it receives the trained state from a peer, over the group,
 #    no file (the parameters, the optimizer's state, and the count of steps committed);
 # 4. **the work**: the members split the step's whole global batch among themselves, so a lost process's
-#    examples are trained by the others (the exercise's checker shows it, in the last code cell);
+#    examples are trained by the others;
 # 5. **should_commit**: the members vote yes or no, and the attempt is **committed** on every member or
 #    on none. An attempt that saw a failure (a no, or a member lost before voting) is **discarded**, and
 #    its step tried again.
 #
-# Phases 4 and 5 differ from torchft's. torchft trains in **replica groups**, each one copy of the model,
-# maybe several processes; here each replica group is one process. torchft's `DistributedSampler` gives
-# each replica group a fixed share of the data, so the examples of a group that is down are never used
-# ("This sampler is inherently lossy when used with torchft", says its docstring); here the members split
-# the whole global batch (phase 4). torchft's `should_commit` is agreed within a replica group, while
-# "Different replica groups may return different values" (its docstring again); here the lighthouse
-# decides for every member (phase 5).
+# torchft trains in **replica groups**, each one copy of the model, maybe several processes; here each is
+# one process. Phases 4 and 5 differ from torchft's: its `DistributedSampler` gives each replica group a
+# fixed share of the data ("This sampler is inherently lossy when used with torchft", says its docstring),
+# and its `should_commit` is agreed within a replica group ("Different replica groups may return different
+# values"), where here the lighthouse decides for every member.
 #
 # The words this notebook uses:
 #
@@ -56,6 +54,32 @@
 # * a quorum's **tag** names its group: a new tag when a new group is built (phase 2); otherwise the
 #   quorum keeps the last one's tag and group;
 # * a **holder** is a process that holds the trained state: a member of the newest committed step.
+#
+# The cell below prints the lines of the rung and of the lighthouse that run these phases.
+
+# %%
+from minddp.ft.coordinator import Lighthouse
+from minddp.ft.rung import FaultTolerantTrainer
+from minddp.notebook.source import key_lines
+
+rung_lines = [  # (phase, method, a text that the line doing it holds)
+    ("each step", "train", "self.until_committed("),
+    ("the loop", "until_committed", "def until_committed("),
+    ("phase 1", "until_committed", "quorum = self.coordinator.quorum("),
+    ("phase 2", "until_committed", "if quorum.tag != self.group_tag"),
+    ("phases 2 and 3", "until_committed", 'entry["healed"] = self.rebuild_group('),
+    ("phase 4", "until_committed", "value = work(quorum, entry)"),
+    ("after a failure", "until_committed", "self.drop_group()"),
+    ("phase 5", "until_committed", "committed = self.coordinator.should_commit("),
+    ("on a commit", "until_committed", " on_commit()"),
+]
+lighthouse_lines = [
+    ("phase 5", "decide_votes", 'verdict = "discard"  # a member saw'),
+    ("phase 5", "decide_votes", 'verdict = "commit"'),
+    ("phase 5", "decide_votes", 'verdict = "discard"  # a member died'),
+]
+print(key_lines(FaultTolerantTrainer, rung_lines))
+print(key_lines(Lighthouse, lighthouse_lines))
 
 # %% [markdown]
 # ## A run with two faults
@@ -64,26 +88,25 @@
 # a toy task (`ToyTask`: a small MLP regression, 12 rows per global batch, AdamW, and a 10 ms pause per
 # step standing in for compute); its groups run on gloo, torch's CPU backend. The settings:
 #
-# * `world_size=3`: three slots (each attempt's group is built with its world as torch's `world_size`);
+# * `world_size=3`: the number of slots, for the whole run (`launch_ft`'s name; torch's `world_size`, with
+#   which each attempt's group is built, is that attempt's world);
 # * `faults`: `kill@4:1`, slot 1 SIGKILLs itself in step 4 after its forward, before its all_reduce;
 #   `raise@11:2`, slot 2's comm hook (the function that averages the gradients with an all_reduce, as in
 #   notebook 04) raises in step 11, before it starts its all_reduce (slot 2's process stays);
 # * `hang_s=5.0`, the **hang bound**: the group's collective timeout, and how long a slot may be
-#   **silent**: none of its heartbeat, its quorum requests and its votes changed in that time. The
-#   **heartbeat** is a count that a thread of the process writes every 50 ms, `BEAT_S`, to the
+#   **silent** (its heartbeat, its quorum requests and its votes all unchanged) before the lighthouse
+#   evicts it (its process ended and started again), unless it is the last holder, which is waited for.
+#   The **heartbeat** is a count that a thread of the process writes every 50 ms, `BEAT_S`, to the
 #   lighthouse's **store** (torch's `TCPStore`, a key-value store over TCP), where the processes also post
 #   their requests and votes and read the answers. A slot is **live** from its first heartbeat while it is
-#   not silent and the launcher has not reported its process's exit. The lighthouse answers a quorum once
+#   not silent and the launcher has not recorded its process's exit. The lighthouse answers a quorum once
 #   every live slot has asked (every slot, at the run's first quorum and at the first attempt of a step in
-#   `full_world_at`). A silent slot is evicted (its process ended and started again), unless it is the
-#   last holder, which is waited for;
-# * `full_world_at=(9,)`: step 9's first quorum waits for all three slots, so slot 1 is back, healed,
-#   before the raise of step 11;
+#   `full_world_at`);
+# * `full_world_at=(9,)`: step 9's first quorum waits for all three slots;
 # * `restart_after_steps=1`: the launcher starts a killed slot again only once a step was committed
 #   without it;
 # * `digests=True`: every member records a sha256 of its parameters and optimizer state just before each
-#   attempt's work (its *before* digest), and again after each discarded attempt (the checks further
-#   down).
+#   attempt's work (its *before* digest), and again after each discarded attempt (checked further down).
 #
 # `run.report()` gives one line per fault: its **recovery**, seconds from the fault to the first commit of
 # its step or a later one (that step and its world in brackets), the attempts discarded until then, and,
@@ -110,9 +133,8 @@ for line in run.report():
     print(line)
 
 # %% [markdown]
-# How each fault is noticed: a kill through the connections that end with its process, plus the launcher's
-# report of its exit; a raise through the raising process dropping its group, which closes its
-# connections; neither waits for the hang bound.
+# How each fault is noticed: a kill through the connections that end with its process, and the launcher's
+# record of its exit; a raise through the raising process dropping its group, which closes its connections.
 #
 # The cell below prints, for each fault, the moments the members, the lighthouse and the launcher
 # recorded, in ms after the time the faulting process stamped just before it killed itself or raised
@@ -123,24 +145,20 @@ for line in run.report():
 #   failed (gloo's sentences are printed further down);
 # * **discard**: each member that caught an error drops its group, then votes no; the lighthouse discards
 #   the attempt once it has read a no, or once a member that has not voted is no longer live. The row
-#   names the slots whose votes it had read by then, not whose no came first;
+#   names the slots whose votes it had read by then;
 # * **exit seen** and **exit recorded** (the kill only): the launcher looks over its processes in
-#   **passes**; exit seen is the pass that found slot 1's process ended, exit recorded its record of that
-#   exit for the lighthouse, after a fixed wait (`EXIT_WAIT_S`) for the final state a process hands the
-#   launcher after its last step, which a killed process never sends;
+#   **passes**; exit seen is the pass that found slot 1's process ended; exit recorded is its record of
+#   that exit for the lighthouse, made after a fixed wait (`EXIT_WAIT_S`, 50 ms) for the final state a
+#   process hands the launcher after its last step, which a killed process never sends;
 # * **next quorum**: the lighthouse answers, with a new tag, once every live slot has asked; slot 1 counts
-#   as live until the lighthouse has read the exit's record;
+#   as live until the lighthouse has read the exit's record, so the kill's next quorum comes after that
+#   record (the second claim checks it);
 # * **work started** and **work done**: in the attempt that committed the step, the last member to start
 #   and the last to finish its work (`ToyTask`'s pause, forward, backward with the all_reduce). Before
 #   the start each member builds the new group and takes its digest; after the end it votes;
 # * **commit**: the lighthouse commits once every member has voted yes.
 #
-# The raise's process stayed (the first claim), so its table has no exit rows. The lighthouse cannot tell a
-# dead process from a slow one until the launcher records the exit, so the kill's next quorum waits for
-# that record (the second claim); neither fault waits for the hang bound. The last lines cut both
-# recoveries into six spans, each named by the two moments it runs between. Why the spans differ beyond
-# that wait, the run does not show.
-
+# The last lines give each recovery as a share of the hang bound: neither fault waited for it.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -151,8 +169,8 @@ lesson.claim(
     run.errors(raised.fault.step)[0][0] == raised.fault.slot
     and not run.exits(after=raised.fired)
     and raised.world == 3,
-    f"raise: the first error was slot {raised.fault.slot}'s own, the launcher recorded no process's exit after it, "
-    f"and step {raised.committed_step} was committed at world 3",
+    f"raise: the first error was slot {raised.fault.slot}'s own, no process ended without handing in its final "
+    f"state after it, and step {raised.committed_step} was committed at world 3",
 )
 lesson.claim(
     kill.exit_s is not None and kill.exit_s <= kill.quorum_s,
@@ -161,13 +179,12 @@ lesson.claim(
 lesson_07.print_moments(run, kill)
 lesson_07.print_moments(run, raised)
 print()
-lesson_07.print_spans(run, kill, raised, hang_s)
+lesson_07.print_recoveries(kill, raised, hang_s)
 
 
 # %% [markdown]
 # The kill also ended slot 1's process: its **rejoin** (the report's first line) ends at the quorum that
-# took a new process in slot 1 back. The cell prints what each side did from the kill to that quorum (in
-# whole ms).
+# took a new process in slot 1 back. The cell prints what each side did from the kill to that quorum.
 
 # %%
 lesson.claim(
@@ -180,12 +197,10 @@ lesson_07.print_rejoin(kill)
 # %% [markdown]
 # So the rejoin is not the time a heal takes (the heal, just after that quorum, is not timed). Until its
 # first heartbeat the new process was not live, so slots 0 and 2 trained without it at world 2, then
-# waited at step 9 because this notebook sets `full_world_at=(9,)`. They ask for a step's quorum as soon
-# as they have committed the step before, so the time from their last commit to the quorum (the last line
-# above) is the lighthouse waiting for the new process alone, and the new process's time from its start to
-# the quorum is its starting up, to its first request (its imports, its connection to the lighthouse,
-# its model: not timed apart). That time is part of neither fault's recovery.
-
+# waited at step 9 (`full_world_at`). They ask for a step's quorum as soon as they have committed the step
+# before, so their time from their last commit to the quorum (the last line above) is the lighthouse
+# waiting for the new process alone, which was starting up (imports, connection, model: not timed apart).
+# That time is part of neither fault's recovery.
 #
 # Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline below),
 # and only slot 1's process was started again; a restart from a checkpoint (not run here) starts every
@@ -198,21 +213,19 @@ lesson_07.print_rejoin(kill)
 print(run.timeline())
 
 # %% [markdown]
-# What the timeline shows (the cell below checks the members, step 4's votes, the heal and the new groups;
-# the rest is how the rung works):
+# What the timeline shows (the cell below checks the members, step 4's votes, the heal and the new groups):
 #
-# * in step 4 slot 1 died: its connections ended with it, and the survivors' all_reduce failed (printed
-#   below: minddp's label `its all_reduce failed`, then gloo's own sentence); they voted no, and the
-#   attempt was discarded on both (`x`). The next quorum had two members, slots 0 and 2 (ranks 0 and 1 of
-#   a new group of 2), and step 4 was trained again and committed at world 2;
+# * in step 4 slot 1 died: the survivors' all_reduce failed (printed below: minddp's label `its all_reduce
+#   failed`, then gloo's own sentence), they voted no, and the attempt was discarded on both (`x`). Step 4
+#   was then trained again and committed by slots 0 and 2 alone, ranks 0 and 1 of a new group of 2;
 # * the launcher started slot 1 again: a new process, freshly initialised, with no step committed. It
 #   asked to train step 0 while its peers asked for a later step, so it was healed: in that quorum's new
 #   group, before the work, it received the trained state from a peer, then trained that step with them
 #   (`H`), and from then on at world 3;
 # * in step 11 slot 2's comm hook raised before its all_reduce: slot 2's process stayed, dropped its group
-#   (which closes its connections) and voted no. Slots 0 and 1's all_reduce failed too, though no process
-#   had ended (printed below, in the order caught). The attempt was discarded on every member, and step 11
-#   was tried again by a new group of the same three slots.
+#   and voted no. Slots 0 and 1's all_reduce failed too, though no process had ended (printed below, in
+#   the order caught). The attempt was discarded on every member, and step 11 was tried again by a new
+#   group of the same three slots.
 
 # %%
 from minddp.notebook.lesson_07 import attempts, heals, in_a_new_group
@@ -254,13 +267,12 @@ lesson.claim(
 )
 
 # %% [markdown]
-# Three more properties (`consistency` in `minddp/ft/report.py`), on the parameters and the
-# optimizer's state (AdamW's moments and its own step count, which it keeps per parameter): the
-# slots end equal (those tensors and the rung's count of steps committed, compared by value);
-# every member of an attempt started it from the same bytes (their *before* digests, healed
-# processes included); and a discarded attempt changed nothing (each member's before digest
-# against its digest after the discard). A killed process records nothing for the attempt it died
-# in, so the checks cover the members that recorded a digest.
+# Three more properties (`consistency` in `minddp/ft/report.py`) of the parameters and the optimizer's
+# state (AdamW's moments and its step count per parameter): the slots end equal (those
+# tensors and the rung's count of steps committed, compared by value); every member of an attempt started
+# it from the same bytes (their *before* digests, healed processes included); and a discarded attempt
+# changed nothing (each member's before digest against its digest after the discard). A killed process
+# records nothing for the attempt it died in, so the checks cover the members that recorded a digest.
 
 # %%
 from minddp.ft import consistency
@@ -283,23 +295,20 @@ lesson.claim(
 # ## Your turn: split the batch among the ranks of now
 #
 # Before each forward, the rung asks the task for this process's share of the step's global batch with
-# `shard(batch, rank, world)`: `rank` is the process's rank and `world` the number of the attempt's
-# members. After a process is lost the world is smaller, and the survivors must train its rows too, or no
-# one does. Write that split: given the step's batch `(x, y)` (one row of `x` per example, its target in
-# `y`), return this rank's rows as two values, `(x[rows], y[rows])` (the rung's own `ToyTask.shard` also
-# returns the batch's row count: return only the two), so that each row goes to exactly one of the `world`
-# ranks and no rank takes more than ceil(B / world) of the B rows (a step lasts as long as its busiest
-# rank), whatever `world` and `len(x)` are now. Split by the `rank` and `world` you are given: the
-# launcher's `RANK` is the slot, not the rank of now, and the checker refuses a function that reads it, or
-# `dist.get_rank()` (it calls `shard` outside any group).
+# `shard(batch, rank, world)`, the process's rank and world as defined above. After a process is lost the
+# survivors must train its rows too. Write that split: given the step's batch `(x, y)` (one row of `x` per
+# example, its target in `y`), return this rank's rows as two values, `(x[rows], y[rows])` (not the row
+# count that the rung's own `ToyTask.shard` also returns), so that each of the B rows goes to exactly one of the `world` ranks and no rank takes more than ceil(B / world)
+# (a step lasts as long as its busiest rank), whatever `world` and B are. Split by the `rank` and `world`
+# you are given: the launcher's `RANK` is the slot, and the checker refuses a function that reads it, or
+# `dist.get_rank()`.
 #
 # `check_shard` first calls your function, in this process, for each rank of worlds 3, 2 and 1 on a 10-row
 # batch. Then it trains it on the `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3, on
-# batches of 10 rows, not `ToyTask`'s 12) and compares the parameters with a single process trained on
-# each step's whole batch (both with plain SGD, learning rate 0.05); where they differ, it names the rows
-# no rank trained, or two did, and at which world. Where they match, it checks batches of 1 to 12 rows at
-# worlds 3, 2 and 1, in this process. As it stands `my_shard` raises `NotImplementedError`, and the
-# checker says so.
+# batches of 10 rows) and compares the parameters with a single process trained on each step's whole batch
+# (both with plain SGD); where they differ, it names the rows no rank trained, or two did, and at which
+# world. Where they match, it checks batches of 1 to 12 rows at worlds 3, 2 and 1, in this process. As it
+# stands `my_shard` raises `NotImplementedError`, and the checker says so.
 
 # %%
 from minddp.exercises import check_shard
@@ -315,10 +324,7 @@ check_shard(my_shard)
 
 # %% [markdown]
 # Stuck? The cell below shows a model answer (`minddp.exercises.solutions.ft_shard`; its output is
-# collapsed in Jupyter: click it). The notebook's last code cell checks it and question 3's split in one
-# run: `check_shards` trains each function in its own *lane*, a copy of the small model that only that
-# function's rows train. The processes' own three checks (slots equal, the same bytes at each attempt's
-# start, a discard changes nothing) are of that whole run, every lane together.
+# collapsed in Jupyter: click it). The notebook's last code cell checks it.
 
 # %% jupyter={"outputs_hidden": true}
 from minddp.exercises import solutions
@@ -347,14 +353,13 @@ show_source(solutions.ft_shard)
 # <details><summary>1. A frozen process</summary>
 #
 # A killed process's connections end with it, so its peers' all_reduce fails without waiting for the
-# group's timeout, and the launcher reports its exit. A frozen process (`SIGSTOP`) keeps its sockets open
+# group's timeout, and the launcher records its exit. A frozen process (`SIGSTOP`) keeps its sockets open
 # and says nothing: its peers wait in their all_reduce until the group's timeout (`hang_s`), and the
-# lighthouse evicts the slot once it has been silent for `hang_s`. Both waits start at about the freeze
-# (the peers are in their all_reduce, the last heartbeat at most `BEAT_S` before), so they run together;
-# once evicted, the slot is no longer live, so the next quorum need not wait for its restart. Prediction:
-# a little over `hang_s` (5 s in the run above; this notebook does not run it; the `stop` row of the
-# benchmark in `docs/fault-tolerance.md` measured it with a 2 s bound), then the next quorum and step 4
-# trained again, as after the kill. Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s,
+# lighthouse evicts the slot once it has been silent for `hang_s`. Both waits start at about the freeze,
+# so they run together; once evicted, the slot is no longer live, so the next quorum need not wait for its
+# restart. Prediction: a little over `hang_s` (5 s in the run above; the `stop` row of the benchmark in
+# `docs/fault-tolerance.md` measured it with a 2 s bound), then the next quorum and step 4 trained again,
+# as after the kill. Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s,
 # about half that of 5 s, and makes a live process that goes unscheduled that long (a heavily loaded
 # machine) likelier to be evicted by mistake: the bound trades recovery time against false alarms.
 #
@@ -363,10 +368,10 @@ show_source(solutions.ft_shard)
 # <details><summary>2. Two kills, and three</summary>
 #
 # A prediction (this notebook runs only the three-kill case, below): with `kill@4:1,kill@5:2` the world
-# shrinks by one at each kill. Slot 1 is started again only after step 4 is committed without it, and in
-# the run above the survivors committed steps 4-8 before its new process was taken back (the rejoin's
-# lines), so it is not back when slot 2 dies in step 5: the world goes down to 1, slot 0 training
-# alone on the whole batch. `full_world_at=(9,)` brings the world back to 3 by step 9 at the latest.
+# shrinks by one at each kill. Slot 1 is started again only after step 4 is committed without it, and its
+# new process takes longer to be taken back than the survivors take for a step (the rejoin's lines), so it
+# is not back when slot 2 dies in step 5: the world goes down to 1, slot 0 training alone on the whole
+# batch. `full_world_at=(9,)` brings the world back to 3 by step 9 at the latest.
 # Killing all three in the same step leaves no holder: in this design, as in torchft's, the trained state
 # lives only in the training processes. The processes started again would hold a fresh initialisation, so
 # minddp stops the run with one line rather than train the committed steps again (-9 in it is the exit
@@ -378,15 +383,12 @@ show_source(solutions.ft_shard)
 # <details><summary>3. Rows of the first world</summary>
 #
 # At world 2 the ranks are 0 and 1, whichever slot died, so the split trains the rows of ranks 0 and 1 of
-# the first world, and rank 2's rows, `2B // 3` up to `B`, are trained by no one. In the checker's run (B
-# = 10, slot 1 killed; ranks 0, 1, 2 of the first world take rows 0-2, 3-5 and 6-9) those are rows 6-9,
-# and slot 2, now rank 1, trains the dead slot's rows 3-5. All three checks would still pass: each
-# compares the processes with each other or with themselves, never with the data, and every member steps
-# from the same state with the same averaged gradient: that of rows 0-5 summed and divided by 10 (each
-# rank multiplies its rows' summed loss by world / B, and the all_reduce averages over the world), as if
-# rows 6-9 had a gradient of zero. Only a comparison with a single process on the whole batch shows rows
-# 6-9 untrained: the second cell below runs this split in the checker's run, where all three checks pass
-# and that comparison fails (its line says by how many times the tolerance).
+# the first world, and rank 2's rows, `2B // 3` up to `B`, are trained by no one: rows 6-9 in the
+# checker's run (B = 10, slot 1 killed). All three checks would still pass: each compares the processes
+# with each other or with themselves, never with the data, and every member steps from the same state with
+# the same averaged gradient, as if rows 6-9 had a gradient of zero. Only a comparison with a single
+# process on the whole batch shows rows 6-9 untrained: the second cell below runs this split in the
+# checker's run, where all three checks pass and that comparison fails.
 #
 # </details>
 
@@ -424,7 +426,7 @@ def rows_of_the_first_world(batch, rank, world):
     return x[lo:hi], y[lo:hi]
 
 
-answer, first_world = check_shards([solutions.ft_shard, rows_of_the_first_world])  # one run, a lane each
+answer, first_world = check_shards([solutions.ft_shard, rows_of_the_first_world])  # one run, a copy of the model each
 print("the exercise's model answer:", answer)
 lesson.claim(answer.ok, "the model answer trains every row once at every world")
 print("question 3's split:", first_world)
@@ -434,7 +436,7 @@ lesson.claim(
 )
 lesson.claim(
     "though the processes' own checks all pass" in first_world.line,
-    "and all three checks passed on the checker's run (both lanes together): none of them compares with the data",
+    "and all three checks passed on the checker's run (one run for both splits): none of them compares with the data",
 )
 
 # %% [markdown]

@@ -97,7 +97,7 @@ class FaultTolerantTrainer:
         self.optimizer.zero_grad(set_to_none=True)  # after a discarded attempt too: its gradients are dropped
 
     def until_committed(self, work, on_commit=None, after_attempt=None):
-        """Steps 1-5 until one attempt is committed; ``work(quorum, entry)``'s value of that attempt.
+        """Phases 1-5 until one attempt is committed; ``work(quorum, entry)``'s value of that attempt.
 
         ``on_commit()`` runs once the attempt is committed, before the step count moves; ``after_attempt()``
         after every attempt, committed or not.
@@ -125,7 +125,7 @@ class FaultTolerantTrainer:
                 last_error, entry["t_error"] = entry["error"], time.time()
                 ok = False
             if not ok:  # (out of the except block: its traceback no longer holds the group)
-                self.drop_group()  # now: peers waiting in a collective with this rank fail at once
+                self.drop_group()  # closes its connections: a peer's collective with this rank fails
             committed = self.coordinator.should_commit(quorum, quorum.max_step, ok)  # 5. all or nothing
             if committed:
                 if on_commit is not None:

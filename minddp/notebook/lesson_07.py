@@ -5,14 +5,11 @@ Each function reads a run of :func:`minddp.ft.launch_ft` and one of its faults (
 it defines no measure of its own. The notebook keeps its claims in its cells; these print or read:
 
 * :func:`print_moments`: the moments the members, the lighthouse and the launcher recorded after a fault;
-* :func:`print_spans`: two faults' recoveries cut into six spans, side by side;
+* :func:`print_recoveries`: each fault's recovery and its share of the hang bound;
 * :func:`print_rejoin`: what each side did from a kill to the quorum that took the slot's new process back;
 
 and three readers of the members' entries (one per member and attempt) for the cells' claims: :func:`attempts`,
 :func:`in_a_new_group`, :func:`heals`.
-
-A span is named by the two moments it runs between (``"discard → next quorum"``); in the tables' whole
-milliseconds the six spans of a recovery add up to it exactly (:func:`spans`).
 """
 
 from __future__ import annotations
@@ -68,34 +65,12 @@ def print_moments(run, o) -> None:
         print(f"  {name:<30}{t:>5}")
 
 
-def spans(run, o) -> dict[str, int]:
-    """Fault ``o``'s recovery cut into six spans, each from the end of the one above, in whole ms.
-
-    The cuts are the moments of :func:`moments`, rounded first, so the spans add up to the rounded recovery.
-    """
-    e, d, q, r = ms(peer_error_s(run, o)), ms(o.discard_s), ms(o.quorum_s), ms(o.recovery_s)
-    w0, w1 = (ms(t) for t in retry_work_s(run, o))
-    return {
-        "fault → a peer's error": e,
-        "a peer's error → discard": d - e,
-        "discard → next quorum": q - d,
-        "next quorum → work started": w0 - q,
-        "work started → work done": w1 - w0,
-        "work done → commit": r - w1,
-    }
-
-
-def print_spans(run, kill, raised, hang_s: float) -> None:
-    """Each recovery (and its share of the hang bound), then both cut into :func:`spans`, side by side."""
+def print_recoveries(kill, raised, hang_s: float) -> None:
+    """Each fault's recovery, in whole ms, and its share of the hang bound."""
     for o in (kill, raised):
         print(
             f"{o.fault} recovery: {ms(o.recovery_s)} ms, {o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s)"
         )
-    longer = ms(kill.recovery_s) - ms(raised.recovery_s)
-    print(f"the recoveries span by span, ms (kill - raise adds up to {longer:+}):")
-    print(f"  {'':<30}{'kill':>6}{'raise':>6}{'kill - raise':>14}")
-    for (name, k), r in zip(spans(run, kill).items(), spans(run, raised).values()):
-        print(f"  {name:<30}{k:>6}{r:>6}{k - r:>+14}")
 
 
 def print_rejoin(o) -> None:
