@@ -133,10 +133,12 @@ lesson.say(
 #
 # The blue begins with the loss's gradient nodes; then, with the cut, one gradient node per piece, piece 0 first,
 # and without it the whole graph's one. Count pieces and ticks in the claims, not in the figure: nodes run back to
-# back draw as one stretch, a node shorter than a pixel may not show, and ticks closer than a pixel draw as one.
+# back draw as one stretch, a node shorter than a pixel may not show, ticks closer than a pixel draw as one, and a
+# tick can lie on a node's edge.
 #
 # Read the figure for the order of events, not for lengths: each row is a single step of two ranks that share this
-# machine's cores. This notebook does not measure what compiling or the cut costs.
+# machine's cores, and any bar can hold time its thread waits for a core. This notebook does not measure what
+# compiling or the cut costs.
 #
 # In the claims below the figure, a gradient node *ran after* a bucket was handed over if it ends after that
 # bucket's tick. Without the cut none can: every tick comes after the graph's one gradient node.
@@ -274,11 +276,11 @@ print(check_handover(solutions.handed_over_after))
 #
 # The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. A graph break is a place
 # inside a graph Dynamo has begun where it stops the graph, runs Python, and starts a new one; this notebook counts
-# the breaks, not what they cost. Under
-# `torch.compile(ddp)`, Dynamo compiles only `ddp`'s module and runs the rest of `ddp`'s `forward` as Python,
-# beginning no graph in the wrapper's own code (`eager_under_compile` in `minddp/runtime/compiling.py`). Each count
-# compiles an MLP of two 1 MiB layers, alone or in a wrapper (`bucket_cap_mb` is the wrappers'), for one training
-# step. Dynamo's cut into pieces is no graph break: it cuts the graph Dynamo has captured.
+# the breaks, not what they cost. Under `torch.compile(ddp)`, Dynamo compiles only `ddp`'s module and runs the rest
+# of `ddp`'s `forward` as Python, beginning no graph in the wrapper's own code (`eager_under_compile` in
+# `minddp/runtime/compiling.py`). Each count compiles an MLP of two 1 MiB layers, alone or in a wrapper
+# (`bucket_cap_mb` is the wrappers'), for one training step. Dynamo's cut into pieces is no graph break: it cuts the
+# graph Dynamo has captured.
 
 
 # %%
@@ -367,9 +369,9 @@ lesson.claim(
 # ## What to take away
 #
 # * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the graph into pieces, and
-#   here each bucket but the last was handed over before the next piece's backward began, so a gradient node ran
-#   after it, as in eager; without the cut none ran after any bucket. What the cut does to a step's length is not
-#   measured here.
+#   here, as in eager, a gradient node ran after each bucket but the last was handed over (each was handed over
+#   before the next piece's backward began); without the cut, none ran after any bucket. What the cut does to a
+#   step's length is not measured here.
 #
 # * `torch.compile(wrapper)`: at a bucket cap of 2 MiB `torch.compile(ddp)` adds no graph break to the model's own,
 #   where torch's DDP adds breaks; at 0.5 MiB its training step has no graph break, and one more forward runs in
