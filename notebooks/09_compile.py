@@ -21,36 +21,29 @@
 # part that fills the buckets) hooks in there. Every other node is a *gradient node*: it computes gradients (the
 # model's nodes, and the loss's).
 #
-# Words, kept apart. A bucket is *handed over* (the tick in the figure) when the reducer calls `all_reduce` on it,
-# once its last gradient is there and every earlier bucket has been handed over (`_bucket_filled` in
-# `minddp/ddp/reducer.py`); it goes to *gloo*, the process group's backend on CPU. A bucket's *message* is its
-# `all_reduce`. It is *in flight* while gloo runs it, as the profiler records it (the orange bar), not from the
-# tick, for a handed-over message can wait before gloo begins it (gloo runs one message per worker thread). On CPU
-# ranks a bar can also hold waits for the other rank or for a free core, and end after the rank has stopped waiting
-# for it, even after the step's end: its length is not the time the bytes took to travel.
+# A bucket is *handed over* (the tick in the figure) when the reducer calls `all_reduce` on it, once its last
+# gradient is there and every earlier bucket has been handed over (`_bucket_filled` in `minddp/ddp/reducer.py`).
+# Only a bucket handed over before the backward pass ends can be reduced while gradients are still computed.
 #
 # nanoGPT (a small GPT training script) compiles the model, then wraps it: `model = torch.compile(model)`, then
 # `DDP(model)`. `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph* (in this notebook
 # the word means only Dynamo's graph), and a *backend* compiles the graph (by default *Inductor*, which fuses
 # operations into kernels). Compiled as one graph, the model records a single gradient node for its whole forward,
 # which produces every parameter's gradient at its end. Every bucket is then handed over after that node has ended,
-# when only `AccumulateGrad` nodes are left to run: no message can be in flight while the model's gradients are
-# computed.
+# when only `AccumulateGrad` nodes are left to run.
 #
 # torch's answer is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer`
 # (`torch/_dynamo/backends/distributed.py`) **cuts the graph into pieces** by the bucket cap, counted from the end
-# of the forward (under torch's DDP, the first piece by a cap of its own: *The pieces and the buckets*), and
-# compiles each piece apart, each with a gradient node of its own. The backward pass runs piece after piece,
-# numbered here in that order: piece 0 is the forward's last layers; a *piece's backward* is the run of its gradient
-# node. A bucket whose last gradient a piece produces can then be handed over before the next piece's backward
-# begins, so that its message can be in flight while that backward runs. Given a `bucket_cap_mb`, minddp's `ddp` has
-# Dynamo cut by it, the first piece included; here each piece but the last closes once its parameters reach that cap
-# (2 MiB), and the last holds what is left.
+# of the forward, and compiles each piece apart, each with a gradient node of its own. The backward pass runs piece
+# after piece, numbered here in that order: piece 0 holds the forward's last layers; a *piece's backward* is the run
+# of its gradient node. A bucket whose last gradient a piece produces can then be handed over before the next
+# piece's backward begins. Given a `bucket_cap_mb`, minddp's `ddp` has Dynamo cut by it, the first piece included;
+# here each piece but the last closes once its parameters reach that cap (2 MiB), and the last holds what is left.
 #
 # This notebook shows one step of `ddp` in each of three runs, one row each: eager (not compiled), compiled without
 # the cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and compiled with it; then the
 # pieces and the buckets, and an exercise on them; then the other pattern, `torch.compile(wrapper)`; then a bucket
-# cap of 0.5 MiB. The model is an MLP of 1 MiB layers without biases (eight, then two in the last two sections). The
+# cap of 0.5 MiB. The model: an MLP of 1 MiB layers without biases (eight; two in the last two sections). The
 # backend is `aot_eager`: it runs the graph with the operations an uncompiled model calls (torch's *aten*
 # operators), fused into none, so all three trainings give the same bits.
 
@@ -106,7 +99,7 @@ def one_step(compiled: bool, cut: bool = True):
     with live.profiler() as prof:
         train_step(ddp, optimizer, next(data), loss_fn)
     torch._dynamo.config.optimize_ddp = True
-    view = nodes.node_view(prof)  # the step's row, and its autograd nodes against its handovers and messages
+    view = nodes.node_view(prof)  # the step's row, and its autograd nodes against its handovers
     view["buckets"] = nodes.bucket_names(ddp)
     view["params"] = lesson_09.flat(model)
     return ddp, view
@@ -131,48 +124,36 @@ lesson.say(
 # A training step (`train_step` in `minddp/ladder/loop.py`) runs the forward and the backward pass, then the
 # optimizer step. Each row is one run's third step (the first two are not profiled), on rank 0, from the start of
 # its forward to the black line where its optimizer step ends: the forward (pale, the loss's included), the gradient
-# nodes (blue), the `AccumulateGrad` nodes (grey), a tick when a bucket was handed over, an orange bar for each
-# message in flight (bars that share time drawn one above the other; in a lane, two shades alternating), and the
-# optimizer step (green). After the last grey the rank's `finish_gradient_synchronization` (it waits for any message
-# still in flight, then writes the averaged gradients back) is not drawn.
+# nodes (blue), the `AccumulateGrad` nodes (grey), a tick when a bucket was handed over, and the optimizer step
+# (green). After the last grey, the rank's `finish_gradient_synchronization` (it waits for the buckets'
+# `all_reduce`s, then writes the averaged gradients back) is not drawn.
 #
 # What to look for: without the cut every tick comes after the last blue; with it, here, a tick comes after each
-# piece's blue and before the next piece's (the claim that checks it, and why: *The pieces and the buckets*), so
-# orange can lie under later blue. That order of events is what the cut changes.
+# piece's blue, and each but the last before the next piece's (a claim in *The pieces and the buckets* checks it).
 #
 # The blue begins with the loss's gradient nodes; then, with the cut, one gradient node per piece, piece 0 first,
-# and without it the whole graph's one. Count the pieces in the claims, not in the figure: nodes run one after the
-# other draw as one stretch, and a node shorter than a pixel may not show; ticks closer than a pixel draw as one,
-# and a tick can lie on a node's edge.
+# and without it the whole graph's one. Count pieces and ticks in the claims, not in the figure: nodes run back to
+# back draw as one stretch, a node shorter than a pixel may not show, ticks closer than a pixel draw as one, and a
+# tick can lie on a node's edge.
 #
-# Do not read the figure for lengths, not even to compare the rows: each row is a single step of two ranks that
-# share this machine's cores, and any bar can hold time its thread waits rather than computes (for a core, say; an
-# orange bar, for the other rank). This notebook does not measure what compiling or the cut costs.
+# Read the figure for the order of events, not for lengths: each row is a single step of two ranks that share this
+# machine's cores, and any bar can hold time its thread waits for a core. This notebook does not measure what
+# compiling or the cut costs.
 #
-# In the claims of the figure's cell, a gradient node *ran after* a bucket was handed over if it ends after that
-# bucket's tick: it was still running then, or began after. Without the cut none can, nor can a message be in
-# flight while one runs: every tick comes after the graph's one gradient node, and a message begins after its tick.
+# In the claims below the figure, a gradient node *ran after* a bucket was handed over if it ends after that
+# bucket's tick. Without the cut none can: every tick comes after the graph's one gradient node.
 
 # %%
 # %%distributed
 title = f"ddp on rank 0, buckets of {CAP:g} MiB: eager, compiled without the cut, compiled with it\n"
 title += "one step each: read the order of events, not lengths"
 nodes.picture(looks, title)  # rank 0 draws
-# orders of events, not timings: they hold on any machine. Without the cut every tick comes in an
-# AccumulateGrad node, which runs once the graph's one gradient node, the last gradient node,
-# has produced its gradient; every message starts after its bucket's tick
+# orders of events, not timings: without the cut every tick comes in an AccumulateGrad node, which runs once
+# the graph's one gradient node, the last gradient node, has produced its gradient
 after = {label: v["node_after_handover"] for label, v in looks.items()}  # per bucket: a gradient node ran after it
-lesson.say(
-    "messages in flight while a gradient node ran, on rank 0 in the profiled step: "
-    + ", ".join(
-        f"{label} {looks[label]['in_flight_beside_node']} of {len(looks[label]['beside_node'])}"
-        for label in (NO_CUT, CUT)
-    )
-)
 lesson.claim(
-    not any(after[NO_CUT]) and looks[NO_CUT]["in_flight_beside_node"] == 0,
-    "Compiled without the cut, no gradient node ran after any bucket was handed over, and no message was in flight "
-    "while a gradient node ran.",
+    not any(after[NO_CUT]),
+    "Compiled without the cut, no gradient node ran after any bucket was handed over.",
 )
 # autograd's order, not a timing: a bucket's last AccumulateGrad node runs before the gradient nodes of the layers
 # before the bucket's (the queue's rule: markdown below), and no gradient node is left after the last bucket's
@@ -195,11 +176,10 @@ lesson.claim(
 #
 # Each piece records one gradient node, `CompiledFunctionBackward`, and the parameters whose gradients it produces
 # hang off it (their `AccumulateGrad` nodes). The cell walks autograd's nodes back from the output of one more
-# forward of the third run's `ddp` (compiled with the cut; under `no_sync()`: the reducer expects no gradients from
-# it) and lists the pieces in the order the backward pass runs them, each with its parameters in the forward's order
-# (the piece's inputs). Beside them, that run's buckets: `ddp`'s `bucket_plan`, rebuilt at the second step's forward
-# in the order the first step's gradients arrived on rank 0 (until then it lists them otherwise: *A bucket cap of
-# 0.5 MiB*).
+# forward of the third run's `ddp` (compiled with the cut) and lists the pieces in the order the backward pass runs
+# them, each with its parameters in the forward's order (the piece's inputs). Beside them, that run's buckets:
+# `ddp`'s `bucket_plan`, rebuilt at the second step's forward in the order the first step's gradients arrived on
+# rank 0.
 #
 # Dynamo cuts only while torch's DDP's class attribute `_active_ddp_module` is set (torch's DDP sets it to itself
 # around its forward), reading the bucket cap from it, and caps piece 0 at
@@ -212,8 +192,7 @@ lesson.claim(
 # piece's backward ends, its parameters' `AccumulateGrad` nodes (where the reducer's hook runs) and the next piece's
 # gradient node are all ready to run, and autograd's queue of ready nodes runs first the node of highest *sequence
 # number* (the forward numbers the nodes it records in order); an `AccumulateGrad` node's is set to the largest
-# there is (NOTE [ Sequence Number] in torch's `torch/csrc/autograd/node.h`). A piece's `AccumulateGrad` nodes share
-# that number, so the queue's rule leaves their order, the order their gradients arrive in, open.
+# there is (NOTE [ Sequence Number] in torch's `torch/csrc/autograd/node.h`).
 
 
 # %%
@@ -258,26 +237,17 @@ lesson.claim(
     "In the profiled step each bucket was handed over (its tick) after the backward of its piece ended, and each "
     "but the last before the backward of the next piece began.",
 )
-forward = list(size)  # the parameters in the order the model registers them, the forward's here
-eager_buckets = looks["eager"]["buckets"]
-lesson.say("eager's buckets: " + " | ".join(", ".join(bucket) for bucket in eager_buckets))
-lesson.claim(
-    all(len(bucket) > 1 and bucket == sorted(bucket, key=forward.index, reverse=True) for bucket in eager_buckets),
-    "Eager's buckets list their parameters last layer first, not in the forward's order: uncompiled, a layer's "
-    "gradient arrives before the gradient of the layer before it.",
-)
 
 # %% [markdown]
 # ### Your turn: after which piece is each bucket handed over?
 #
-# Write `handed_over_after(pieces, cap)`: `pieces` lists the compiled pieces in the order the backward pass runs them,
-# each as its gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes, every bucket's, the
-# first included (as in minddp's `ddp` given a `bucket_cap_mb`). Fill the buckets in arrival order (a bucket closes at
-# the first gradient that takes it to the cap or past it; the gradients left at the end make one last bucket) and
-# return, for each bucket, the index of the piece after whose backward it is handed over. `check_handover` runs it on
-# its cases, without ranks, and names the usual mistakes; for any other wrong answer it shows a case where yours
-# differs. On this notebook's step, four pieces of two 1 MiB gradients at a cap of 2 MiB, the answer is `[0, 1, 2, 3]`,
-# one of the checker's cases.
+# Write `handed_over_after(pieces, cap)`: `pieces` lists pieces in the order the backward pass runs them, each as its
+# gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes, every bucket's, the first
+# included. The pieces are any sizes, not only those a cut at `cap` makes, so a bucket can take gradients from several
+# pieces. Fill the buckets in arrival order (a bucket closes at the first gradient that takes it to the cap or past
+# it; the gradients left at the end make one last bucket) and return, for each bucket, the index of the piece after
+# whose backward it is handed over. `check_handover` names the usual mistakes, or shows a case where yours differs.
+# On this notebook's step, four pieces of two 1 MiB gradients at a cap of 2 MiB, the answer is `[0, 1, 2, 3]`.
 
 # %%
 from minddp.exercises import check_handover
@@ -304,13 +274,13 @@ print(check_handover(solutions.handed_over_after))
 # %% [markdown]
 # ## `torch.compile(wrapper)`: graph breaks
 #
-# The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. Dynamo then meets the
-# wrapper's own Python first. A graph break is a place inside a graph Dynamo has begun where it stops the graph,
-# runs Python, and starts a new one; this notebook counts the breaks, not what they cost. Under
-# `torch.compile(ddp)`, Dynamo compiles only `ddp`'s module and runs the rest of `ddp`'s `forward` as Python,
-# beginning no graph in the wrapper's own code (`eager_under_compile` in `minddp/runtime/compiling.py`). Each count
-# compiles an MLP of two 1 MiB layers, alone or in a wrapper (`bucket_cap_mb` is the wrappers'), for one training
-# step. Dynamo's cut into pieces is no graph break: it cuts the graph Dynamo has captured.
+# The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. A graph break is a place
+# inside a graph Dynamo has begun where it stops the graph, runs Python, and starts a new one; this notebook counts
+# the breaks, not what they cost. Under `torch.compile(ddp)`, Dynamo compiles only `ddp`'s module and runs the rest
+# of `ddp`'s `forward` as Python, beginning no graph in the wrapper's own code (`eager_under_compile` in
+# `minddp/runtime/compiling.py`). Each count compiles an MLP of two 1 MiB layers, alone or in a wrapper
+# (`bucket_cap_mb` is the wrappers'), for one training step. Dynamo's cut into pieces is no graph break: it cuts the
+# graph Dynamo has captured.
 
 
 # %%
@@ -346,11 +316,9 @@ lesson.claim(counts[THEIRS] > counts[ALONE], "torch.compile(torch's DDP(MLP)) ad
 # step's buckets and graph breaks, then the pieces of one more forward; or the refusal, with the torch file that
 # raised it. A first step's buckets follow torch's first-iteration plan (`plan_first_iteration_like_torch` in
 # `minddp/ddp/plan.py`): with `find_unused_parameters` off, as here, one bucket per dtype and device, its parameters
-# in the order the model registers them. So in this step the cap shapes the compiled pieces, not the buckets. With
-# torch's DDP, Dynamo caps the first piece at `torch_first`, above this bucket cap, and asserts; its assert says
-# "First bucket" for that first piece. minddp's `ddp` sets Dynamo's cap for the first piece to its `bucket_cap_mb`,
-# and Dynamo does not assert: that, not the pieces, shows the first cap is not above 0.5 MiB, for a piece of one 1
-# MiB layer would close at either cap.
+# in the order the model registers them. With torch's DDP, Dynamo caps the first piece at `torch_first`, above this
+# bucket cap, and asserts; its assert says "First bucket" for that first piece. minddp's `ddp` sets Dynamo's cap for
+# the first piece to its `bucket_cap_mb`, and Dynamo does not assert.
 
 
 # %%
@@ -401,8 +369,8 @@ lesson.claim(
 # ## What to take away
 #
 # * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the graph into pieces, and
-#   here each bucket but the last was handed over before the next piece's backward began, so its message could be in
-#   flight while gradients were still computed, as in eager; without the cut none can be. What the cut does to a
+#   here, as in eager, a gradient node ran after each bucket but the last was handed over (each was handed over
+#   before the next piece's backward began); without the cut, none ran after any bucket. What the cut does to a
 #   step's length is not measured here.
 #
 # * `torch.compile(wrapper)`: at a bucket cap of 2 MiB `torch.compile(ddp)` adds no graph break to the model's own,

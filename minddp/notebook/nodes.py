@@ -47,12 +47,11 @@ def node_view(prof) -> dict:
     """:func:`~minddp.analysis.live.step_view` of one profiled step, with, from the same events:
 
     * ``row["backward"]``: one bar per gradient node, ``row["accumulate"]``: one per ``AccumulateGrad`` node
-      (ms since the step's forward began, as the row is drawn; ``step_view`` draws one bar per backward);
+      (ms since the step's forward began, as the row is drawn; ``step_view`` draws one bar per backward); the row
+      draws no gloo ranges (``row["messages"]`` empty): the notebook reads the order of hand-overs and nodes;
     * ``node_after_handover``: for each handover, in order, whether a gradient node ran after it (was still
       running then, or began after: its range ends after the handover);
     * ``inside_accumulate``: for each handover, whether it fell inside an ``AccumulateGrad`` node's range;
-    * ``beside_node``: for each message (gloo's ``all_reduce`` range), in the order the messages began, whether
-      it was in flight while a gradient node ran (their ranges share time); ``in_flight_beside_node``: how many were;
     * ``pieces_run``: how many compiled pieces' gradient nodes ran; ``pieces_ended_at_handover`` and
       ``pieces_begun_at_handover``: for each handover, how many of them had ended, and begun, by then.
     """
@@ -64,7 +63,6 @@ def node_view(prof) -> dict:
     accumulate = [e for e in ran if "AccumulateGrad" in e.name]
     nodes = [e for e in ran if "AccumulateGrad" not in e.name]  # gradient nodes
     pieces = [e for e in nodes if e.name == PIECE]
-    messages = sorted((e.time_range.start, e.time_range.end) for e in events if e.name in live.BACKEND_RANGES)
 
     def ms(picked) -> list[tuple[float, float]]:
         return sorted(((e.time_range.start - t0) / 1e3, (e.time_range.end - t0) / 1e3) for e in picked)
@@ -73,12 +71,10 @@ def node_view(prof) -> dict:
     view["inside_accumulate"] = [
         any(e.time_range.start <= t <= e.time_range.end for e in accumulate) for t in handovers
     ]
-    view["beside_node"] = [any(n.time_range.start < b and a < n.time_range.end for n in nodes) for a, b in messages]
-    view["in_flight_beside_node"] = sum(view["beside_node"])
     view["pieces_run"] = len(pieces)
     view["pieces_ended_at_handover"] = [sum(e.time_range.end <= t for e in pieces) for t in handovers]
     view["pieces_begun_at_handover"] = [sum(e.time_range.start <= t for e in pieces) for t in handovers]
-    view["row"].update(backward=ms(nodes), accumulate=ms(accumulate), finish=[])
+    view["row"].update(backward=ms(nodes), accumulate=ms(accumulate), finish=[], messages=[])
     return view
 
 
@@ -125,7 +121,6 @@ WORDS = {
     "forward": "forward",
     "backward": "gradient nodes",
     "handed to the wire": "handed over",
-    "collective in flight (held open included)": "in flight (gloo's all_reduce range)",
 }
 
 
