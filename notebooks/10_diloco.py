@@ -84,7 +84,7 @@ lesson.say(
 # which all_reduces over the default process group and counts each call and the bytes of the tensor it was
 # handed: the *payload* ("bytes sent" below). A ring all_reduce over n ranks takes 2(n − 1) *hops* (one rank
 # handing a chunk to the next), each paying the link's latency once, and moves 2(n − 1)/n times the payload per
-# rank: on 2 ranks, 2 hops and 1× the payload.
+# rank: on 2 ranks, 2 hops and the payload once.
 
 # %%
 # %%distributed
@@ -673,10 +673,10 @@ lesson.claim(
 # ## What to take away
 #
 # * Local SGD and DiLoCo send H times fewer bytes than DDP. With no more payload than DDP has handed over by its
-#   first score, each drawn run that talks rarely is below DDP's loss there; step for step DDP's is lower. In
-#   the bench DiLoCo's mean (not streamed) ended above local SGD's at every H: at H = 10 within local SGD's
-#   range over the seeds, at H = 50 and 100 in every seed. At H = 100 it ends worse than one replica alone,
-#   where local SGD ends below one replica alone at every H, in every seed.
+#   first score, each drawn run that talks rarely is below DDP's loss there; step for step, after the start,
+#   DDP's is lower. In the bench DiLoCo's mean (not streamed) ended above local SGD's at every H: at H = 10
+#   within local SGD's range over the seeds, at H = 50 and 100 in every seed. At H = 100 it ends worse than one
+#   replica alone, where local SGD ends below one replica alone at every H, in every seed.
 # * At H = 100 no outer lr tried (0.3 to 1) ends below local SGD. In the first 300 steps each DiLoCo run at H =
 #   100, streamed or not, rises from one score to the next at least once; local SGD's never does. At lr 1 the
 #   first sync alone, which differs from local SGD's only in the momentum, takes DiLoCo above the untrained
