@@ -308,7 +308,7 @@ lesson.claim(
     closest == "streaming-h100",
     f"of the file's {len(rare)} runs that talk rarely (the {len(sweep)} of the outer learning rate sweep included), "
     f"streaming DiLoCo (H = 100, {streaming['fragments']} fragments, τ = "
-    f"{streaming['fragment_delay']}, α = {streaming['fragment_alpha']}) ends closest to DDP (an excess of "
+    f"{streaming['fragment_delay']}) ends closest to DDP (an excess of "
     f"{excess(closest):.3f} nats, against DiLoCo's {excess('diloco-h100'):.3f} at the same H); it differs from "
     "DiLoCo in two things at once, the fragments sent early and in turn, and the local weights mixed into those "
     "the replicas go on training from: which of the two helps was not separated",
@@ -407,7 +407,8 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # all_reduce done). White in the row is time in none of the three (the training thread's own work, or time it
 # did not run on this shared machine's cores): part of the time a message has to travel. The lines under the
 # figure give each message's time on the link, its "ms of steps" (from the tick to the applying step's `wait()`,
-# white included) and its wait: a message's "ms of steps", not τ, decides whether it waits.
+# white included) and its wait. Steps vary in length on this shared machine: a message's "ms of steps", not τ,
+# decides whether it waits.
 
 # %%
 # %%distributed
