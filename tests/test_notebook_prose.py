@@ -70,7 +70,6 @@ STEADY: dict[str, dict[str, str]] = {
         "`all_gather(2 × int64[17], int64[17])`": "the recorded call's signature: two tensors of 17",
     },
     "10_diloco": {
-        "2 hops and 1× the tensor; 1.5× on the bench's 4": "2(n − 1)/n for n = 2 and n = 4: arithmetic",
         "an emulated link of 5 Mbit/s and 5 ms per hop": SETTING,
         "DDP computes less than 5 % of the time": "the step-time model's estimate on that link (not timed)",
     },
