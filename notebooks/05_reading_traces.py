@@ -205,8 +205,8 @@ lesson.say(f"The check holds more than half of the non-compute of: {', '.join(mo
 #   perhaps running past it (the caveat); a bar inside the band overlaps only where a training thread ran an
 #   `aten::` operator beside it;
 # * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the last backward band, bars
-#   from there on; the figure does not mark when `loss.backward()` returns, and a last band can end long before
-#   the optimizer.
+#   from there on; the figure does not mark when `loss.backward()` returns, and a last band can end before the
+#   optimizer starts.
 
 # %%
 rows = lesson_05.timeline_rows(result, RUN)  # the rows draw_steps draws, with each stage's parameter checks
@@ -266,8 +266,8 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 #
 # * **link time**: what rank 0's messages of a step take on the modeled link, from their sizes alone
 #   (`metrics.link_time`): 2(n−1)·α + 2(n−1)/n·m·β for a message of m bytes, added up, with n ranks and the
-#   `1gbit` preset's α = 50 µs (the fixed cost of one hop of the ring; a message makes 2(n−1) hops from each
-#   rank) and β = 8 ns a byte (1 Gbit/s). It is the link's work, not time the step lost;
+#   `1gbit` preset's α = 50 µs and β = 8 ns a byte (1 Gbit/s); α is the fixed cost of one hop of the ring, and a
+#   message makes 2(n−1) hops from each rank. It is the link's work, not time the step lost;
 # * **waited**: the time from rank 0's first `wait()` on a gradient message to its delivery, whatever held
 #   it; the parameter check is not a message and is not counted;
 # * **exposed**: the part of those waits during which rank 0's link carried a transfer. It is not what a free
