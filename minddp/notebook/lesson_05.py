@@ -50,18 +50,13 @@ def sent_in_backward(result, stage: str) -> int:
 
 
 def anatomy(result, stages) -> pd.DataFrame:
-    """Per stage (rank 0): messages sent (ticks), how many during a backward, and the longest time from a tick to
-    the start of its bar, ms."""
+    """Per stage (rank 0): messages sent (ticks), and how many during a backward."""
     b = rank0(result.buckets)
-    rows = {}
-    for stage in stages:
-        mine = b[b["stage"] == stage]
-        rows[stage] = {
-            "messages sent": len(mine),
-            "sent during a backward": sent_in_backward(result, stage),
-            "tick to bar, at most (ms)": (mine["comm_start_us"] - mine["ready_us"]).max() / 1e3,
-        }
-    return pd.DataFrame(rows).T.astype({"messages sent": int, "sent during a backward": int}).round(1)
+    rows = {
+        st: {"messages sent": int((b["stage"] == st).sum()), "sent during a backward": sent_in_backward(result, st)}
+        for st in stages
+    }
+    return pd.DataFrame(rows).T.astype(int)
 
 
 def timeline_rows(result, run: Path) -> list[dict]:
@@ -92,6 +87,14 @@ def phase_ms(result, phase: str) -> pd.Series:
     p = rank0(result.phases)
     part = p[p["phase"] == phase]
     return (part["end_us"] - part["start_us"]).groupby(part["stage"]).sum() / 1e3
+
+
+def bands_ms(result, phase: str) -> pd.DataFrame:
+    """Each profiled stage's spans of ``phase`` (rank 0's step), ms, one column per span in the order they began."""
+    p = rank0(result.phases)
+    part = p[p["phase"] == phase].sort_values("start_us")
+    ms = (part["end_us"] - part["start_us"]) / 1e3
+    return pd.DataFrame({st: ms[part["stage"] == st].to_list() for st in p["stage"].unique()}).T
 
 
 def spread(ms: pd.Series) -> str:
