@@ -75,8 +75,9 @@ print("my piece of the sum:", piece.tolist())
 print("all pieces gathered:", whole.tolist(), "= all_reduce:", torch.equal(whole, summed))
 
 # %% [markdown]
-# The ring all_reduce of the earlier notebooks is the same two: `ring_all_reduce` cuts any length into
-# n pieces with `tensor_split` (lengths differ by at most one element) and calls both:
+# The ring all_reduce of the earlier notebooks is the same two steps: `ring_all_reduce` cuts any length
+# into n pieces with `tensor_split` (lengths differ by at most one element), reduce-scatters and
+# all-gathers them:
 
 # %%
 # %%rank 0
@@ -88,8 +89,8 @@ show_source(ring_all_reduce)
 # %% [markdown]
 # What each costs on minddp's ring, in the α-β model: a reduce-scatter or an all-gather of m bytes is
 # `n − 1` messages per rank, carrying `(n − 1)/n · m` bytes: `(n − 1) α + (n − 1)/n · m β`; the all_reduce
-# is the two. Below, m is the whole model's float32 bytes and a *pass* is a reduce-scatter or an
-# all-gather of them, however many collectives carry it: `(n − 1)/n · m` bytes sent per rank. Per step
+# is the two. A *pass* is a reduce-scatter or an all-gather of the whole model's float32 bytes, however
+# many collectives carry it: `(n − 1)/n` of those bytes sent per rank. Per step
 # (the gradients are synced once, in the last micro-batch's backward; the earlier ones run under notebook
 # 03's `no_sync()`): DDP all-reduces the gradients, two passes; ZeRO-2 reduce-scatters them and
 # all-gathers the updated parameters, two passes too. minddp's ZeRO-1 is DDP's wrapper with its optimizer
@@ -104,12 +105,13 @@ show_source(ring_all_reduce)
 # %%distributed
 from minddp.train.models import count_parameters
 
-m = count_parameters(lesson.make_model()) * 4  # float32 bytes of the whole model
-one_pass = (world - 1) / world * m
+model_bytes = count_parameters(lesson.make_model()) * 4  # float32 bytes of the whole model
+one_pass = (world - 1) / world * model_bytes
 accum = lesson.SETTINGS.grad_accum  # micro-batches per step
 fsdp_most = (1 + 2 * accum) * one_pass  # one reduce-scatter, at most two all-gathers per micro-batch
 lesson.say(
-    f"Worked out, not measured: m = {lesson.mib(m)}; at n = {world} ranks each pass of the model is "
+    f"Worked out, not measured: the model's float32 bytes, {lesson.mib(model_bytes)}; at n = {world} ranks each "
+    "pass of the model is "
     f"{one_pass / 2**20:.2f} MiB per rank. "
     f"Per step of {accum} micro-batches: DDP's all_reduce {lesson.mib(2 * one_pass)}, "
     f"ZeRO-2's reduce-scatter + all-gather {lesson.mib(2 * one_pass)}, ZeRO-1's all_reduce + all-gather "
@@ -183,7 +185,9 @@ lesson.say(
     f"Ψ = {memory['ddp']['psi']:,} trainable parameter values (elements) in {tensors} parameter tensors. Rank 0's "
     f"model state at the update: ddp {table.loc['ddp', 'model state MiB']:.1f} MiB, "
     + ", ".join(f"{s} {table.loc[s, 'model state MiB']:.1f} MiB" for s in STAGES[1:])
-    + f"; fsdp's gathered units peak at {table.loc['fsdp', 'gathered units (peak) MiB']:.1f} MiB."
+    + f"; fsdp's gathered units peak at {table.loc['fsdp', 'gathered units (peak) MiB']:.1f} MiB. fsdp's "
+    f"activations are {table.loc['fsdp', 'activations MiB'] / table.loc['fsdp', 'model state MiB']:.1f} times its "
+    "model state."
 )
 # AdamW keeps a step count beside its two moments: a float32 scalar per parameter tensor it steps (a shard is one)
 lesson.claim(
@@ -202,9 +206,10 @@ lesson.say(
 table.round(3).astype(object).where(table.notna(), "–")
 
 # %% [markdown]
-# The gradients column, and so the model state, is what rank 0 holds at the update. Every stage runs the
-# same forward on the same batch: sharding saves model state, not activations. The columns are measured at
-# different moments, so their sum is not the most a rank holds.
+# The gradients column is what rank 0 holds at the update: until the last backward's reduce-scatters,
+# zero2 and fsdp hold whole gradients, as ddp does. Every stage runs the same forward on the same
+# batch: sharding saves model state, not activations. The columns are measured at different moments, so
+# their sum is not the most a rank holds.
 #
 # ## bf16 compute with fp32 master weights
 #
@@ -223,7 +228,7 @@ from minddp.ladder.loop import train_step
 from minddp.sharding.fsdp import blocks_of
 
 net = lesson.make_model()
-fsdp16 = build_stage("fsdp", net, compute_dtype=torch.bfloat16, shard=blocks_of(net))  # a unit per block
+fsdp16 = build_stage("fsdp", net, compute_dtype=torch.bfloat16, shard=blocks_of(net))  # a unit per decoder layer
 optimizer16 = torch.optim.AdamW(fsdp16.parameters(), lr=lesson.SETTINGS.lr)  # over the fp32 shards
 probe = Probe(fsdp16, net, optimizer16)
 train_step(fsdp16, optimizer16, next(lesson.step_batches()), lesson.loss_fn)
@@ -301,8 +306,8 @@ lesson.claim(
 )
 
 # %% [markdown]
-# In bf16 the RMSNorms' weights would lose this change, and every other value would take it rounded to
-# bf16's spacing at its value, as far from lr as the ✓ line says; in fp32 every value takes it.
+# Added in bf16, lr is lost on the RMSNorms' weights and rounded on every other value, as the ✓ line
+# says; in fp32 every value takes it.
 # AdamW's weight decay is a change at every update too: it shrinks each weight by lr · λ of itself (λ
 # the weight decay). With 8 significant bits, bf16's spacing at a value is at least 2⁻⁸ of it, so a
 # change under 2⁻⁹ of the weight is rounded away. The cell sets lr · λ against 2⁻⁹, then multiplies
@@ -374,7 +379,7 @@ print(f"rank {rank}: chunk {rank} of {name} is its elements {start:,} to {end - 
 whole_owned = sum(zero.owned_whole(p) for p in zero.params)
 lesson.say(
     f"Parameter tensors one rank owns whole: {whole_owned} of {len(zero.params)}. All-gather buckets: "
-    f"{len(zero.buckets)}, for the whole model's {lesson.mib(m)}."
+    f"{len(zero.buckets)}, for the whole model's {lesson.mib(model_bytes)}."
 )
 
 # %% [markdown]
@@ -633,8 +638,7 @@ lesson.claim(
 # Sharding changes what each rank keeps, not what is computed. The cell compares each sharded stage's
 # parameters with `ddp`'s after the same steps (`full_parameters()` gathers zero2's and fsdp's from the
 # shards). Here each sum of gradients has two ranks' terms, and a floating-point sum of two numbers does
-# not depend on their order; at more ranks the stages add the ranks' gradients in different orders, and
-# `docs/sharding.md`'s tests at 3 ranks allow for rounding.
+# not depend on their order.
 
 
 # %%
@@ -658,10 +662,10 @@ lesson.say(
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's ring
 # (the ring table). The model state is not the most a rank holds during the step (it leaves out the
-# activations, fsdp's gathered units and the buffers of zero1's and zero2's all-gathers), so it does not
-# rank fsdp against zero2 by their peaks. The bytes are the β term only; through gloo zero2's
-# reduce-scatters run as all_reduces, so the ✓ line's fewer bytes hold on the ring only. fsdp buys less
-# model state at the update than zero2 with more bytes: it gathers every micro-batch, zero2 once a step.
+# activations, zero2's and fsdp's whole gradients, held until the last backward's reduce-scatters,
+# fsdp's gathered units and the buffers of zero1's and zero2's all-gathers), so it does not rank fsdp
+# against zero2 by their peaks. The bytes are the β term only. fsdp buys less model state at the update
+# than zero2 with more bytes: it gathers every micro-batch, zero2 once a step.
 
 # %%
 # %%rank 0
@@ -688,21 +692,19 @@ trade.round(1)
 # ## Your turn: all_reduce from its two halves
 #
 # Write `my_all_reduce(tensor, group)`: sum `tensor` in place over `group` with one reduce-scatter and
-# one all-gather. Pad the flattened tensor to a length the world size divides; reduce-scatter it, so
-# that each rank receives its piece of the sum; all-gather the pieces back into the padded tensor; cut
-# the padding off and copy the sum into `tensor`. The two collectives are `reduce_scatter_single` and
-# `all_gather_single` from `minddp.runtime.compat` (torch's `dist.reduce_scatter_tensor` and
-# `dist.all_gather_into_tensor`); both take `(output, input)`. Pass `group` to
-# `dist.get_world_size(group)` and to both collectives (to the reduce-scatter by name, `group=group`:
-# its third parameter is `op`). Without it, or given `dist.group.WORLD`, a call runs over every rank of a
-# larger job: the checker hands your transport a group of its own and refuses both.
+# one all-gather, `reduce_scatter_single` and `all_gather_single` from `minddp.runtime.compat` (torch's
+# `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor`); both take `(output, input)`, and the
+# reduce-scatter's input and the all-gather's output need a length the world size divides. Pass `group`
+# to `dist.get_world_size(group)` and to both collectives (to the reduce-scatter by name: its third
+# parameter is `op`). Without it, or given `dist.group.WORLD`, a call runs over every rank of a larger
+# job: the checker hands your transport a group of its own and refuses both.
 #
 # The cell makes `my_all_reduce` the sum of the `bucket-async` stage's buckets (its hook divides each
 # bucket by the world size first). `check` trains that stage beside a single process on the global batch
 # and against the model answer (`like="halves"`), on its own small network in two buckets, one of an odd
-# length; an answer accepted at two ranks is checked again at three, where padding by `numel % n`
-# instead of `-numel % n`, or a `2` written for the world size, shows. It then hands `my_all_reduce` a
-# tensor of 5 × 7 values, which fails an answer that does not flatten it or copies a flat sum into it.
+# length; an answer accepted at two ranks is checked again at three, where a padding that is right at
+# two ranks only, or a `2` written for the world size, shows. It then hands `my_all_reduce` a tensor of
+# 5 × 7 values, which fails an answer that does not flatten it or copies a flat sum into it.
 
 # %%
 import torch
@@ -715,12 +717,10 @@ from minddp.stages import AsyncBucketDDP
 
 
 def my_all_reduce(tensor, group):
-    # 1. flatten and pad to a multiple of dist.get_world_size(group)
-    # 2. reduce_scatter_single(piece, padded, group=group): this rank's piece of the sum
-    #    (make the piece from padded, padded.new_empty(padded.numel() // dist.get_world_size(group)),
-    #    so that it lies on the tensor's device)
-    # 3. all_gather_single(padded, piece, group=group): every piece, back in place
-    # 4. copy the sum (without the padding) into tensor
+    # 1. flatten, and pad to a length the world size divides
+    # 2. this rank's piece of the sum, into a piece made from padded (so that it lies on the tensor's device)
+    # 3. every rank's piece, back into padded
+    # 4. the sum, without the padding, copied into tensor
     raise NotImplementedError("all_reduce from a reduce-scatter and an all-gather")
 
 

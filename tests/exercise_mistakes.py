@@ -1123,6 +1123,27 @@ def _halves_gathered_first(tensor, group):
     tensor.copy_(padded[: flat.numel()].view_as(tensor))
 
 
+def _halves_padded_at_front(tensor, group):
+    """Pads at the front, ``F.pad(flat, (pad, 0))``, and cuts the padding off the end, ``padded[: flat.numel()]``:
+    a bucket the world size does not divide comes back shifted by its padding."""
+    n = dist.get_world_size(group)
+    flat = tensor.reshape(-1)
+    padded = torch.nn.functional.pad(flat, (-flat.numel() % n, 0))
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
+def _halves_cut_from_front(tensor, group):
+    """Pads at the end, as the model answer does, but cuts the padding off the front, ``padded[-flat.numel():]``."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(padded[-flat.numel() :].view_as(tensor))
+
+
 class _Halves(stages.AsyncBucketDDP):
     transport = None
 
@@ -1192,6 +1213,8 @@ HalvesListCollectivesWithoutGroup = _halves_with(
 HalvesScatterSwapped = _halves_with("HalvesScatterSwapped", _halves_scatter_swapped)
 HalvesGatherSwapped = _halves_with("HalvesGatherSwapped", _halves_gather_swapped)
 HalvesGatheredFirst = _halves_with("HalvesGatheredFirst", _halves_gathered_first)
+HalvesPaddedAtFront = _halves_with("HalvesPaddedAtFront", _halves_padded_at_front)
+HalvesCutFromFront = _halves_with("HalvesCutFromFront", _halves_cut_from_front)
 HalvesPieceWithoutDevice = _halves_with("HalvesPieceWithoutDevice", _halves_piece_without_device)
 HalvesPaddingWithoutDevice = _halves_with("HalvesPaddingWithoutDevice", _halves_padding_without_device)
 

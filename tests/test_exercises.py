@@ -354,6 +354,18 @@ MISTAKES = [
         "halves",
         "your transport (my_all_reduce) all-gathered before it reduce-scattered, so the all-gather wrote pieces",
     ),
+    # the padding at one end and cut off the other: the odd bucket comes back shifted by one element, named from
+    # where the transport's reduce-scatter found the bucket's values in what it was handed
+    (
+        wrong.HalvesPaddedAtFront,
+        "halves",
+        "your transport (my_all_reduce) padded the bucket of 323 elements at its front, to 324, and cut 1 element",
+    ),
+    (
+        wrong.HalvesCutFromFront,
+        "halves",
+        "your transport (my_all_reduce) padded the bucket of 323 elements at its end, to 324, and cut 1 element",
+    ),
     # right at 2 ranks (x % 2 == -x % 2 for every x), so checked again at 3, where the odd bucket of 323 needs 1
     (
         wrong.HalvesPadWrongSign,

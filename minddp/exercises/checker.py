@@ -839,6 +839,18 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             "group=group), to leave this rank's piece of the sum in piece, then all_gather_single(padded, piece, "
             "group=group)"
         )
+    if f.get("pad_misplaced") and like in TRANSPORT_MESSAGES:  # where it padded and where it cut, from its tensors
+        end, handed, padded = f["pad_misplaced"]
+        pad = padded - handed
+        cut = "end" if end == "front" else "front"
+        elements = "element" if pad == 1 else "elements"
+        return (
+            f"the buckets came back shifted{at} ({names}): your transport (my_all_reduce) padded the bucket of "
+            f"{handed} elements at its {end}, to {padded}, and cut {pad} {elements} off its {cut}, so what it copied "
+            f"back holds {pad} padding {elements} at its {end} and lacks {pad} {elements} of the sum at its {cut}; "
+            "pad and cut at the same end: pad at the end, F.pad(flat, (0, -flat.numel() % n)), and copy back "
+            "padded[: flat.numel()]"
+        )
     if f["kind"] == "reduced_parameters":
         sender = (
             "your grad hook (inside backward)"

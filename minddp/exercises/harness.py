@@ -373,6 +373,12 @@ class Events(TorchDispatchMode):
         self.scattered: int | None = None
         #: a transport all-gathered before its reduce-scatter: it spread pieces not yet summed, then summed those
         self.gathered_first = False
+        #: (end padded, length handed, padded length) where a transport padded a tensor at one end and cut the
+        #: padding off the other, so the sum came back shifted (:meth:`_note_padding_ends`); None: never
+        self.pad_misplaced: tuple[str, int, int] | None = None
+        self._handed_values: torch.Tensor | None = None  #: the running transport's tensor as handed, flat
+        self._scatter_input: torch.Tensor | None = None  #: what its reduce-scatter was handed, as handed
+        self._gather_output = None  #: the tensor its all-gather filled
         self._gathered_here = self._scattered_here = False  #: in the running transport call, so far
         for name, p in module.named_parameters() if module is not None else ():
             if p.requires_grad:
@@ -421,12 +427,14 @@ class Events(TorchDispatchMode):
             raise
         # how a transport padded and where it gathered: read from the tensor collectives (the list ones carry lists)
         if counted and kind == "reduce_scatter" and self.handed is not None and isinstance(args[1], torch.Tensor):
+            self._scatter_input = self._scatter_input if self._scatter_input is not None else args[1].detach().clone()
             self.padded.append((self.handed, args[1].numel()))
             self.scattered_shape = tuple(args[1].shape)
             self.scattered = args[1].data_ptr()
         if counted and kind == "all_gather" and self.handed is not None and self.scattered is not None:
             if isinstance(args[0], torch.Tensor):
                 self.gathered_apart = self.gathered_apart or args[0].data_ptr() != self.scattered
+                self._gather_output = args[0]
         if counted and self.active:
             if kind != "broadcast":  # a parameter broadcast is a copy of rank 0's, not a sum in place of a gradient
                 self._note_parameters(args[_SENT_ARGUMENT[str(func)]])
@@ -483,6 +491,8 @@ class Events(TorchDispatchMode):
         that the checker's gradients share with the default device (:data:`DEVICELESS`)."""
         start, padded = len(self.works), len(self.padded)
         self.handed = tensor.numel() if isinstance(tensor, torch.Tensor) else None
+        self._handed_values = tensor.detach().reshape(-1).clone() if isinstance(tensor, torch.Tensor) else None
+        self._scatter_input = self._gather_output = None
         self._gathered_here = self._scattered_here = False
         self.scattered_shape = None
         # the list collectives too (dist.reduce_scatter, dist.all_gather): their group sits where the others' does
@@ -494,6 +504,7 @@ class Events(TorchDispatchMode):
         try:
             with _in_place_of(swaps, getattr(fn, "__globals__", {})), compat.meta_device():
                 yield
+            self._note_padding_ends(tensor)
         except RuntimeError as exc:  # raised outside a collective, after this call padded what it reduce-scattered
             grown = [(a, b) for a, b in self.padded[padded:] if b != a]
             if grown and getattr(exc, "collective", None) is None:
@@ -506,6 +517,32 @@ class Events(TorchDispatchMode):
         finally:
             self.handed = None
             self.sealed.update(i for i in range(start, len(self.works)) if i not in self.waited)
+
+    def _note_padding_ends(self, tensor) -> None:
+        """After a transport returned: where it padded (the handed values at the front of what its reduce-scatter was
+        handed, or at the end) against where it cut the sum it copied back out of the tensor it all-gathered into.
+        Padded at one end and cut at the other, the sum came back shifted by the padding (``pad_misplaced``)."""
+        handed, scattered, gathered = self._handed_values, self._scatter_input, self._gather_output
+        self._handed_values = self._scatter_input = self._gather_output = None
+        if self.pad_misplaced or handed is None or scattered is None or not isinstance(gathered, torch.Tensor):
+            return
+        n, total = handed.numel(), scattered.numel()
+        pad = total - n
+        if pad <= 0 or gathered.numel() != total or tensor.numel() != n:
+            return
+        self.in_callback += 1  # the checker's own reads, not the transport's: no note of a read in flight
+        try:
+            flat, whole, back = scattered.reshape(-1), gathered.detach().reshape(-1), tensor.detach().reshape(-1)
+            at_end = torch.equal(flat[:n], handed) and not torch.equal(flat[pad:], handed)
+            at_front = torch.equal(flat[pad:], handed) and not torch.equal(flat[:n], handed)
+            if torch.equal(whole[:n], whole[pad:]):
+                return
+            if at_front and torch.equal(back, whole[:n]):
+                self.pad_misplaced = ("front", n, total)
+            elif at_end and torch.equal(back, whole[pad:]):
+                self.pad_misplaced = ("end", n, total)
+        finally:
+            self.in_callback -= 1
 
     def _noting_average(self, scatter):
         """``scatter`` (a reduce-scatter of ``dist``), noting ``op=ReduceOp.AVG`` in ``averaged``."""
@@ -764,6 +801,7 @@ def run_step(
     summary["averaged"] = events.averaged
     summary["gathered_apart"] = events.gathered_apart
     summary["gathered_first"] = events.gathered_first
+    summary["pad_misplaced"] = events.pad_misplaced
     progress.phase = f"stepping the optimizer in step {step}"
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -1244,6 +1282,8 @@ def gradient_finding(everyone: list[dict], step: int, record: dict, local, avera
         finding["gathered_apart"] = True
     if record.get("gathered_first"):  # whatever the gradients look like: the two calls in the wrong order
         finding["gathered_first"] = True
+    if record.get("pad_misplaced"):  # padded at one end, cut at the other: the sum shifted by the padding
+        finding["pad_misplaced"] = list(record["pad_misplaced"])
     if main == "other":
         expected = averaged[0]
         for g in averaged[1:]:
