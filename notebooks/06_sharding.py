@@ -717,7 +717,7 @@ from minddp.stages import AsyncBucketDDP
 
 
 def my_all_reduce(tensor, group):
-    # 1. flatten, and pad to a length the world size divides
+    # 1. flatten, and pad to a length the world size divides: padded
     # 2. this rank's piece of the sum, into a piece made from padded (so that it lies on the tensor's device)
     # 3. every rank's piece, back into padded
     # 4. the sum, without the padding, copied into tensor
