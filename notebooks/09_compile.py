@@ -134,9 +134,9 @@ lesson.say(
 # none (every tick comes after the last blue). The claims below the figure check both.
 #
 # The blue begins with the loss's gradient nodes; then, in eager, several nodes per layer; with the cut, one
-# gradient node per piece, piece 0 first; without it, the whole graph's one. Count pieces and ticks in the claims, not in the figure: nodes run back to
-# back draw as one stretch, a node shorter than a pixel may not show, ticks closer than a pixel draw as one, and a
-# tick can lie on a node's edge.
+# gradient node per piece, piece 0 first; without it, the whole graph's one. Count pieces and ticks in the claims,
+# not in the figure: nodes run back to back draw as one stretch, a node shorter than a pixel may not show, ticks
+# closer than a pixel draw as one, and a tick can lie on a node's edge.
 #
 # Read the figure for the order of events, not for lengths: each row is a single step of two ranks that share this
 # machine's cores, and any bar can hold time its thread waits for a core. This notebook does not measure what
