@@ -44,7 +44,7 @@ def flat(model) -> torch.Tensor:
 
 def untraced_calls(reasons: dict) -> str:
     """Dynamo's graph breaks by the call it did not trace, in a line: ``reasons`` is Dynamo's counter of graph-break
-    reasons (``torch._dynamo.utils.counters["graph_break"]``: reason -> breaks); each reason as the call it names
+    reasons (its ``counters["graph_break"]``: reason -> breaks); each reason as the call it names
     (``Class.method``, or its first line where it names none), with its count.
 
     >>> untraced_calls({"Dynamo does not know how to trace method `log` of class `Logger`": 1, "Other": 2})
