@@ -23,9 +23,9 @@
 #
 # A bucket is *handed over* (the tick in the figure) when the reducer calls `all_reduce` on it, once its last
 # gradient is there and every earlier bucket has been handed over (`_bucket_filled` in `minddp/ddp/reducer.py`).
-# A gradient node *ran after* a hand-over if it ends after it. A bucket's `all_reduce` can run while gradients are
-# still computed only if a gradient node ran after its hand-over; this notebook checks that order, and draws no
-# `all_reduce`.
+# A gradient node *ran after* a hand-over if it ends after the hand-over. A bucket's `all_reduce` can run while
+# gradients are still computed only if a gradient node ran after its hand-over; this notebook checks that order,
+# and draws no `all_reduce`.
 #
 # nanoGPT (a small GPT training script) compiles the model, then wraps it: `model = torch.compile(model)`, then
 # `DDP(model)`. `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph* (in this notebook
