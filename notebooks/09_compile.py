@@ -131,7 +131,7 @@ lesson.say(
 # buckets' `all_reduce`s, then writes the averaged gradients back) runs undrawn.
 #
 # What to look for: with the cut, as in eager, a gradient node ran after each tick but the last; without it, after
-# none (every tick comes after the last blue). The claims below the figure check both.
+# none (every tick comes after the last blue). The figure cell's claims check both.
 #
 # The blue begins with the loss's gradient nodes; then, in eager, several nodes per layer; with the cut, one
 # gradient node per piece, piece 0 first; without it, the whole graph's one. Count pieces and ticks in the claims,
