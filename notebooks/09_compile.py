@@ -23,14 +23,16 @@
 #
 # A bucket is *handed over* (the tick in the figure) when the reducer calls `all_reduce` on it, once its last
 # gradient is there and every earlier bucket has been handed over (`_bucket_filled` in `minddp/ddp/reducer.py`).
-# Only a bucket handed over before the backward pass ends can be reduced while gradients are still computed.
+# A gradient node *ran after* a hand-over if it ends after the hand-over. A bucket's `all_reduce` can run while
+# gradients are still computed only if a gradient node ran after its hand-over; this notebook checks that order,
+# and draws no `all_reduce`.
 #
 # nanoGPT (a small GPT training script) compiles the model, then wraps it: `model = torch.compile(model)`, then
 # `DDP(model)`. `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph* (in this notebook
 # the word means only Dynamo's graph), and a *backend* compiles the graph (by default *Inductor*, which fuses
 # operations into kernels). Compiled as one graph, the model records a single gradient node for its whole forward,
-# which produces every parameter's gradient at its end. Every bucket is then handed over after that node has ended,
-# when only `AccumulateGrad` nodes are left to run.
+# which produces every parameter's gradient at its end. Every bucket is then handed over after that node, when no
+# gradient node is left to run.
 #
 # torch's answer is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer`
 # (`torch/_dynamo/backends/distributed.py`) **cuts the graph into pieces** by the bucket cap, counted from the end
@@ -40,12 +42,11 @@
 # piece's backward begins. Given a `bucket_cap_mb`, minddp's `ddp` has Dynamo cut by it, the first piece included;
 # here each piece but the last closes once its parameters reach that cap (2 MiB), and the last holds what is left.
 #
-# This notebook shows one step of `ddp` in each of three runs, one row each: eager (not compiled), compiled without
-# the cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and compiled with it; then the
-# pieces and the buckets, and an exercise on them; then the other pattern, `torch.compile(wrapper)`; then a bucket
-# cap of 0.5 MiB. The model: an MLP of 1 MiB layers without biases (eight; two in the last two sections). The
-# backend is `aot_eager`: it runs the graph with the operations an uncompiled model calls (torch's *aten*
-# operators), fused into none, so all three trainings give the same bits.
+# This notebook first shows one step of `ddp` in each of three runs, one row each: eager (not compiled), compiled
+# without the cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and compiled with it. The
+# model: an MLP of 1 MiB layers without biases (eight; two in the last two sections). The backend is `aot_eager`:
+# it runs the graph with the operations an uncompiled model calls (torch's *aten* operators), fused into none, so
+# all three trainings give the same bits.
 
 # %%
 # %load_ext minddp.notebook
@@ -123,30 +124,28 @@ lesson.say(
 #
 # A training step (`train_step` in `minddp/ladder/loop.py`) runs the forward and the backward pass, then the
 # optimizer step. Each row is one run's third step (the first two are not profiled), on rank 0, from the start of
-# its forward to the black line where its optimizer step ends: the forward (pale, the loss's included), the gradient
-# nodes (blue), the `AccumulateGrad` nodes (grey), a tick when a bucket was handed over, and the optimizer step
-# (green). After the last grey, the rank's `finish_gradient_synchronization` (it waits for the buckets'
-# `all_reduce`s, then writes the averaged gradients back) is not drawn.
+# its forward to the black line where its optimizer step ends, scaled to that step: the forward (pale, the loss's
+# included), the gradient nodes (blue), the `AccumulateGrad` nodes (grey, the reducer's hook included: it copies a
+# filled bucket's gradients into one buffer and calls `all_reduce` on it), a tick when a bucket was handed
+# over, and the optimizer step (green). After the last grey, the reducer's end-of-backward callback (it waits for the
+# buckets' `all_reduce`s, then writes the averaged gradients back) runs undrawn.
 #
-# What to look for: without the cut every tick comes after the last blue; with it, here, a tick comes after each
-# piece's blue, and each but the last before the next piece's (a claim in *The pieces and the buckets* checks it).
+# What to look for: with the cut, as in eager, a gradient node ran after each tick but the last; without it, after
+# none (every tick comes after the last blue). The figure cell's claims check both.
 #
-# The blue begins with the loss's gradient nodes; then, with the cut, one gradient node per piece, piece 0 first,
-# and without it the whole graph's one. Count pieces and ticks in the claims, not in the figure: nodes run back to
-# back draw as one stretch, a node shorter than a pixel may not show, ticks closer than a pixel draw as one, and a
-# tick can lie on a node's edge.
+# The blue begins with the loss's gradient nodes; then, in eager, several nodes per layer; with the cut, one
+# gradient node per piece, piece 0 first; without it, the whole graph's one. Count pieces and ticks in the claims,
+# not in the figure: nodes run back to back draw as one stretch, a node shorter than a pixel may not show, ticks
+# closer than a pixel draw as one, and a tick can lie on a node's edge.
 #
 # Read the figure for the order of events, not for lengths: each row is a single step of two ranks that share this
 # machine's cores, and any bar can hold time its thread waits for a core. This notebook does not measure what
 # compiling or the cut costs.
-#
-# In the claims below the figure, a gradient node *ran after* a bucket was handed over if it ends after that
-# bucket's tick. Without the cut none can: every tick comes after the graph's one gradient node.
 
 # %%
 # %%distributed
 title = f"ddp on rank 0, buckets of {CAP:g} MiB: eager, compiled without the cut, compiled with it\n"
-title += "one step each: read the order of events, not lengths"
+title += "one step each, scaled to its length: read the order of events, not lengths"
 nodes.picture(looks, title)  # rank 0 draws
 # orders of events, not timings: without the cut every tick comes in an AccumulateGrad node, which runs once
 # the graph's one gradient node, the last gradient node, has produced its gradient
@@ -219,8 +218,8 @@ lesson.claim(
 runs = {label: looks[label]["pieces_run"] for label in (NO_CUT, CUT)}
 lesson.claim(
     runs == {NO_CUT: 1, CUT: len(pieces)},
-    f"In the profiled step, backward ran one compiled piece's gradient node (CompiledFunctionBackward) without the "
-    f"cut and {len(pieces)} with it, one per piece.",
+    f"In the profiled step, backward ran one CompiledFunctionBackward node (the whole graph's) without the cut and "
+    f"{len(pieces)} with it, one per piece.",
 )
 piece_of = {name: i for i, piece in enumerate(pieces) for name in piece}
 homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
@@ -278,32 +277,37 @@ print(check_handover(solutions.handed_over_after))
 # inside a graph Dynamo has begun where it stops the graph, runs Python, and starts a new one; this notebook counts
 # the breaks, not what they cost. Under `torch.compile(ddp)`, Dynamo compiles only `ddp`'s module and runs the rest
 # of `ddp`'s `forward` as Python, beginning no graph in the wrapper's own code (`eager_under_compile` in
-# `minddp/runtime/compiling.py`). Each count compiles an MLP of two 1 MiB layers, alone or in a wrapper
+# `minddp/runtime/compiling.py`); torch's DDP's `forward` Dynamo traces, breaking the graph at each call it does not
+# trace (printed by name). Each count compiles an MLP of two 1 MiB layers, alone or in a wrapper
 # (`bucket_cap_mb` is the wrappers'), for one training step. Dynamo's cut into pieces is no graph break: it cuts the
 # graph Dynamo has captured.
 
 
 # %%
 # %%distributed
-def breaks(wrap) -> int:
-    """Dynamo's count of graph breaks in one training step of ``torch.compile(wrap(MLP(depth=2)))``."""
+def breaks(wrap) -> dict:
+    """Dynamo's graph breaks in one training step of ``torch.compile(wrap(MLP(depth=2)))``: reason -> count."""
     torch._dynamo.reset()
     counters.clear()
     model = MLP(depth=2)
     compiled = torch.compile(wrap(model), backend=BACKEND)
     train_step(compiled, torch.optim.SGD(model.parameters(), lr=0.01), next(batches()), loss_fn)
-    return sum(counters["graph_break"].values())
+    return dict(counters["graph_break"])
 
 
 ALONE, OURS, THEIRS = "torch.compile(MLP)", "torch.compile(minddp's ddp(MLP))", "torch.compile(torch's DDP(MLP))"
-counts = {
+reasons = {
     ALONE: breaks(lambda m: m),
     OURS: breaks(lambda m: DistributedDataParallel(m, bucket_cap_mb=CAP)),
     THEIRS: breaks(lambda m: torch.nn.parallel.DistributedDataParallel(m, bucket_cap_mb=CAP)),
 }
+counts = {label: sum(by_reason.values()) for label, by_reason in reasons.items()}
 lesson.say(
     f"Graph breaks in one training step of MLP(depth=2), alone (no buckets) and in each wrapper "
     f"(bucket_cap_mb={CAP:g}): " + ", ".join(f"{k} {v}" for k, v in counts.items())
+)
+lesson.say(
+    f"torch's DDP's graph breaks, at the calls Dynamo did not trace: {lesson_09.untraced_calls(reasons[THEIRS])}"
 )
 lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
 lesson.claim(counts[THEIRS] > counts[ALONE], "torch.compile(torch's DDP(MLP)) adds graph breaks to the model's.")
@@ -369,9 +373,9 @@ lesson.claim(
 # ## What to take away
 #
 # * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the graph into pieces, and
-#   here, as in eager, a gradient node ran after each bucket but the last was handed over (each was handed over
-#   before the next piece's backward began); without the cut, none ran after any bucket. What the cut does to a
-#   step's length is not measured here.
+#   here, as in eager, a gradient node ran after each bucket but the last was handed over, so those buckets'
+#   `all_reduce`s could run while gradients were still computed (not drawn); without the cut, none ran after any
+#   bucket. What the cut does to a step's length is not measured here.
 #
 # * `torch.compile(wrapper)`: at a bucket cap of 2 MiB `torch.compile(ddp)` adds no graph break to the model's own,
 #   where torch's DDP adds breaks; at 0.5 MiB its training step has no graph break, and one more forward runs in
@@ -381,8 +385,7 @@ lesson.claim(
 #   piece is above the bucket cap, and Dynamo asserts. minddp's `ddp`, which sets that cap to the bucket cap,
 #   compiles there with both patterns, and its first step trains to eager's bits.
 #
-# * The train command and the benchmark take `--compile` (and `--compile-backend`). `docs/ddp.md` (*Compiled*) gives
-#   the details and the limits.
+# * The train command and the benchmark take `--compile` (and `--compile-backend`).
 
 # %%
 # %dist_shutdown

@@ -35,6 +35,11 @@ def test_the_model_answer_is_torchs_bucket_assignment(seed):
     assert solutions.handed_over_after(pieces, cap) == torch_handover(pieces, cap)
 
 
+def test_a_last_bucket_goes_with_its_last_gradient_when_the_last_piece_has_none():
+    # a piece without parameters produces no gradient: the last bucket is handed over after piece 0, not 1
+    assert solutions.handed_over_after([[8, 2], []], 8) == torch_handover([[8, 2], []], 8) == [0, 0]
+
+
 def test_the_cases_are_torchs_too_and_the_model_answer_passes():
     assert all(solutions.handed_over_after(p, c) == torch_handover(p, c) for p, c in CASES)
     verdict = check_handover(solutions.handed_over_after)

@@ -254,15 +254,15 @@ def handed_over_after(pieces: list[list[int]], cap: int) -> list[int]:
     (:func:`minddp.exercises.check_handover`). ``pieces`` in the order backward runs them, each its gradients'
     sizes in bytes in the order they arrive; a bucket closes at the first gradient that takes it to ``cap`` or past
     it, and what is left after the last full bucket makes one more, handed over with the last gradient."""
-    after, filled = [], 0
+    after, filled, last = [], 0, 0
     for i, piece in enumerate(pieces):
         for size in piece:
-            filled += size
+            filled, last = filled + size, i
             if filled >= cap:  # this gradient closes the bucket: it is handed over once the piece's backward ends
                 after.append(i)
                 filled = 0
-    if filled:  # the last bucket, not full
-        after.append(len(pieces) - 1)
+    if filled:  # the last bucket, not full: handed over with its last gradient, in piece `last`
+        after.append(last)
     return after
 
 

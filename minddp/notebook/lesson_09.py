@@ -3,9 +3,9 @@
 :func:`compile_at` wraps a model in a DDP (torch's or minddp's), compiles it with either pattern (the model
 first, nanoGPT's, or ``torch.compile(wrapper)``), trains one step and says what happened: the refusal torch
 raised, or whether the step trained to eager's bits, its buckets, Dynamo's count of graph breaks and the compiled
-pieces of one more forward. :func:`flat` is the bit-for-bit comparison's vector. The notebook keeps its claims
-in its cells; these only compute and print. The notebook's other plumbing (its step's autograd nodes, the
-figure) is :mod:`minddp.notebook.nodes`.
+pieces of one more forward. :func:`flat` is the bit-for-bit comparison's vector; :func:`untraced_calls` says
+where Dynamo broke a graph. The notebook keeps its claims in its cells; these only compute and print. The
+notebook's other plumbing (its step's autograd nodes, the figure) is :mod:`minddp.notebook.nodes`.
 
 Example (one rank here; notebook 09 runs it on every rank): two layers of 16 KiB, a cap below one layer, so
 one compiled piece per layer::
@@ -28,6 +28,8 @@ one compiled piece per layer::
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from minddp.ladder.loop import train_step
@@ -38,6 +40,24 @@ from minddp.runtime.compat import dynamo_reset, graph_breaks
 def flat(model) -> torch.Tensor:
     """Every parameter of ``model`` in one vector, to compare two trainings bit for bit."""
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def untraced_calls(reasons: dict) -> str:
+    """Dynamo's graph breaks by the call it did not trace, in a line: ``reasons`` is Dynamo's counter of graph-break
+    reasons (its ``counters["graph_break"]``: reason -> breaks); each reason as the call it names
+    (``Class.method``, or its first line where it names none), with its count.
+
+    >>> untraced_calls({"Dynamo does not know how to trace method `log` of class `Logger`": 1, "Other": 2})
+    'Logger.log 1, Other 2'
+    """
+
+    def call(reason: str) -> str:
+        named = re.search(r"(?:method|function) `([^`]+)`(?: of class `([^`]+)`)?", reason)
+        if named is None:
+            return reason.strip().splitlines()[0]
+        return f"{named[2]}.{named[1]}" if named[2] else named[1]
+
+    return ", ".join(f"{call(reason)} {count}" for reason, count in reasons.items())
 
 
 def compile_at(wrapper, model, model_first: bool, batch, loss_fn, cap: float, backend: str, reference) -> str:

@@ -5,9 +5,9 @@ splits them in two: a parameter's ``AccumulateGrad`` node (where the reducer's h
 once a bucket's last one is, hands the bucket over, ``c10d::allreduce_``), and every other node, a *gradient
 node*; a compiled piece's gradient node is ``CompiledFunctionBackward``. :func:`node_view` reads one
 ``train_step`` under :func:`minddp.analysis.live.profiler` that way, on top of
-:func:`~minddp.analysis.live.step_view`; :func:`picture` draws the three runs' rows with the nodes as bars and
-the legend in the notebook's words; :func:`bucket_names`, :func:`parameter_bytes`, :func:`compiled_pieces`
-and :func:`refusal` keep the notebook's plumbing out of its cells.
+:func:`~minddp.analysis.live.step_view`; :func:`picture` draws the three runs' rows, each scaled to its own step
+(:func:`in_percent`), with the nodes as bars and the legend in the notebook's words; :func:`bucket_names`,
+:func:`parameter_bytes`, :func:`compiled_pieces` and :func:`refusal` keep the notebook's plumbing out of its cells.
 
 Example (one rank here; notebook 09 runs it on every rank): two layers of 0.25 MiB, a bucket each::
 
@@ -124,15 +124,25 @@ WORDS = {
 }
 
 
+def in_percent(row: dict) -> dict:
+    """``row`` (a :func:`node_view`'s) with every time as a percentage of its step, from its forward's start (0) to
+    its ``end`` (100): rows of steps of different lengths then end together, and show only the order of events."""
+    scale = 100 / row["end"]
+    spans = ("forward", "backward", "accumulate", "optimizer", "finish", "messages")
+    scaled = {key: [(s * scale, e * scale) for s, e in row[key]] for key in spans if key in row}
+    return dict(row, **scaled, sent=[t * scale for t in row["sent"]], end=100.0)
+
+
 def picture(looks: dict, title: str):
-    """The rows of ``looks`` (each a :func:`node_view`) on one time axis, as :func:`minddp.notebook.lesson.picture`
-    draws them, with a grey bar per ``AccumulateGrad`` node under the blue gradient nodes, and the legend in
-    :data:`WORDS` (grey beside blue). Rank 0 draws; the others get ``None``."""
+    """The rows of ``looks`` (each a :func:`node_view`), each scaled to its own step (:func:`in_percent`), as
+    :func:`minddp.notebook.lesson.picture` draws them, with a grey bar per ``AccumulateGrad`` node under the blue
+    gradient nodes, and the legend in :data:`WORDS` (grey beside blue). Rank 0 draws; the others get ``None``."""
     from matplotlib.lines import Line2D
 
     from minddp.analysis.timeline import legend_above
     from minddp.notebook import lesson
 
+    looks = {label: {"row": in_percent(look["row"])} for label, look in looks.items()}
     figure = lesson.picture(looks, "", rows=list(looks), title=title)
     if figure is None:
         return None
@@ -140,7 +150,7 @@ def picture(looks: dict, title: str):
     for y, look in enumerate(looks.values()):
         spans = [(s, e - s) for s, e in look["row"]["accumulate"]]
         ax.broken_barh(spans, (y - 0.40, 0.40), facecolors="#9e9e9e", label="AccumulateGrad nodes")
-    ax.set_xlabel("ms since the step's forward began", fontsize=8)
+    ax.set_xlabel("% of the row's step, from its forward's start to its optimizer step's end", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     named = {WORDS.get(label, label): h for label, h in zip(labels, handles) if not label.startswith("_")}
     if "step ends" in named:  # the mark on the axes is a vertical line: so is its sample
