@@ -377,7 +377,8 @@ wins.round(3)
 # hook unless torch was built with CUDA and NCCL 2.10+ (or XPU and XCCL), whatever the backend, and minddp's does
 # not; minddp's PowerSGD hook waits inside itself for the P factors' all_reduce and, where the bucket has any, the
 # uncompressed tensors', so on a compressing step it holds up the backward that calls it until those are done,
-# where torch's hook chains that work on a Future. A hook that needs no second collective has no reason to wait, and the exercise asks yours not to.
+# where torch's hook chains that work on a Future. A hook that needs no second collective has no reason to wait,
+# and the exercise asks yours not to.
 #
 # ## Your turn: an fp16 hook
 #

@@ -829,6 +829,7 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 #: World sizes a learner may write as a number instead of asking for it (2: the notebooks' ranks, 4: notebook 01's);
 #: each is a candidate where the check runs on another number of ranks (``checker.check``'s second world size).
+#: The fp16 hook's probe (:func:`probe_result`) names any whole divisor, not only these.
 HARD_CODED = (2, 4, 8)
 #: The kind of the candidate that divides by ``d`` is ``HARD_CODED_KIND + str(d)``.
 HARD_CODED_KIND = "hard_coded_"
