@@ -1249,6 +1249,13 @@ def hook_hard_coded_two(process_group, bucket):
     return fut.then(lambda f: f.value()[0].to(torch.float32))
 
 
+def hook_hard_coded_three(process_group, bucket):
+    """Divides by 3, a divisor outside harness.HARD_CODED: on the check's 2 ranks, 2/3 of the average."""
+    compressed = bucket.buffer().to(torch.float16).div_(3)
+    fut = dist.all_reduce(compressed, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].to(torch.float32))
+
+
 def hook_returns_local(process_group, bucket):
     """All_reduces a float16 copy but hands back its own bucket, divided: this rank's gradients, never reduced."""
     local = bucket.buffer().div_(dist.get_world_size())

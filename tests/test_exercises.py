@@ -650,6 +650,11 @@ HOOK_MISTAKES = [
         "on 3 ranks, after it passed on 2: your hook divided by 2, not by the world size (3): a world size written as "
         "a number is right on 2 ranks only; divide by dist.get_world_size(group)",
     ),
+    # learner read 04 (round 16) 5: a divisor outside harness.HARD_CODED got the bare "off by 33.33%"
+    (
+        wrong.hook_hard_coded_three,
+        "your hook divided by 3, not by the world size (2): a world size written as a number is right on 3 ranks only",
+    ),
     (wrong.hook_raw_future, "holds a list of 1, not one tensor"),
     (wrong.hook_casts_the_list, "all_reduce's Future holds a list, so take its one tensor with fut.value()[0]"),
     (

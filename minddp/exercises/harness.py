@@ -867,6 +867,7 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 #: World sizes a learner may write as a number instead of asking for it (2: the notebooks' ranks, 4: notebook 01's);
 #: each is a candidate where the check runs on another number of ranks (``checker.check``'s second world size).
+#: The fp16 hook's probe (:func:`probe_result`) names any whole divisor, not only these.
 HARD_CODED = (2, 4, 8)
 #: The kind of the candidate that divides by ``d`` is ``HARD_CODED_KIND + str(d)``.
 HARD_CODED_KIND = "hard_coded_"
@@ -1452,9 +1453,14 @@ def probe_result(
         out["summed_error"] = float((v - exact * dist.get_world_size()).norm() / exact.norm())
         out["twice_error"] = float((v - exact / dist.get_world_size()).norm() / exact.norm())
         world = dist.get_world_size()
-        out["hard_coded_errors"] = {  # divided by a number written in the code instead of the world size
-            str(d): float((v - exact * world / d).norm() / exact.norm()) for d in HARD_CODED if d != world
-        }
+        # divided by a number d written in the code instead of the world size: v ≈ exact · world / d, with d read
+        # off the least-squares scale of v on exact, so any whole divisor is named, not only HARD_CODED's
+        scale = float(v.double().flatten() @ exact.double().flatten() / exact.double().norm() ** 2)
+        ratio = world / scale if scale > 0 else 0.0  # 0: no positive scale (nan, zeros, a flipped sign)
+        d = round(ratio) if ratio < 1e9 else 0  # and none for a value all but zero
+        out["hard_coded_errors"] = {}  # d: how far v is from world / d times the average, relative to that value
+        if 1 < d != world:  # 1 is the sum, world the right answer
+            out["hard_coded_errors"][str(d)] = float((v - exact * world / d).norm() / (exact * world / d).norm())
         if local is not None:  # this rank's own values, un-reduced: as handed in, or divided by the world size
             out["local_errors"] = {
                 str(d): float((v - local / d).norm() / exact.norm()) for d in (1, world) if world > 1 or d == 1

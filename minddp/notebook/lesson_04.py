@@ -39,6 +39,21 @@ def preset_table(sent: dict, n: int, crossover):
     )
 
 
+def where_shorter(table) -> str:
+    """Which hook's messages take less link time on which presets, from :func:`preset_table`'s rows: PowerSGD's
+    presets by name, plain averaging's with both link times and its margin."""
+    plain, psgd = table["plain averaging, link ms"], table["PowerSGD, link ms"]
+    faster = psgd < plain
+    margins = [
+        f"{nm} ({plain[nm]:.3f} against {psgd[nm]:.3f} ms: {1 - plain[nm] / psgd[nm]:.0%} less)"
+        for nm in table.index[~faster]
+    ]
+    return (
+        f"PowerSGD's messages take less link time on {', '.join(table.index[faster]) or 'none'}; plain averaging's on "
+        + (" and ".join(margins) or "none")
+    )
+
+
 def presets() -> dict:
     """The preset links the section prices (:data:`minddp.comm.link.PRESETS` but ``loopback``, which has no
     network)."""
@@ -70,11 +85,13 @@ def link_figure(sent: dict, n: int, link, crossover):
         ax.axvline(crossover(alpha) / GBIT, color="grey", ls=style, lw=0.8)
         ax.annotate(f" B*, α = {alpha * 1e6:g} µs", (crossover(alpha) / GBIT, 3e2), fontsize=7, color="grey")
     ax.set(xscale="log", yscale="log", xlabel="bandwidth B (Gbit/s)", ylabel="link ms per step (modelled)")
-    for hook, marker in (("allreduce", "o"), ("powersgd", "^")):  # each preset at its own α, not the lines' two
+    # each preset at its own α, not the lines' two; the circles larger, so that a triangle on one stays visible
+    for hook, marker, size in (("allreduce", "o", 90), ("powersgd", "^", 30)):
         ax.scatter(
             [spec.bandwidth / GBIT for spec in links.values()],
             [link_ms(sent[hook], spec, n) for spec in links.values()],
             marker=marker,
+            s=size,
             facecolors="none",
             edgecolors="black",
             zorder=3,
