@@ -55,7 +55,8 @@
 #   quorum keeps the last one's tag and group;
 # * a **holder** is a process that holds the trained state: a member of the newest committed step.
 #
-# The cell below prints the lines of the rung and of the lighthouse that run these phases.
+# The cell below prints the lines of the rung and of the lighthouse that run these phases (*live*,
+# in the lighthouse's lines, is defined with the run's settings below).
 
 # %%
 from minddp.ft.coordinator import Lighthouse
@@ -74,6 +75,8 @@ rung_lines = [  # (phase, method, a text that the line doing it holds)
     ("on a commit", "until_committed", " on_commit()"),
 ]
 lighthouse_lines = [
+    ("phase 1", "form_quorum", "return  # wait until every live slot asks"),
+    ("phase 2", "form_quorum", "if members != self.members or self.dirty"),
     ("phase 5", "decide_votes", 'verdict = "discard"  # a member saw'),
     ("phase 5", "decide_votes", 'verdict = "commit"'),
     ("phase 5", "decide_votes", 'verdict = "discard"  # a member died'),
@@ -133,8 +136,9 @@ for line in run.report():
     print(line)
 
 # %% [markdown]
-# How each fault is noticed: a kill through the connections that end with its process, and the launcher's
-# record of its exit; a raise through the raising process dropping its group, which closes its connections.
+# How each fault is noticed: a kill through its connections, which close as the kernel ends the killed
+# process, not at the signal, and through the launcher's record of its exit; a raise through the raising
+# process dropping its group, which closes its connections.
 #
 # The cell below prints, for each fault, the moments the members, the lighthouse and the launcher
 # recorded, in ms after the time the faulting process stamped just before it killed itself or raised
@@ -143,16 +147,16 @@ for line in run.report():
 #
 # * **a peer's error**: the first error caught by a member other than the fault's slot: its all_reduce
 #   failed (gloo's sentences are printed further down);
-# * **discard**: each member that caught an error drops its group, then votes no; the lighthouse discards
-#   the attempt once it has read a no, or once a member that has not voted is no longer live. The row
-#   names the slots whose votes it had read by then;
+# * **discard**: each member that caught an error first drops its group (`drop_group`, printed above: a
+#   garbage collection and the group's teardown), then votes no; the lighthouse discards the attempt once
+#   it has read a no, or once a member that has not voted is no longer live;
 # * **exit seen** and **exit recorded** (the kill only): the launcher looks over its processes in
 #   **passes**; exit seen is the pass that found slot 1's process ended; exit recorded is its record of
 #   that exit for the lighthouse, made after a fixed wait (`EXIT_WAIT_S`, 50 ms) for the final state a
 #   process hands the launcher after its last step, which a killed process never sends;
-# * **next quorum**: the lighthouse answers, with a new tag, once every live slot has asked; slot 1 counts
-#   as live until the lighthouse has read the exit's record, so the kill's next quorum comes after that
-#   record (the second claim checks it);
+# * **next quorum**: the lighthouse answers, with a new tag, once every live slot has asked; slot 1 is live
+#   until its exit is recorded, so the kill's next quorum comes after that record (the second claim checks
+#   it);
 # * **work started** and **work done**: in the attempt that committed the step, the last member to start
 #   and the last to finish its work (`ToyTask`'s pause, forward, backward with the all_reduce). Before
 #   the start each member builds the new group and takes its digest; after the end it votes;
@@ -195,8 +199,7 @@ lesson.claim(
 lesson_07.print_rejoin(kill)
 
 # %% [markdown]
-# So the rejoin is not the time a heal takes (the heal, just after that quorum, is not timed). Until its
-# first heartbeat the new process was not live, so slots 0 and 2 trained without it at world 2, then
+# Until its first heartbeat the new process was not live, so slots 0 and 2 trained without it at world 2, then
 # waited at step 9 (`full_world_at`). They ask for a step's quorum as soon as they have committed the step
 # before, so their time from their last commit to the quorum (the last line above) is the lighthouse
 # waiting for the new process alone, which was starting up (imports, connection, model: not timed apart).
@@ -297,11 +300,10 @@ lesson.claim(
 # Before each forward, the rung asks the task for this process's share of the step's global batch with
 # `shard(batch, rank, world)`, the process's rank and world as defined above. After a process is lost the
 # survivors must train its rows too. Write that split: given the step's batch `(x, y)` (one row of `x` per
-# example, its target in `y`), return this rank's rows as two values, `(x[rows], y[rows])` (not the row
-# count that the rung's own `ToyTask.shard` also returns), so that each of the B rows goes to exactly one of the `world` ranks and no rank takes more than ceil(B / world)
+# example, its target in `y`), return this rank's rows as two values, `(x[rows], y[rows])`, so that each of the B rows goes to exactly one of the `world` ranks and no rank takes more than ceil(B / world)
 # (a step lasts as long as its busiest rank), whatever `world` and B are. Split by the `rank` and `world`
-# you are given: the launcher's `RANK` is the slot, and the checker refuses a function that reads it, or
-# `dist.get_rank()`.
+# you are given: the launcher's `RANK` is the slot, and the checker refuses a function that reads the environment
+# or the group's `dist.get_rank()` or `dist.get_world_size()`.
 #
 # `check_shard` first calls your function, in this process, for each rank of worlds 3, 2 and 1 on a 10-row
 # batch. Then it trains it on the `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3, on
@@ -341,9 +343,8 @@ show_source(solutions.ft_shard)
 #    halve `hang_s`.
 # 2. Kill two slots in consecutive steps (`kill@4:1,kill@5:2`) and read the world sizes on the timeline.
 #    What would happen with `kill@4:0,kill@4:1,kill@4:2`, and why can this design not heal that?
-# 3. Suppose a split kept the formula of the 3-rank world the run started in, whatever the world now: of a
-#    global batch of `B` rows, rank `r` takes rows `r·B // 3` up to, not including, `(r+1)·B // 3` (the
-#    rung's own split with 3 in place of `world`). Which rows would a step at world 2 skip, and which of
+# 3. Suppose a split used 3, the run's first world, in place of `world`, whatever the world now: of a
+#    global batch of `B` rows, rank `r` takes rows `r·B // 3` up to, not including, `(r+1)·B // 3`. Which rows would a step at world 2 skip, and which of
 #    the three checks above (slots equal, the same bytes at each attempt's start, a discard changes
 #    nothing) would still pass?
 #
@@ -357,8 +358,7 @@ show_source(solutions.ft_shard)
 # and says nothing: its peers wait in their all_reduce until the group's timeout (`hang_s`), and the
 # lighthouse evicts the slot once it has been silent for `hang_s`. Both waits start at about the freeze,
 # so they run together; once evicted, the slot is no longer live, so the next quorum need not wait for its
-# restart. Prediction: a little over `hang_s` (5 s in the run above; the `stop` row of the benchmark in
-# `docs/fault-tolerance.md` measured it with a 2 s bound), then the next quorum and step 4 trained again,
+# restart. Prediction: a little over `hang_s` (5 s in the run above), then the next quorum and step 4 trained again,
 # as after the kill. Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s,
 # about half that of 5 s, and makes a live process that goes unscheduled that long (a heavily loaded
 # machine) likelier to be evicted by mistake: the bound trades recovery time against false alarms.
@@ -380,10 +380,10 @@ show_source(solutions.ft_shard)
 #
 # </details>
 #
-# <details><summary>3. Rows of the first world</summary>
+# <details><summary>3. A split fixed at world 3</summary>
 #
-# At world 2 the ranks are 0 and 1, whichever slot died, so the split trains the rows of ranks 0 and 1 of
-# the first world, and rank 2's rows, `2B // 3` up to `B`, are trained by no one: rows 6-9 in the
+# At world 2 the ranks are 0 and 1, whichever slot died, so they take the rows ranks 0 and 1 take at world
+# 3, and rank 2's rows at world 3, `2B // 3` up to `B`, are trained by no one: rows 6-9 in the
 # checker's run (B = 10, slot 1 killed). All three checks would still pass: each compares the processes
 # with each other or with themselves, never with the data, and every member steps from the same state with
 # the same averaged gradient, as if rows 6-9 had a gradient of zero. Only a comparison with a single
@@ -419,26 +419,26 @@ lesson.claim(
 from minddp.exercises import check_shards
 
 
-def rows_of_the_first_world(batch, rank, world):
+def fixed_at_world_3(batch, rank, world):
     """Question 3's split: rows r·B // 3 up to (r+1)·B // 3 of the rank r it is given, 3 where `world` belongs."""
     x, y = batch
     lo, hi = rank * len(x) // 3, (rank + 1) * len(x) // 3
     return x[lo:hi], y[lo:hi]
 
 
-answer, first_world = check_shards([solutions.ft_shard, rows_of_the_first_world])  # one run, a copy of the model each
+answer, fixed = check_shards([solutions.ft_shard, fixed_at_world_3])  # one run, a copy of the model each
 print("the exercise's model answer:", answer)
 lesson.claim(answer.ok, "the model answer trains every row once at every world")
-print("question 3's split:", first_world)
+print("question 3's split:", fixed)
 lesson.claim(
-    not first_world.ok and "at world 2, rows 6-9 were trained by no rank" in first_world.line,
-    "the split of the first world: at world 2, rows 6-9 of the 10-row batch were trained by no rank",
+    not fixed.ok and "at world 2, rows 6-9 were trained by no rank" in fixed.line,
+    "question 3's split: at world 2, rows 6-9 of the 10-row batch were trained by no rank",
 )
 lesson.claim(
-    "though the processes' own checks all pass" in first_world.line,
+    "though the processes' own checks all pass" in fixed.line,
     "and all three checks passed on the checker's run (one run for both splits): none of them compares with the data",
 )
 
 # %% [markdown]
-# `docs/fault-tolerance.md` has the recovery over 24 faults at a 2 s hang bound, torchft's recovery beside
-# minddp's for one fault, and a projection against checkpoint-restart.
+# `docs/fault-tolerance.md` has a benchmark over many faults, torchft's recovery beside minddp's, and a
+# projection against checkpoint-restart.

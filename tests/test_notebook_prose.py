@@ -59,11 +59,9 @@ STEADY: dict[str, dict[str, str]] = {
         "writes every 50 ms, `BEAT_S`": "the heartbeat's period, a constant of minddp.ft",
         "a fixed wait (`EXIT_WAIT_S`, 50 ms)": "the launcher's wait for a final state, a constant of minddp.ft",
         "(5 s in the run above": SETTING,
-        "with a 2 s bound": "the benchmark's setting (docs/fault-tolerance.md)",
         "Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s, about half that of 5 s": "a prediction "
         "from the settings, in the exercise's question",
         "no 10 ms pause": SETTING,
-        "at a 2 s hang bound": "the benchmark's setting (docs/fault-tolerance.md)",
     },
     "08_debugging": {
         "whose timeout is 3 s": SETTING,

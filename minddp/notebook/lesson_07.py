@@ -26,28 +26,13 @@ def ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
-def discard_voters(run, o) -> list[int]:
-    """The slots whose votes the lighthouse had read when it made fault ``o``'s first discard (its decision event).
-
-    >>> from types import SimpleNamespace
-    >>> run = SimpleNamespace(events=[("decision", "t1", 3, "commit", [0, 1, 2], 9.0),
-    ...                               ("decision", "t1", 4, "discard", [0], 10.5),
-    ...                               ("decision", "t2", 4, "discard", [0, 2], 11.0)])
-    >>> discard_voters(run, SimpleNamespace(fired=10.0))
-    [0]
-    """
-    return next(e[4] for e in run.events if e[0] == "decision" and e[3] == "discard" and e[5] >= o.fired)
-
-
 def moments(run, o) -> dict[str, int]:
-    """Fault ``o``'s moments, ms after it, sorted by time; the discard's row names the slots that had voted."""
+    """Fault ``o``'s moments, ms after it, sorted by time."""
     work, worked = retry_work_s(run, o)
     slot = o.fault.slot
-    voters = discard_voters(run, o)
-    voted = f"slot{'s' if len(voters) > 1 else ''} {', '.join(map(str, voters))} voted" if voters else "no vote read"
     rows = {
         "a peer's error": ms(peer_error_s(run, o)),
-        f"discard ({voted})": ms(o.discard_s),
+        "discard": ms(o.discard_s),
         **({f"slot {slot}'s exit seen": ms(o.seen_s)} if o.seen_s is not None else {}),
         **({f"slot {slot}'s exit recorded": ms(o.exit_s)} if o.exit_s is not None else {}),
         "next quorum": ms(o.quorum_s),
