@@ -22,16 +22,16 @@
 #
 # 1. **torch**, debug mode *paused* (nothing checked, `minddp.debug.disable()`): what torch's DDP says
 #    (or `torch.distributed`, for the script's own collectives). Unlike in a real job, where all share
-#    one group, the script's own collectives run on `short` (*the short group*), whose
-#    timeout is 3 s, and torch's DDP on `group`, with torch's default timeout (the set-up cell prints
-#    both). A rank that fails destroys its groups, as a job's process ends when it raises, so a partner
-#    waiting on it fails then;
+#    the *default group* (the process group the ranks started with), the script's own collectives run
+#    on a new group, `short` (*the short group*), whose timeout is 3 s, and torch's DDP on another,
+#    `group`, with the timeout torch gives a new group (the set-up cell prints both). A rank that
+#    fails destroys its groups, as a job's process ends when it raises, so a partner waiting on it
+#    fails then;
 # 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own collectives
 #    the *collective check* (section 4). It raises a `DebugError` on every rank at the first check that
 #    sees the bug (for section 3's bug, a `DebugWarning`, and training goes on), naming the cause, the
 #    tensor or call, the rank(s), the step, and the fix;
-# 3. **the fix**: the script corrected, in debug mode, which then says nothing. Section 6's first
-#    bug gets a fourth run: torch's DDP with `find_unused_parameters=True`.
+# 3. **the fix**: the script corrected, in debug mode, which then says nothing.
 #
 # Steps count from 0: "after step 1" is after the second step.
 #
@@ -43,12 +43,11 @@
 # %dist_init --world-size 2
 
 # %% [markdown]
-# Debug mode is off unless asked for; the set-up cell turns it on in every rank, as
-# `MINDDP_DEBUG=1 torchrun ...` would. Its helpers
-# (`minddp/notebook/lesson_08.py`) give every rank the same model, `build()`'s `Net` (linear layers
-# `encoder` 8→16, tanh, `head` 16→4; `Net(extra=True)` adds `extra` 16→4, a second head whose output is
-# added to `head`'s in a forward given `use_extra=True`), wrapped, with SGD at learning rate 0.1, and its
-# own batches of 6 examples (its shard). They run each script three ways:
+# The set-up cell turns debug mode on in every rank, as `MINDDP_DEBUG=1 torchrun ...` would. Its
+# helpers (`minddp/notebook/lesson_08.py`) give every rank the same model, `build()`'s `Net` (linear
+# layers `encoder` 8→16, tanh, `head` 16→4; `Net(extra=True)` adds `extra` 16→4, a second head whose
+# output is added to `head`'s in a forward given `use_extra=True`), wrapped, with SGD at learning rate
+# 0.1, and its own batches of 6 examples (its shard). They run each script three ways:
 #
 # * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised (an excerpt) and
 #   after how long from the script's start (kept in `torch_took`), or "raised nothing" (`peer_gone`
@@ -98,25 +97,26 @@ lesson.say(f"Net(extra=True)'s parameters, in order: {', '.join(n for n, _ in Ne
 backend = dist.get_backend()
 default_timeout = default_pg_nccl_timeout if backend == "nccl" else default_pg_timeout  # torch's choice by backend
 lesson.say(
-    f"Under torch, a script's own collective gives up after {WAIT_S} s here; torch's default timeout for a {backend} "
-    f"group, which torch's DDP keeps here, is {default_timeout.total_seconds() / 60:g} minutes."
+    f"Under torch, a script's own collective gives up after {WAIT_S} s here; torch's DDP's group has the timeout "
+    f"torch gives a new {backend} group, {default_timeout.total_seconds() / 60:g} minutes."
 )
 
 # %% [markdown]
 # ## 1. Replicas that drift apart
 #
 # DDP keeps the replicas equal by starting them equal and giving each the same averaged gradient.
-# Anything that changes a parameter on some ranks only breaks that for good: here rank 1 nudges one
-# weight after step 1. In debug mode, before each forward whose backward will average the
-# gradients (the *forward check*), every rank all-gathers one small row of integers: for each parameter
-# its `requires_grad` and a fingerprint (its bits, weighted by place): `int64[8]` for `Net()`'s 4
+# Anything that changes a parameter on some ranks only breaks that: here rank 1 nudges one weight
+# after step 1. In debug mode, before each forward whose backward will average the gradients (the
+# *forward check*), every rank all-gathers one small row of integers: for each parameter its
+# `requires_grad` and a fingerprint (its bits, weighted by place): `int64[8]` for `Net()`'s 4
 # parameter tensors. On a mismatch the first differing tensor is compared in full, and every rank
 # stops at the same point. Before each `optimizer.step()` the *step check* gathers another row,
 # `int64[17]` for `Net()`: one integer of notes (its bits: the step's last forward ran inside
-# `no_sync()`; a forward bypassed the wrapper; every local gradient was fingerprinted), then, for each
-# of four things, one integer per parameter: whether it has a gradient, the gradient's fingerprint,
-# whether debug mode's hook on its gradient ran, and its local gradient's fingerprint (from before
-# averaging). The fix: change parameters the same way on every rank (here: not at all).
+# `no_sync()`, which skips averaging; a forward bypassed the wrapper; every local gradient was
+# fingerprinted), then, for each of four things, one integer per parameter: whether it has a gradient,
+# the gradient's fingerprint, whether debug mode's hook on its gradient ran, and its local gradient's
+# fingerprint (from before averaging). The fix: change parameters the same way on every rank (here:
+# not at all).
 
 
 # %%
@@ -167,8 +167,8 @@ fixed(one_step, "through the wrapper", through_wrapper=True)
 
 # %% [markdown]
 # The other way to get there: gradient accumulation with step 0's three micro-batches all inside
-# `no_sync()`, the last one included. `no_sync()` only accumulates; a step's last backward must run
-# outside it. The fix: the last micro-batch outside `no_sync()`.
+# `no_sync()`, the last one included: a step's last backward must run outside it. The fix: the last
+# micro-batch outside `no_sync()`.
 
 
 # %%
@@ -189,8 +189,8 @@ fixed(accumulate, "the last micro-batch synced", last_syncs=True)
 # ## 3. Every rank reading the same data
 #
 # Without a `DistributedSampler` (or any other shard), every rank reads the same batches. Debug mode
-# sees it from the local gradients, fingerprinted before they are averaged: bit-identical on every
-# rank three steps in a row. The fix: a shard per rank.
+# sees it from the local gradients' fingerprints, taken before averaging: the same on every rank three
+# steps in a row. The fix: a shard per rank.
 
 
 # %%
@@ -227,11 +227,11 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 #
 # A script's own collectives must match across ranks too: the same op, shape and dtype, in the same
 # order. Here rank 0 logs two metrics and rank 1 one. Under torch, gloo pairs an all_reduce of 2
-# values with one of 1 and both ranks wait until their group's timeout: here the short group's, in a
-# real job torch's default. In debug mode the *collective check* first compares every
-# `torch.distributed` collective across ranks, through the key-value store of the *default group* (the
-# process group the ranks started with), so both ranks stop before the mismatched all_reduce is sent,
-# naming each rank's call and its line. The fix: the same metrics on every rank.
+# values with one of 1 and the ranks wait until a timeout: here the short group's, in a real job the
+# default group's. In debug mode the *collective check* first compares every `torch.distributed`
+# collective across ranks, through the key-value store of the default group, so both ranks stop before
+# the mismatched all_reduce is sent, naming each rank's call and its line. The fix: the same metrics
+# on every rank.
 #
 # The message numbers the call: *collective #K* counts from 0 every collective on the default group
 # that debug mode has checked (the wrappers', their checks', the helpers' and the earlier sections'),
@@ -264,7 +264,7 @@ lesson.claim(
 # A collective made on some ranks only is the same bug one call later: rank 0's all_reduce of its
 # loss pairs with rank 1's next collective on that group. In debug mode that is the step check's
 # all_gather, on the default group; under torch here, none, as rank 1 makes no other call on the
-# short group. The fix: log on every rank (or log rank 0's loss without a collective).
+# short group. The fix: log on every rank.
 
 
 # %%
@@ -294,8 +294,7 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # group's timeout, and when it destroys its groups, rank 0's step fails with gloo's "Connection
 # closed by peer" (or "reset by peer"); neither says which rank ran out, or when. The cell's fix is
 # the wrapper's `join()`: a rank that has run out makes the others' remaining collectives, and once
-# every rank has left its loop, each takes the parameters of the last rank to leave. Under `join()`
-# debug mode skips its forward and step checks (not the collective check).
+# every rank has left its loop, each takes the parameters of the last rank to leave.
 
 
 # %%
@@ -339,11 +338,11 @@ lesson.claim(
 #
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they
-# send. Under torch's DDP, rank 1, which has every gradient, sends and waits; rank 0 fails at its
-# next forward, naming by index the parameters not used in producing loss (in the set-up cell's order:
-# 2 and 3 are `head.weight` and `head.bias`) and suggesting `find_unused_parameters=True`, and
-# destroys its groups, so rank 1 fails too. Debug mode compares `requires_grad` across ranks in the
-# forward check. The fix: freeze the layer on every rank, before wrapping.
+# send. Under torch's DDP, rank 0 fails at its next forward, naming by index the parameters not used
+# in producing loss (counting from 0 in the set-up cell's list: 2 and 3 are `head.weight` and
+# `head.bias`) and suggesting `find_unused_parameters=True`, and destroys its groups, so rank 1 fails
+# too. Debug mode compares `requires_grad` across ranks in the forward check. The fix: freeze the
+# layer on every rank, before wrapping.
 
 
 # %%
@@ -382,8 +381,10 @@ lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, not
 # `find_unused_parameters=True`, torch's advice, does not fix this bug. The next cell runs it under
 # torch's DDP beside `own`, an unwrapped copy of the module: no error; rank 1's `head.weight` gradient
 # is averaged with rank 0's zeros, which halves it (the ✓ line compares its norm with `own`'s), while
-# rank 0, whose `head` is frozen, does not step it, so the replicas end apart. `cpp_warnings()` catches
-# the warnings torch's C++ code writes to stderr; the cell prints them per rank.
+# rank 0, whose `head` is frozen, does not step it, so the replicas end apart. `cpp_warnings()`
+# catches the warnings torch's C++ code writes to stderr. Each rank's reducer searches only its own
+# graph: rank 0's finds `head` unused and says nothing; the healthy rank 1's finds every parameter
+# used and advises turning the flag off. The one warning points away from the bug.
 
 
 # %%
@@ -441,11 +442,10 @@ lesson.claim(
 
 # %% [markdown]
 # A branch (`extra`) taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
-# *is* the fix, as debug mode's message says; the step check finds it (a gradient present on some
-# ranks only). Averaging zeros in is right here: a rank that did not take the branch has a true
-# gradient of zero for it, and every rank steps the branch with the same average. Under torch the
-# ranks swap roles: rank 1 fails at its next forward (indices 4 and 5: `extra.weight`,
-# `extra.bias`), then rank 0.
+# *is* the fix; debug mode's step check finds it (a gradient present on some ranks only). Averaging
+# zeros in is right here: a rank that did not take the branch has a true gradient of zero for it, and
+# every rank steps the branch with the same average. Under torch the ranks swap roles: rank 1 fails at
+# its next forward (indices 4 and 5: `extra.weight`, `extra.bias`), then rank 0.
 
 # %%
 # %%distributed
@@ -465,16 +465,16 @@ lesson.claim(
 )
 
 # %% [markdown]
-# ## What it adds, and where to read more
+# ## What it adds
 #
 # minddp's `DistributedDataParallel` built while debug mode is on has three things one built while it
 # is paused lacks: a *watch* (the object that runs the wrapper's forward and step checks), the
-# `DebugReducer` (the *reducer* averages the gradients in buckets; this one sends each bucket
-# through `torch.distributed`, checked, and blocks backward until it is summed) and the *plan check* (each step, the ranks compare which parameters each bucket
-# holds and the order the buckets were sent in).
-#
-# `docs/debugging.md` has what each check does and which wrappers get it, what torch's DDP did on
-# each bug as a script under torchrun, and what debug mode does not see.
+# `DebugReducer` (the *reducer* averages the gradients in buckets; this one sends each bucket through
+# `torch.distributed`, checked, and blocks backward until it is summed) and the *plan check* (each
+# step, the ranks compare which parameters each bucket holds and the order the buckets were sent in).
+# In the next cell they change no parameter: on each rank, 5 correct steps end with the same bits
+# paused or on. What they cost in time is not measured here; `docs/debugging.md` has what each check
+# does and what debug mode does not see.
 
 
 # %%
@@ -501,7 +501,7 @@ lesson.claim(
 )
 lesson.claim(
     all(torch.equal(a, b) for a, b in zip(paused_params, on_params)),
-    "paused or on, the same 5 steps end with bit-identical parameters on every rank",
+    "on each rank, the same 5 steps end with bit-identical parameters, debug mode paused or on",
 )
 
 # %%

@@ -17,7 +17,7 @@ mismatch:
 2. **step check**, before each ``optimizer.step()`` over the wrapped parameters: the gradients, which
    averaging made equal on every rank. Gradients that differ were never averaged (the module called
    directly, a backward inside ``no_sync()``) or were used by some ranks' forward only; local
-   gradients bit-identical on every rank, step after step, mean every rank read the same data;
+   gradients with the same fingerprints on every rank, step after step, mean every rank read the same data;
 3. a finding is one line on every rank (:func:`minddp.debug.findings.finding`): an error, except for
    buffers and data (warnings, once: they do not corrupt the model).
 
@@ -50,7 +50,7 @@ from minddp.debug.findings import DebugError, DebugWarning, finding
 from minddp.runtime.compat import join_enabled
 from minddp.runtime.device import message_device
 
-#: Local gradients bit-identical on every rank this many steps in a row: every rank reads the same data.
+#: Local gradients with the same fingerprints on every rank this many steps in a row: every rank reads the same data.
 SAME_DATA_STEPS = 3
 #: Bits of the step check's notes: the step's last forward ran in no_sync(); a forward bypassed the wrapper;
 #: every trainable parameter's local gradient was fingerprinted (a synced backward computed them all).
@@ -301,7 +301,7 @@ class Watch:
             self._warn(
                 finding(
                     "every rank is reading the same data",
-                    f"the local gradients (before averaging) were bit-identical on every rank in steps "
+                    f"the local gradients (before averaging) had the same fingerprints on every rank in steps "
                     f"{step - SAME_DATA_STEPS + 1} to {step}, so the ranks compute one batch {self.group.size()}"
                     " times: most likely no DistributedSampler or shard (or the same seed for a random loader)",
                     "give each rank its own part of the data: DataLoader(dataset, sampler=DistributedSampler("
