@@ -179,7 +179,7 @@ lesson.say(f"The check holds more than half of the non-compute of: {', '.join(mo
 #   drawn one above another, and each level's bars alternate two shades in the order they opened. The bars are
 #   part of the table's in flight, which also counts the check and the broadcasts; a bar narrower than a pixel
 #   need not show;
-# * the parameter check (hatched orange, drawn across the bands, not under them) while its all_gather range was
+# * the parameter check (hatched orange, drawn at the bands' height, not under them) while its all_gather range was
 #   open; a short one is too thin to see;
 # * the finish (purple), however long, as a thin strip along the bands' lower edge; the optimizer step
 #   (green) and the end of the step.
