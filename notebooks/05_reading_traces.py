@@ -23,16 +23,10 @@
 # loopback interface (the *loopback run*). It reads the traces with `minddp.analysis` the way the blog this
 # course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
 # https://blog.underfit.ai/ddp-profiled) reads its GPU traces with HolisticTraceAnalysis (HTA); HTA reads GPU
-# traces only, so `minddp.analysis` computes measures of the same names from CPU events, and this notebook sets
-# none of its numbers beside the blog's. `docs/analysis.md` defines them:
-#
-# * **in flight** (this course's name): the time a communication range was open;
-# * **overlap**: the share of the time in flight during which a training thread computed (ran an `aten::`
-#   operator);
-# * **non-compute** (HTA's name): the time in flight during which none computed (ms).
-#
-# So non-compute = (100 % − overlap) × in flight. None of the three says which stage is faster. Then **one step
-# of each stage on one time axis**, and at the end the blog's six stages over an emulated 1 Gbit/s link (the
+# traces only, so `minddp.analysis` computes measures of the same names from CPU events (`docs/analysis.md`), and
+# this notebook sets none of its numbers beside the blog's. First three of them, *in flight*, *overlap* and
+# *non-compute* (the next section defines them); none says which stage is faster. Then **one step of each stage
+# on one time axis**, and at the end the blog's six stages over an emulated 1 Gbit/s link (the
 # *link run*), with three more measures.
 #
 # k is `03_build_up`'s number of micro-batches a step. A *message* is one whole all_reduce call of gradients (a
@@ -56,7 +50,7 @@ ddp_ladder = [s for s in STAGES if s not in SHARDED_OPTIMIZER + SHARDED_GRADIENT
 profiled = ["single", *ddp_ladder, "torch"]
 for stage in profiled:
     # one step when built, then profile(): one step the profiler discards, then the one it records; the first
-    # steps' one-off costs (ddp's and torch's bucket plan rebuild among them: minddp.ddp.plan) stay out of it
+    # steps' one-off costs stay out of it
     lesson.Trainee(stage).profile(RUN, steps=1)
 lesson.say(lesson.describe())
 lesson.say(lesson.machine(link=False))
@@ -80,17 +74,19 @@ lesson.say(
 # %% [markdown]
 # ## Time in flight, overlap, non-compute
 #
-# The analysis runs here, in the notebook's process; every table and figure below shows rank 0's trace. What
-# the terms mean on this machine (CPU, gloo):
+# The analysis runs here, in the notebook's process; every table and figure below shows rank 0's trace. The
+# measures on this machine (CPU, gloo):
 #
-# * **compute** is a *training thread* inside an `aten::` operator (forward, backward, the optimizer, the
-#   stages' copies into and out of buckets); every thread that runs no `gloo:*` or `minddp.link:*` range is a
-#   training thread (the Python thread, and the autograd engine's where it has its own);
-# * **in flight** is one of gloo's threads inside a `gloo:*` range: every collective, not only the
-#   gradients';
-# * **non-compute** is time in flight while no training thread ran an `aten::` op: a thread stopped until a
-#   collective is back, running its own Python (hooks, the time between autograd nodes), or ready to run with
-#   no core free.
+# * **compute**: a *training thread* inside an `aten::` operator, with a core or not (forward, backward, the
+#   optimizer, the stages' copies into and out of buckets); every thread that runs no `gloo:*` or `minddp.link:*`
+#   range is a training thread (the Python thread, and the autograd engine's where it has its own);
+# * **in flight**: one of gloo's threads inside a `gloo:*` range (the range is *open*): every collective, not
+#   only the gradients';
+# * **overlap**: the share (%) of the time in flight that is compute too;
+# * **non-compute** (HTA's name): the time in flight that is not compute (so non-compute = (100 % − overlap) × in
+#   flight): no training thread inside an operator (stopped until a collective is back, running its own Python,
+#   or with no core between two operators);
+# * **idle** (HTA's name): the rest of the step, neither compute nor in flight.
 #
 # The caveat: a gloo range lasts from the moment gloo's thread picks the collective up until it is done, so it is
 # also *held open* until the other rank joins the same collective, and while gloo's thread has no core; it can
@@ -116,17 +112,17 @@ lesson.say(
 # held open, not what its few bytes cost. The *blocking* stages (`simple`, `ga`, `hook`, `bucket`) send each
 # message only once the one before it is back: `simple` and `ga` after a backward, `hook` and `bucket` inside
 # the step's last backward. The *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send
-# theirs during the step's last backward and wait for them after its last gradient: `ddp` and torch's DDP before
-# `loss.backward()` returns, `hook-async` and `bucket-async` in the finish. In all but `simple` the step's first
-# k−1 backwards send nothing: one sync a step.
+# theirs during the step's last backward and need them back only after its last gradient: `ddp` and torch's DDP
+# before `loss.backward()` returns, `hook-async` and `bucket-async` in the finish. In all but `simple` the step's
+# first k−1 backwards send nothing: one sync a step.
 #
 # What the table does not show (the trace shows when a range was open, not why):
 #
 # * whether a difference between two rows would hold on a re-run: each row is one step, the stages profiled
 #   one after another on a shared machine;
 # * why stages that send as many messages differ, or whether the other rank or a core held a range open;
-# * what a blocking stage's threads computed in the time its overlap counts: its thread stops until each message
-#   is back (one way such overlap arises: a range that ends after the training thread has gone on).
+# * what a blocking stage's threads computed in the time its overlap counts (one way such overlap arises: a range
+#   that ends after the training thread has gone on).
 
 # %%
 import pandas as pd
@@ -145,8 +141,7 @@ display(shares)
 # %% [markdown]
 # Under the table, the first claim checks the definitions' arithmetic on the unrounded values; the second holds
 # by construction (both stages plan their buckets with `minddp.stages.bucket_plan`). The printed lines are one
-# step each, not claimed. Overlap is a share of each stage's own in flight, so it does not say whose non-compute
-# is shorter.
+# step each, not claimed.
 
 # %%
 tied = (zero["non_compute_time_us"] - (1 - zero["comm_comp_overlap_pctg"] / 100) * zero["comm_time_per_step_us"]).abs()
@@ -156,16 +151,8 @@ lesson.claim(
     "For every stage, non-compute = (100 % − overlap) × in flight.",
 )
 blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
-ov, nc = shares["overlap (%)"][blocking], shares["non-compute (ms)"][asynchronous]
-less = shares["non-compute (ms)"][blocking]
-lesson.say(  # printed, not claimed: one profiled step per stage on a shared machine decides it
-    ("Every" if ov.max() < shares["overlap (%)"][asynchronous].min() else "Not every")
-    + f" blocking stage's overlap is below every asynchronous stage's ({ov.max():.1f} % at most against "
-    f"{shares['overlap (%)'][asynchronous].min():.1f} % at least); "
-    + ("every" if nc.max() < less.min() else "not every")
-    + f" asynchronous stage's non-compute is below every blocking stage's ({nc.max():.1f} ms at most, "
-    f"{nc.idxmax()}'s, against {less.min():.1f} ms at least, {less.idxmin()}'s)."
-)
+overlap = shares["overlap (%)"]
+lesson.say(lesson_05.below("Overlap", overlap[blocking], overlap[asynchronous], "%", "blocking", "asynchronous"))
 sizes = lesson_05.rank0(result.buckets).groupby("stage")["numel"].apply(sorted)
 lesson.claim(
     sizes["bucket"] == sizes["bucket-async"],
@@ -178,12 +165,12 @@ lesson.say(f"The check holds more than half of the non-compute of: {', '.join(mo
 # %% [markdown]
 # One row per profiled stage, one axis in ms from the start of the profiled step (rank 0); `single` sends
 # nothing. Neither a row's length nor a band's says which stage is faster: each row is one step, and the same
-# work takes different times from row to row and band to band (the lines under the next table). In each row:
+# work takes different times from row to row (the line under the next table). In each row:
 #
 # * the forward (pale) and backward (darker) band of each micro-batch: *forward* from the micro-batch's start
 #   to its first autograd node (the forward, and what the stage does around it, such as the broadcasts),
-#   *backward* from the first to the last autograd node (the gradients, and what the hooks do inside those
-#   nodes: in `hook` and `bucket` stopping until each message is back, in `hook` to `bucket-async` the check);
+#   *backward* from the first to the last autograd node (the gradients and all that the hooks do inside those
+#   nodes, the check and `hook`'s and `bucket`'s messages included: compute, non-compute and idle alike);
 # * a tick (the legend's "handed to the wire") when a message was *handed over* (*sent* in the table under the
 #   figure): for minddp's stages the start of its `minddp.bucket_launch` range, for torch's DDP the reducer's
 #   `c10d::allreduce_` call;
@@ -192,8 +179,8 @@ lesson.say(f"The check holds more than half of the non-compute of: {', '.join(mo
 #   drawn one above another, and each level's bars alternate two shades in the order they opened. The bars are
 #   part of the table's in flight, which also counts the check and the broadcasts; a bar narrower than a pixel
 #   need not show;
-# * the parameter check (hatched orange: a gloo range, like the bars) while its all_gather range was open; a
-#   short one is too thin to see;
+# * the parameter check (hatched orange, drawn at the bands' height, not under them) while its all_gather range was
+#   open; a short one is too thin to see;
 # * the finish (purple), however long, as a thin strip along the bands' lower edge; the optimizer step
 #   (green) and the end of the step.
 #
@@ -202,8 +189,8 @@ lesson.say(f"The check holds more than half of the non-compute of: {', '.join(mo
 # * **blocking after backward** (`simple` after every micro-batch, `ga` after the last): ticks and bars
 #   after a backward band; the step ends only when they are done;
 # * **blocking inside backward** (`hook`, `bucket`): ticks and bars inside the last backward band, a last bar
-#   perhaps running past it (the caveat); a bar inside the band overlaps only where a training thread ran an
-#   `aten::` operator beside it;
+#   perhaps running past it (the caveat); a bar inside the band overlaps only where a training thread was inside
+#   an `aten::` operator beside it;
 # * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the last backward band, bars
 #   from there on; the figure does not mark when `loss.backward()` returns, and a last band can end before the
 #   optimizer starts.
@@ -221,20 +208,12 @@ anatomy = lesson_05.anatomy(result, zero.index)
 display(anatomy)
 
 # %%
+alone = lesson_05.bands_ms(result, "backward").loc["single"]  # single's backward bands, ms
 lesson.say(
     "The optimizer step, the same work in every stage (`single` included: the same model, micro-batches and "
-    f"AdamW), took {lesson_05.spread(lesson_05.phase_ms(result, 'optimizer'))}, one profiled step each: a "
-    "difference between two rows of the tables need not be the stages'."
-)
-bands = lesson_05.bands_ms(result, "backward")  # each row's backward bands in order, ms
-alone = bands.loc["single"].round()
-last = [st for st in bands.index if bands.loc[st].iloc[-1] == bands.loc[st].max()]
-lesson.say(
-    f"single's backward bands (it sends nothing) took {', '.join(f'{v:.0f}' for v in alone[:-1])} and "
-    f"{alone.iloc[-1]:.0f} ms, in order"
-    + (": a band can be longer than another of its row with no message in it" if alone.max() > alone.min() else "")
-    + f". The last backward band is the longest of its row in: {', '.join(last) or 'none'} ({len(last)} of "
-    f"{len(bands)} rows)."
+    f"AdamW), took {lesson_05.spread(lesson_05.phase_ms(result, 'optimizer'))} in one profiled step each, and "
+    f"single's backward bands, with no message in them, {alone.min():.0f}–{alone.max():.0f} ms: a difference "
+    "between two rows or two bands need not be the stages'."
 )
 
 # %% [markdown]
@@ -250,28 +229,28 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 
 # %% [markdown]
 # The same analysis from a shell, with an HTML report: `python -m minddp.analyze traces/notebooks/05_reading_traces
-# --report` (the traces of the profiling cell's last run on your machine, not those of the saved outputs). Its
-# report sorts the stages by non-compute and by step time, one profiled step each.
+# --report` (the traces of the profiling cell's last run on your machine, not those of the saved outputs).
 
 # %% [markdown]
 # ## The ladder on a slower network
 #
 # The profiling cell also profiled the blog's six stages with their gradients' all_reduces over the
 # **emulated 1 Gbit/s link** of `03_build_up` (`minddp.comm.link`). Each rank has its own link, which carries
-# its messages one at a time, in order; the real all_reduce runs beside the modeled transfer, and the link
-# delivers a message once both are done and every earlier one is delivered. The parameter check does not go
+# its messages one at a time, in order, each from its hand-over (or once the link is free, if later); the real
+# all_reduce runs beside the modeled transfer, and the link delivers a message once both are done and every
+# earlier one is delivered. The parameter check does not go
 # through the link. The transfers are in the traces as `minddp.link:all_reduce` ranges on the link's thread.
 # The two runs were taken at different moments on a shared machine; their times are not comparable. Three
-# measures (`docs/analysis.md`), each of rank 0:
+# measures of the link run only (`docs/analysis.md`), each of rank 0:
 #
 # * **link time**: what rank 0's messages of a step take on the modeled link, from their sizes alone
 #   (`metrics.link_time`): 2(n−1)·α + 2(n−1)/n·m·β for a message of m bytes, added up, with n ranks and the
-#   `1gbit` preset's α = 50 µs and β = 8 ns a byte (1 Gbit/s); α is the fixed cost of one hop of the ring, and a
-#   message makes 2(n−1) hops from each rank. It is the link's work, not time the step lost;
+#   `1gbit` preset's α = 50 µs and β = 8 ns a byte (1 Gbit/s); α is a message's fixed cost, paid 2(n−1) times.
+#   It is the link's work, not time the step lost;
 # * **waited**: the time from rank 0's first `wait()` on a gradient message to its delivery, whatever held
 #   it; the parameter check is not a message and is not counted;
-# * **exposed**: the part of those waits during which rank 0's link carried a transfer. It is not what a free
-#   link would save (`metrics.exposed`).
+# * **exposed**: the part of those waits during which rank 0's link carried a transfer; what it carried between
+#   a message's hand-over and the first `wait()` on it is not in it.
 #
 # Waited − exposed (the table's last column) is the part of the waits in which rank 0's link carried nothing:
 # a real all_reduce had not ended (held by the other rank, or a core), or the link's thread had no core.
@@ -316,17 +295,21 @@ saved = link_ms("hook-async") - link_ms("bucket-async")
 same = nbytes[sent["stage"] == "bucket-async"].sum() == nbytes[sent["stage"] == "hook-async"].sum()
 lesson.claim(
     fewer > 0 and same and abs(saved - fewer * fixed) < 1e-9 * link_ms("ga"),
-    f"Buckets cut the messages from {sends['hook-async']} to {sends['bucket-async']}, the bytes unchanged, so "
-    f"the link time by exactly the fixed cost of the {fewer} messages not sent, {fewer} × 2(n−1)·α = {fewer} × "
-    f"{2 * (world - 1)} × {link.latency * 1e6:.0f} µs = {saved:.1f} ms: from {link_ms('hook-async'):.1f} to "
-    f"{link_ms('bucket-async'):.1f} ms, {100 * saved / link_ms('hook-async'):.1f} % less.",
+    f"Buckets cut the messages from {sends['hook-async']} to {sends['bucket-async']} with the bytes unchanged; "
+    f"the link time falls by exactly the fixed cost of the {fewer} messages not sent, {fewer} × 2(n−1)·α = "
+    f"{fewer} × {2 * (world - 1)} × {link.latency * 1e6:.0f} µs = {saved:.1f} ms ({link_ms('hook-async'):.1f} → "
+    f"{link_ms('bucket-async'):.1f} ms, {100 * saved / link_ms('hook-async'):.1f} % less): the bytes' part is "
+    f"{100 * (1 - sends['bucket-async'] * fixed / link_ms('bucket-async')):.1f} % of bucket-async's link time.",
 )
-w = on_link["waited (ms)"]
-slow, quick = w[["simple", "ga", "hook", "bucket"]], w[["hook-async", "bucket-async"]]
-lesson.say(  # printed, not claimed: one profiled step per stage on a shared machine decides it
-    f"Waited: the asynchronous stages ({', '.join(quick.index)}) "
-    + ("each waited less" if quick.max() < slow.min() else "did not all wait less")
-    + f" than every blocking one ({quick.max():.1f} ms at most, {quick.idxmax()}, against "
-    f"{slow.min():.1f} ms at least, {slow.idxmin()})."
+share = 100 * on_link["exposed (ms)"] / on_link["link time (ms)"]  # the link's work rank 0 waited through
+lesson.say(
+    lesson_05.below(
+        "Exposed as a share of the link time",
+        share[["hook-async", "bucket-async"]],
+        share[["simple", "ga", "hook", "bucket"]],
+        "%",
+        "asynchronous",
+        "blocking",
+    )
 )
 lesson.say(lesson_05.whose_waits(on_link))

@@ -108,6 +108,20 @@ def spread(ms: pd.Series) -> str:
     return f"{lo}–{hi} ms ({ms.idxmin()}'s to {ms.idxmax()}'s, {hi / lo:.1f} ×)"
 
 
+def below(measure: str, low: pd.Series, high: pd.Series, unit: str, low_name: str, high_name: str) -> str:
+    """A line to print: whether every value of ``low`` is below every value of ``high`` (the most of ``low`` against
+    the least of ``high``, to 0.1, and whose), of ``measure`` in ``unit``; one profiled step each, so not claimed.
+
+    >>> print(below("Overlap", pd.Series({"a": 1.0, "b": 7.3}), pd.Series({"c": 70.8}), "%", "low", "high"))
+    Overlap: every low stage's is below every high stage's (7.3 % at most, b's, against 70.8 % at least, c's).
+    """
+    every = "every" if low.max() < high.min() else "not every"
+    return (
+        f"{measure}: {every} {low_name} stage's is below every {high_name} stage's ({low.max():.1f} {unit} at most, "
+        f"{low.idxmax()}'s, against {high.min():.1f} {unit} at least, {high.idxmin()}'s)."
+    )
+
+
 def message_bytes(linked) -> pd.Series:
     """Rank 0's messages of the link run (``buckets`` rows), each one's bytes (float32: 4 a number)."""
     sent = rank0(linked.buckets)
