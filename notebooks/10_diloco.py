@@ -27,8 +27,8 @@
 #    synced weights, those all replicas agreed on at the last sync, minus the local ones), put the synced
 #    weights back, and let an *outer* optimizer (SGD with Nesterov momentum) step with it (`minddp.DiLoCo`);
 # 3. **Streaming DiLoCo** (Douillard et al., 2025, arXiv 2501.18512): the model in *fragments* that sync one
-#    after another, each fragment's message handed over τ inner steps before the step that waits for it, so that it can
-#    travel during them.
+#    after another, each fragment's message handed over τ inner steps before the step that waits for it, so that
+#    it can travel during them.
 #
 # The task is the one *the bench* measures (`python -m minddp.bench.convergence`): language modelling of a
 # Markov chain over 32 tokens. Its **entropy floor** (the lowest loss any model can reach) is known exactly, and
@@ -389,8 +389,8 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 #
 # Each inner step is its forward (pale), backward (blue) and optimizer step (green), whose post-hook hands a
 # fragment's pseudo-gradient to the link (the tall tick) or waits for it and applies it (the triangle). The
-# orange bars (both shades) are the messages' modeled transfers on the link, each from its tick. Red is the
-# wait: from the post-hook's `wait()` until the message is delivered (its modeled transfer over and the real
+# orange bars (both shades) are the messages' modeled transfers on the link, each from its tick. Red, if any, is
+# the wait: from the post-hook's `wait()` until the message is delivered (its modeled transfer over and the real
 # all_reduce done). White in the row is time in none of the three (the training thread's own work, or time it
 # did not run on this shared machine's cores): part of the time a message has to travel. The lines under the
 # figure give each message's time on the link, its "ms of steps" (from the tick to the applying step's `wait()`,
