@@ -2342,6 +2342,14 @@ def schedule_period_fragment_silent_at_zero(step, sync_every, fragments, delay):
     return (step - 1) // sync_every % fragments if step % per_turn == per_turn - delay else None
 
 
+def schedule_position_in_the_period(step, sync_every, fragments, delay):
+    """The fragment taken from the step's place in the period, (step % sync_every − 1) // turn, with the right send
+    step: right until a period's last step sends, where step % sync_every is 0 and it sends −1 (learner read
+    10-r16 finding 3: named as a missing ``% fragments``)."""
+    per_turn = sync_every // fragments
+    return (step % sync_every - 1) // per_turn if step % per_turn == (per_turn - delay) % per_turn else None
+
+
 def outer_sync_adds_to_the_grad(params, synced, outer):
     """The averaged pseudo-gradient added onto .grad (p.grad += g) in place of set: the last inner backward's
     gradient, still in .grad, rides along into the outer step."""

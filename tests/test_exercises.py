@@ -1466,6 +1466,16 @@ def test_the_schedule_exercise_names_two_mistakes_at_once_by_their_causes():
     assert "never equals turn − delay = 3" in v.line, v.line
 
 
+@pytest.mark.timeout(120)
+def test_the_schedule_exercise_names_the_fragment_taken_from_step_modulo_sync_every():
+    """Learner read 10-r16 finding 3: the fragment taken from step % sync_every (right send step) sends −1 after a
+    period's last step and got the verdict of a missing % fragments, which it does not lack."""
+    v = check_fragment_schedule(wrong.schedule_position_in_the_period, timeout_s=TIMEOUT)
+    named = "after step 12 yours sends -1, streaming DiLoCo sends 3: yours takes the fragment from step % sync_every"
+    assert not v.ok and named in v.line and "(step − 1) // 3 % 4" in v.line, v.line
+    assert "modulo the fragments (turn % fragments)" not in v.line, v.line
+
+
 def test_the_model_answers_are_what_minddp_diloco_does():
     """The candidates' yardstick is itself checked: solutions.outer_sync gives minddp.DiLoCo's weights after
     every sync (the same kernels, the same sums: bit for bit), and solutions.fragment_to_send is the schedule

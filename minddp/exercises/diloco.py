@@ -761,7 +761,7 @@ def check_fragment_schedule(fn, *, world_size: int = 2, timeout_s: float = 20.0)
         said.append(f"with H = {h}, {k} fragments and a delay of {tau} (turns of {h // k} steps): {sends}")
     return Verdict(
         True,
-        f"✓ {name}: every replica sends " + "; ".join(said) + ": one fragment per turn, in turn, each delay steps "
+        f"✓ {name}: every replica sends " + "; ".join(said) + ": one fragment per turn, each delay steps "
         "before its turn ends, the same on every replica",
         reports,
     )
@@ -798,6 +798,17 @@ def _delay_ignored(schedules: list[list]) -> str:
         ):
             return where
     return ""
+
+
+def _place_in_the_period(schedule: dict, steps: int) -> list:
+    """Streaming DiLoCo's send steps, each sending ``(step % sync_every − 1) // turn``: the fragment taken from the
+    step's place in the period, right but after a period's last step, where ``step % sync_every`` is 0 and it
+    gives −1 (a −1 that a ``% fragments`` would turn into the last fragment)."""
+    h, k, tau = _args(schedule)
+    return [
+        (step % h - 1) // (h // k) if solutions.fragment_to_send(step, h, k, tau) is not None else None
+        for step in range(1, steps + 1)
+    ]
 
 
 def _silent_at_zero() -> str:
@@ -943,6 +954,13 @@ def _schedule_text(f: dict, report: dict) -> str:
             f"fragments and a delay of {ltau}: after step {(lturn - ltau + shift - 1) % lturn + 1} of each turn of "
             f"{lturn}, not {lturn} − {ltau} = {lturn - ltau})"
             + (f", and {_silent_at_zero()}" if silent else ": send where step % turn == (turn − delay) % turn")
+        )
+    if all(theirs == _place_in_the_period(s, len(theirs)) for s, theirs in zip(SCHEDULES, report["schedule"])):
+        return (
+            f"{where} yours sends {f['mine']!r}, streaming DiLoCo sends {f['right']!r}: yours takes the fragment from "
+            f"step % sync_every, (step % sync_every − 1) // turn: steps count from 1, so after a period's last step "
+            f"({h}, {2 * h}, ...) step % {h} is 0, not {h}, and yours gives −1; the fragment is the turn's number, "
+            f"(step − 1) // {turn} % {k}"
         )
     if isinstance(f["mine"], int) and not 0 <= f["mine"] < k:
         return (

@@ -246,7 +246,7 @@ def fragment_to_send(step: int, sync_every: int, fragments: int, delay: int) -> 
     per_turn = sync_every // fragments  # steps in a turn
     if step % per_turn != (per_turn - delay) % per_turn:
         return None
-    return (step - 1) // per_turn % fragments  # the turn's number (steps counted from 1), in turn over the fragments
+    return (step - 1) // per_turn % fragments  # the turn's number (steps counted from 1), modulo the fragments
 
 
 def handed_over_after(pieces: list[list[int]], cap: int) -> list[int]:

@@ -21,8 +21,10 @@ def mean_over_seeds(curves: dict, name: str, key: str) -> list[float]:
 
 def loss_against_bytes(results: dict, drawn: list[tuple[str, str]], top: float):
     """The figure: each run of ``drawn`` (name, colour) as its mean expected loss against its mean payload bytes
-    (log x; the 0-byte start left out), dotted for streaming DiLoCo, dashed at H = 100; ``single``'s mean final loss
-    and the entropy floor as horizontal lines; the y axis cut at ``top`` nats. Returns the figure."""
+    (log x; the 0-byte start left out), a staircase: at each payload, the run's last score with no more payload
+    (a run's payload grows only at its syncs: no straight line through payloads between them); dashed at H = 100
+    (streaming DiLoCo's too, as in ``docs/diloco/``'s figures); ``single``'s mean final loss and the entropy floor
+    as horizontal lines; the y axis cut at ``top`` nats. Returns the figure."""
     import matplotlib.pyplot as plt
 
     curves, floor = results["curves"], results["floor"]
@@ -30,8 +32,9 @@ def loss_against_bytes(results: dict, drawn: list[tuple[str, str]], top: float):
     for name, colour in drawn:
         pts = [(b, lo) for b, lo in zip(mean_over_seeds(curves, name, "bytes"), mean_over_seeds(curves, name, "loss"))]
         pts = [(b, lo) for b, lo in pts if b > 0]
-        style = ":" if name.startswith("streaming") else "--" if "100" in name else "-"
-        ax.plot([b for b, _ in pts], [lo for _, lo in pts], color=colour, label=name, linestyle=style)
+        style = "--" if "100" in name else "-"
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, color=colour, label=name, linestyle=style, drawstyle="steps-post")
     single = statistics.mean(c["loss"][-1] for c in curves["single"])
     ax.axhline(single, color="0.5", linestyle="-.", linewidth=0.8, label="single: final (sends 0)")
     ax.axhline(floor, color="red", linestyle=":", linewidth=0.8, label="entropy floor")
