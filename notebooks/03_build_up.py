@@ -619,7 +619,7 @@ lesson_03.look_table(looks, checks)
 # two ranks' columns need not agree.
 
 # %% [markdown]
-# ## The bucket lesson: when do buckets pay?
+# ## The bucket lesson: what buckets trade
 #
 # `hook-async` and `bucket-async` send the same bytes, one message per gradient against one per
 # bucket, both during the last backward, and wait for them in finish. A
@@ -732,7 +732,7 @@ lesson_03.sweep_table(swept, model, default).infer_objects().round(1)
 # emulated link that keeps both ratios of a setting for the network at hand, against a backward timed
 # on this machine (rank 0's): a faster machine gets a faster link. On the 2 ranks here (one all_reduce
 # of m bytes takes 2α + m·β), 1/β = one sync's bytes / (bytes ratio × that backward) and α = message
-# ratio × that backward / 2. The rungs run without a warm-up step. Both settings come from the blog's run as the
+# ratio × that backward / 2. The rungs run without a warm-up step. Both settings take the blog's workload as the
 # step-time model rebuilds it (`python -m minddp.model project --setting blog`, `docs/scaling.md` §5:
 # SmolLM2-360M, bf16 gradients, an assumed 3 TFLOP/s on each T4):
 #
