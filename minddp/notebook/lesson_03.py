@@ -21,7 +21,7 @@ from minddp.notebook.lesson import backward_less_check, say
 def say_spread(looks: dict) -> None:
     """How much the same network's last backward (less the check) varied between these steps, over the stages
     whose last backward holds no wait for a message (torch's waits are not seen, so it is left out)."""
-    rows = {s: backward_less_check(v) for s, v in looks.items() if v["waits"] and not v["waits_in_backward"]}
+    rows = {s: backward_less_check(v) for s, v in looks.items() if v.get("waits") and not v["waits_in_backward"]}
     rows |= {s: backward_less_check(v) for s, v in looks.items() if not v["calls"]}  # single: no message at all
     short, long = min(rows, key=rows.get), max(rows, key=rows.get)
     say(
