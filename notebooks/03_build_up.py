@@ -158,8 +158,8 @@ lesson.claim(
 # %% [markdown]
 # What to look for: three bursts of messages, one after each backward, each waited for (red)
 # before the next micro-batch may start. A hatched mark is the parameters-used check, run once per
-# backward (drawn where wide enough), not a wait for a message. A bar's length, the faded row's too, is one step's and does not
-# compare the stages' compute.
+# backward (drawn where wide enough), not a wait for a message. A bar's length, the faded row's
+# too, is one step's and does not compare the stages' compute.
 #
 # ## `ga`: gradient accumulation, `no_sync()`
 #
