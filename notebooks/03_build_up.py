@@ -632,10 +632,10 @@ lesson_03.look_table(looks, checks)
 
 # %% [markdown]
 # The calls and the link time are counted and modeled: the same on every run. Every other column
-# is one step, on cores shared with the other rank and the link's thread; the last backward column,
-# the same network in every row, shows how much such a time varies between these steps. So no
-# one-step column ranks the stages or shows a cause. Exposed and waited
-# can order two stages in opposite ways: exposed leaves out the link's time before a wait began,
+# is one step, on cores shared with the other rank and the link's thread; the last backward of
+# `single`, `simple`, `ga` and `ddp` (the same network, no wait and no check inside it) shows how
+# much such a time varies between these steps. So no one-step column ranks the stages or shows a
+# cause. Exposed and waited can disagree: exposed leaves out the link's time before a wait began,
 # waited adds the waiting after the link had delivered. The check's all_gather returns on a rank
 # only once both ranks have joined it: a rank's time there holds its wait for the other rank, so the
 # two ranks' columns need not agree.
@@ -862,8 +862,9 @@ lesson_03.say_verdicts(looks, t4, far, per_message_ms, one_far, sized_from["1024
 # per bucket instead of once per gradient tensor. In return the last bucket, full only late in
 # backward, has a longer tail on the link, and the first message leaves later; down the grid of
 # caps, a smaller cap never lengthens either, and sends more messages. "Buckets, in the end" prints
-# what one profiled step of each rung did; like every one-step time here, it ranks nothing and
-# shows no cause.
+# what one profiled step of each rung did: only its fixed costs are the link model's; its "paid"
+# and its milliseconds off the accumulation steps, like every one-step time here, rank nothing and
+# show no cause.
 
 # %%
 # %dist_shutdown
