@@ -291,7 +291,6 @@ lesson.claim(
     "And the training thread waits for each of them right there, inside the backward, which stops for every "
     "message and then goes on.",
 )
-lesson_03.say_hook_split(looks)
 
 # %% [markdown]
 # What to look for: the messages and the waits have moved into the last backward, which stops at
@@ -361,10 +360,6 @@ lesson.claim(
 lesson.claim(
     v["waits_in_backward"] == 0,
     "None of its waits begins inside a backward: it waits for each message once, in finish, after the last backward.",
-)
-lesson.say(  # measured: one profiled step each decides it, so printed, not claimed
-    f"In this step it left {v['exposed_ms']:.0f} ms of the link's time exposed, "
-    f"{lesson.than(v['exposed_ms'], prev['exposed_ms'])} hook's {prev['exposed_ms']:.0f} ms."
 )
 
 # %% [markdown]
@@ -510,10 +505,6 @@ lesson.claim(
     v["calls"] == prev["calls"] and v["waits_in_backward"] == 0,
     "bucket-async sends bucket's messages and waits for none of them inside a backward.",
 )
-lesson.say(  # measured: one profiled step each decides it, so printed, not claimed
-    f"In this step it left {v['exposed_ms']:.0f} ms of the link's time exposed, "
-    f"{lesson.than(v['exposed_ms'], prev['exposed_ms'])} bucket's {prev['exposed_ms']:.0f} ms."
-)
 
 # %% [markdown]
 # What to look for: `bucket`'s few messages, travelling while the backward goes on, as
@@ -574,14 +565,6 @@ lesson.say(
     "ddp's waits run in its end-of-backward callback, after the last backward operator, so the picture draws them "
     "after the backward bar, though they are inside `loss.backward()`."
 )
-ba = looks["bucket-async"]
-lesson.say(
-    f"In this one step ddp waited {v['waited_ms']:.0f} ms for its {v['calls']} messages, bucket-async "
-    f"{ba['waited_ms']:.0f} ms for its {ba['calls']} on the same link; of that, after the link had delivered: ddp "
-    f"{round(v['waited_ms']) - lesson.link_parts(v)[1]} ms, bucket-async "
-    f"{round(ba['waited_ms']) - lesson.link_parts(ba)[1]} ms. One step each, on a machine shared with other work, "
-    "does not rank the two."
-)
 
 # %% [markdown]
 # ## `torch`: torch's own DDP, the baseline
@@ -621,24 +604,20 @@ lesson.picture(
     title="One step of every stage on one time axis, each message over the emulated 1 Gbit/s link (rank 0)",
 )
 ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
-# one profiled step each decides the order of exposed: printed, not claimed
-lesson_03.say_exposed_pairs(looks)
+lesson_03.say_spread(looks)  # how much the same network's backward varied between these steps
 checks = lesson_03.checks_on_ranks(looks, ladder)  # each rank's own time at the check
-lesson_03.say_check_against_exposed(looks, checks, ladder)
 
 # %%
 # %%rank 0
 lesson_03.look_table(looks, checks)
 
 # %% [markdown]
-# The calls and the link time are counted and modeled: the same on every run. Every other column
-# is one step, on cores shared with the other rank and the link's thread; the last backward of
-# `single`, `simple`, `ga` and `ddp` (the same network, no wait and no check inside it) shows how
-# much such a time varies between these steps. So no one-step column ranks the stages or shows a
-# cause. Exposed and waited can disagree: exposed leaves out the link's time before a wait began,
-# waited adds the waiting after the link had delivered. The check's all_gather returns on a rank
-# only once both ranks have joined it: a rank's time there holds its wait for the other rank, so the
-# two ranks' columns need not agree.
+# The calls and the link time are counted and modeled: the same on every run. Every other column is
+# one step; the line above the table says how much the same network's last backward varied between
+# these steps. Exposed and waited can disagree: exposed leaves out the link's time before a wait
+# began, waited adds the waiting after the link had delivered. The check's all_gather returns on a
+# rank only once both ranks have joined it: a rank's time there holds its wait for the other rank,
+# so the two ranks' columns need not agree.
 
 # %% [markdown]
 # ## The bucket lesson: what buckets trade
@@ -826,7 +805,6 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         blog_runs[name, stage] = on_the_link(v["row"]) | {
             "calls": v["calls"],
             "backward_ms": lesson.backward_less_check(v),
-            "hooks_ms": lesson.hooks_less_check(v),
         }
     lesson_03.say_met(name, {s: blog_runs[name, s] for s in RUN[name]}, sized_from[name], blog_buckets)
 
@@ -849,22 +827,18 @@ lesson.claim(  # the link's modeled times: ga sends simple's messages once per s
     abs(t4["simple"]["link_ms"] - k * t4["ga"]["link_ms"]) < 1e-6 * t4["simple"]["link_ms"],
     f"ga's messages need 1/{k} of simple's time on the link.",
 )
-lesson_03.say_overlap_order(t4)  # one profiled step each decides it: printed, not claimed
 lesson.claim(  # the link's modeled clock: 291 fixed costs against 26
     far["hook-async"]["link_ms"] > far["bucket-async"]["link_ms"],
     "On the link with the ratios of 1024 ranks, hook-async's messages keep the link busier than bucket-async's.",
 )
 one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3  # one message's fixed cost there
-lesson_03.say_verdicts(looks, t4, far, per_message_ms, one_far, sized_from["1024 ranks"])
+lesson_03.say_fixed_costs(far, one_far, sized_from["1024 ranks"])
 
 # %% [markdown]
 # **The bucket lesson in words.** Buckets pay the fixed cost, 2(n−1)·α, and the comm-hook call once
 # per bucket instead of once per gradient tensor. In return the last bucket, full only late in
 # backward, has a longer tail on the link, and the first message leaves later; down the grid of
-# caps, a smaller cap never lengthens either, and sends more messages. "Buckets, in the end" prints
-# what one profiled step of each rung did: only its fixed costs are the link model's; its "paid"
-# and its milliseconds off the accumulation steps, like every one-step time here, rank nothing and
-# show no cause.
+# caps, a smaller cap never lengthens either, and sends more messages.
 
 # %%
 # %dist_shutdown
