@@ -210,7 +210,7 @@ lesson.claim(
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, with the thread's waits for them
 # (red); the micro-batches before it run straight on into each other. Just before the burst ga runs
-# the parameters-used check, in finish (hatched).
+# the parameters-used check, in finish (hatched, where wide enough to draw).
 #
 # ### Your turn: `ga`
 #
@@ -613,11 +613,11 @@ lesson_03.look_table(looks, checks)
 
 # %% [markdown]
 # The calls and the link time are counted and modeled: the same on every run. Every other column is
-# one step; the line above the table says how much the same network's last backward varied between
-# these steps. Exposed and waited can disagree: exposed leaves out the link's time before a wait
-# began, waited adds the waiting after the link had delivered. The check's all_gather returns on a
-# rank only once both ranks have joined it: a rank's time there holds its wait for the other rank,
-# so the two ranks' columns need not agree.
+# one step; the line printed above the figure says how much the same network's last backward varied
+# between these steps. Exposed and waited can disagree: exposed leaves out the link's time before a
+# wait began, waited adds the waiting after the link had delivered. The check's all_gather returns
+# on a rank only once both ranks have joined it: a rank's time there holds its wait for the other
+# rank, so the two ranks' columns need not agree.
 
 # %% [markdown]
 # ## The bucket lesson: what buckets trade
@@ -730,12 +730,13 @@ lesson_03.sweep_table(swept, model, default).infer_objects().round(1)
 #
 # Two ratios of a setting matter here: how long one sync's bytes take against one backward, and how
 # long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
-# emulated link that keeps both ratios of a setting for the network at hand, against a backward timed
-# on this machine (rank 0's): a faster machine gets a faster link. On the 2 ranks here (one all_reduce
-# of m bytes takes 2α + m·β), 1/β = one sync's bytes / (bytes ratio × that backward) and α = message
-# ratio × that backward / 2. The rungs run without a warm-up step. Both settings take the blog's workload as the
-# step-time model rebuilds it (`python -m minddp.model project --setting blog`, `docs/scaling.md` §5:
-# SmolLM2-360M, bf16 gradients, an assumed 3 TFLOP/s on each T4):
+# emulated link that keeps both ratios of a setting for the network at hand, against a backward
+# timed on this machine (rank 0's): a faster machine gets a faster link. On the 2 ranks here (one
+# all_reduce of m bytes takes 2α + m·β), 1/β = one sync's bytes / (bytes ratio × that backward) and
+# α = message ratio × that backward / 2. The rungs run without a warm-up step. Both settings take
+# the blog's workload as the step-time model rebuilds it
+# (`python -m minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16
+# gradients, an assumed 3 TFLOP/s on each T4):
 #
 # * **the ratios of 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`); the rungs from `simple` to
 #   `bucket-async`, on this notebook's workload;
