@@ -35,9 +35,9 @@
 #    *step 2* numbers the parts of the idea;
 # 3. **a run on real ranks**: one warm-up step, then one step under the profiler, and **a picture**
 #    of that step, the stage before it faded above it;
-# 4. **what to look for**: sentences printed from the run. Those with a ✓ are checked on the run
-#    shown (`lesson.claim`: a run that contradicts one fails the cell); the others hold for that run
-#    only (one step, on a machine shared with other work);
+# 4. **what to look for**: what the picture shows, and sentences printed from the run. Those with a ✓
+#    are checked on the run shown (`lesson.claim`: a run that contradicts one fails the cell); the
+#    others hold for that run only (one step, on a machine shared with other work);
 # 5. **your turn**: write the stage; `check` runs it on real ranks and says what is wrong.
 #
 # Until "The cap, swept", every stage trains the same model on the same batches, with the settings
@@ -157,9 +157,9 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: three bursts of messages, one after each backward, each waited for (red)
-# before the next micro-batch may start. The hatched marks are the parameters-used check, one per
-# backward, not waits for messages. A bar's length, the faded row's too, is one step's and does not
-# compare the stages' compute.
+# before the next micro-batch may start. A hatched mark is the parameters-used check, run once per
+# backward (drawn where wide enough), not a wait for a message. A bar's length, the faded row's
+# too, is one step's and does not compare the stages' compute.
 #
 # ## `ga`: gradient accumulation, `no_sync()`
 #
@@ -210,7 +210,7 @@ lesson.claim(
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, with the thread's waits for them
 # (red); the micro-batches before it run straight on into each other. Just before the burst ga runs
-# the parameters-used check, in finish (hatched).
+# the parameters-used check, in finish (hatched, where wide enough to draw).
 #
 # ### Your turn: `ga`
 #
@@ -291,7 +291,6 @@ lesson.claim(
     "And the training thread waits for each of them right there, inside the backward, which stops for every "
     "message and then goes on.",
 )
-lesson_03.say_hook_split(looks)
 
 # %% [markdown]
 # What to look for: the messages and the waits have moved into the last backward, which stops at
@@ -362,16 +361,12 @@ lesson.claim(
     v["waits_in_backward"] == 0,
     "None of its waits begins inside a backward: it waits for each message once, in finish, after the last backward.",
 )
-lesson.say(  # measured: one profiled step each decides it, so printed, not claimed
-    f"In this step it left {v['exposed_ms']:.0f} ms of the link's time exposed, "
-    f"{lesson.than(v['exposed_ms'], prev['exposed_ms'])} hook's {prev['exposed_ms']:.0f} ms."
-)
 
 # %% [markdown]
 # What to look for: messages on the wire while the backward goes on, and no wait for a message inside
 # it. The thread waits for the messages once, in finish, after the backward (a red block only where
-# wide enough to draw). A hatched red block at the start of its backward is the parameters-used check;
-# no message leaves until it ends.
+# wide enough to draw). No message leaves before the parameters-used check at its first gradient ends
+# (hatched, where wide enough to draw).
 #
 # ### Your turn: `hook-async`
 #
@@ -510,15 +505,10 @@ lesson.claim(
     v["calls"] == prev["calls"] and v["waits_in_backward"] == 0,
     "bucket-async sends bucket's messages and waits for none of them inside a backward.",
 )
-lesson.say(  # measured: one profiled step each decides it, so printed, not claimed
-    f"In this step it left {v['exposed_ms']:.0f} ms of the link's time exposed, "
-    f"{lesson.than(v['exposed_ms'], prev['exposed_ms'])} bucket's {prev['exposed_ms']:.0f} ms."
-)
 
 # %% [markdown]
 # What to look for: `bucket`'s few messages, travelling while the backward goes on, as
-# `hook-async`'s did, and no wait for a message inside the backward (a hatched red block at its start
-# is the parameters-used check).
+# `hook-async`'s did, and no wait for a message inside the backward.
 #
 # ### Your turn: `bucket-async`
 #
@@ -575,14 +565,6 @@ lesson.say(
     "ddp's waits run in its end-of-backward callback, after the last backward operator, so the picture draws them "
     "after the backward bar, though they are inside `loss.backward()`."
 )
-ba = looks["bucket-async"]
-lesson.say(
-    f"In this one step ddp waited {v['waited_ms']:.0f} ms for its {v['calls']} messages, bucket-async "
-    f"{ba['waited_ms']:.0f} ms for its {ba['calls']} on the same link; of that, after the link had delivered: ddp "
-    f"{round(v['waited_ms']) - lesson.link_parts(v)[1]} ms, bucket-async "
-    f"{round(ba['waited_ms']) - lesson.link_parts(ba)[1]} ms. One step each, on a machine shared with other work, "
-    "does not rank the two."
-)
 
 # %% [markdown]
 # ## `torch`: torch's own DDP, the baseline
@@ -622,35 +604,32 @@ lesson.picture(
     title="One step of every stage on one time axis, each message over the emulated 1 Gbit/s link (rank 0)",
 )
 ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
-# one profiled step each decides the order of exposed: printed, not claimed
-lesson_03.say_exposed_pairs(looks)
+lesson_03.say_spread(looks)  # how much the same network's backward varied between these steps
 checks = lesson_03.checks_on_ranks(looks, ladder)  # each rank's own time at the check
-lesson_03.say_check_against_exposed(looks, checks, ladder)
 
 # %%
 # %%rank 0
 lesson_03.look_table(looks, checks)
 
 # %% [markdown]
-# How to read it: compare the stages by the link, exposed and waited columns. The last backward and
-# step columns are one step each, on cores shared with the other rank and the link's thread: a
-# row's length does not rank the stages. Exposed and waited can order two stages in opposite ways:
-# exposed leaves out the link's time before a wait began, waited adds the waiting after the link had
-# delivered. The check's all_gather returns on a rank only once both ranks have joined it: a rank
-# that reaches it first stands there until the other arrives, so the two ranks' columns need not
-# agree.
+# The calls and the link time are counted and modeled: the same on every run. Every other column is
+# one step; the line printed above the figure says how much the same network's last backward varied
+# between these steps. Exposed and waited can disagree: exposed leaves out the link's time before a
+# wait began, waited adds the waiting after the link had delivered. The check's all_gather returns
+# on a rank only once both ranks have joined it: a rank's time there holds its wait for the other
+# rank, so the two ranks' columns need not agree.
 
 # %% [markdown]
-# ## The bucket lesson: when do buckets pay?
+# ## The bucket lesson: what buckets trade
 #
-# Compare `hook-async` and `bucket-async` in the table above: the same bytes, one message per
-# gradient against one per bucket, both sent during the last backward and waited for in finish. A
+# `hook-async` and `bucket-async` send the same bytes, one message per gradient against one per
+# bucket, both during the last backward, and wait for them in finish. A
 # bucketed stage trades three things against a per-gradient one (an all_reduce of m bytes between n
 # ranks takes 2(n−1)·α + 2(n−1)/n · m·β on the link):
 #
-# 1. **per message**: every all_reduce pays 2(n−1)·α on the link, and the thread's time to hand it
-#    over in a grad hook (in the accumulation steps); buckets pay both once per bucket instead of once
-#    per gradient tensor, and copy each gradient into its bucket;
+# 1. **per message**: every all_reduce pays 2(n−1)·α on the link and one comm-hook call in a grad
+#    hook; buckets pay both once per bucket instead of once per gradient tensor, and copy each
+#    gradient into its bucket;
 # 2. **the late start**: nothing goes to the link before some bucket's last gradient is ready, while a
 #    per-gradient stage sends its first gradient as soon as it is ready. The first message is the
 #    bucket that fills first, not always the plan's first;
@@ -662,9 +641,7 @@ lesson_03.look_table(looks, checks)
 # (`minddp.costmodel.buckets.queue_end`): message 1 gives the *start-limited* end, the last message
 # the *tail-limited* one. The link's time still to run when backward ends (*link after backward*) is
 # the most that step can expose: the thread stands through it only while in one of its waits in
-# finish. A longer backward hides more of the link, and handing messages over lengthens it, so the
-# verdicts at the end count both in the thread's time: exposed, and the accumulation steps less the
-# check. When each gradient is ready comes from the *bare network* (no wrapper, no hooks, no
+# finish. When each gradient is ready comes from the *bare network* (no wrapper, no hooks, no
 # messages, no profiler), timed here.
 
 # %%
@@ -712,8 +689,8 @@ table
 # on the link, with the bare network's timings scaled to the median of the five steps' backwards
 # (less the check). The figure sets the model's *link after backward* against each step's measured
 # one, the same measure; exposed and waited, which the thread's waits decide, are in the table. The
-# lower panel shows each plan's three costs by the model: "first message leaves" is into the model's
-# backward, not a measured one.
+# lower panel shows the three costs of each cap on the grid by the model (None's: the table); "first
+# message leaves" is into the model's backward, not a measured one.
 
 # %%
 # %%distributed
@@ -749,19 +726,20 @@ if rank == 0:
 lesson_03.sweep_table(swept, model, default).infer_objects().round(1)
 
 # %% [markdown]
-# ### Links sized with two of the blog's settings' ratios, at this machine's speed
+# ### Links sized with two settings' ratios, at this machine's speed
 #
 # Two ratios of a setting matter here: how long one sync's bytes take against one backward, and how
 # long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
-# emulated link that keeps both ratios of a setting for the network at hand, against a backward timed
-# on this machine (rank 0's): a faster machine gets a faster link. On the 2 ranks here (one all_reduce
-# of m bytes takes 2α + m·β), 1/β = one sync's bytes / (bytes ratio × that backward) and α = message
-# ratio × that backward / 2. The rungs run without a warm-up step. Both settings come from the blog's run as the
-# step-time model rebuilds it (`python -m minddp.model project --setting blog`, `docs/scaling.md` §5:
-# SmolLM2-360M, bf16 gradients, an assumed 3 TFLOP/s on each T4):
+# emulated link that keeps both ratios of a setting for the network at hand, against a backward
+# timed on this machine (rank 0's): a faster machine gets a faster link. On the 2 ranks here (one
+# all_reduce of m bytes takes 2α + m·β), 1/β = one sync's bytes / (bytes ratio × that backward) and
+# α = message ratio × that backward / 2. The rungs run without a warm-up step. Both settings take
+# the blog's workload as the step-time model rebuilds it
+# (`python -m minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16
+# gradients, an assumed 3 TFLOP/s on each T4):
 #
-# * **the ratios of 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`); every stage, on this notebook's
-#   workload;
+# * **the ratios of 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`); the rungs from `simple` to
+#   `bucket-async`, on this notebook's workload;
 # * **the ratios of 1024 ranks**: the blog's model on 1024 ranks over 100 Gbit/s InfiniBand
 #   (`100gbit-ib`), a setting the blog did not run: every all_reduce makes 2 × 1023 hops, so one
 #   message's fixed cost is a far larger share of the backward. On `deep-llama`, an offline preset
@@ -828,7 +806,6 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         blog_runs[name, stage] = on_the_link(v["row"]) | {
             "calls": v["calls"],
             "backward_ms": lesson.backward_less_check(v),
-            "hooks_ms": lesson.hooks_less_check(v),
         }
     lesson_03.say_met(name, {s: blog_runs[name, s] for s in RUN[name]}, sized_from[name], blog_buckets)
 
@@ -851,21 +828,18 @@ lesson.claim(  # the link's modeled times: ga sends simple's messages once per s
     abs(t4["simple"]["link_ms"] - k * t4["ga"]["link_ms"]) < 1e-6 * t4["simple"]["link_ms"],
     f"ga's messages need 1/{k} of simple's time on the link.",
 )
-lesson_03.say_overlap_order(t4)  # one profiled step each decides it: printed, not claimed
 lesson.claim(  # the link's modeled clock: 291 fixed costs against 26
     far["hook-async"]["link_ms"] > far["bucket-async"]["link_ms"],
     "On the link with the ratios of 1024 ranks, hook-async's messages keep the link busier than bucket-async's.",
 )
 one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3  # one message's fixed cost there
-lesson_03.say_verdicts(looks, t4, far, per_message_ms, one_far, sized_from["1024 ranks"])
+lesson_03.say_fixed_costs(far, one_far, sized_from["1024 ranks"])
 
 # %% [markdown]
-# **The bucket lesson in words.** Buckets cut two costs paid per message: the link's fixed cost,
-# 2(n−1)·α, and the thread's time to hand each message over in a grad hook. In return the last
-# bucket, full only late in backward, has a longer tail on the link, and the first message leaves
-# later; a smaller cap shortens both, for more messages. "Buckets, in the end" says, for each link,
-# whether the buckets paid in its two steps: one profiled step of each rung on a shared machine, so
-# what those two steps did, not which rung is the faster.
+# **The bucket lesson in words.** Buckets pay the fixed cost, 2(n−1)·α, and the comm-hook call once
+# per bucket instead of once per gradient tensor. In return the last bucket, full only late in
+# backward, has a longer tail on the link, and the first message leaves later; down the grid of
+# caps, a smaller cap never lengthens either, and sends more messages.
 
 # %%
 # %dist_shutdown

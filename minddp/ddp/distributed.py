@@ -9,8 +9,8 @@ subclass of the teaching stages (what it shares with ``fsdp``, the same start an
 2. **forward**: raise if the last backward left gradients unreduced; rebuild the plan once from the
    observed gradient order; broadcast buffers; decide whether the backward syncs (``no_sync()``, as
    ``ga``); with ``find_unused_parameters``, find the parameters the graph will not reach;
-3. **backward**: the reducer's hooks fill buckets and send them in order while backward goes on
-   (``bucket-async``), and its end-of-backward callback waits and writes back, all inside
+3. **backward**: the reducer's hooks fill buckets and send them while backward goes on, as
+   ``bucket-async`` does, but in the plan's order; its end-of-backward callback waits and writes back, all inside
    ``loss.backward()``. :meth:`finish_gradient_synchronization` is a no-op, for the shared loop.
 
 The full map to the stages and to torch: ``docs/ddp.md``.

@@ -2,9 +2,9 @@
 sweep's figure, built from the runs' values, so that each cell shows its point in a few lines.
 
 Each function prints (or returns) words computed from the values it is handed, in the vocabulary of notebook 01
-and ``docs/analysis.md`` (link time, exposed, waited, overlap); none of them runs a step. The bucket lesson's
-verdicts count the two costs a per-gradient rung pays that buckets cut, in the thread's time: *exposed*, and the
-time in autograd's accumulation steps, where the grad hooks hand each message over (less the check).
+and ``docs/analysis.md`` (link time, exposed, waited, overlap). Each stage's numbers come from one profiled step
+on cores shared with other work: the sentences rank the stages only by what is counted or modeled (calls, bytes,
+the link's times), never by a measured step's times (:func:`say_spread` says why).
 """
 
 from __future__ import annotations
@@ -15,27 +15,22 @@ import torch
 import torch.distributed as dist
 
 from minddp.notebook import lesson
-from minddp.notebook.lesson import backward_less_check, hooks_less_check, say, than
+from minddp.notebook.lesson import backward_less_check, say
 
 
-def say_hook_split(looks: dict) -> None:
-    """hook's last backward split into autograd's accumulation steps (where the grad hooks run: their waits, the
-    check, the rest) and the rest of the backward."""
-    v, ga = looks["hook"], looks["ga"]
-    lasted, in_steps = round(v["last_backward_ms"]), round(v["accumulate_ms"])
-    own = in_steps - round(v["waited_ms"]) - round(v["check_ms"])
-    said = (
-        f"Its last backward lasted {lasted} ms, {in_steps} ms of it in autograd's accumulation steps, where the grad "
-        f"hooks run: there rank 0 waited {v['waited_ms']:.0f} ms for its messages, stood {v['check_ms']:.0f} ms at "
-        "the parameters-used check"
+def say_spread(looks: dict) -> None:
+    """How much the same network's last backward (less the check) varied between these steps, over the stages
+    whose last backward holds no wait for a message (torch's waits are not seen, so it is left out)."""
+    rows = {s: backward_less_check(v) for s, v in looks.items() if v.get("waits") and not v["waits_in_backward"]}
+    rows |= {s: backward_less_check(v) for s, v in looks.items() if not v["calls"]}  # single: no message at all
+    short, long = min(rows, key=rows.get), max(rows, key=rows.get)
+    say(
+        f"One step each, on cores shared by the ranks, their gloo threads and the link's thread: the same network's "
+        f"last backward, less the check, in the {len(rows)} rows whose backward holds no wait for a message, took "
+        f"from {rows[short]:.0f} ms ({short}) to {rows[long]:.0f} ms ({long}), {rows[long] / rows[short]:.1f} times "
+        "as long. So no one-step time here (last backward, step, exposed, waited, at the check) ranks the stages or "
+        "shows a cause; the calls, the bytes and the link time are counted or modeled."
     )
-    if own >= 0:
-        said += (
-            f", and spent {own} ms in neither: adding each gradient into .grad (ga, with no grad hook, spent "
-            f"{ga['accumulate_ms']:.0f} ms in its accumulation steps), the hooks' own lines, and the link's time the "
-            "thread did not wait through"
-        )
-    say(said + ".")
 
 
 def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
@@ -45,33 +40,6 @@ def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     return {s: [r[s] for r in everyone] for s in mine}
-
-
-def say_exposed_pairs(looks: dict) -> None:
-    """Exposed before and after each of the ladder's changes, from ``simple`` to ``bucket-async``, in these steps."""
-    ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
-    e = {s: looks[s]["exposed_ms"] for s in ladder}
-    pairs = list(zip(ladder, ladder[1:]))
-    cut = sum(round(e[after]) < round(e[before]) for before, after in pairs)
-    say(
-        "Exposed, ms: "
-        + " → ".join(f"{s} {e[s]:.0f}" for s in ladder)
-        + f"; lower after {cut} of these {len(pairs)} changes, not lower after "
-        + (", ".join(f"{b} → {a}" for b, a in pairs if round(e[a]) >= round(e[b])) or "none")
-        + "."
-    )
-
-
-def say_check_against_exposed(looks: dict, checks: dict[str, list[float]], stages: list[str]) -> None:
-    """The stages whose parameters-used check held a rank (its longest) longer than the step's exposed time."""
-    longer = [s for s in stages if s in checks and max(checks[s]) > looks[s]["exposed_ms"]]
-    say(
-        "At the check (the longer rank) against exposed, ms: "
-        + ", ".join(f"{s} {max(checks[s]):.0f} against {looks[s]['exposed_ms']:.0f}" for s in stages if s in checks)
-        + "; the check held a rank longer than the link's exposed time in "
-        + (", ".join(longer) if longer else "none")
-        + f" of these {len(stages)}."
-    )
 
 
 def look_table(looks: dict, checks: dict[str, list[float]]):
@@ -99,14 +67,12 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
         f"{100 * 1e3 * min(bare.ready) / backward:.1f} % of the backward; bucket-async's first message, "
         + ("the plan's first bucket" if first == 0 else f"the plan's bucket {first + 1} of {len(plan)}")
         + f" ({len(plan[first])} gradients), after {100 * 1e3 * filled[first] / backward:.0f} %. In the profiled steps "
-        f"the parameters-used check, at the first gradient, held the first message back: hook-async's "
-        f"{looks['hook-async']['check_ms']:.0f} ms, bucket-async's {looks['bucket-async']['check_ms']:.0f} ms."
+        "rank 0 stood at the parameters-used check, at the first gradient and before any message, hook-async "
+        f"{looks['hook-async']['check_ms']:.0f} ms, bucket-async {looks['bucket-async']['check_ms']:.0f} ms."
     )
-    for s in why:
-        why[s]["backward_ms"] = backward_less_check(looks[s])
     table = (
         pd.DataFrame(why)
-        .T[["messages", "link_ms", "start_end_ms", "tail_end_ms", "end_ms", "limit", "exposed_ms", "backward_ms"]]
+        .T[["messages", "link_ms", "start_end_ms", "tail_end_ms", "end_ms", "limit", "exposed_ms"]]
         .rename(
             columns={
                 "link_ms": "link time, ms",
@@ -115,7 +81,6 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
                 "end_ms": "link after backward, ms",
                 "limit": "set by",
                 "exposed_ms": "exposed, ms",
-                "backward_ms": "last backward less the check, ms",
             }
         )
     )
@@ -136,17 +101,12 @@ def _by_cap(d: dict):
 
 
 def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run_s: float, here) -> None:
-    """The cap sweep in sentences: each cap's measured step, the model's link after backward, each step's lag to
-    its first wait, and the tally of the measured steps against hook-async's (``h``)."""
+    """The cap sweep in sentences: torch's default plan, the model's link after backward, and each measured step's
+    lag to its first wait (the measured steps' numbers are in :func:`sweep_table`)."""
     own = {c: backward_less_check(v) for c, v in swept.items()}
     say(
         f"torch's default (None) makes {default.messages} buckets here, its last of "
-        f"{default.last_bytes / 2**20:.1f} MiB ({1e3 * default.tail:.0f} ms on the link). Measured, one step per cap "
-        "(exposed / waited / backward less the check, ms): "
-        + ", ".join(
-            f"{cap_name(c)} {v['exposed_ms']:.0f} / {v['waited_ms']:.0f} / {own[c]:.0f}" for c, v in _by_cap(swept)
-        )
-        + f"; hook-async {h['exposed_ms']:.0f} / {h['waited_ms']:.0f} / {backward_less_check(h):.0f}."
+        f"{default.last_bytes / 2**20:.1f} MiB ({1e3 * default.tail:.0f} ms on the link)."
     )
     median_of = [cap_name(c) for c, b in own.items() if abs(b / 1e3 - this_run_s) < 1e-9]
     best = min(c.after_backward for c in model)
@@ -167,17 +127,6 @@ def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run
         "Each step's first wait after its backward, ms after the backward ended: "
         + ", ".join(f"{cap_name(c)} " + ("none" if g is None else f"{g:.1f}") for c, g in _by_cap(lags))
         + "; the link's time before it is not exposed."
-    )
-
-    def tally(key):
-        words = [than(v[key], h[key]) for v in swept.values()]
-        return ", ".join(
-            f"{w.rsplit(' ', 1)[0]} at {words.count(w)}" for w in ("less than", "as much as", "more than") if w in words
-        )
-
-    say(
-        f"Against hook-async's step, of the {len(swept)} caps' steps: by exposed, {tally('exposed_ms')}; by waited, "
-        f"{tally('waited_ms')}."
     )
 
 
@@ -318,38 +267,6 @@ def sized_figure(t4: dict, far: dict, setting_ratios: dict, world: int):
     )
 
 
-def say_overlap_order(t4: dict) -> None:
-    """On the 4 × T4 link: the less of the two async rungs' overlaps against the most of the four that wait for
-    each message as soon as the call that sends it returns."""
-    most = max(t4[s]["overlap_pct"] for s in ("simple", "ga", "hook", "bucket"))
-    least = min(t4[s]["overlap_pct"] for s in ("hook-async", "bucket-async"))
-    say(
-        f"Ratios of 4 × T4, overlap: the less of the two async rungs' ({least:.0f} %) is "
-        + ("above" if round(least) > round(most) else "not above")
-        + f" the most of simple, ga, hook and bucket ({most:.0f} %)."
-    )
-
-
-def by_thread_time(b: dict, h: dict) -> str:
-    """bucket-async's step (``b``) against hook-async's (``h``), each a dict with ``exposed_ms`` and ``hooks_ms``
-    (the accumulation steps less the check, :func:`minddp.notebook.lesson.hooks_less_check`): the two differences
-    and one verdict from their sum, at the printed precision (whole ms)."""
-    d_exposed = round(b["exposed_ms"]) - round(h["exposed_ms"])
-    d_hooks = round(b["hooks_ms"]) - round(h["hooks_ms"])
-    total = d_exposed + d_hooks
-
-    def diff(d):
-        return f"{abs(d)} ms {'more' if d > 0 else 'less'}" if d else "as much"
-
-    verdict = "paid" if total < 0 else "did not pay" if total > 0 else "made no difference"
-    return (
-        f"exposed bucket-async {b['exposed_ms']:.0f} ms, hook-async {h['exposed_ms']:.0f} ms; in the accumulation "
-        f"steps, less the check, {b['hooks_ms']:.0f} ms and {h['hooks_ms']:.0f} ms. bucket-async's thread: "
-        f"{diff(d_exposed)} exposed, {diff(d_hooks)} in the accumulation steps, {diff(total)} in all: the buckets "
-        f"{verdict} in these two steps"
-    )
-
-
 def say_sized_measures(t4: dict, far: dict) -> None:
     """Each sized link's rungs: link time, overlap, exposed and own backward; a whole-ms match of bucket-async's
     backward on the two links is said to be chance (two networks, two steps)."""
@@ -369,26 +286,15 @@ def say_sized_measures(t4: dict, far: dict) -> None:
         )
 
 
-def say_verdicts(looks: dict, t4: dict, far: dict, per_message_ms: float, one_far_ms: float, far_sized_s: float):
-    """The bucket lesson's verdicts, one per link, by exposed and the accumulation steps (:func:`by_thread_time`);
-    and the fixed costs on each link against the link time or the backward it was sized from."""
-    b, h = (
-        {"exposed_ms": looks[s]["exposed_ms"], "hooks_ms": hooks_less_check(looks[s])}
-        for s in ("bucket-async", "hook-async")
-    )
-    fewer = looks["hook-async"]["calls"] - looks["bucket-async"]["calls"]
-    say(
-        f"Buckets, in the end, one step each. 1 Gbit/s link: {by_thread_time(b, h)}. The {fewer} fewer messages took "
-        f"{fewer * per_message_ms:.1f} ms of fixed costs ({per_message_ms:.2f} ms each) off the link, and "
-        f"{round(h['hooks_ms']) - round(b['hooks_ms'])} ms off the thread's accumulation steps."
-    )
-    say(f"Ratios of 4 × T4: {by_thread_time(t4['bucket-async'], t4['hook-async'])}.")
+def say_fixed_costs(far: dict, one_far_ms: float, far_sized_s: float) -> None:
+    """On the link with the ratios of 1024 ranks: the fixed costs of hook-async's and bucket-async's messages, by
+    the link model, against the backward the link was sized from."""
     fixed_h = far["hook-async"]["messages"] * one_far_ms
     fixed_b = far["bucket-async"]["messages"] * one_far_ms
     sized = 1e3 * far_sized_s
     say(
-        f"Ratios of 1024 ranks: {by_thread_time(far['bucket-async'], far['hook-async'])}. One message's fixed cost "
-        f"there is {one_far_ms:.3f} ms: hook-async's {far['hook-async']['messages']} pay {fixed_h:.0f} ms, "
-        f"bucket-async's {far['bucket-async']['messages']} pay {fixed_b:.0f} ms, {fixed_h / sized:.1f} and "
-        f"{fixed_b / sized:.2f} times the {sized:.0f} ms backward the link was sized from."
+        f"Ratios of 1024 ranks: one message's fixed cost there is {one_far_ms:.3f} ms: hook-async's "
+        f"{far['hook-async']['messages']} pay {fixed_h:.0f} ms, bucket-async's {far['bucket-async']['messages']} pay "
+        f"{fixed_b:.0f} ms, {fixed_h / sized:.1f} and {fixed_b / sized:.2f} times the {sized:.0f} ms backward the link "
+        "was sized from."
     )
