@@ -453,12 +453,6 @@ def backward_less_check(v: dict) -> float:
     return v["last_backward_ms"] - sum(max(0.0, min(e, b1) - max(s, b0)) for s, e in v["check_spans"])
 
 
-def hooks_less_check(v: dict) -> float:
-    """ms of a look's last backward in autograd's accumulation steps, where the grad hooks run (``accumulate_ms``),
-    less the time the parameters-used check held the thread there (the part :func:`backward_less_check` takes off)."""
-    return v["accumulate_ms"] - (v["last_backward_ms"] - backward_less_check(v))
-
-
 def _before_after(ms: float) -> str:
     return f"{abs(ms):.1f} ms {'after' if ms >= 0 else 'before'}"
 
