@@ -834,12 +834,14 @@ lesson.claim(  # the link's modeled clock: 291 fixed costs against 26
 )
 one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3  # one message's fixed cost there
 lesson_03.say_fixed_costs(far, one_far, sized_from["1024 ranks"])
+lesson_03.say_bucket_lesson(model, per_gradient, far, one_far, sized_from["1024 ranks"])
 
 # %% [markdown]
 # **The bucket lesson in words.** Buckets pay the fixed cost, 2(n−1)·α, and the comm-hook call once
 # per bucket instead of once per gradient tensor. In return the last bucket, full only late in
-# backward, has a longer tail on the link, and the first message leaves later; down the grid of
-# caps, a smaller cap never lengthens either, and sends more messages.
+# backward, has a longer tail on the link, and the first message leaves later; on the grid, as the
+# cap shrinks, neither grows and more messages are sent. Which side wins depends on the link: the
+# figure's cell prints where, by the link model.
 
 # %%
 # %dist_shutdown

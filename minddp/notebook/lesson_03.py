@@ -117,9 +117,13 @@ def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run
         + (f": the {median_of[0]} step's own" if median_of else "")
         + f"), leaves {1e3 * model[0].after_backward:.1f} ms of link after backward at {model[0].cap_mb:g} MiB"
         + (", its least on the grid" if model[0].after_backward <= best + 5e-5 else f" (least {1e3 * best:.1f} ms)")
-        + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient: by the model, buckets "
-        + "leave less link after backward than one message per gradient at "
-        + ("no cap on the grid" if paying == 0 else f"{paying} of the grid's {len(model)} caps")
+        + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient: by the model, "
+        + (
+            "one message per gradient leaves less link after backward than every cap on the grid"
+            if paying == 0
+            else f"buckets leave less link after backward than one message per gradient at {paying} of the grid's "
+            f"{len(model)} caps"
+        )
         + " (the model times the bare network: no grad hook hands messages over)."
     )
     lags = {c: lesson.wait_after_backward(v["row"]) for c, v in swept.items()}
@@ -297,4 +301,35 @@ def say_fixed_costs(far: dict, one_far_ms: float, far_sized_s: float) -> None:
         f"{far['hook-async']['messages']} pay {fixed_h:.0f} ms, bucket-async's {far['bucket-async']['messages']} pay "
         f"{fixed_b:.0f} ms, {fixed_h / sized:.1f} and {fixed_b / sized:.2f} times the {sized:.0f} ms backward the link "
         "was sized from."
+    )
+
+
+def say_bucket_lesson(model: list, per_gradient, far: dict, one_far_ms: float, far_sized_s: float) -> None:
+    """The bucket lesson's conclusion, from the link model alone (no one step's times): where buckets lose and
+    where they win, and why. Here: the fixed costs the best cap on the grid saves against what its later sends add
+    (:func:`minddp.costmodel.buckets.plan_costs`). With the ratios of 1024 ranks: each rung's fixed costs against
+    the backward the link was sized from (a link busy for longer than the backward must run on past it)."""
+    best = min(model, key=lambda c: c.after_backward)
+    saved = 1e3 * (per_gradient.fixed - best.fixed)
+    worse = 1e3 * (best.after_backward - per_gradient.after_backward)
+    sized = 1e3 * far_sized_s
+    shares = {s: far[s]["messages"] * one_far_ms / sized for s in ("hook-async", "bucket-async")}
+    here = (
+        f"buckets lose: at {best.cap_mb:g} MiB, the best cap on the grid, they save {saved:.1f} ms of fixed costs "
+        f"and still leave {worse:.1f} ms more link after backward, because a bucket leaves only once its last "
+        "gradient is in"
+        if worse > 0
+        else f"buckets win: at {best.cap_mb:g} MiB they leave {-worse:.1f} ms less link after backward"
+    )
+    there = (
+        "buckets win: hook-async's fixed costs alone take "
+        f"{shares['hook-async']:.1f} times that backward, so its link must run on past it; bucket-async's take "
+        f"{shares['bucket-async']:.2f} times"
+        if shares["hook-async"] > 1 > shares["bucket-async"]
+        else f"fixed costs take {shares['hook-async']:.2f} (hook-async) and {shares['bucket-async']:.2f} "
+        "(bucket-async) times that backward"
+    )
+    say(
+        f"The bucket lesson, by the link model: on this notebook's link {here}. With the ratios of 1024 ranks, "
+        f"against the {sized:.0f} ms backward the link was sized from, {there}."
     )
