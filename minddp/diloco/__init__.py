@@ -10,8 +10,9 @@ name           class                                       the one idea it adds
 ``local-sgd``  :class:`~minddp.diloco.local_sgd.LocalSGD`  every H steps, average the weights
 ``diloco``     :class:`~minddp.diloco.diloco.DiLoCo`       every H steps, average the pseudo-gradient (synced
                                                            − local), step an outer optimizer from the synced
-                                                           weights; streamed: K fragments in turn, each sent
-                                                           τ steps early, mixed in with α
+                                                           weights; streamed: K fragments one after
+                                                           another, each sent τ steps early, mixed in
+                                                           with α
 =============  ==========================================  ==================================================
 
 Both are used as torchft's are: a context manager around an ordinary loop, the sync taken in a

@@ -440,7 +440,7 @@ class TrainConfig:
     )
     fragments: int | None = _opt(
         None,
-        "--stage diloco: streaming DiLoCo's fragments K, synced in turn, one every H/K steps (default 1: the "
+        "--stage diloco: streaming DiLoCo's fragments K, synced one after another, one every H/K steps (default 1: the "
         "whole model at once); H must be a multiple of K",
         group="slow",
         metavar="K",

@@ -473,7 +473,8 @@ def measure(run: RankRun, data: PreparedData) -> dict:
     """The held-out loss and accuracy of the weights each rank holds now (each scores its share of the split).
 
     The slow-link rungs' replicas hold the same weights right after a whole-model sync (``diloco`` with one
-    fragment and no delay, ``local-sgd``); between syncs, or with fragments in turn, each scores with its own.
+    fragment and no delay, ``local-sgd``); between syncs, or with fragments synced one after another, each
+    scores with its own.
     """
     with torch.profiler.record_function("minddp.held_out"):
         return held_out(run.model, data.eval, run.replicas, run.shard, run.device, data.pad_token_id)
