@@ -139,9 +139,9 @@ for line in run.report():
 # How each fault is noticed: a kill through its connections, which close as the kernel ends the killed
 # process, not at the signal; a raise through the raising process dropping its group, which closes its
 # connections. Each member that caught an error votes no, and the attempt is discarded. The next quorum
-# waits for every live slot to ask, and slot 1 stays live until the launcher records its process's exit:
-# once the launcher finds a process ended, it waits a fixed `EXIT_WAIT_S` (50 ms) for the final state a
-# process hands it after its last step, which a killed process never sends, then records the exit.
+# waits for every live slot to ask, and slot 1 stays live until the launcher records its process's exit,
+# which it does once it has found the process ended and made a fixed wait (`EXIT_WAIT_S`, 50 ms) for the
+# final state a process hands it after its last step, which a killed process never sends.
 #
 # The cell below prints each fault's recovery, the kill's in parts, in ms from the moment the faulting
 # process stamped just before it killed itself or raised (`FaultPlan.fire` in `minddp/ft/faults.py`), and
