@@ -17,10 +17,10 @@
 # # 07 · Fault tolerance: training through a lost process
 #
 # Every stage so far keeps the classic contract: a process that dies ends the run, and the next run starts
-# from the last checkpoint. At scale failures are routine: the pre-training of Llama 3 405B saw 419
-# unexpected interruptions in 54 days on 16,384 GPUs, one every 3.1 hours (54 × 24 / 419; *The Llama 3
-# Herd of Models*, Meta, 2024, arXiv:2407.21783, section 3.3.4), and each one costs the work since that
-# checkpoint plus a restart. The `ft` **rung** (a rung above notebook 03's ladder, in `minddp/ft/`, after
+# from the last checkpoint. At scale failures are routine: in a 54-day period of the pre-training of
+# Llama 3 405B, its 16,384 GPUs saw 419 unexpected interruptions, one every 3.1 hours (54 × 24 / 419;
+# *The Llama 3 Herd of Models*, Meta, 2024, arXiv:2407.21783, section 3.3.4), and each one costs the work
+# since that checkpoint plus a restart. The `ft` **rung** (a rung above notebook 03's ladder, in `minddp/ft/`, after
 # torchft, PyTorch's fault-tolerance library) keeps training instead: it runs the ladder's `ddp` stage
 # inside the phases below. Each try at a step (an **attempt**) goes through them (phases 2 and 3 only in
 # the attempts that need them):
@@ -101,10 +101,10 @@ print(key_lines(Lighthouse, lighthouse_lines))
 #   evicts it (its process ended and started again), unless it is the last holder, which is waited for.
 #   The **heartbeat** is a count that a thread of the process writes every 50 ms, `BEAT_S`, to the
 #   lighthouse's **store** (torch's `TCPStore`, a key-value store over TCP), where the processes also post
-#   their requests and votes and read the answers. A slot is **live** from its first heartbeat while it is
-#   not silent and the launcher has not recorded its process's exit. The lighthouse answers a quorum once
-#   every live slot has asked (every slot, at the run's first quorum and at the first attempt of a step in
-#   `full_world_at`);
+#   their requests and votes and read the answers. A slot is **live** from its first heartbeat until it is
+#   silent, its process has finished its last step, or the launcher has recorded its process's exit. The
+#   lighthouse answers a quorum once every live slot has asked (every slot, at the run's first quorum and
+#   at the first attempt of a step in `full_world_at`);
 # * `full_world_at=(9,)`: step 9's first quorum waits for all three slots;
 # * `restart_after_steps=1`: the launcher starts a killed slot again only once a step was committed
 #   without it;
@@ -137,32 +137,16 @@ for line in run.report():
 
 # %% [markdown]
 # How each fault is noticed: a kill through its connections, which close as the kernel ends the killed
-# process, not at the signal, and through the launcher's record of its exit; a raise through the raising
-# process dropping its group, which closes its connections.
+# process, not at the signal; a raise through the raising process dropping its group, which closes its
+# connections. Each member that caught an error votes no, and the attempt is discarded. The next quorum
+# waits for every live slot to ask, and slot 1 stays live until the launcher records its process's exit,
+# which it does once it has found the process ended and made a fixed wait (`EXIT_WAIT_S`, 50 ms) for the
+# final state a process hands it after its last step, which a killed process never sends.
 #
-# The cell below prints, for each fault, the moments the members, the lighthouse and the launcher
-# recorded, in ms after the time the faulting process stamped just before it killed itself or raised
-# (`FaultPlan.fire` in `minddp/ft/faults.py`). Its `✓` lines are **claims**: `lesson.claim` checks each on
-# the run shown, and the cell fails if one does not hold; the other lines are measurements.
-#
-# * **a peer's error**: the first error caught by a member other than the fault's slot: its all_reduce
-#   failed (gloo's sentences are printed further down);
-# * **discard**: each member that caught an error first drops its group (`drop_group`, printed above: a
-#   garbage collection and the group's teardown), then votes no; the lighthouse discards the attempt once
-#   it has read a no, or once a member that has not voted is no longer live;
-# * **exit seen** and **exit recorded** (the kill only): the launcher looks over its processes in
-#   **passes**; exit seen is the pass that found slot 1's process ended; exit recorded is its record of
-#   that exit for the lighthouse, made after a fixed wait (`EXIT_WAIT_S`, 50 ms) for the final state a
-#   process hands the launcher after its last step, which a killed process never sends;
-# * **next quorum**: the lighthouse answers, with a new tag, once every live slot has asked; slot 1 is live
-#   until its exit is recorded, so the kill's next quorum comes after that record (the second claim checks
-#   it);
-# * **work started** and **work done**: in the attempt that committed the step, the last member to start
-#   and the last to finish its work (`ToyTask`'s pause, forward, backward with the all_reduce). Before
-#   the start each member builds the new group and takes its digest; after the end it votes;
-# * **commit**: the lighthouse commits once every member has voted yes.
-#
-# The last lines give each recovery as a share of the hang bound: neither fault waited for it.
+# The cell below prints each fault's recovery, the kill's in parts, in ms from the moment the faulting
+# process stamped just before it killed itself or raised (`FaultPlan.fire` in `minddp/ft/faults.py`), and
+# as a share of the hang bound: neither fault waited for it. Its `✓` lines are **claims**: `lesson.claim`
+# checks each on the run shown, and the cell fails if one does not hold.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -173,17 +157,14 @@ lesson.claim(
     run.errors(raised.fault.step)[0][0] == raised.fault.slot
     and not run.exits(after=raised.fired)
     and raised.world == 3,
-    f"raise: the first error was slot {raised.fault.slot}'s own, no process ended without handing in its final "
-    f"state after it, and step {raised.committed_step} was committed at world 3",
+    f"raise: the first error was slot {raised.fault.slot}'s own, no process died after it, and step "
+    f"{raised.committed_step} was committed at world 3",
 )
 lesson.claim(
     kill.exit_s is not None and kill.exit_s <= kill.quorum_s,
     f"kill: the next quorum came after the launcher recorded slot {kill.fault.slot}'s exit",
 )
-lesson_07.print_moments(run, kill)
-lesson_07.print_moments(run, raised)
-print()
-lesson_07.print_recoveries(kill, raised, hang_s)
+lesson_07.print_recoveries(run, kill, raised, hang_s)
 
 
 # %% [markdown]
@@ -203,7 +184,7 @@ lesson_07.print_rejoin(kill)
 # waited at step 9 (`full_world_at`). They ask for a step's quorum as soon as they have committed the step
 # before, so their time from their last commit to the quorum (the last line above) is the lighthouse
 # waiting for the new process alone, which was starting up (imports, connection, model: not timed apart).
-# That time is part of neither fault's recovery.
+# Without `full_world_at`, slots 0 and 2 would have trained on at world 2 until its first heartbeat.
 #
 # Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline below),
 # and only slot 1's process was started again; a restart from a checkpoint (not run here) starts every
@@ -226,7 +207,7 @@ print(run.timeline())
 #   group, before the work, it received the trained state from a peer, then trained that step with them
 #   (`H`), and from then on at world 3;
 # * in step 11 slot 2's comm hook raised before its all_reduce: slot 2's process stayed, dropped its group
-#   and voted no. Slots 0 and 1's all_reduce failed too, though no process had ended (printed below, in
+#   and voted no. Slots 0 and 1's all_reduce failed too, though no process died (printed below, in
 #   the order caught). The attempt was discarded on every member, and step 11 was tried again by a new
 #   group of the same three slots.
 
@@ -302,8 +283,8 @@ lesson.claim(
 # survivors must train its rows too. Write that split: given the step's batch `(x, y)` (one row of `x` per
 # example, its target in `y`), return this rank's rows as two values, `(x[rows], y[rows])`, so that each of the B rows goes to exactly one of the `world` ranks and no rank takes more than ceil(B / world)
 # (a step lasts as long as its busiest rank), whatever `world` and B are. Split by the `rank` and `world`
-# you are given: the launcher's `RANK` is the slot, and the checker refuses a function that reads the environment
-# or the group's `dist.get_rank()` or `dist.get_world_size()`.
+# you are given: the checker also calls your function outside any group, and refuses one that reads the group's
+# `dist.get_rank()` or `dist.get_world_size()`, or the environment, where the launcher's `RANK` is the slot.
 #
 # `check_shard` first calls your function, in this process, for each rank of worlds 3, 2 and 1 on a 10-row
 # batch. Then it trains it on the `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3, on

@@ -1,11 +1,10 @@
-"""Notebook 07's tables: what a run of the ft rung recorded after each fault, in whole milliseconds.
+"""Notebook 07's printed lines: what a run of the ft rung recorded after each fault, in whole milliseconds.
 
 Each function reads a run of :func:`minddp.ft.launch_ft` and one of its faults (a
 :class:`minddp.ft.report.FaultOutcome`) through :mod:`minddp.ft.report`'s measures and prints them;
 it defines no measure of its own. The notebook keeps its claims in its cells; these print or read:
 
-* :func:`print_moments`: the moments the members, the lighthouse and the launcher recorded after a fault;
-* :func:`print_recoveries`: each fault's recovery and its share of the hang bound;
+* :func:`print_recoveries`: each fault's recovery and its share of the hang bound, the kill's in parts;
 * :func:`print_rejoin`: what each side did from a kill to the quorum that took the slot's new process back;
 
 and three readers of the members' entries (one per member and attempt) for the cells' claims: :func:`attempts`,
@@ -14,7 +13,7 @@ and three readers of the members' entries (one per member and attempt) for the c
 
 from __future__ import annotations
 
-from minddp.ft.report import peer_error_s, retry_work_s
+from minddp.ft.report import peer_error_s
 
 
 def ms(seconds: float) -> int:
@@ -26,36 +25,23 @@ def ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
-def moments(run, o) -> dict[str, int]:
-    """Fault ``o``'s moments, ms after it, sorted by time."""
-    work, worked = retry_work_s(run, o)
-    slot = o.fault.slot
-    rows = {
-        "a peer's error": ms(peer_error_s(run, o)),
-        "discard": ms(o.discard_s),
-        **({f"slot {slot}'s exit seen": ms(o.seen_s)} if o.seen_s is not None else {}),
-        **({f"slot {slot}'s exit recorded": ms(o.exit_s)} if o.exit_s is not None else {}),
-        "next quorum": ms(o.quorum_s),
-        "work started": ms(work),
-        "work done": ms(worked),
-        f"commit of step {o.committed_step}": ms(o.recovery_s),
-    }
-    return dict(sorted(rows.items(), key=lambda item: item[1]))
-
-
-def print_moments(run, o) -> None:
-    """Print :func:`moments` as a table."""
-    print(f"\n{o.fault}: the moments recorded, ms after it")
-    for name, t in moments(run, o).items():
-        print(f"  {name:<30}{t:>5}")
-
-
-def print_recoveries(kill, raised, hang_s: float) -> None:
-    """Each fault's recovery, in whole ms, and its share of the hang bound."""
+def print_recoveries(run, kill, raised, hang_s: float) -> None:
+    """Each fault's recovery, in whole ms, and its share of the hang bound; the kill's in three consecutive parts
+    that add up to it: until a survivor caught an error, from then to the next quorum (with the launcher's record of
+    the killed process's exit, which that quorum waits for), and from that quorum to the commit of the step."""
     for o in (kill, raised):
-        print(
-            f"{o.fault} recovery: {ms(o.recovery_s)} ms, {o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s)"
-        )
+        share = f"{o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s)"
+        line = f"{o.fault}: recovery {ms(o.recovery_s)} ms, {share}"
+        if o is kill:
+            error, quorum, exit_, seen = ms(peer_error_s(run, o)), ms(o.quorum_s), ms(o.exit_s), ms(o.seen_s)
+            line += (
+                f": {error} ms until a survivor's all_reduce failed (at {seen} ms the launcher found slot "
+                f"{o.fault.slot}'s process ended), {quorum - error} ms more to the next quorum, which came "
+                f"{quorum - exit_} ms after the launcher recorded that exit, a record it made {exit_ - seen} ms "
+                f"after finding the process ended, and {ms(o.recovery_s) - quorum} ms more to train step "
+                f"{o.committed_step} again in a new group and commit it"
+            )
+        print(line)
 
 
 def print_rejoin(o) -> None:
