@@ -133,9 +133,9 @@ lesson.say(
 # none (every tick comes after the last blue).
 #
 # The blue begins with the loss's gradient nodes; then, in eager, several nodes per layer; with the cut, one
-# gradient node per piece, piece 0 first; without it, the whole graph's one. Count pieces and ticks in the claims,
-# not in the figure: nodes run back to back draw as one stretch, a node shorter than a pixel may not show, ticks
-# closer than a pixel draw as one, and a tick can lie on a node's edge.
+# gradient node per piece, piece 0 first; without it, the whole graph's one. Count pieces and buckets in the claims
+# and row labels, not in the bars: nodes run back to back draw as one stretch, a node shorter than a pixel may not
+# show, ticks closer than a pixel draw as one, and a tick can lie on a node's edge.
 #
 # Read the figure for the order of events, not for lengths, in a row or between rows: each row is a single step of
 # two ranks that share this machine's cores, and any bar can hold time its thread waits for a core. This notebook
@@ -379,8 +379,8 @@ lesson.claim(
 #   training step has no graph break, and one more forward runs in pieces.
 #
 # * At a bucket cap of 0.5 MiB, with the cut on (the default), torch's DDP (the torch installed here) does not
-# compile: Dynamo's cap for its first piece is above the bucket cap, and Dynamo asserts. minddp's `ddp`, which sets
-# that cap to the bucket cap, compiles there with both patterns, and its first step trains to eager's bits.
+#   compile: Dynamo's cap for its first piece is above the bucket cap, and Dynamo asserts. minddp's `ddp`, which
+#   sets that cap to the bucket cap, compiles there with both patterns, and its first step trains to eager's bits.
 #
 # * The train command and the benchmark take `--compile` (and `--compile-backend`).
 
