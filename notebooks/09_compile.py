@@ -122,25 +122,24 @@ lesson.say(
 # %% [markdown]
 # ## One step of each run, each row from its forward's start
 #
-# A training step (`train_step` in `minddp/ladder/loop.py`) runs the forward and the backward pass, then the
-# optimizer step. Each row is one run's third step (the first two are not profiled), on rank 0, from the start of
-# its forward to the black line where its optimizer step ends, scaled to that step: the forward (pale, the loss's
-# included), the gradient nodes (blue), the `AccumulateGrad` nodes (grey, the reducer's hook included: it copies a
-# filled bucket's gradients into one buffer and calls `all_reduce` on it), a tick when a bucket was handed
-# over, and the optimizer step (green). After the last grey, the reducer's end-of-backward callback (it waits for the
-# buckets' `all_reduce`s, then writes the averaged gradients back) runs undrawn.
+# A training step (`train_step` in `minddp/ladder/loop.py`) runs the forward and the backward pass, then the optimizer
+# step. Each row is one run's third step (the first two are not profiled), on rank 0, from the start of its forward to
+# the black line where its optimizer step ends, scaled to that step: the forward (pale, the loss's included), the
+# gradient nodes (blue), the `AccumulateGrad` nodes (grey, the reducer's hook included), a tick when a bucket was
+# handed over, and the optimizer step (green). After the last grey, the reducer's end-of-backward callback (it waits
+# for the buckets' `all_reduce`s, then writes the averaged gradients back) runs undrawn.
 #
 # What to look for: with the cut, as in eager, a gradient node ran after each tick but the last; without it, after
-# none (every tick comes after the last blue). The figure cell's claims check both.
+# none (every tick comes after the last blue).
 #
 # The blue begins with the loss's gradient nodes; then, in eager, several nodes per layer; with the cut, one
-# gradient node per piece, piece 0 first; without it, the whole graph's one. Count pieces and ticks in the claims,
-# not in the figure: nodes run back to back draw as one stretch, a node shorter than a pixel may not show, ticks
-# closer than a pixel draw as one, and a tick can lie on a node's edge.
+# gradient node per piece, piece 0 first; without it, the whole graph's one. Count pieces and buckets in the claims
+# and row labels, not in the bars: nodes run back to back draw as one stretch, a node shorter than a pixel may not
+# show, ticks closer than a pixel draw as one, and a tick can lie on a node's edge.
 #
-# Read the figure for the order of events, not for lengths: each row is a single step of two ranks that share this
-# machine's cores, and any bar can hold time its thread waits for a core. This notebook does not measure what
-# compiling or the cut costs.
+# Read the figure for the order of events, not for lengths, in a row or between rows: each row is a single step of
+# two ranks that share this machine's cores, and any bar can hold time its thread waits for a core. This notebook
+# does not measure what compiling or the cut costs.
 
 # %%
 # %%distributed
@@ -175,20 +174,18 @@ lesson.claim(
 #
 # Each piece records one gradient node, `CompiledFunctionBackward`, and the parameters whose gradients it produces
 # hang off it (their `AccumulateGrad` nodes). The cell walks autograd's nodes back from the output of one more
-# forward of the third run's `ddp` (compiled with the cut) and lists the pieces in the order the backward pass runs
-# them, each with its parameters in the forward's order (the piece's inputs). Beside them, that run's buckets:
-# `ddp`'s `bucket_plan`, rebuilt at the second step's forward in the order the first step's gradients arrived on
-# rank 0.
+# forward of `ddp` in the run compiled with the cut and lists the pieces in the order the backward pass runs them,
+# then that run's buckets (`ddp`'s `bucket_plan`, rebuilt at the second step's forward in the order the first
+# step's gradients arrived on rank 0), each with its parameters in the forward's order.
 #
 # Dynamo cuts only while torch's DDP's class attribute `_active_ddp_module` is set (torch's DDP sets it to itself
-# around its forward), reading the bucket cap from it, and caps piece 0 at
-# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (`torch_first` below). While its module runs compiled, minddp's
-# `ddp`, given a `bucket_cap_mb`, sets `_active_ddp_module` to a stand-in holding its bucket cap and the first
-# piece's cap to that cap, restoring both after (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap,
-# as bucket 0 does.
+# around its forward), reading the bucket cap from it; it caps piece 0 apart. While its module runs compiled,
+# minddp's `ddp`, given a `bucket_cap_mb`, sets `_active_ddp_module` to a stand-in holding its bucket cap and piece
+# 0's cap to that cap, restoring both after (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as
+# bucket 0 does.
 #
-# A bucket that a piece fills is handed over before the next piece's backward begins, and not by chance. When a
-# piece's backward ends, its parameters' `AccumulateGrad` nodes (where the reducer's hook runs) and the next piece's
+# A bucket that a piece fills is handed over before the next piece's backward begins: when a piece's
+# backward ends, its parameters' `AccumulateGrad` nodes (where the reducer's hook runs) and the next piece's
 # gradient node are all ready to run, and autograd's queue of ready nodes runs first the node of highest *sequence
 # number* (the forward numbers the nodes it records in order); an `AccumulateGrad` node's is set to the largest
 # there is (NOTE [ Sequence Number] in torch's `torch/csrc/autograd/node.h`).
@@ -201,19 +198,18 @@ with ddp.no_sync():  # no_sync(): the reducer expects no gradients from this for
 buckets = looks[CUT]["buckets"]
 for i, piece in enumerate(pieces):
     lesson.say(f"piece {i} (backward runs it {'first' if i == 0 else 'next'}): {', '.join(piece)}")
-size = nodes.parameter_bytes(ddp.module)  # each parameter's bytes, by its name in the model
+size = nodes.parameter_bytes(ddp.module)  # each parameter's bytes, by its name in the model (the forward's order)
 for i, bucket in enumerate(buckets):
-    lesson.say(f"bucket {i} ({sum(size[name] for name in bucket) / 2**20:g} MiB): {', '.join(bucket)}")
+    names = sorted(bucket, key=list(size).index)  # in the forward's order, as the pieces' names are
+    lesson.say(f"bucket {i} ({sum(size[name] for name in bucket) / 2**20:g} MiB): {', '.join(names)}")
 lesson.claim(
     len(pieces) > 1 and sorted(sum(pieces, [])) == sorted(sum(buckets, [])) == sorted(size) and len(size) == DEPTH,
     f"The graph is cut into {len(pieces)} pieces, which together produce the gradients of all "
     f"{DEPTH} parameters, each once.",
 )
-torch_first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's piece 0 under torch's DDP
 lesson.claim(
-    sum(size[name] for name in pieces[0]) / 2**20 == CAP > torch_first,
-    f"Piece 0 holds {CAP:g} MiB of parameters, the bucket cap, more than the {torch_first:g} MiB of "
-    "torch.distributed._DEFAULT_FIRST_BUCKET_BYTES.",
+    sum(size[name] for name in pieces[0]) / 2**20 == CAP == sum(size[name] for name in buckets[0]) / 2**20,
+    f"Piece 0 holds {CAP:g} MiB of parameters, the bucket cap, as bucket 0 does.",
 )
 runs = {label: looks[label]["pieces_run"] for label in (NO_CUT, CUT)}
 lesson.claim(
@@ -242,11 +238,12 @@ lesson.claim(
 #
 # Write `handed_over_after(pieces, cap)`: `pieces` lists pieces in the order the backward pass runs them, each as its
 # gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes, every bucket's, the first
-# included. The pieces are any sizes, not only those a cut at `cap` makes, so a bucket can take gradients from several
-# pieces. Fill the buckets in arrival order (a bucket closes at the first gradient that takes it to the cap or past
-# it; the gradients left at the end make one last bucket) and return, for each bucket, the index of the piece after
-# whose backward it is handed over. `check_handover` names the usual mistakes, or shows a case where yours differs.
-# On this notebook's step, four pieces of two 1 MiB gradients at a cap of 2 MiB, the answer is `[0, 1, 2, 3]`.
+# included. The pieces are any sizes, empty too, not only those a cut at `cap` makes, so a bucket can take gradients
+# from several pieces. Fill the buckets in arrival order, as `ddp` plans them from its second step on (a bucket closes
+# at the first gradient that takes it to the cap or past it; the gradients left at the end make one last bucket) and
+# return, for each bucket, the index of the piece after whose backward it is handed over. `check_handover` names the
+# usual mistakes, or shows a case where yours differs. On this notebook's step, four pieces of two 1 MiB gradients at
+# a cap of 2 MiB, the answer is `[0, 1, 2, 3]`.
 
 # %%
 from minddp.exercises import check_handover
@@ -273,14 +270,14 @@ print(check_handover(solutions.handed_over_after))
 # %% [markdown]
 # ## `torch.compile(wrapper)`: graph breaks
 #
-# The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. A graph break is a place
-# inside a graph Dynamo has begun where it stops the graph, runs Python, and starts a new one; this notebook counts
-# the breaks, not what they cost. Under `torch.compile(ddp)`, Dynamo compiles only `ddp`'s module and runs the rest
-# of `ddp`'s `forward` as Python, beginning no graph in the wrapper's own code (`eager_under_compile` in
-# `minddp/runtime/compiling.py`); torch's DDP's `forward` Dynamo traces, breaking the graph at each call it does not
-# trace (printed by name). Each count compiles an MLP of two 1 MiB layers, alone or in a wrapper
-# (`bucket_cap_mb` is the wrappers'), for one training step. Dynamo's cut into pieces is no graph break: it cuts the
-# graph Dynamo has captured.
+# The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. A graph break is a place inside
+# a graph Dynamo has begun where it stops the graph, runs Python, and starts a new one; this notebook counts the
+# breaks, not what they cost. minddp's `ddp` marks its `forward` for Dynamo to skip (`torch.compiler.disable`, in
+# `eager_under_compile`, `minddp/runtime/compiling.py`): Dynamo compiles only `ddp`'s module and begins no graph in
+# the wrapper's own code, so none breaks there. torch's DDP lets Dynamo trace its `forward`, and Dynamo breaks the
+# graph where it meets a call it cannot trace or one torch marks to skip (printed with Dynamo's reason). Each count
+# compiles an MLP of two 1 MiB layers, alone or in a wrapper (`bucket_cap_mb` is the wrappers'), for one training
+# step. Dynamo's cut into pieces is no graph break: it cuts the graph Dynamo has captured.
 
 
 # %%
@@ -307,7 +304,8 @@ lesson.say(
     f"(bucket_cap_mb={CAP:g}): " + ", ".join(f"{k} {v}" for k, v in counts.items())
 )
 lesson.say(
-    f"torch's DDP's graph breaks, at the calls Dynamo did not trace: {lesson_09.untraced_calls(reasons[THEIRS])}"
+    "torch's DDP's graph breaks, by the call Dynamo stopped at (Dynamo's reason) with the breaks there: "
+    + lesson_09.untraced_calls(reasons[THEIRS])
 )
 lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
 lesson.claim(counts[THEIRS] > counts[ALONE], "torch.compile(torch's DDP(MLP)) adds graph breaks to the model's.")
@@ -315,14 +313,13 @@ lesson.claim(counts[THEIRS] > counts[ALONE], "torch.compile(torch's DDP(MLP)) ad
 # %% [markdown]
 # ## A bucket cap of 0.5 MiB
 #
-# Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers, one training step
-# each, the wrapper's first (`lesson_09.compile_at`): its parameters against eager `ddp`'s after the same step, the
-# step's buckets and graph breaks, then the pieces of one more forward; or the refusal, with the torch file that
-# raised it. A first step's buckets follow torch's first-iteration plan (`plan_first_iteration_like_torch` in
+# Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers, one training step each,
+# the wrapper's first (`lesson_09.compile_at`): its parameters against eager `ddp`'s after the same step, the step's
+# buckets and graph breaks, then the pieces of one more forward; or the refusal, with the torch file that raised it. A
+# first step's buckets follow torch's first-iteration plan (`plan_first_iteration_like_torch` in
 # `minddp/ddp/plan.py`): with `find_unused_parameters` off, as here, one bucket per dtype and device, its parameters
-# in the order the model registers them. With torch's DDP, Dynamo caps the first piece at `torch_first`, above this
-# bucket cap, and asserts; its assert says "First bucket" for that first piece. minddp's `ddp` sets Dynamo's cap for
-# the first piece to its `bucket_cap_mb`, and Dynamo does not assert.
+# in the order the model registers them. With torch's DDP and the cut on (the default), Dynamo caps the first piece at
+# `torch_first`, above this bucket cap, and asserts; its assert says "First bucket" for that first piece.
 
 
 # %%
@@ -353,15 +350,15 @@ lesson.claim(
         and "(raised in torch/_dynamo/" in outcomes["torch's DDP", pattern]
         for pattern in patterns
     ),
-    f"With torch {torch.__version__}, at a bucket cap of {SMALL:g} MiB torch's DDP does not compile, with either "
-    f"pattern: Dynamo's cap for the first piece, {torch_first:g} MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), "
-    "is larger than the bucket cap, and Dynamo asserts.",
+    f"With torch {torch.__version__} and the cut on, at a bucket cap of {SMALL:g} MiB torch's DDP does not compile, "
+    f"with either pattern: Dynamo's cap for the first piece, {torch_first:g} MiB "
+    "(torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), is larger than the bucket cap, and Dynamo asserts.",
 )
 lesson.claim(
     all(
         outcomes["minddp's ddp", pattern]
-        == "trained a step to eager ddp's bits; the step's buckets: layers.0.weight, layers.1.weight; graph breaks: 0; "
-        "pieces of one more forward: layers.1.weight | layers.0.weight"
+        == "trained a step to eager ddp's bits; the step's 1 bucket: [layers.0.weight, layers.1.weight]; graph breaks: "
+        "0; one more forward's 2 pieces: [layers.1.weight], [layers.0.weight]"
         for pattern in patterns
     ),
     f"minddp's ddp trains its first step there, with either pattern, to the bits of eager ddp's first step, in one "
@@ -375,15 +372,15 @@ lesson.claim(
 # * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the graph into pieces, and
 #   here, as in eager, a gradient node ran after each bucket but the last was handed over, so those buckets'
 #   `all_reduce`s could run while gradients were still computed (not drawn); without the cut, none ran after any
-#   bucket. What the cut does to a step's length is not measured here.
+#   bucket.
 #
-# * `torch.compile(wrapper)`: at a bucket cap of 2 MiB `torch.compile(ddp)` adds no graph break to the model's own,
-#   where torch's DDP adds breaks; at 0.5 MiB its training step has no graph break, and one more forward runs in
-#   pieces.
+# * `torch.compile(wrapper)`: `ddp` adds no graph break to the model's own, since Dynamo compiles none of its
+#   wrapper's code; it traces torch's DDP's `forward`, breaking the graph at the calls printed. At 0.5 MiB `ddp`'s
+#   training step has no graph break, and one more forward runs in pieces.
 #
-# * At a bucket cap of 0.5 MiB torch's DDP (the torch installed here) does not compile: Dynamo's cap for its first
-#   piece is above the bucket cap, and Dynamo asserts. minddp's `ddp`, which sets that cap to the bucket cap,
-#   compiles there with both patterns, and its first step trains to eager's bits.
+# * At a bucket cap of 0.5 MiB, with the cut on (the default), torch's DDP (the torch installed here) does not
+#   compile: Dynamo's cap for its first piece is above the bucket cap, and Dynamo asserts. minddp's `ddp`, which
+#   sets that cap to the bucket cap, compiles there with both patterns, and its first step trains to eager's bits.
 #
 # * The train command and the benchmark take `--compile` (and `--compile-backend`).
 

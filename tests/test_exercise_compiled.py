@@ -426,6 +426,31 @@ def last_bucket_unless_the_last_piece_closed_one(pieces, cap):  # the reader's v
     return out
 
 
+def last_bucket_at_the_loop_variable(pieces, cap):  # read 16-b 5: passed before the checker had an empty piece
+    out, total = [], 0
+    for i, piece in enumerate(pieces):
+        for size in piece:
+            total += size
+            if total >= cap:
+                out, total = out + [i], 0
+    if total:
+        out.append(i)  # the mistake: the loop's last index, the last piece, though it may hold no gradient
+    return out
+
+
+def last_bucket_at_the_last_piece(pieces, cap):
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total >= cap:
+            out, total = out + [i], 0
+    return out + [len(pieces) - 1] * (total > 0)  # the mistake: the last piece, not that of the last gradient
+
+
+def buckets_listed_last_first(pieces, cap):  # read 16-b 5: got only the first case that differs before
+    return solutions.handed_over_after(pieces, cap)[::-1]  # the mistake: bucket of layers.0 first
+
+
 def never_past_noting_the_next_gradient(pieces, cap):
     out, total = [], 0
     for i, size in arrivals(pieces):
@@ -497,6 +522,9 @@ def never_past_noting_the_next_gradient(pieces, cap):
             never_past_noting_the_next_gradient,
             "a bucket was closed before the gradient that would take it past the cap, and given that gradient's piece",
         ),
+        (last_bucket_at_the_loop_variable, "the last bucket was given the last piece"),
+        (last_bucket_at_the_last_piece, "a piece can have no gradient (an empty list)"),
+        (buckets_listed_last_first, "the buckets were listed last first"),
     ],
 )
 def test_each_handover_mistake_is_named(fn, named):
@@ -511,5 +539,8 @@ def test_an_unwritten_a_raising_a_mistyped_and_an_unknown_answer_are_told_apart(
     assert "not written yet" in check_handover(unwritten).line
     assert "raised ZeroDivisionError" in check_handover(lambda pieces, cap: 1 // 0).line
     assert "return a list of ints" in check_handover(lambda pieces, cap: None).line
+    # right everywhere but where a piece is empty, which it cannot take (read 16-b 5: passed before)
+    first_gradient_of_each = check_handover(lambda p, c: solutions.handed_over_after(p, c) if all(p) else [p[-1][0]])
+    assert "with pieces [[4], [], [2], []] and a cap of 8 it raised IndexError" in first_gradient_of_each.line
     line = check_handover(lambda pieces, cap: [0]).line  # no mistake of the list: its first case that differs
     assert line.startswith("✗ handover: with pieces [[4, 4], [4, 4], [4, 4]] and a cap of 8 yours says [0]"), line

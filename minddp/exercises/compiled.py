@@ -7,9 +7,11 @@ that takes it to the cap or past it; what is left after the last full bucket mak
 answer: for each bucket, the index of the piece after whose backward it is handed over. The function is
 called on every case of :data:`CASES` and compared with the model answer
 (:func:`~minddp.exercises.solutions.handed_over_after`); an answer that matches one of the usual mistakes
-(:data:`MISTAKES`) on every case is named by it, one that matches two of them made together (:data:`PAIRS`) by
-both, any other by its first case that differs. A few pairs give the same answer as one mistake alone on every input
-(never past with strictly past, say): they are named by that one, which says what the answer does.
+(:data:`MISTAKES`) on every case without an empty piece (:data:`PLAIN`) is named by it, one that matches two of
+them made together (:data:`PAIRS`) by both, one right but for a last bucket given the last piece where that piece is
+empty by that (:data:`LAST_PIECE`), any other by its first case that differs. A few pairs give the same answer as
+one mistake alone on every input (never past with strictly past, say): they are named by that one, which says what
+the answer does.
 
 Example (pure Python, no ranks)::
 
@@ -41,7 +43,18 @@ CASES = [
     # from a cap never checked
     ([[2**20, 2**20]] * 4, 2 * 2**20),  # notebook 09's step: 1 MiB gradients, a 2 MiB cap; tells a 1 MiB first bucket
     ([[2, 2, 3], [1], [4]], 4),  # a piece that fills a bucket past its middle: tells each piece once from cap at end
+    ([[4], [], [2], []], 8),  # pieces without a gradient: the last bucket goes after piece 2, not the last piece
 ]
+
+#: the cases every mistake of :data:`MISTAKES` and :data:`PAIRS` is matched on: those without an empty piece (a
+#: learner's answer with one mistake may give a last bucket the last piece there, as most do)
+PLAIN = [k for k, (pieces, _) in enumerate(CASES) if all(pieces)]
+
+#: what the verdict says to an answer right but where the last pieces are empty: its last bucket given the last piece
+LAST_PIECE = (
+    "the last bucket was given the last piece (`len(pieces) - 1`, or the loop's last index): it is handed over "
+    "after the piece of its last gradient, and a piece can have no gradient (an empty list)"
+)
 
 
 def _walk(
@@ -258,6 +271,13 @@ def _last_unless_last_piece_closed(pieces, cap):
     return full + [len(pieces) - 1] * (rest and (not full or full[-1] != len(pieces) - 1))
 
 
+def _last_bucket_at_the_last_piece(pieces, cap):
+    """The model answer's rule with a last bucket not full given the last piece, whatever piece its last gradient
+    is in."""
+    full = _walk(pieces, cap, last=False)
+    return full + [len(pieces) - 1] * (len(solutions.handed_over_after(pieces, cap)) > len(full))
+
+
 def _never_past_next_gradient(pieces, cap):
     """A bucket closed before the gradient that would take it past the cap, given that gradient's piece."""
     after, filled, i = [], 0, 0
@@ -353,6 +373,11 @@ MISTAKES = {
         "the last bucket was dropped when the last piece had closed a bucket: the gradients left after the last "
         "full bucket always make one more bucket, whichever piece closed the one before",
     ),
+    "buckets listed last first": (
+        lambda pieces, cap: solutions.handed_over_after(pieces, cap)[::-1],
+        "the buckets were listed last first: list them in the order they fill, bucket 0 (the first to close, in "
+        "piece 0 or later) first",
+    ),
     "never past, the next gradient's piece": (
         _never_past_next_gradient,
         "a bucket was closed before the gradient that would take it past the cap, and given that gradient's "
@@ -394,11 +419,19 @@ def check_handover(fn) -> Verdict:
             f"✓ {name}: every bucket handed over after the right piece in all {len(CASES)} cases (e.g. pieces "
             f"{CASES[1][0]}, cap {CASES[1][1]}: {right[1]})",
         )
+
+    def matches(wrong) -> bool:  # on the cases without an empty piece
+        return all(answers[k] == wrong(*CASES[k]) for k in PLAIN)
+
+    if matches(solutions.handed_over_after):  # wrong only where a piece is empty
+        if answers == [_last_bucket_at_the_last_piece(p, c) for p, c in CASES]:
+            k = next(k for k, (a, r) in enumerate(zip(answers, right)) if a != r)
+            return Verdict(False, f"✗ {name}: {LAST_PIECE} (pieces {CASES[k][0]}, cap {CASES[k][1]}: {right[k]})")
     for mistake, (wrong, says) in MISTAKES.items():
-        if answers == [wrong(p, c) for p, c in CASES]:
+        if matches(wrong):
             return Verdict(False, f"✗ {name}: {says}")
     for a, b in PAIRS:
-        if answers == [_walk(p, c, **WALKS[a][0], **WALKS[b][0]) for p, c in CASES]:
+        if matches(lambda p, c, a=a, b=b: _walk(p, c, **WALKS[a][0], **WALKS[b][0])):
             return Verdict(False, f"✗ {name}: two mistakes: {WALKS[a][1]}; and {WALKS[b][1]}")
     k = next(k for k, (a, r) in enumerate(zip(answers, right)) if a != r)
     pieces, cap = CASES[k]
@@ -409,4 +442,4 @@ def check_handover(fn) -> Verdict:
     )
 
 
-__all__ = ["check_handover", "CASES", "MISTAKES", "PAIRS", "WALKS"]
+__all__ = ["check_handover", "CASES", "LAST_PIECE", "MISTAKES", "PAIRS", "PLAIN", "WALKS"]

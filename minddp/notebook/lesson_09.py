@@ -3,9 +3,10 @@
 :func:`compile_at` wraps a model in a DDP (torch's or minddp's), compiles it with either pattern (the model
 first, nanoGPT's, or ``torch.compile(wrapper)``), trains one step and says what happened: the refusal torch
 raised, or whether the step trained to eager's bits, its buckets, Dynamo's count of graph breaks and the compiled
-pieces of one more forward. :func:`flat` is the bit-for-bit comparison's vector; :func:`untraced_calls` says
-where Dynamo broke a graph. The notebook keeps its claims in its cells; these only compute and print. The
-notebook's other plumbing (its step's autograd nodes, the figure) is :mod:`minddp.notebook.nodes`.
+pieces of one more forward, each bucket and piece in brackets. :func:`flat` is the bit-for-bit comparison's
+vector; :func:`untraced_calls` says where Dynamo broke a graph, and why. The notebook keeps its claims in its cells;
+these only compute and print. The notebook's other plumbing (its step's autograd nodes, the figure) is
+:mod:`minddp.notebook.nodes`.
 
 Example (one rank here; notebook 09 runs it on every rank): two layers of 16 KiB, a cap below one layer, so
 one compiled piece per layer::
@@ -22,8 +23,8 @@ one compiled piece per layer::
     >>> _ = train_step(DistributedDataParallel(eager, bucket_cap_mb=cap), torch.optim.SGD(eager.parameters(), lr=0.01),
     ...                batch, loss_fn)
     >>> print(compile_at(DistributedDataParallel, two_layers(), True, batch, loss_fn, cap, "aot_eager", flat(eager)))
-    trained a step to eager ddp's bits; the step's buckets: 0.weight, 1.weight; graph breaks: 0;
-    pieces of one more forward: 1.weight | 0.weight
+    trained a step to eager ddp's bits; the step's 1 bucket: [0.weight, 1.weight]; graph breaks: 0;
+    one more forward's 2 pieces: [1.weight], [0.weight]
 """
 
 from __future__ import annotations
@@ -45,17 +46,18 @@ def flat(model) -> torch.Tensor:
 def untraced_calls(reasons: dict) -> str:
     """Dynamo's graph breaks by the call it did not trace, in a line: ``reasons`` is Dynamo's counter of graph-break
     reasons (its ``counters["graph_break"]``: reason -> breaks); each reason as the call it names
-    (``Class.method``, or its first line where it names none), with its count.
+    (``Class.method``), then Dynamo's reason in brief (the reason's first line), then its count of breaks.
 
-    >>> untraced_calls({"Dynamo does not know how to trace method `log` of class `Logger`": 1, "Other": 2})
-    'Logger.log 1, Other 2'
+    >>> untraced_calls({"Unsupported method call\\n  Explanation: ... method `log` of class `Logger`": 1, "Other": 2})
+    'Logger.log (Unsupported method call) 1, Other 2'
     """
 
     def call(reason: str) -> str:
+        brief = reason.strip().splitlines()[0]
         named = re.search(r"(?:method|function) `([^`]+)`(?: of class `([^`]+)`)?", reason)
         if named is None:
-            return reason.strip().splitlines()[0]
-        return f"{named[2]}.{named[1]}" if named[2] else named[1]
+            return brief
+        return f"{f'{named[2]}.{named[1]}' if named[2] else named[1]} ({brief})"
 
     return ", ".join(f"{call(reason)} {count}" for reason, count in reasons.items())
 
@@ -80,11 +82,16 @@ def compile_at(wrapper, model, model_first: bool, batch, loss_fn, cap: float, ba
     except Exception as error:  # what torch raises, said in one line, with the file of torch's that raised it
         return nodes.refusal(error)
     bits = "to eager ddp's bits" if torch.equal(flat(model), reference) else "to bits that differ from eager's"
-    step_buckets = " | ".join(", ".join(bucket) for bucket in nodes.bucket_names(ddp))  # a first step's plan
+    step_buckets = nodes.bucket_names(ddp)  # a first step's plan
     breaks = graph_breaks()
     with wrapped.no_sync():  # a forward whose backward never runs, to walk its pieces
         pieces = nodes.compiled_pieces(wrapped(torch.randn_like(batch[0])), model)
     return (
-        f"trained a step {bits}; the step's buckets: {step_buckets}; graph breaks: {breaks}; "
-        "pieces of one more forward: " + " | ".join(", ".join(piece) for piece in pieces)
+        f"trained a step {bits}; the step's {_counted(step_buckets, 'bucket')}; graph breaks: {breaks}; "
+        f"one more forward's {_counted(pieces, 'piece')}"
     )
+
+
+def _counted(groups: list[list[str]], noun: str) -> str:
+    """``groups`` of names counted and listed, each in brackets: ``2 pieces: [a], [b]``."""
+    return f"{len(groups)} {noun}{'s' * (len(groups) != 1)}: " + ", ".join(f"[{', '.join(g)}]" for g in groups)
