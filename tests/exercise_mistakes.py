@@ -397,6 +397,17 @@ class TensorHookSyncsTheParameter(solutions.HookDDP):
             p.register_hook(lambda grad, p=p: self._grad_ready(p))
 
 
+class HookLambdaReadsTheLoopsLast(solutions.HookDDP):
+    """Registers ``lambda _: self._grad_ready(p)`` in a loop over the parameters: each lambda reads ``p`` when it
+    runs, after the loop, so every hook syncs the last parameter and the others stay local (learner read 03, round
+    16, finding 10)."""
+
+    def __init__(self, module, process_group=None):
+        solutions.GradAccumDDP.__init__(self, module, process_group)
+        for p in module.parameters():
+            p.register_post_accumulate_grad_hook(lambda _: self._grad_ready(p))  # noqa: B023 (the mistake)
+
+
 class HookAssignsTheAllReduce(solutions.HookDDP):
     """Takes all_reduce's result for the sum in the grad hook: it is None, and the division after it meets None."""
 

@@ -864,6 +864,15 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             "gradients: a collective was handed the parameter (dist.all_reduce(param)), so .grad kept each rank's own "
             "gradient; all_reduce param.grad and divide it, and leave the parameters to optimizer.step()"
         )
+    if f["kind"] == "resent":  # sent from grad hooks (harness.resent_finding)
+        again = ", ".join(f"'{name}' {n} times" for name, n in f["again"].items())
+        return (
+            f"every sum of step {f['step']} went to one gradient ({again}); {names} were never sent: each grad hook "
+            "synced one parameter, not the one it was handed: a lambda made in a loop (lambda _: self._grad_ready(p)) "
+            "reads p when it runs, after the loop has ended, so every hook gets the loop's last parameter; use the "
+            "parameter the hook is handed (register_post_accumulate_grad_hook(self._grad_ready)), or bind it when "
+            "the lambda is made (lambda _, p=p: self._grad_ready(p))"
+        )
     if f["kind"] == "local" and 1 < f["step"] <= len(kinds) and kinds[0] and not kinds[f["step"] - 1]:
         return (
             f"gradients were not synchronized{at} ({names}): step {f['step']} started no collective at all, where "
