@@ -356,6 +356,17 @@ class ForwardReturnsNothing(solutions.GradAccumDDP):
         self.module(*inputs, **kwargs)
 
 
+class ForwardOnlyTurnsSyncOff(solutions.GradAccumDDP):
+    """Records only the 'off' decision (``if not self.require_backward_grad_sync: self.sync_this_backward = False``):
+    after the first no_sync() nothing turns it back on, so no backward syncs again (learner read 03, round 16,
+    finding 11)."""
+
+    def forward(self, *inputs, **kwargs):
+        if not self.require_backward_grad_sync:
+            self.sync_this_backward = False
+        return solutions.SimpleDDP.forward(self, *inputs, **kwargs)
+
+
 # -------------------------------------------------------------------------------- hook
 class IncomingGradient(solutions.GradAccumDDP):
     """Syncs from a *tensor* hook: the incoming gradient of the last micro-batch, not the accumulated one."""

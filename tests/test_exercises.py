@@ -263,7 +263,20 @@ MISTAKES = [
     (
         wrong.BucketCountsEveryBackward,
         "bucket",
-        "step 1 started no collective at all in 3 micro-batches, but a step of 1 micro-batch (no no_sync()) syncs",
+        (
+            "step 1 started no collective at all in 3 micro-batches, but a step of 1 micro-batch (no no_sync()) syncs",
+            "count only when this backward syncs",
+        ),
+    ),
+    # ga's decision only ever turned off: the same run, named as the forward's decision, not as a bucket's count
+    # (learner read 03, round 16, finding 11)
+    (
+        wrong.ForwardOnlyTurnsSyncOff,
+        "ga",
+        (
+            "but a step of 1 micro-batch (no no_sync()) syncs",
+            "self.sync_this_backward = self.require_backward_grad_sync",
+        ),
     ),
     # the count tested before it is decremented: 1 at the bucket's last gradient, so no step of any length sends
     (wrong.BucketTestsBeforeCounting, "bucket", "no bucket was sent even in a step of 1 micro-batch"),

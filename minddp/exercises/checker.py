@@ -212,12 +212,18 @@ def _counted_in_no_sync(stage, like, options: dict, reports: dict, accum: int, w
             )
     if "finding" not in one or one["finding"] or not (one.get("kinds") or [{}])[0]:
         return None
+    cause = (
+        "in the backwards inside no_sync() that it needs in the backward that syncs; a bucket's count of the gradients "
+        "it still waits for, counted in every backward, reaches zero unsent inside no_sync() and never again: count "
+        "only when this backward syncs (inside `if self.sync_this_backward:`)"
+        if (like or "").startswith("bucket")
+        else "inside no_sync() that it needs in the step that syncs: a decision only ever turned off stays off after "
+        "the first no_sync(); let every forward record it afresh, True or False "
+        "(self.sync_this_backward = self.require_backward_grad_sync)"
+    )
     return (
         f"gradients were not synchronized: step 1 started no collective at all in {accum} micro-batches, but a step "
-        f"of 1 micro-batch (no no_sync()) syncs ({calls_text(one['kinds'][0])}): your stage changes something in the "
-        "backwards inside no_sync() that it needs in the backward that syncs; a bucket's count of the gradients it "
-        "still waits for, counted in every backward, reaches zero unsent inside no_sync() and never again: count "
-        "only when this backward syncs (inside `if self.sync_this_backward:`)"
+        f"of 1 micro-batch (no no_sync()) syncs ({calls_text(one['kinds'][0])}): your stage changes something {cause}"
     )
 
 
