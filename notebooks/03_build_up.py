@@ -122,9 +122,10 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # replicas drift apart), with no message at all. The picture is one step: the forward (pale) and
 # backward (blue) of each micro-batch, then the optimizer (green); the black line is the end of the
 # step. The stages below add messages (orange on the wire, two shades alternating; a tick under the
-# row where each was handed to the wire), waits (red: the thread standing still until a message is
-# back), the parameters-used check (hatched red) and `finish_gradient_synchronization()` (a thin
-# purple strip, the legend's *finish*). A legend names the marks its figure draws, except those
+# row where each was handed to the wire), waits (red: the thread standing still until a message's
+# all_reduce returns), the parameters-used check (hatched red, the legend's *parameter check*: its
+# all_gather holds a rank until the other rank joins it) and `finish_gradient_synchronization()` (a
+# thin purple strip, the legend's *finish*). A legend names the marks its figure draws, except those
 # under a pixel wide.
 
 # %%
@@ -405,7 +406,7 @@ check(solutions.AsyncHookDDP, like="hook-async")
 # gradient is in, the bucket is flattened into one buffer and sent in one call; when the average is
 # back, each slice is copied into its parameter's `.grad`. Like `hook`, this stage waits for each
 # bucket. One more line is torch's: left at its default (`bucket_cap_mb=None`: torch's 25 MiB), the
-# first bucket's cap is 1 MiB, so that the first all_reduce can start early in backward. A cap given,
+# first bucket's cap is 1 MiB. A cap given,
 # as the settings printed at the top give one, is every bucket's cap, the first's too, as in torch. A
 # bucket closes at the gradient that reaches or passes its cap, so it can hold more. The idea:
 #
@@ -615,9 +616,8 @@ lesson_03.look_table(looks, checks)
 # The calls and the link time are counted and modeled: the same on every run. Every other column is
 # one step; the line printed above the figure says how much the same network's last backward varied
 # between these steps. Exposed and waited can disagree: exposed leaves out the link's time before a
-# wait began, waited adds the waiting after the link had delivered. The check's all_gather returns
-# on a rank only once both ranks have joined it: a rank's time there holds its wait for the other
-# rank, so the two ranks' columns need not agree.
+# wait began, waited adds the waiting after the link had delivered. As the check holds a rank until
+# the other joins it, the two ranks' columns need not agree.
 
 # %% [markdown]
 # ## The bucket lesson: what buckets trade
@@ -730,10 +730,10 @@ lesson_03.sweep_table(swept, model, default).infer_objects().round(1)
 #
 # Two ratios of a setting matter here: how long one sync's bytes take against one backward, and how
 # long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
-# emulated link that keeps both ratios of a setting for the network at hand, against a backward
-# timed on this machine (rank 0's): a faster machine gets a faster link. On the 2 ranks here (one
-# all_reduce of m bytes takes 2α + m·β), 1/β = one sync's bytes / (bytes ratio × that backward) and
-# α = message ratio × that backward / 2. The rungs run without a warm-up step. Both settings take
+# emulated link on which the network at hand keeps both ratios of a setting against one backward
+# timed on this machine (rank 0's); a rung's own backward, printed below, can differ from it, and so
+# can the ratios it met. On the 2 ranks here (one all_reduce of m bytes takes 2α + m·β), 1/β = one
+# sync's bytes / (bytes ratio × that backward) and α = message ratio × that backward / 2. Both settings take
 # the blog's workload as the step-time model rebuilds it
 # (`python -m minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16
 # gradients, an assumed 3 TFLOP/s on each T4):
@@ -833,15 +833,13 @@ lesson.claim(  # the link's modeled clock: 291 fixed costs against 26
     "On the link with the ratios of 1024 ranks, hook-async's messages keep the link busier than bucket-async's.",
 )
 one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3  # one message's fixed cost there
-lesson_03.say_fixed_costs(far, one_far, sized_from["1024 ranks"])
-lesson_03.say_bucket_lesson(model, per_gradient, far, one_far, sized_from["1024 ranks"])
+lesson_03.say_bucket_lesson(model, per_gradient, far, one_far)
 
 # %% [markdown]
 # **The bucket lesson in words.** Buckets pay the fixed cost, 2(n−1)·α, and the comm-hook call once
 # per bucket instead of once per gradient tensor. In return the last bucket, full only late in
 # backward, has a longer tail on the link, and the first message leaves later; on the grid, as the
-# cap shrinks, neither grows and more messages are sent. Which side wins depends on the link: the
-# figure's cell prints where, by the link model.
+# cap shrinks, neither grows and more messages are sent. Which side wins depends on the link.
 
 # %%
 # %dist_shutdown

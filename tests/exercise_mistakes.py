@@ -356,6 +356,17 @@ class ForwardReturnsNothing(solutions.GradAccumDDP):
         self.module(*inputs, **kwargs)
 
 
+class ForwardOnlyTurnsSyncOff(solutions.GradAccumDDP):
+    """Records only the 'off' decision (``if not self.require_backward_grad_sync: self.sync_this_backward = False``):
+    after the first no_sync() nothing turns it back on, so no backward syncs again (learner read 03, round 16,
+    finding 11)."""
+
+    def forward(self, *inputs, **kwargs):
+        if not self.require_backward_grad_sync:
+            self.sync_this_backward = False
+        return solutions.SimpleDDP.forward(self, *inputs, **kwargs)
+
+
 # -------------------------------------------------------------------------------- hook
 class IncomingGradient(solutions.GradAccumDDP):
     """Syncs from a *tensor* hook: the incoming gradient of the last micro-batch, not the accumulated one."""
@@ -395,6 +406,17 @@ class TensorHookSyncsTheParameter(solutions.HookDDP):
         solutions.GradAccumDDP.__init__(self, module, process_group)
         for p in module.parameters():
             p.register_hook(lambda grad, p=p: self._grad_ready(p))
+
+
+class HookLambdaReadsTheLoopsLast(solutions.HookDDP):
+    """Registers ``lambda _: self._grad_ready(p)`` in a loop over the parameters: each lambda reads ``p`` when it
+    runs, after the loop, so every hook syncs the last parameter and the others stay local (learner read 03, round
+    16, finding 10)."""
+
+    def __init__(self, module, process_group=None):
+        solutions.GradAccumDDP.__init__(self, module, process_group)
+        for p in module.parameters():
+            p.register_post_accumulate_grad_hook(lambda _: self._grad_ready(p))  # noqa: B023 (the mistake)
 
 
 class HookAssignsTheAllReduce(solutions.HookDDP):

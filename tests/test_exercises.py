@@ -219,6 +219,13 @@ MISTAKES = [
         "hook",
         ("synced before the last micro-batch was added into them", "register_post_accumulate_grad_hook"),
     ),
+    # a lambda in a loop that reads the loop's last parameter: every hook syncs that one; named as the lambda, not
+    # as sums that never reached .grad (learner read 03, round 16, finding 10)
+    (
+        wrong.HookLambdaReadsTheLoopsLast,
+        "hook",
+        ("every sum of step 1 went to one gradient ('fc3.bias' 6 times)", "lambda _, p=p: self._grad_ready(p)"),
+    ),
     # all_reduce's result (None) taken for the sum in a grad hook, then divided: named as that (learner read 03,
     # round 10, finding 3), not as a register_hook's None; a tensor hook that divides first still gets that hint, and
     # a forward that returns None its own
@@ -256,7 +263,20 @@ MISTAKES = [
     (
         wrong.BucketCountsEveryBackward,
         "bucket",
-        "step 1 started no collective at all in 3 micro-batches, but a step of 1 micro-batch (no no_sync()) syncs",
+        (
+            "step 1 started no collective at all in 3 micro-batches, but a step of 1 micro-batch (no no_sync()) syncs",
+            "count only when this backward syncs",
+        ),
+    ),
+    # ga's decision only ever turned off: the same run, named as the forward's decision, not as a bucket's count
+    # (learner read 03, round 16, finding 11)
+    (
+        wrong.ForwardOnlyTurnsSyncOff,
+        "ga",
+        (
+            "but a step of 1 micro-batch (no no_sync()) syncs",
+            "self.sync_this_backward = self.require_backward_grad_sync",
+        ),
     ),
     # the count tested before it is decremented: 1 at the bucket's last gradient, so no step of any length sends
     (wrong.BucketTestsBeforeCounting, "bucket", "no bucket was sent even in a step of 1 micro-batch"),

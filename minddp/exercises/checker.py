@@ -212,12 +212,18 @@ def _counted_in_no_sync(stage, like, options: dict, reports: dict, accum: int, w
             )
     if "finding" not in one or one["finding"] or not (one.get("kinds") or [{}])[0]:
         return None
+    cause = (
+        "in the backwards inside no_sync() that it needs in the backward that syncs; a bucket's count of the gradients "
+        "it still waits for, counted in every backward, reaches zero unsent inside no_sync() and never again: count "
+        "only when this backward syncs (inside `if self.sync_this_backward:`)"
+        if (like or "").startswith("bucket")
+        else "inside no_sync() that it needs in the step that syncs: a decision only ever turned off stays off after "
+        "the first no_sync(); let every forward record it afresh, True or False "
+        "(self.sync_this_backward = self.require_backward_grad_sync)"
+    )
     return (
         f"gradients were not synchronized: step 1 started no collective at all in {accum} micro-batches, but a step "
-        f"of 1 micro-batch (no no_sync()) syncs ({calls_text(one['kinds'][0])}): your stage changes something in the "
-        "backwards inside no_sync() that it needs in the backward that syncs; a bucket's count of the gradients it "
-        "still waits for, counted in every backward, reaches zero unsent inside no_sync() and never again: count "
-        "only when this backward syncs (inside `if self.sync_this_backward:`)"
+        f"of 1 micro-batch (no no_sync()) syncs ({calls_text(one['kinds'][0])}): your stage changes something {cause}"
     )
 
 
@@ -863,6 +869,15 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             f"{sender} sent the parameters themselves ({names}){at}, not their "
             "gradients: a collective was handed the parameter (dist.all_reduce(param)), so .grad kept each rank's own "
             "gradient; all_reduce param.grad and divide it, and leave the parameters to optimizer.step()"
+        )
+    if f["kind"] == "resent":  # sent from grad hooks (harness.resent_finding)
+        again = ", ".join(f"'{name}' {n} times" for name, n in f["again"].items())
+        return (
+            f"every sum of step {f['step']} went to one gradient ({again}); {names} were never sent: each grad hook "
+            "synced one parameter, not the one it was handed: a lambda made in a loop (lambda _: self._grad_ready(p)) "
+            "reads p when it runs, after the loop has ended, so every hook gets the loop's last parameter; use the "
+            "parameter the hook is handed (register_post_accumulate_grad_hook(self._grad_ready)), or bind it when "
+            "the lambda is made (lambda _, p=p: self._grad_ready(p))"
         )
     if f["kind"] == "local" and 1 < f["step"] <= len(kinds) and kinds[0] and not kinds[f["step"] - 1]:
         return (

@@ -358,6 +358,8 @@ class Events(TorchDispatchMode):
         self.handed: int | None = None  #: the length of the tensor a running transport was handed (``transport``)
         self.module = module
         self.on_parameters: list[str] = []  #: the parameters (not their gradients) a collective of this step sent
+        #: (name, phase) of each parameter whose ``.grad`` itself a collective of this step sent, one per collective
+        self.grads_sent: list[tuple[str, str]] = []
         #: where those collectives were started: "backward" (a grad hook) or "finish"
         self.parameters_sent_in: set[str] = set()
         self.current: str | None = None  #: the phase running (``phase``): "backward1", "finish2", ...
@@ -443,9 +445,12 @@ class Events(TorchDispatchMode):
         return out
 
     def _note_parameters(self, sent) -> None:
-        """A collective handed a parameter itself (``dist.all_reduce(param)``), not its ``.grad``: noted by name."""
+        """A collective handed a parameter itself (``dist.all_reduce(param)``), not its ``.grad``: noted by name;
+        one handed a parameter's ``.grad`` (or a view of it) noted in ``grads_sent``."""
         sent_storages = _storages(sent)
         for name, p in self.module.named_parameters() if self.module is not None else ():
+            if p.grad is not None and _storages(p.grad) & sent_storages:
+                self.grads_sent.append((name, (self.current or "finish").rstrip("0123456789")))
             if _storages(p) & sent_storages:
                 self.parameters_sent_in.add((self.current or "finish").rstrip("0123456789"))
                 if name not in self.on_parameters:
@@ -636,7 +641,7 @@ class Events(TorchDispatchMode):
         ]
         self.log, self.works, self.waited, self.futures, self.active, self.sealed = [], [], set(), [], True, set()
         self.again, self.flying, self.written, self.read, self.on_parameters = set(), {}, [], [], []
-        self.parameters_sent_in = set()
+        self.parameters_sent_in, self.grads_sent = set(), []
         dist.Work.wait, dist.Work.get_future, future.wait = waited_work, future_of_work, waited_future
         future.then = then
         for name, method in sends.items():
@@ -798,6 +803,7 @@ def run_step(
     summary["read_in_flight"] = list(dict.fromkeys(events.read))
     summary["on_parameters"] = list(events.on_parameters)
     summary["parameters_sent_in"] = sorted(events.parameters_sent_in)
+    summary["grads_sent"] = list(events.grads_sent)
     summary["averaged"] = events.averaged
     summary["gathered_apart"] = events.gathered_apart
     summary["gathered_first"] = events.gathered_first
@@ -1070,12 +1076,15 @@ def train(
         synced = [record["counts"][f"backward{i + 1}"] + record["counts"][f"finish{i + 1}"] > 0 for i in range(accum)]
         kinds = classify(record["grads"], {**candidates(local, averaged, world, synced, rank0), "values": values})
         everyone: list = [None] * world
-        dist.all_gather_object(everyone, (kinds, record["on_parameters"], record["parameters_sent_in"]), group=checker)
-        out["finding"] = gradient_finding([k for k, _, _ in everyone], step, record, local, averaged)
-        on_parameters = sorted({name for _, names, _ in everyone for name in names})
-        sent_in = sorted({where for _, _, places in everyone for where in places})
+        mine = (kinds, record["on_parameters"], record["parameters_sent_in"], record["grads_sent"])
+        dist.all_gather_object(everyone, mine, group=checker)
+        out["finding"] = gradient_finding([k for k, *_ in everyone], step, record, local, averaged)
+        on_parameters = sorted({name for _, names, _, _ in everyone for name in names})
+        sent_in = sorted({where for _, _, places, _ in everyone for where in places})
         if out["finding"] is not None and out["finding"]["kind"] == "local" and on_parameters:
             out["finding"] = {**out["finding"], "kind": "reduced_parameters", "names": on_parameters, "in": sent_in}
+        if out["finding"] is not None and out["finding"]["kind"] == "local":  # the sums went to one gradient, again
+            out["finding"] = resent_finding(out["finding"], everyone[0][3]) or out["finding"]
         if out["finding"] is not None and "reduce" in record["kinds"]:  # the sum left on one rank: reduce's dst
             out["finding"] = {**out["finding"], "kind": "reduced"}
         if out["finding"] is not None and record["left_off"]:  # the cause, where the stage shows it (torch's flag)
@@ -1291,6 +1300,20 @@ def gradient_finding(everyone: list[dict], step: int, record: dict, local, avera
             expected = add(expected, g)
         finding["largest"] = largest_difference({n: record["grads"][n] for n in names}, expected)
     return finding
+
+
+def resent_finding(finding: dict, grads_sent: list[tuple[str, str]]) -> dict | None:
+    """A ``local`` finding whose gradients were never sent while another gradient was sent more than once in the
+    step from grad hooks alone (``grads_sent``: rank 0's (name, phase) per collective): every sum went to that one,
+    as when each hook syncs the parameter a loop's lambda reads when it runs (the loop's last), not the one the hook
+    was handed. Sent from finish too: None (the ``local`` verdict stands)."""
+    counts: dict[str, int] = {}
+    for name, _ in grads_sent:
+        counts[name] = counts.get(name, 0) + 1
+    again = {name: n for name, n in counts.items() if n > 1}
+    if not again or any(name in counts for name in finding["names"]) or {w for _, w in grads_sent} != {"backward"}:
+        return None
+    return {**finding, "kind": "resent", "again": again}
 
 
 def oracle_step(model: nn.Module, optimizer, micro, global_batch: bool) -> None:

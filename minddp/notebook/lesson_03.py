@@ -23,10 +23,12 @@ def say_spread(looks: dict) -> None:
     whose last backward holds no wait for a message (torch's waits are not seen, so it is left out)."""
     rows = {s: backward_less_check(v) for s, v in looks.items() if v.get("waits") and not v["waits_in_backward"]}
     rows |= {s: backward_less_check(v) for s, v in looks.items() if not v["calls"]}  # single: no message at all
+    rows = {s: rows[s] for s in looks if s in rows}  # in the table's order
     short, long = min(rows, key=rows.get), max(rows, key=rows.get)
     say(
         f"One step each, on cores shared by the ranks, their gloo threads and the link's thread: the same network's "
-        f"last backward, less the check, in the {len(rows)} rows whose backward holds no wait for a message, took "
+        f"last backward, less the check, in {', '.join(list(rows)[:-1])} and {list(rows)[-1]} (the rows whose backward "
+        "holds no wait for a message; torch's waits are not seen), took "
         f"from {rows[short]:.0f} ms ({short}) to {rows[long]:.0f} ms ({long}), {rows[long] / rows[short]:.1f} times "
         "as long. So no one-step time here (last backward, step, exposed, waited, at the check) ranks the stages or "
         "shows a cause; the calls, the bytes and the link time are counted or modeled."
@@ -66,9 +68,7 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
         "Late start, on the bare network (no wrapper, no messages): the first gradient is ready after "
         f"{100 * 1e3 * min(bare.ready) / backward:.1f} % of the backward; bucket-async's first message, "
         + ("the plan's first bucket" if first == 0 else f"the plan's bucket {first + 1} of {len(plan)}")
-        + f" ({len(plan[first])} gradients), after {100 * 1e3 * filled[first] / backward:.0f} %. In the profiled steps "
-        "rank 0 stood at the parameters-used check, at the first gradient and before any message, hook-async "
-        f"{looks['hook-async']['check_ms']:.0f} ms, bucket-async {looks['bucket-async']['check_ms']:.0f} ms."
+        + f" ({len(plan[first])} gradients), after {100 * 1e3 * filled[first] / backward:.0f} %."
     )
     table = (
         pd.DataFrame(why)
@@ -96,13 +96,9 @@ def cap_name(cap) -> str:
     return "None" if cap is None else f"{cap:g} MiB"
 
 
-def _by_cap(d: dict):
-    return sorted(d.items(), key=lambda cv: 99 if cv[0] is None else cv[0])
-
-
 def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run_s: float, here) -> None:
-    """The cap sweep in sentences: torch's default plan, the model's link after backward, and each measured step's
-    lag to its first wait (the measured steps' numbers are in :func:`sweep_table`)."""
+    """The cap sweep in sentences: torch's default plan and the model's link after backward (the measured steps'
+    numbers are in :func:`sweep_table`)."""
     own = {c: backward_less_check(v) for c, v in swept.items()}
     say(
         f"torch's default (None) makes {default.messages} buckets here, its last of "
@@ -125,12 +121,6 @@ def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run
             f"{len(model)} caps"
         )
         + " (the model times the bare network: no grad hook hands messages over)."
-    )
-    lags = {c: lesson.wait_after_backward(v["row"]) for c, v in swept.items()}
-    say(
-        "Each step's first wait after its backward, ms after the backward ended: "
-        + ", ".join(f"{cap_name(c)} " + ("none" if g is None else f"{g:.1f}") for c, g in _by_cap(lags))
-        + "; the link's time before it is not exposed."
     )
 
 
@@ -265,9 +255,8 @@ def sized_figure(t4: dict, far: dict, setting_ratios: dict, world: int):
     return settings_ladder(
         {label("4 × T4"): t4, label("1024 ranks"): far},
         title=f"The ladder on {world} ranks: small-llama on a link sized with the ratios of the blog's 4 × T4 "
-        "run,\ndeep-llama on one sized with those of its model at 1024 ranks (not run by the blog);\neach rung met "
-        "them at its own backward, less the check (ms, under its exposed time; hook's and bucket's hold their "
-        "waits too)",
+        "run,\ndeep-llama on one sized with those of its model at 1024 ranks (not run by the blog);\nunder each "
+        "exposed time: the rung's own backward, less the check, ms (hook's and bucket's hold their waits too)",
     )
 
 
@@ -290,30 +279,17 @@ def say_sized_measures(t4: dict, far: dict) -> None:
         )
 
 
-def say_fixed_costs(far: dict, one_far_ms: float, far_sized_s: float) -> None:
-    """On the link with the ratios of 1024 ranks: the fixed costs of hook-async's and bucket-async's messages, by
-    the link model, against the backward the link was sized from."""
-    fixed_h = far["hook-async"]["messages"] * one_far_ms
-    fixed_b = far["bucket-async"]["messages"] * one_far_ms
-    sized = 1e3 * far_sized_s
-    say(
-        f"Ratios of 1024 ranks: one message's fixed cost there is {one_far_ms:.3f} ms: hook-async's "
-        f"{far['hook-async']['messages']} pay {fixed_h:.0f} ms, bucket-async's {far['bucket-async']['messages']} pay "
-        f"{fixed_b:.0f} ms, {fixed_h / sized:.1f} and {fixed_b / sized:.2f} times the {sized:.0f} ms backward the link "
-        "was sized from."
-    )
-
-
-def say_bucket_lesson(model: list, per_gradient, far: dict, one_far_ms: float, far_sized_s: float) -> None:
-    """The bucket lesson's conclusion, from the link model alone (no one step's times): where buckets lose and
-    where they win, and why. Here: the fixed costs the best cap on the grid saves against what its later sends add
-    (:func:`minddp.costmodel.buckets.plan_costs`). With the ratios of 1024 ranks: each rung's fixed costs against
-    the backward the link was sized from (a link busy for longer than the backward must run on past it)."""
+def say_bucket_lesson(model: list, per_gradient, far: dict, one_far_ms: float) -> None:
+    """The bucket lesson's conclusion, from the link model: where buckets lose and where they win, and why. Here:
+    the fixed costs the best cap on the grid saves against what its later sends add
+    (:func:`minddp.costmodel.buckets.plan_costs`). With the ratios of 1024 ranks: each rung's fixed costs (its
+    messages × ``one_far_ms``) against its own backward, less the check (a link busy for longer than the backward
+    its messages leave during must run on past it)."""
     best = min(model, key=lambda c: c.after_backward)
     saved = 1e3 * (per_gradient.fixed - best.fixed)
     worse = 1e3 * (best.after_backward - per_gradient.after_backward)
-    sized = 1e3 * far_sized_s
-    shares = {s: far[s]["messages"] * one_far_ms / sized for s in ("hook-async", "bucket-async")}
+    fixed = {s: far[s]["messages"] * one_far_ms for s in ("hook-async", "bucket-async")}
+    shares = {s: fixed[s] / far[s]["backward_ms"] for s in fixed}
     here = (
         f"buckets lose: at {best.cap_mb:g} MiB, the best cap on the grid, they save {saved:.1f} ms of fixed costs "
         f"and still leave {worse:.1f} ms more link after backward, because a bucket leaves only once its last "
@@ -321,15 +297,20 @@ def say_bucket_lesson(model: list, per_gradient, far: dict, one_far_ms: float, f
         if worse > 0
         else f"buckets win: at {best.cap_mb:g} MiB they leave {-worse:.1f} ms less link after backward"
     )
+    h, b = far["hook-async"], far["bucket-async"]
+    costs = (
+        f"hook-async's {h['messages']} messages' fixed costs, {one_far_ms:.2f} ms each, take "
+        f"{fixed['hook-async']:.0f} ms, {shares['hook-async']:.1f} times its own backward less the check"
+    )
+    theirs = (
+        f"bucket-async's {b['messages']} take {fixed['bucket-async']:.0f} ms, {shares['bucket-async']:.2f} times "
+        "its own"
+    )
     there = (
-        "buckets win: hook-async's fixed costs alone take "
-        f"{shares['hook-async']:.1f} times that backward, so its link must run on past it; bucket-async's take "
-        f"{shares['bucket-async']:.2f} times"
+        f"buckets win: {costs}, so its link runs on past that backward; {theirs}"
         if shares["hook-async"] > 1 > shares["bucket-async"]
-        else f"fixed costs take {shares['hook-async']:.2f} (hook-async) and {shares['bucket-async']:.2f} "
-        "(bucket-async) times that backward"
+        else f"{costs}; {theirs}"
     )
     say(
-        f"The bucket lesson, by the link model: on this notebook's link {here}. With the ratios of 1024 ranks, "
-        f"against the {sized:.0f} ms backward the link was sized from, {there}."
+        f"The bucket lesson, by the link model: on this notebook's link {here}. With the ratios of 1024 ranks, {there}."
     )
