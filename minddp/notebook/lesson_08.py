@@ -3,7 +3,7 @@
 Every section of the notebook breaks DDP on purpose and runs the broken script three ways on every rank:
 
 1. :func:`torch_does`: debug mode paused (:func:`minddp.debug.disable`), what each rank of torch's DDP raised and
-   after how long (:func:`torch_drifts`: a script that raises nothing, and how far its replicas ended apart);
+   after how long (:func:`torch_drifts`: a script that raises nothing, and whether its replicas ended apart);
 2. :func:`minddp_says`: in debug mode, the line rank 0 raised (a ``DebugError``), and whether every rank raised it;
 3. :func:`fixed`: the corrected script in debug mode: nothing said (:func:`quiet`), and the replicas agree.
 
