@@ -56,8 +56,8 @@ t
 # The ✓ line above is a checked sentence, printed by `lesson.claim(holds, sentence)` (`minddp.notebook.lesson`):
 # every rank evaluates `holds`; the sentence is printed once, under rank 0's label, with a ✓, and the cell fails on
 # any rank where `holds` is false. The sentence says what `holds` tests, no more, except that a value the cell puts
-# in it (a number, a name) is the run's own, computed but not tested. A claim states only what the code guarantees
-# (an order, a count, a value). Lines without a ✓ and the markdown are not checked.
+# in it (a number, a name) is the run's own, computed but not tested. Lines without a ✓ and the markdown are not
+# checked.
 
 # %% [markdown]
 # `%%rank 0` runs a cell on rank 0 only, for example to draw a plot once: here rank 0's `t[0]` before and
@@ -108,7 +108,8 @@ t
 
 # %% [markdown]
 # `%dist_status` names the ranks' backend and counts the *restarts*: the times the runner ended the
-# ranks and started fresh ones (their variables lost).
+# ranks and started fresh ones (their variables lost). The fresh process group after the failed cell
+# was not one.
 
 # %%
 # %dist_status

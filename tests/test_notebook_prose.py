@@ -64,7 +64,6 @@ STEADY: dict[str, dict[str, str]] = {
         "no 10 ms pause": SETTING,
     },
     "08_debugging": {
-        "whose timeout is 3 s": SETTING,
         "`all_gather(2 × int64[17], int64[17])`": "the recorded call's signature: two tensors of 17",
     },
     "10_diloco": {

@@ -302,8 +302,8 @@ class Watch:
                 finding(
                     "every rank is reading the same data",
                     f"the local gradients (before averaging) had the same fingerprints on every rank in steps "
-                    f"{step - SAME_DATA_STEPS + 1} to {step}, so the ranks compute one batch {self.group.size()}"
-                    " times: most likely no DistributedSampler or shard (or the same seed for a random loader)",
+                    f"{step - SAME_DATA_STEPS + 1} to {step}, so each batch is computed {self.group.size()} times, "
+                    "once per rank: most likely no DistributedSampler or shard (or the same seed for a random loader)",
                     "give each rank its own part of the data: DataLoader(dataset, sampler=DistributedSampler("
                     "dataset)) and sampler.set_epoch(epoch) each epoch",
                     dist.get_rank(),
