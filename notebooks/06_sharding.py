@@ -20,7 +20,7 @@
 # gradients and the optimizer's state (Adam keeps two more tensors the size of the model). The three
 # stages here, each a *rung* of the notebooks' ladder, follow ZeRO, the *Zero Redundancy Optimizer*
 # (Rajbhandari et al., 2019, arXiv 1910.02054, "the ZeRO paper"), and FSDP, *Fully Sharded Data
-# Parallel*, PyTorch's version of ZeRO's third stage. They keep DDP's computation and stop repeating the
+# Parallel*, PyTorch's version of ZeRO's third stage. They keep DDP's computation and repeat less of the
 # state. On n ranks they cut each *parameter tensor* into n *chunks*, one per rank; the chunk a rank
 # updates is its *shard*. Two collectives do the work, the reduce-scatter and the all-gather (next
 # section):
@@ -34,8 +34,9 @@
 #   backward, the next unit's gather started one unit ahead (a *prefetch*).
 #
 # The notation is notebook 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one
-# message, β the time per byte. ddp, zero1 and zero2 send their gradients in *buckets* (the workload
-# line), one collective per bucket; fsdp per unit and per replicated tensor.
+# message, β the time per byte. A *step* is all its micro-batches' forwards and backwards and the
+# *update* at their end (the optimizer's `step()`). ddp, zero1 and zero2 send their gradients in
+# *buckets* (the workload line), one collective per bucket; fsdp per unit and per replicated tensor.
 
 # %%
 # %load_ext minddp.notebook
@@ -53,9 +54,9 @@ lesson.say(lesson.describe())
 # A **reduce-scatter** sums a tensor over the ranks and leaves each rank one `1/n` piece of the
 # sum. An **all-gather** is the opposite move: each rank brings a piece and everyone ends with all
 # of them. One after the other, they are an all_reduce. A *transport* is what a stage sends through
-# instead of torch's collectives: called, it all-reduces. `TRANSPORTS` holds minddp's two, `ring` and
-# `naive`, written from `send`/`recv`, which also have `reduce_scatter` and `all_gather` methods. Here
-# the ring's two, on every rank, checked against gloo's all_reduce:
+# instead of torch's collectives: called, it all-reduces. minddp's own two, `TRANSPORTS["ring"]` and
+# `TRANSPORTS["naive"]`, are written from `send`/`recv` and also have `reduce_scatter` and `all_gather`
+# methods. Here the ring's two, on every rank, checked against gloo's all_reduce:
 
 # %%
 # %%distributed
@@ -96,10 +97,10 @@ show_source(ring_all_reduce)
 # all-gathers the updated parameters, two passes too. minddp's ZeRO-1 is DDP's wrapper with its optimizer
 # sharded, so it all-reduces and then all-gathers, three passes (a reduce-scatter would do, as in
 # ZeRO-2). FSDP reduce-scatters its units' gradients, a little under one pass, but gathers each unit's
-# parameters for every micro-batch's forward and again for its backward. The bound below counts one
-# reduce-scatter pass a step and two gathering passes per micro-batch; the all_reduce of the replicated
-# tensors lies within it. These are bytes, the β term, only: a ratio of bytes is not a ratio of time. The
-# cell works them out from the parameter count:
+# parameters for every micro-batch's forward and again, all but the last unit's, for its backward. The
+# bound below counts one reduce-scatter pass a step and two gathering passes per micro-batch; the
+# all_reduce of the replicated tensors lies within it. These are bytes, the β term, only: a ratio of
+# bytes is not a ratio of time. The cell works them out from the parameter count:
 
 # %%
 # %%distributed
@@ -127,15 +128,13 @@ lesson.say(
 # optimizer sharded by `minddp.ZeroRedundancyOptimizer`; `zero2` and `fsdp` hand out this rank's shards
 # as the model's parameters, so the optimizer built over `model.parameters()` holds state for the shards
 # (and for fsdp's replicated tensors). `zero2` keeps the whole parameters too (its shards are views into
-# them); `fsdp` keeps only the shards and its replicated tensors. A *step* is all its micro-batches'
-# forwards and backwards and the *update* at their end (the optimizer's `step()`).
+# them); `fsdp` keeps only the shards and its replicated tensors.
 # `minddp.sharding.memory.Probe` measures one step of each stage from the tensors the rank holds:
 # parameters, gradients just before the update, optimizer state just after, the activations (the most
 # bytes autograd saved for the backward during one micro-batch's forward, leaving out saved tensors that
 # lie in a parameter's storage or, for fsdp, a gathered unit's), and fsdp's *gathered units* at their
 # peak: the full parameters it has gathered and the buffers its all-gathers receive into (a unit's buffer
-# and the full parameters unpacked from it are counted apart). No column counts the buffers of zero1's
-# and zero2's all-gathers.
+# and the full parameters unpacked from it are counted apart).
 # `lesson.Trainee(stage, warmup=0)` builds the stage and its optimizer on every rank without a step, so
 # the measured step is its first: the *memory step*.
 
@@ -158,7 +157,7 @@ for name, t in trainees.items():
 # 8 of Adam's two moments, and each rung divides one more of the three among the ranks: DDP `16Ψ`;
 # ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and gradients) `4Ψ + 12Ψ/n`; FSDP (and parameters)
 # `16Ψₛ/n + 16Ψᵣ`, where `Ψᵣ` counts the values of the replicated tensors and `Ψₛ = Ψ − Ψᵣ` the rest.
-# The two columns differ by AdamW's *step counts*, one per parameter tensor (the ✓ line), which the
+# The two columns differ by AdamW's *step counts*, one per parameter tensor (a ✓ line), which the
 # table's rounding to 0.001 MiB shows as 0.000 or 0.001.
 
 # %%
@@ -203,13 +202,21 @@ lesson.say(
     + ", ".join(f"{names[i]} ({p.numel():,} values)" for i, p in left_whole.items())
     + f"; Ψᵣ = {memory['fsdp']['replicated']:,}."
 )
+reducers = {s: trainees[s].model.reducer for s in ("ddp", "zero1")}  # minddp's DistributedDataParallel's
+lesson.claim(
+    not any(r.gradient_as_bucket_view for r in reducers.values()),
+    "ddp and zero1 also keep a flat buffer per gradient bucket, in storage of its own beside the gradients, which no "
+    "column counts: "
+    + ", ".join(f"{s} {lesson.mib(sum(b.untyped_storage().nbytes() for b in r.buffers))}" for s, r in reducers.items())
+    + " on rank 0 after the step.",
+)
 table.round(3).astype(object).where(table.notna(), "–")
 
 # %% [markdown]
 # The gradients column is what rank 0 holds at the update: until the last backward's reduce-scatters,
 # zero2 and fsdp hold whole gradients, as ddp does. Every stage runs the same forward on the same
-# batch: sharding saves model state, not activations. The columns are measured at different moments, so
-# their sum is not the most a rank holds.
+# batch: sharding saves model state, not activations. The columns are measured at different moments; no
+# cell measures the most a rank holds at once.
 #
 # ## bf16 compute with fp32 master weights
 #
@@ -275,13 +282,13 @@ lesson.claim(
 # of that of their squares, both corrected for their bias, which makes them g and g² at the first
 # update: so the first update moves each value whose gradient g is neither zero nor as small as AdamW's ε
 # by about lr (g/|g| = ±1). The cell prints the median size of ddp's first
-# update's changes, then adds lr to every initial value held in bf16 and in fp32 (`lesson.added`) and
-# finds the values whose change is lost. The model's normalization layers, its *RMSNorms*, have weights
-# (scales) that start at 1.0:
+# update's changes, then adds lr to, and subtracts it from, every initial value held in bf16 and in fp32
+# (`lesson.added`) and finds the changes that are lost. The model's normalization layers, its
+# *RMSNorms*, have weights (scales) that start at 1.0:
 
 # %%
 # %%rank 0
-lr = lesson.SETTINGS.lr
+lr, DTYPES = lesson.SETTINGS.lr, {"bf16": torch.bfloat16, "fp32": torch.float32}
 initial = lesson.make_model()
 values = torch.cat([p.detach().reshape(-1) for p in initial.parameters()])  # the initial weights
 stepped = torch.cat([p.detach().reshape(-1) for p in trainees["ddp"].model.module.parameters()])  # after 1 step
@@ -290,24 +297,22 @@ lesson.say(
     f"{trainees['ddp'].optimizer.param_groups[0]['weight_decay']}) moved the values by a median of "
     f"{(stepped - values).abs().median().item() / lr:.2f} × lr, up or down."
 )
-took = {"bf16": lesson.added(values, lr, torch.bfloat16), "fp32": lesson.added(values, lr, torch.float32)}
-lost = took["bf16"] == 0  # the values adding lr leaves as they were
+# each value's change, in units of lr, when lr is added (row 0) and subtracted (row 1); 0 where it is lost
+moved = {k: torch.stack([lesson.added(values, s * lr, d).abs() / lr for s in (1, -1)]) for k, d in DTYPES.items()}
 norms = {id(m.weight) for m in initial.modules() if type(m).__name__.endswith("RMSNorm")}
 in_a_norm = torch.cat([torch.full((p.numel(),), id(p) in norms) for p in initial.parameters()])
-kept = {k: v[v != 0] / lr for k, v in took.items()}  # each change that was not lost, in units of lr
+lost = moved["bf16"] == 0
+kept = {k: v[v != 0] for k, v in moved.items()}  # each change that was not lost
 lesson.claim(
-    torch.equal(lost, in_a_norm) and bool((values[lost] == 1).all()) and kept["fp32"].numel() == values.numel(),
-    f"Adding lr = {lr} to each of this model's {values.numel():,} initial parameter values: in bf16 the "
-    f"{int(lost.sum()):,} values it leaves unchanged ({lost.double().mean():.2%} of them) are exactly the "
-    f"weights of its {len(norms)} RMSNorms, each "
-    f"1.0; each of the others changes by {kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr, up to "
-    f"{(kept['bf16'] - 1).abs().max():.0%} away from lr. In fp32 every "
-    f"value changes, by lr to within {(kept['fp32'] - 1).abs().max():.3%}.",
+    all(torch.equal(row, in_a_norm) for row in lost) and bool((values[in_a_norm] == 1).all()) and moved["fp32"].all(),
+    f"Adding lr = {lr} to, and subtracting it from, each of this model's {values.numel():,} initial parameter "
+    f"values: in bf16 each of the two leaves unchanged exactly the {int(in_a_norm.sum()):,} weights of its "
+    f"{len(norms)} RMSNorms ({in_a_norm.double().mean():.2%} of the values), each 1.0; every other value moves by "
+    f"{kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr, up to {(kept['bf16'] - 1).abs().max():.0%} away "
+    f"from lr. In fp32 every value moves, by lr to within {(kept['fp32'] - 1).abs().max():.3%}.",
 )
 
 # %% [markdown]
-# Added in bf16, lr is lost on the RMSNorms' weights and rounded on every other value, as the ✓ line
-# says; in fp32 every value takes it.
 # AdamW's weight decay is a change at every update too: it shrinks each weight by lr · λ of itself (λ
 # the weight decay). With 8 significant bits, bf16's spacing at a value is at least 2⁻⁸ of it, so a
 # change under 2⁻⁹ of the weight is rounded away. The cell sets lr · λ against 2⁻⁹, then multiplies
@@ -327,7 +332,7 @@ lesson.claim(
 
 # %% [markdown]
 # So the optimizer updates fp32 copies of the weights, the master weights: held in bf16, the weights
-# would take the changes above rounded or not at all.
+# would lose some of the changes above and round others.
 
 # %% [markdown]
 # ### The ZeRO paper's mixed-precision count
@@ -522,9 +527,9 @@ on_wire.round(2)
 # gather) and starts the gather of the unit before it. A unit's gradients arrive together, in the
 # backward of one autograd function (`Unshard`), and are cast to the shards' dtype; in the last
 # micro-batch's backward they go to one gradient collective (a reduce-scatter: on gloo an all_reduce), in
-# the others they are accumulated whole under `no_sync()`. Each replicated tensor's gradient gets an
-# all_reduce. At the end of the backward fsdp waits for them and gives each shard its piece as `.grad`.
-# The lines that do each part (numbered in the module's docstring; in part 1, a parameter no unit
+# the others they are accumulated whole under `no_sync()`. In the last, each replicated tensor's gradient
+# gets an all_reduce. At the end of the backward fsdp waits for them and gives each shard its piece as
+# `.grad`. The lines that do each part (numbered in the module's docstring; in part 1, a parameter no unit
 # owns is replicated):
 
 # %%
@@ -538,13 +543,21 @@ lines = [  # (part, method, a text that the line doing it holds)
     ("part 2", "_before_forward", "self._prefetch(unit, +1)"),
     ("part 2", "_before_forward", "Unshard.apply("),
     ("part 3", "_after_forward", "unit.index == self.forward_order[-1]"),
+    ("part 3", "_after_forward", "return  # the backward starts"),
     ("part 3", "_after_forward", "self._free(unit)"),
     ("part 3", "forward", "saved_tensors_hooks(self._pack, self._unpack)"),
     ("part 4", "_unpack", "self._gather(unit)"),
+    ("part 4", "_unpack", "if unit.index not in self.backward_seen"),
     ("part 4", "_unpack", "self._prefetch(unit, -1)"),
     ("part 5", "_unit_backward_done", "master = [g.to(s.dtype)"),
+    ("part 5", "_unit_backward_done", "in enumerate(zip(master, unit.accumulated))"),
+    ("part 5", "_unit_backward_done", "if acc is not None"),
+    ("part 5", "_unit_backward_done", "master[i] = acc if g is None else acc + g"),
+    ("part 5", "_unit_backward_done", "if not self.sync_this_backward"),
     ("part 5", "_unit_backward_done", "unit.accumulated = master"),
+    ("part 5", "_unit_backward_done", "return"),
     ("part 5", "_unit_backward_done", "self.pending.append("),
+    ("part 5", "_replicated_grad_ready", "if self.sync_this_backward"),
     ("part 5", "_replicated_grad_ready", "self.pending_replicated.append("),
     ("part 6", "_backward_started", "compat.at_backward_end("),
     ("part 6", "finish_gradient_synchronization", "split_block(future.wait()"),
@@ -556,14 +569,14 @@ print(key_lines(FullyShardedDataParallel, lines))
 # %%distributed
 fsdp = trainees["fsdp"].model
 unit_bytes = max(sum(u.numels) for u in fsdp.units) * 4  # one unit's full fp32 parameters
-# two units, each padded by fewer than n elements per parameter tensor: within 0.1 %
+# a unit's full parameters and its received buffer (padded by < n elements per parameter tensor): within 0.1 %
 lesson.claim(
     abs(memory["fsdp"]["gathered"] - 2 * unit_bytes) < 1e-3 * unit_bytes,
     f"{len(fsdp.units)} units ({type(fsdp.units[0].module).__name__}), "
     f"{len({id(p) for _, _, p in fsdp.replicated})} replicated parameter tensors; at most "
-    f"{lesson.mib(memory['fsdp']['gathered'])} gathered at once (the memory table's column: full parameters and "
-    "receive buffers), twice the largest unit's full parameters, against "
-    f"{lesson.mib(memory['ddp']['parameters'])} for the whole model.",
+    f"{lesson.mib(memory['fsdp']['gathered'])} gathered at once (the memory table's column), twice the largest "
+    "unit's full parameters: a unit being unpacked holds its full parameters and the buffer they were received in. "
+    f"The whole model's parameters: {lesson.mib(memory['ddp']['parameters'])}.",
 )
 f = looks["fsdp"]
 lesson.claim(
@@ -637,8 +650,8 @@ lesson.claim(
 #
 # Sharding changes what each rank keeps, not what is computed. The cell compares each sharded stage's
 # parameters with `ddp`'s after the same steps (`full_parameters()` gathers zero2's and fsdp's from the
-# shards). Here each sum of gradients has two ranks' terms, and a floating-point sum of two numbers does
-# not depend on their order.
+# shards). Here each sum over the ranks has two terms, and a floating-point sum of two numbers does
+# not depend on their order; of three or more it can, in its last bits.
 
 
 # %%
@@ -651,20 +664,19 @@ def flat_model(t):
 
 (steps,) = {len(t.losses) for t in trainees.values()}  # each took the memory step and its look's step
 reference = flat_model(trainees["ddp"])
+apart = {s: (flat_model(trainees[s]) - reference).abs().max().item() for s in STAGES[1:]}
 lesson.say(
     f"Largest parameter difference from ddp after {steps} steps: "
-    + ", ".join(f"{s} {(flat_model(trainees[s]) - reference).abs().max().item():.1e}" for s in STAGES[1:])
-    + "."
+    + ", ".join(f"{s} {d:.1e}" for s, d in apart.items())
+    + (": each stage's parameters are ddp's bit for bit." if not any(apart.values()) else ".")
 )
 
 # %% [markdown]
 # ## What each rung trades
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's ring
-# (the ring table). The model state is not the most a rank holds during the step (it leaves out the
-# activations, zero2's and fsdp's whole gradients, held until the last backward's reduce-scatters,
-# fsdp's gathered units and the buffers of zero1's and zero2's all-gathers), so it does not rank fsdp
-# against zero2 by their peaks. The bytes are the β term only. fsdp buys less model state at the update
+# (the ring table). The model state is not all a rank holds during the step, so it does not rank the
+# stages by their peaks. The bytes are the β term only. fsdp buys less model state at the update
 # than zero2 with more bytes: it gathers every micro-batch, zero2 once a step.
 
 # %%
@@ -692,19 +704,18 @@ trade.round(1)
 # ## Your turn: all_reduce from its two halves
 #
 # Write `my_all_reduce(tensor, group)`: sum `tensor` in place over `group` with one reduce-scatter and
-# one all-gather, `reduce_scatter_single` and `all_gather_single` from `minddp.runtime.compat` (torch's
-# `dist.reduce_scatter_tensor` and `dist.all_gather_into_tensor`); both take `(output, input)`, and the
-# reduce-scatter's input and the all-gather's output need a length the world size divides. Pass `group`
-# to `dist.get_world_size(group)` and to both collectives (to the reduce-scatter by name: its third
-# parameter is `op`). Without it, or given `dist.group.WORLD`, a call runs over every rank of a larger
-# job: the checker hands your transport a group of its own and refuses both.
+# one all-gather, `reduce_scatter_single` and `all_gather_single` from `minddp.runtime.compat`; both take
+# `(output, input)`, and the reduce-scatter's input and the all-gather's output need a length the world
+# size divides. Pass `group` to `dist.get_world_size(group)` and to both collectives (to the
+# reduce-scatter by name: its third parameter is `op`). Without it, or given `dist.group.WORLD`, a call
+# runs over every rank of a larger job: the checker hands your transport a group of its own and refuses
+# both.
 #
 # The cell makes `my_all_reduce` the sum of the `bucket-async` stage's buckets (its hook divides each
 # bucket by the world size first). `check` trains that stage beside a single process on the global batch
 # and against the model answer (`like="halves"`), on its own small network in two buckets, one of an odd
 # length; an answer accepted at two ranks is checked again at three, where a padding that is right at
-# two ranks only, or a `2` written for the world size, shows. It then hands `my_all_reduce` a tensor of
-# 5 × 7 values, which fails an answer that does not flatten it or copies a flat sum into it.
+# two ranks only, or a `2` written for the world size, shows.
 
 # %%
 import torch
