@@ -337,18 +337,18 @@ lesson_04.link_figure(messages, n, LINK, crossover)
 wins.round(3)
 
 # %% [markdown]
-# These numbers show what PowerSGD saves, payload and link time. Its gradient error on its compressing steps, the
-# loss it reaches, its compute, its error feedback's memory and how its link time changes a step's time are not
-# shown: nothing here tells whether PowerSGD is worth using.
+# These numbers show PowerSGD's payload and link time. Its gradient error on its compressing steps, the loss it
+# reaches, its compute, its error feedback's memory and how its link time changes a step's time are not shown:
+# nothing here tells whether PowerSGD is worth using.
 #
 # ## torch compatibility
 #
 # minddp's hooks (`minddp.comm.default_hooks`, `minddp.comm.powerSGD_hook`) have torch's interface and are
 # registered with `register_comm_hook(state, hook)` as in torch, with two differences: torch 2.13 refuses its
 # `bf16_compress_hook` unless NCCL 2.10+ is available to a CUDA or ROCm build of torch, or XCCL to an available
-# XPU, whatever the process group's backend, and minddp's does not; minddp's PowerSGD hook waits inside itself for the P factors' all_reduce and, where the bucket has any, the
-# uncompressed tensors', so on a compressing step it holds up the backward that calls it until those are done,
-# where torch's hook chains that work on a Future. A hook that needs no second collective has no reason to wait,
+# XPU, whatever the process group's backend, and minddp's does not; minddp's PowerSGD hook waits inside itself
+# for the P factors' all_reduce and, where the bucket has any, the uncompressed tensors', so on a compressing step
+# it holds up the backward that calls it until those are done, where torch's hook chains that work on a Future. A hook that needs no second collective has no reason to wait,
 # and the exercise asks yours not to.
 #
 # ## Your turn: an fp16 hook
