@@ -79,14 +79,20 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # (02's *sync*): the backwards of every micro-batch but the last run inside `no_sync()` (as in 03) and send
 # nothing; each bucket is sent once, in the last one's backward or before `optimizer.step()`.
 #
-# The cell after the table holds fp16's and bf16's gradient error against the bound on rounding alone, a worst
-# case (`minddp.comm.measure.rounding_bound`, by which the exercise checker also judges an fp16 hook): on its
-# way into the average, each rank's term of a value is rounded at most n + 1 times (its cast, its division and
-# at most n − 1 additions), each time by at most u = eps / 2 of its result (eps: the 16-bit format's machine
-# epsilon, `torch.finfo(dtype).eps`, float16's 2⁻¹⁰, bfloat16's 2⁻⁷), or, below the format's smallest normal
-# value, `tiny` (`torch.finfo(dtype).tiny`), where its values are tiny · eps apart, by half that spacing. That
-# keeps the average within about (n + 1) · u of the ranks' mean magnitude of that value (plus (n + 1) · tiny · eps / 2);
-# the bound adds float32's rounding of the reference average, and is taken relative to ‖g‖, as the error is.
+# The cell after the table holds fp16's and bf16's gradient error against a bound on rounding alone, a worst
+# case (`minddp.comm.measure.rounding_bound`, by which the exercise checker also judges an fp16 hook). Value i
+# of the average is off by at most about
+#
+# `b_i = (n + 1) · u · m_i + (n + 1) · tiny · eps / 2`
+#
+# * n + 1: the roundings of each rank's term (its cast, its division, at most n − 1 additions);
+# * u = eps / 2: the most a rounding is off, relative to its result; eps = `torch.finfo(dtype).eps`, float16's
+#   2⁻¹⁰, bfloat16's 2⁻⁷;
+# * m_i: the ranks' mean magnitude of value i;
+# * tiny · eps / 2: the most a rounding is off below the format's smallest normal value, tiny =
+#   `torch.finfo(dtype).tiny`.
+#
+# The bound is ‖b‖ / ‖g‖, with b_i also counting float32's rounding of the reference average.
 
 # %%
 # %%rank 0
@@ -98,13 +104,13 @@ plain_avg = trainees["allreduce"]
 rows = {}
 for name, t in trainees.items():
     last = t.metered[-1]
-    rows[name] = {
+    rows[lesson_04.NAMES[name]] = {
         "all_reduce calls": last["calls"],
         "payload KiB": last["bytes"] / 1024,
-        "payload vs allreduce": last["bytes"] / plain_avg.metered[-1]["bytes"],
+        "payload vs plain averaging": last["bytes"] / plain_avg.metered[-1]["bytes"],
     }
 table = pd.DataFrame.from_dict(rows, orient="index")  # by rows: the calls stay integers
-table.round({"payload KiB": 1, "payload vs allreduce": 4})
+table.round({"payload KiB": 1, "payload vs plain averaging": 4})
 
 # %%
 # %%rank 0
@@ -121,10 +127,10 @@ bound = {
     for name in dtypes
 }
 lesson.claim(
-    table.loc["fp16", "payload vs allreduce"] == table.loc["bf16", "payload vs allreduce"] == 0.5
+    table.loc["fp16", "payload vs plain averaging"] == table.loc["bf16", "payload vs plain averaging"] == 0.5
     and table.loc["fp16", "all_reduce calls"]
     == table.loc["bf16", "all_reduce calls"]
-    == table.loc["allreduce", "all_reduce calls"],
+    == table.loc["plain averaging", "all_reduce calls"],
     "fp16 and bf16's payload is exactly half of plain averaging's, in as many calls: 2 bytes a value instead of 4.",
 )
 lesson.claim(
@@ -133,14 +139,10 @@ lesson.claim(
     f"step's bounds on rounding alone, also relative to ‖g‖: {bound['fp16']:.1e} for float16 and {bound['bf16']:.1e} "
     "for bfloat16.",
 )
-lesson.say(
-    f"bf16's error is {err['bf16'] / err['fp16']:.1f} times fp16's, and its bound {bound['bf16'] / bound['fp16']:.1f} "
-    "times: in as many bytes, bfloat16 keeps fewer bits of precision (8 to float16's 11)."
-)
 
 # %% [markdown]
-# In exchange bfloat16 keeps float32's range of exponents: float16's largest value is 65504, bfloat16's about
-# 3.4 × 10³⁸.
+# In as many bytes, bfloat16 rounds more coarsely (its larger eps) and keeps float32's range of exponents:
+# float16's largest value is 65504, bfloat16's about 3.4 × 10³⁸.
 #
 # ## PowerSGD, step by step
 #
@@ -153,12 +155,12 @@ lesson.say(
 #   its columns made orthonormal;
 # * all_reduces the P's without dividing them (orthonormalizing removes the scale), and makes each `P`'s columns
 #   orthonormal: every rank now holds the same `P`;
-# * computes `Q = Aᵀ P` and all_reduces the Q's, divided by the world size: as every rank used the same `P`,
-#   the ranks' average of `Aᵀ P` is (the ranks' average of `A`)ᵀ `P`;
+# * computes `Q = Aᵀ P`, all_reduces the Q's and divides their sum by the world size: as every rank used the
+#   same `P`, the ranks' average of `Aᵀ P` is (the ranks' average of `A`)ᵀ `P`;
 # * writes `P Qᵀ` over `A`, the ranks' average `A` projected onto `P`'s r columns; when the bucket's all_reduces
 #   are done, it keeps, for the next step, the copy made first minus the average it hands back, as torch's hook
-#   does: for a matrix, this rank's `A` minus the ranks' average `A` (this rank's own: 0 averaged over the
-#   ranks), plus the average `A` minus `P Qᵀ` (what compression left out).
+#   does: for a matrix, this rank's `A` minus the ranks' average `A` (its average over the ranks is 0),
+#   plus the average `A` minus `P Qᵀ` (what compression left out).
 #
 # Of a compressed matrix only `P` and `Q` travel: (h + w) · r values instead of h · w. A compressing bucket makes
 # up to three all_reduces: one for the tensors it leaves uncompressed, if it holds any (a vector counts as an
@@ -172,8 +174,8 @@ psgd_trainee, plain_trainee = trainees["powersgd"], trainees["allreduce"]
 start_iter = HOOKS["powersgd"]["start_powerSGD_iter"]
 steps = pd.DataFrame(
     {
-        "powersgd calls": [w["calls"] for w in psgd_trainee.metered],
-        "powersgd payload KiB": [w["bytes"] / 1024 for w in psgd_trainee.metered],
+        "PowerSGD calls": [w["calls"] for w in psgd_trainee.metered],
+        "PowerSGD payload KiB": [w["bytes"] / 1024 for w in psgd_trainee.metered],
     },
     index=pd.RangeIndex(1, len(psgd_trainee.metered) + 1, name="step"),
 )
@@ -186,8 +188,8 @@ early, late = steps.iloc[:start_iter], steps.iloc[start_iter:]
 # plain averaging through PowerSGD's first steps is allreduce_hook itself: the same division and sum as the
 # reference average it is compared with, so its error is 0 up to float32's rounding of one sum
 lesson.claim(
-    (early["powersgd calls"] == plain_calls).all()
-    and (early["powersgd payload KiB"] == plain_kib).all()
+    (early["PowerSGD calls"] == plain_calls).all()
+    and (early["PowerSGD payload KiB"] == plain_kib).all()
     and all(w["relative_error"] < 1e-6 for w in psgd_trainee.metered[:start_iter]),
     f"For the first {start_iter} steps PowerSGD is plain averaging (start_powerSGD_iter={start_iter}): the same "
     f"{plain_calls} calls and {plain_kib:.0f} KiB of payload, and the reference average to within 1e-6 (relative).",
@@ -195,11 +197,11 @@ lesson.claim(
 # a bucket makes at most 3 calls (P and Q only if it compresses a matrix; the uncompressed tensors' only if it
 # holds any): 3 × buckets in all means 3 in every bucket
 lesson.claim(
-    (late["powersgd calls"] == 3 * buckets).all(),
-    f"Then it makes {int(last['powersgd calls'])} calls a step for its {buckets} buckets, 3 in every bucket, where "
+    (late["PowerSGD calls"] == 3 * buckets).all(),
+    f"Then it makes {int(last['PowerSGD calls'])} calls a step for its {buckets} buckets, 3 in every bucket, where "
     f"plain averaging makes {plain_calls}.",
 )
-lesson.say(f"Those carry {last['powersgd payload KiB'] / plain_kib:.4f} of plain averaging's payload.")
+lesson.say(f"Those carry {last['PowerSGD payload KiB'] / plain_kib:.4f} of plain averaging's payload.")
 steps.round(1)
 
 # %% [markdown]
@@ -210,18 +212,10 @@ steps.round(1)
 # one *hop* (a point-to-point send; an all_reduce around a ring makes 2(n − 1) of them, so a message's fixed
 # cost is 2(n − 1) α), β the time per byte (1 / B, B the link's bandwidth in bytes/s). The link carries one
 # message at a time, each for its α-β time, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of m bytes on n
-# ranks. Each hook gets a fresh trainee,
-# without the error measurement's extra all_reduce; it takes one warm-up step (PowerSGD as many as it needs to
-# start compressing), then one *profiled step*. bf16 is left out: its messages are fp16's. For each hook the cell
-# reads its *link ms* (*link time*, `minddp.analysis.metrics.link_time`, 01's vocabulary): the modelled time of
-# the profiled step's messages on the link, from their sizes alone.
-#
-# One profiled step per hook cannot rank the hooks by speed, so the step itself is read for plain averaging
-# alone, as rank 0 measured it: how long it took; its *exposed* time (`metrics.exposed`), the part of the link's
-# transfers (01's L) during which the training thread waited; and its *waited* time (`metrics.waited`), all the
-# time the thread waited for its messages, waits after a transfer ended included. These are measured in one run
-# on shared cores: they describe this run, not the stage; none is what a shorter link time would take off the
-# step (that takes two runs' step times: 01's comm cost).
+# ranks. Each hook gets a fresh trainee, without the error measurement's extra all_reduce; it takes one warm-up
+# step (PowerSGD as many as it needs to start compressing), then one *profiled step*. bf16 is left out: its
+# messages are fp16's. For each hook the cell reads its *link ms* (*link time*, `minddp.analysis.metrics.link_time`,
+# 01's vocabulary): the modelled time of the profiled step's messages on the link, from their sizes alone.
 
 # %%
 # %%distributed
@@ -242,7 +236,6 @@ linked = {
 on_link = {name: t.look() for name, t in linked.items()}
 messages = {name: [(m["kind"], m["bytes"]) for m in t.link.log] for name, t in linked.items()}  # (kind, payload)
 lesson.say(f"The emulated link: {LINK.describe()}.")
-lesson.say(lesson.machine())
 
 # %%
 # %%rank 0
@@ -267,25 +260,6 @@ lesson.say(
     f"time is {link_ms_of['powersgd'] / link_ms_of['allreduce']:.3f} of plain averaging's, its payload "
     f"{payload['powersgd'] / payload['allreduce']:.4f}."
 )
-# the step itself, plain averaging's only (0 ms: its first forward)
-view = on_link["allreduce"]
-exposed_ms, waited_ms, step_ms = view["exposed_ms"], view["waited_ms"], view["row"]["end"]
-transfers = view["row"]["messages"]  # 01's L: each message's modelled transfer on the link, ms
-busy_ms = sum(e - s for s, e in transfers)  # |L|: the link carries one message at a time
-# exposed is |L ∩ waits|: it exceeds neither |L| nor waited, |waits|
-lesson.claim(
-    abs(busy_ms - link_ms_of["allreduce"]) < 1e-6
-    and exposed_ms <= min(busy_ms, waited_ms) + 1e-6
-    and all(0 <= s and e <= step_ms for s, e in transfers),
-    f"Plain averaging's transfers on the link (01's L) take {busy_ms:.1f} ms, its link time, inside its profiled "
-    f"step; the training thread waited through {exposed_ms:.1f} ms of them (its exposed time, "
-    f"{exposed_ms / busy_ms:.0%} of the link time) and {waited_ms:.1f} ms in all for its messages (its waited time).",
-)
-lesson.say(
-    f"The profiled step took {step_ms:.1f} ms (the profiler's cost included: not the stage's step time): the link "
-    f"carried messages during {busy_ms / step_ms:.1%} of it, and the thread waited for them during "
-    f"{waited_ms / step_ms:.1%}."
-)
 
 # %% [markdown]
 # ## Where each takes less link time: messages against bytes
@@ -303,26 +277,23 @@ lesson.say(
 #   averaging's above it; the larger α, the lower B*;
 # * **ranks**: it is the shorter below `n* = (S − S′) / ((c′ − c) α B)`: around a ring every message's α
 #   is paid 2(n − 1) times, while the bytes each rank sends, 2(n − 1)/n · S, stay under 2S whatever n.
-#   An n* below 2 means plain averaging's link time is the shorter at any number of ranks;
-# * **bucket size**: a bucket of m bytes, compressed to S′/S of its bytes (the whole step's share), pays two
-#   extra messages (3 against 1, as every bucket here), so compressing it saves link time only for
-#   `m > m* = 2 n α B / (1 − S′/S)` bytes: m* grows as n.
 #
-# The cell prices plain averaging's and PowerSGD's messages of their profiled steps, as the link carried them, on every preset link of
-# `minddp.comm.link.PRESETS` but `loopback`. A preset is a pair α, B (the table's first two columns, in µs and
-# Gbit/s, a Gbit/s being 1.25 × 10⁸ bytes/s), not a measured network; `home` stands for a home broadband line's
-# upload, `wan` for two cloud regions a continent apart. Its figure draws both hooks' link time against the
-# bandwidth at two α's, solid lines at `1gbit`'s, dotted ones at `nvlink`'s (which `100gbit-ib` shares): as B
-# grows each line falls towards its messages' fixed cost, c · 2(n − 1) α, and at each α the two hooks' lines
-# cross at that α's B*. Which hook takes less link time at a preset is read from the table, not from the figure.
+# The cell prices plain averaging's and PowerSGD's messages of their profiled steps, as the link carried them,
+# on every preset link of `minddp.comm.link.PRESETS` but `loopback`. A preset is a pair α, B (the table's first
+# two columns, in µs and Gbit/s, a Gbit/s being 1.25 × 10⁸ bytes/s), not a measured network; `home` stands for a
+# home broadband line's upload, `wan` for two cloud regions a continent apart. Its figure draws both hooks' link
+# time against the bandwidth at `1gbit`'s α: as B grows each line falls towards its messages' fixed cost,
+# c · 2(n − 1) α, and the two lines cross at B*. Which hook takes less link time at a preset is read from the
+# table, not from the figure.
 
 # %%
 # %%rank 0
+import math
+
 from minddp.comm.link import GBIT, LinkSpec
 
 c, S = count["allreduce"], sum(m for _, m in messages["allreduce"])
 c2, S2 = count["powersgd"], sum(m for _, m in messages["powersgd"])
-share = S2 / S  # S′/S: PowerSGD's payload as a share of plain averaging's
 
 
 def crossover(alpha):
@@ -330,7 +301,6 @@ def crossover(alpha):
 
 
 n_star = (S - S2) / ((c2 - c) * LINK.latency * LINK.bandwidth)  # ranks, at the notebook's link
-m_star = 2 * n * LINK.latency * LINK.bandwidth / (1 - share)  # bytes, at the notebook's link
 wins = lesson_04.preset_table(messages, n, crossover)  # each preset's α, B, both hooks' link ms, B*
 faster = wins["PowerSGD, link ms"] < wins["plain averaging, link ms"]
 lesson.claim(
@@ -353,31 +323,32 @@ lesson.claim(
     f"At {LINK.name}'s α = {LINK.latency * 1e6:g} µs and n = {n} ranks the two tie at B* = "
     f"{tie.bandwidth / GBIT:.1f} Gbit/s, {tie.bandwidth / LINK.bandwidth:.1f} times {LINK.name}'s bandwidth.",
 )
-smallest = min(m for _, m in messages["allreduce"])  # the profiled step's smallest bucket, bytes
+below, above = math.floor(n_star), math.floor(n_star) + 1  # the link's own prices on either side of n*
+shorter = [
+    lesson_04.link_ms(messages["powersgd"], LINK, k) < lesson_04.link_ms(messages["allreduce"], LINK, k)
+    for k in (below, above)
+]
 lesson.claim(
-    smallest > m_star,
-    f"At {LINK.name}: PowerSGD's messages take less link time below n* = {n_star:.1f} ranks; at n = {n} ranks a "
-    f"bucket compressed to S′/S = {share:.4f} of its bytes saves link time above m* = {m_star / 1024:.0f} KiB, and plain "
-    f"averaging's smallest bucket, {lesson.mib(smallest)}, is {smallest / m_star:.0f} times m*.",
+    shorter == [True, False],
+    f"At {LINK.name}, PowerSGD's messages take less link time below n* = {n_star:.1f} ranks: on {below} ranks, "
+    f"not on {above}.",
 )
 lesson_04.link_figure(messages, n, LINK, crossover)
 wins.round(3)
 
 # %% [markdown]
-# These numbers show what PowerSGD saves, payload and link time, not what it costs. Its gradient error on its
-# compressing steps is measured but not shown: by design, compression and error feedback make its average differ
-# from the reference average. The loss it reaches, its compute (matrix products, orthogonalization), its
-# waits (below) and its error feedback's memory are not measured. Nothing here tells whether PowerSGD is worth
-# using.
+# These numbers show PowerSGD's payload and link time. Its gradient error on its compressing steps, the loss it
+# reaches, its compute, its error feedback's memory and how its link time changes a step's time are not shown:
+# nothing here tells whether PowerSGD is worth using.
 #
 # ## torch compatibility
 #
 # minddp's hooks (`minddp.comm.default_hooks`, `minddp.comm.powerSGD_hook`) have torch's interface and are
-# registered with `register_comm_hook(state, hook)` as in torch, with two differences: torch 2.13 refuses its bf16
-# hook unless torch was built with CUDA and NCCL 2.10+ (or XPU and XCCL), whatever the backend, and minddp's does
-# not; minddp's PowerSGD hook waits inside itself for the P factors' all_reduce and, where the bucket has any, the
-# uncompressed tensors', so on a compressing step it holds up the backward that calls it until those are done,
-# where torch's hook chains that work on a Future. A hook that needs no second collective has no reason to wait,
+# registered with `register_comm_hook(state, hook)` as in torch, with two differences: torch 2.13 refuses its
+# `bf16_compress_hook` unless NCCL 2.10+ is available to a CUDA or ROCm build of torch, or XCCL to an available
+# XPU, whatever the process group's backend, and minddp's does not; minddp's PowerSGD hook waits inside itself
+# for the P factors' all_reduce and, where the bucket has any, the uncompressed tensors', so on a compressing step
+# it holds up the backward that calls it until those are done, where torch's hook chains that work on a Future. A hook that needs no second collective has no reason to wait,
 # and the exercise asks yours not to.
 #
 # ## Your turn: an fp16 hook
@@ -391,8 +362,8 @@ wins.round(3)
 # with it for 3 steps in the `bucket-async` stage, where its ranks' parameters must stay equal, and prints the
 # largest absolute difference between its parameters and those of torch's DDP with torch's `fp16_compress_hook`,
 # unjudged: a hook that casts and divides in another order may differ more and still pass. A hook that passes
-# on 2 ranks is checked again on 3, where a world size written as a number (`/ 2`) no longer gives the average. The error and bound it prints are for its
-# test bucket, not the workload's.
+# on 2 ranks is checked again on 3, where a world size written as a number (`/ 2`) no longer gives the average.
+# The error and bound it prints are for its test bucket, not the workload's.
 #
 # Your hook runs on the checker's ranks with this kernel's names, and `world_size`, `rank` and `n` are not among
 # them (they were set on the notebook's ranks): ask `dist.get_world_size(process_group)`.

@@ -758,8 +758,11 @@ def test_a_passing_hook_verdict_names_each_number_it_prints():
     assert v.ok and "ranks too" not in v.line, v.line
     assert v.line.endswith(
         "was 0.0e+00. On 3 ranks, over 1 step, it passed these checks again (a world size written as a number "
-        "would show there); the difference above is the 2-rank run's"
+        "would show there); the difference above is the 2-rank run's."
     ), v.line
+    # learner read round 16 (04-b 12): the verdict ended mid-sentence, with no full stop
+    v = checker._hook_verdict("fp16", {0: report, 1: report}, TIMEOUT)
+    assert v.line.endswith("fp16 hook was 0.0e+00."), v.line
 
 
 @pytest.mark.parametrize("hook,named", HOOK_MISTAKES, ids=[m[0].__name__ for m in HOOK_MISTAKES])

@@ -381,6 +381,7 @@ def _hook_verdict(like: str, reports: dict, timeout_s: float, also: dict | None 
                 if also
                 else ""
             )
+            + "."
         ),
         reports,
     )

@@ -1,6 +1,6 @@
 """Notebook 04's helpers (``04_comm_hooks``): the hooks' names in sentences and the plumbing of its section on
 messages against bytes (each preset's link time, the table, the figure), so that the section's cell shows its
-three formulas, B*, n* and m*, and what it claims of them.
+two formulas, B* and n*, and what it claims of them.
 
 ``sent``, below, is what a trainee's emulated link carried in one step, in order: ``[(kind, bytes), ...]``
 (``[(m["kind"], m["bytes"]) for m in trainee.link.log]``).
@@ -8,7 +8,7 @@ three formulas, B*, n* and m*, and what it claims of them.
 
 from __future__ import annotations
 
-#: A hook's name in the notebook's sentences (cell 0): the tables keep the registry's names.
+#: A hook's name in the notebook's sentences and tables (cell 0 gives the registry's name beside it).
 NAMES = {"allreduce": "plain averaging", "fp16": "fp16", "bf16": "bf16", "powersgd": "PowerSGD"}
 
 
@@ -63,27 +63,27 @@ def presets() -> dict:
 
 
 def link_figure(sent: dict, n: int, link, crossover):
-    """Plain averaging's and PowerSGD's link time per step against the bandwidth, 0.01 Gbit/s to 10 Tbit/s: solid
-    lines at ``link``'s α, dotted ones at nvlink's, a grey line at each α's B* (``crossover(α)``, bytes/s), and
-    each preset as a marker at its own α and bandwidth (named along the top axis)."""
+    """Plain averaging's and PowerSGD's link time per step against the bandwidth, 0.01 Gbit/s to 10 Tbit/s: a line
+    each at ``link``'s α, a grey line at its B* (``crossover(α)``, bytes/s), and each preset as a marker at its
+    own α and bandwidth (named along the top axis), in its hook's colour."""
     import matplotlib.pyplot as plt
 
-    from minddp.comm.link import GBIT, PRESETS, LinkSpec
+    from minddp.comm.link import GBIT, LinkSpec
 
     links = presets()
     fig, ax = plt.subplots(figsize=(10, 4))
     bandwidths = [GBIT * 10 ** (e / 20) for e in range(-40, 81)]
-    for alpha, style in ((link.latency, "-"), (PRESETS["nvlink"].latency, ":")):
-        for hook, color in (("allreduce", "#4c72b0"), ("powersgd", "#55a868")):
-            ax.plot(
-                [bw / GBIT for bw in bandwidths],
-                [link_ms(sent[hook], LinkSpec("", bw, alpha), n) for bw in bandwidths],
-                style,
-                color=color,
-                label=f"{NAMES[hook]}, α = {alpha * 1e6:g} µs",
-            )
-        ax.axvline(crossover(alpha) / GBIT, color="grey", ls=style, lw=0.8)
-        ax.annotate(f" B*, α = {alpha * 1e6:g} µs", (crossover(alpha) / GBIT, 3e2), fontsize=7, color="grey")
+    alpha = link.latency
+    colors = {"allreduce": "#4c72b0", "powersgd": "#55a868"}
+    for hook, color in colors.items():
+        ax.plot(
+            [bw / GBIT for bw in bandwidths],
+            [link_ms(sent[hook], LinkSpec("", bw, alpha), n) for bw in bandwidths],
+            color=color,
+            label=f"{NAMES[hook]}, {link.name}'s α = {alpha * 1e6:g} µs",
+        )
+    ax.axvline(crossover(alpha) / GBIT, color="grey", lw=0.8)
+    ax.annotate(f" B*, α = {alpha * 1e6:g} µs", (crossover(alpha) / GBIT, 3e2), fontsize=7, color="grey")
     ax.set(xscale="log", yscale="log", xlabel="bandwidth B (Gbit/s)", ylabel="link ms per step (modelled)")
     # each preset at its own α, not the lines' two; the circles larger, so that a triangle on one stays visible
     for hook, marker, size in (("allreduce", "o", 90), ("powersgd", "^", 30)):
@@ -93,7 +93,7 @@ def link_figure(sent: dict, n: int, link, crossover):
             marker=marker,
             s=size,
             facecolors="none",
-            edgecolors="black",
+            edgecolors=colors[hook],
             zorder=3,
             label=f"{NAMES[hook]}, each preset at its own α",
         )
@@ -101,8 +101,8 @@ def link_figure(sent: dict, n: int, link, crossover):
     top.set_xticks([spec.bandwidth / GBIT for spec in links.values()], list(links), rotation=90, fontsize=7)
     top.set_xlabel("preset links, at their bandwidth", fontsize=8)
     ax.set_title(
-        f"The profiled step's messages on n = {n} ranks: lines at two α's (grey: each α's B*, where the "
-        "two hooks' lines at that α cross), markers at each preset's own α",
+        f"The profiled step's messages on n = {n} ranks: lines at {link.name}'s α (grey: B*, where they cross), "
+        "markers at each preset's own α",
         fontsize=9,
     )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside: no marker hidden
