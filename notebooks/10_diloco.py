@@ -229,13 +229,14 @@ lesson.claim(
 
 
 # %% [markdown]
-# Read off the same file: the claims the takeaway rests on; last, the first 300 steps at H = 100. There
+# Read off the same file (code collapsed): the claims the takeaway rests on; last, the first 300 steps at H = 100. There
 # `diloco-h100-lr1` and `local-sgd-h100` train alike until the first sync, whose outer step differs only in the
 # momentum: on its first step torch's SGD sets the momentum buffer to the averaged pseudo-gradient g, so the
 # Nesterov step is lr·(g + 0.9·g), at lr 1 past the replicas' mean by 0.9 times what they moved, where local SGD
 # lands on the mean.
 
-# %%
+# %% jupyter={"source_hidden": true}
+# The claims the takeaway rests on (this cell's code collapsed).
 from minddp.diloco.diloco import OUTER_DEFAULTS
 
 ddp_bytes = statistics.mean(c["bytes"][-1] for c in curves["ddp"])
@@ -661,24 +662,22 @@ lesson.claim(
 #
 # * Local SGD and DiLoCo send H times fewer bytes than DDP. With no more payload than DDP has handed over by its
 #   first score, each drawn run that talks rarely is below DDP's loss there; step for step, after the start,
-#   DDP's is lower. In the bench DiLoCo's mean (not streamed) ended above local SGD's at every H: at H = 10
-#   within local SGD's range over the seeds, at H = 50 and 100 in every seed. At H = 100 it ends worse than one
-#   replica alone, where local SGD ends below one replica alone at every H, in every seed.
-# * At H = 100 no outer lr tried (0.3 to 1) ends below local SGD. In the first 300 steps each DiLoCo run at H =
-#   100, streamed or not, rises from one score to the next at least once; local SGD's never does. At lr 1 the
-#   first sync alone, which differs from local SGD's only in the momentum, takes DiLoCo above the untrained
-#   start.
+#   DDP's is lower.
+# * In the bench (this task and model; outer momentum 0.9 in every DiLoCo run) DiLoCo not streamed ended behind
+#   local SGD in most seeds at H = 10 and in every seed at H = 50 and 100; at H = 100 worse than one replica alone
+#   in every seed, where local SGD ends below it at every H, in every seed. No outer lr tried at H = 100 (0.3 to
+#   1) ends below local SGD. In the first 300 steps each DiLoCo run at H = 100, streamed or not, rises from one
+#   score to the next at least once; local SGD's never does. At lr 1 the first sync alone, which differs from
+#   local SGD's only in the momentum, takes DiLoCo above the untrained start.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it; where its time on
 #   the link is longer than those steps, that step waits. The schedule is a function of the step alone, the same
-#   on every replica. In the bench (H = 100, 2 fragments, τ = 5) it ends closest to DDP of the runs that talk
-#   rarely, those at H = 10 included.
+#   on every replica.
 # * The step-time model *predicts* (for a 360 M-parameter model; not measured here): on `wan` DDP computes less
 #   than 5 % of the time and streaming DiLoCo (4 fragments, τ = 10) all of it; streaming computes all of the
 #   time only where a fragment's time on the link fits in its τ steps. On `100mbit` and `home`, whose period's
 #   bytes take more than ten times the K·τ = 40 steps' compute its fragments can travel during, streaming
-#   computes less than one percentage point more of the time than DiLoCo not streamed. `docs/benchmarks.md`
-#   (*Slow links*) sets measured runs beside its predictions, at other settings.
+#   computes less than one percentage point more of the time than DiLoCo not streamed.
 
 # %%
 # %dist_shutdown

@@ -1892,6 +1892,27 @@ def outer_sync_keeps_the_mean(params, synced, outer):
             s.copy_(s - g)
 
 
+def outer_sync_sums_the_weights(params, synced, outer):
+    """DiLoCo from weight averaging ("stepping by synced − the mean of the local weights"): the local weights
+    all_reduced in place and never divided, so the pseudo-gradient is synced − their sum."""
+    with torch.no_grad():
+        for p in params:
+            dist.all_reduce(p)
+        pseudo = [s - p for p, s in zip(params, synced)]
+    _outer(params, synced, outer, pseudo)
+
+
+def outer_sync_steps_from_the_mean(params, synced, outer):
+    """DiLoCo from weight averaging: the local weights averaged in place, the pseudo-gradient synced − that mean, and
+    the outer step taken from the mean left in the parameters, the synced weights never put back."""
+    with torch.no_grad():
+        for p in params:
+            dist.all_reduce(p)
+            p /= dist.get_world_size()
+        pseudo = [s - p for p, s in zip(params, synced)]
+    _outer(params, synced, outer, pseudo, restore=False)
+
+
 def outer_sync_two_replicas(params, synced, outer):
     """The model answer with the world size written as 2: right on 2 ranks only."""
     with torch.no_grad():

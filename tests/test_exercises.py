@@ -1388,6 +1388,26 @@ def test_the_outer_sync_exercise_names_the_mean_of_the_local_weights_kept_as_syn
 
 
 @pytest.mark.timeout(120)
+def test_the_outer_sync_exercise_names_the_local_weights_summed_not_averaged():
+    """Learner read 10 (round 16b) finding 7: the local weights all_reduced and never divided, g = s − Σp (DiLoCo read
+    as stepping by synced − the mean of the weights), matched no candidate ("match none of the usual mistakes")."""
+    v = check_outer_sync(wrong.outer_sync_sums_the_weights, timeout_s=TIMEOUT)
+    named = "the local weights were summed, not averaged"
+    assert not v.ok and named in v.line and "divide the sum by the world size" in v.line, v.line
+    assert "match none of the usual mistakes" not in v.line, v.line
+
+
+@pytest.mark.timeout(120)
+def test_the_outer_sync_exercise_names_the_outer_step_taken_from_the_mean_of_the_weights():
+    """Found beside learner read 10 (round 16b) finding 7: the local weights averaged in place, g = s − mean, and the
+    outer step taken from the mean left in the parameters (no restore) matched no candidate."""
+    v = check_outer_sync(wrong.outer_sync_steps_from_the_mean, timeout_s=TIMEOUT)
+    named = "the outer step started from the mean of the local weights"
+    assert not v.ok and named in v.line and "p.copy_(s)" in v.line, v.line
+    assert "match none of the usual mistakes" not in v.line, v.line
+
+
+@pytest.mark.timeout(120)
 def test_the_schedule_exercise_names_a_send_step_off_by_one():
     """Learner read 10 (round 7) finding 12: a send one step early or late in every turn got the generic verdict.
     Both are told from the whole schedule (H = 6's turns of 2 cannot tell early from late) and named as an

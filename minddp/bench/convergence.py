@@ -291,7 +291,8 @@ def _style(name: str, config: dict) -> dict:
 
 def plot(results: dict, folder: str) -> list[str]:
     """The expected loss against inner steps and against payload bytes (mean over seeds, min-max shaded): the whole
-    run on the left, its second half enlarged on the right."""
+    run on the left, its second half enlarged on the right. Against bytes a staircase, as notebook 10's figure: at each
+    payload the run's last score with no more payload (no straight line through payloads no score had)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -316,9 +317,12 @@ def plot(results: dict, folder: str) -> list[str]:
                 keep = [i for i, x in enumerate(xs) if x > 0 or x_key == "step"]  # 0 bytes: no place on a log axis
                 if keep:  # (one replica alone sends nothing: no point against bytes)
                     at = [xs[i] for i in keep]
-                    ax.plot(at, [mean[i] for i in keep], label=name, **style)
+                    steps = x_key == "bytes"  # a staircase against bytes
+                    ax.plot(
+                        at, [mean[i] for i in keep], label=name, drawstyle="steps-post" if steps else "default", **style
+                    )
                     low, high = [min(ys[i]) for i in keep], [max(ys[i]) for i in keep]
-                    ax.fill_between(at, low, high, color=style["color"], alpha=0.1)
+                    ax.fill_between(at, low, high, color=style["color"], alpha=0.1, step="post" if steps else None)
                 ends.append(mean[-1])
             ax.axhline(floor, color="red", linewidth=0.8, linestyle=":", label=f"entropy floor {floor:.3f}")
             if x_key == "bytes":

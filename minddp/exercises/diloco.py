@@ -8,8 +8,9 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
    network trains 3 rounds of H inner steps (AdamW, each rank on its own data) with DiLoCo's sync
    (checked against :class:`minddp.DiLoCo` by the tests, as is the model answer
    :func:`~minddp.exercises.solutions.outer_sync`) and the wrong ideas (:data:`MISTAKES`): the
-   pseudo-gradient's sign flipped, the outer step taken from the local weights instead of the restored
-   synced ones, plain averaging called DiLoCo, the pseudo-gradients summed, the synced weights never updated,
+   pseudo-gradient's sign flipped, the outer step taken from the local weights (or from their mean) instead of the
+   restored synced ones, plain averaging called DiLoCo, the pseudo-gradients summed, the local weights summed
+   (synced − their sum taken as the pseudo-gradient), the synced weights never updated,
    the outer step taken with the last inner gradient (no ``p.grad = g``) or with the inner gradients averaged
    in place of the pseudo-gradient, the average divided by the world size twice (``ReduceOp.AVG``, then ``/=``
    again), the synced weights overwritten with the local ones before the restore, the pseudo-gradient taken in
@@ -101,6 +102,8 @@ def candidate(
     added=False,
     in_synced=False,
     mean=False,
+    from_weights=False,
+    from_mean=False,
 ):
     """DiLoCo's sync with one idea changed: ``sign=-1`` averages local − synced; ``restore=False`` steps from the
     local weights; ``divide=False`` sums; ``keep=False`` never updates the synced weights; ``weights=True``
@@ -114,11 +117,14 @@ def candidate(
     average to ``.grad`` (``p.grad += g``), onto the last inner gradient still there; ``in_synced=True`` takes the
     pseudo-gradient in place in the synced copies (``s -= p``) and averages it there, so the restore copies the
     averaged pseudo-gradient into the parameters; ``mean=True`` keeps ``s − g`` (synced − the averaged
-    pseudo-gradient: the mean of the local weights) as the new synced weights, not the outer step's result."""
+    pseudo-gradient: the mean of the local weights) as the new synced weights, not the outer step's result;
+    ``from_weights=True`` all_reduces the local weights and takes synced − the result as the pseudo-gradient (with
+    ``divide=False``: synced − their sum); ``from_mean=True`` steps from the mean of the local weights (synced − the
+    averaged pseudo-gradient) in place of the synced weights."""
     world = world or dist.get_world_size(group)
     with torch.no_grad():
         sent = [
-            p.detach().clone() if weights else p.grad.clone() if inner_grads else sign * (s - p)
+            p.detach().clone() if weights or from_weights else p.grad.clone() if inner_grads else sign * (s - p)
             for p, s in zip(params, synced)
         ]
         if in_synced:  # synced − local written over the synced copies themselves
@@ -127,6 +133,8 @@ def candidate(
             dist.all_reduce(t, group=group)
             if divide:
                 t /= world * world if twice else world
+        if from_weights:  # synced − the local weights' all_reduce
+            sent = [s - t for s, t in zip(synced, sent)]
         if early:
             for p, s in zip(params, synced):
                 s.copy_(p)
@@ -135,7 +143,7 @@ def candidate(
                 p.copy_(t)
                 continue
             if restore:
-                p.copy_(s)
+                p.copy_(s - t if from_mean else s)
             if added:
                 p.grad += t
             elif grad:
@@ -162,6 +170,13 @@ MISTAKES = {
         "(p.copy_(synced)) before outer.step(); the averaged pseudo-gradient already holds what the replicas "
         "learnt, and stepping from this replica's own weights counts its progress twice and the replicas drift apart",
     ),
+    "from_mean": (
+        functools.partial(candidate, from_mean=True),
+        "the outer step started from the mean of the local weights (the averaged weights left in the parameters), "
+        "not from the synced weights: put the synced weights back, p.copy_(s), before outer.step(); the averaged "
+        "pseudo-gradient synced − mean already holds what the replicas learnt, and stepping from the mean adds it "
+        "once more",
+    ),
     "averaging": (
         functools.partial(candidate, weights=True),
         "that is plain averaging (local SGD: the mean of the local weights, an outer SGD with lr 1 and no "
@@ -173,6 +188,12 @@ MISTAKES = {
         "the pseudo-gradients were summed, not averaged: divide by the world size after the all_reduce, in place "
         "(g /= world); a division forgotten, or written g = g / world, which makes a new tensor and leaves the "
         "summed one in your list",
+    ),
+    "summed_weights": (
+        functools.partial(candidate, from_weights=True, divide=False),
+        "the local weights were summed, not averaged: all_reduce left their sum, so your pseudo-gradient is synced − "
+        "the sum; divide the sum by the world size before taking synced − it (synced − the mean of the local "
+        "weights is the averaged pseudo-gradient)",
     ),
     "stale": (
         functools.partial(candidate, keep=False),
