@@ -23,7 +23,7 @@
 # loopback interface (the *loopback run*). It reads the traces with `minddp.analysis` the way the blog this
 # course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
 # https://blog.underfit.ai/ddp-profiled) reads its GPU traces with HolisticTraceAnalysis (HTA); HTA reads GPU
-# traces only, so `minddp.analysis` computes measures of the same names from CPU events (`docs/analysis.md`), and
+# traces only, so `minddp.analysis` computes its own measures from CPU events (`docs/analysis.md`), and
 # this notebook sets none of its numbers beside the blog's. First three of them, *in flight*, *overlap* and
 # *non-compute* (the next section defines them); none says which stage is faster. Then **one step of each stage
 # on one time axis**, and at the end the blog's six stages over an emulated 1 Gbit/s link (the
@@ -85,8 +85,7 @@ lesson.say(
 # * **overlap**: the share (%) of the time in flight that is compute too;
 # * **non-compute** (HTA's name): the time in flight that is not compute (so non-compute = (100 % − overlap) × in
 #   flight): no training thread inside an operator (stopped until a collective is back, running its own Python,
-#   or with no core between two operators);
-# * **idle** (HTA's name): the rest of the step, neither compute nor in flight.
+#   or with no core between two operators).
 #
 # The caveat: a gloo range lasts from the moment gloo's thread picks the collective up until it is done, so it is
 # also *held open* until the other rank joins the same collective, and while gloo's thread has no core; it can
@@ -158,9 +157,7 @@ lesson.claim(
     sizes["bucket"] == sizes["bucket-async"],
     f"bucket and bucket-async send the same {len(sizes['bucket'])} messages (the same sizes).",
 )
-nc, inside = shares["non-compute (ms)"], shares["of it, in the check (ms)"]
-most = [f"{st} ({100 * inside[st] / nc[st]:.0f} %)" for st in nc.index if inside[st] > nc[st] / 2]
-lesson.say(f"The check holds more than half of the non-compute of: {', '.join(most) or 'none'}.")
+lesson.say(lesson_05.without_check(shares, [("hook", "hook-async"), ("bucket", "bucket-async")]))
 
 # %% [markdown]
 # One row per profiled stage, one axis in ms from the start of the profiled step (rank 0); `single` sends
@@ -169,8 +166,8 @@ lesson.say(f"The check holds more than half of the non-compute of: {', '.join(mo
 #
 # * the forward (pale) and backward (darker) band of each micro-batch: *forward* from the micro-batch's start
 #   to its first autograd node (the forward, and what the stage does around it, such as the broadcasts),
-#   *backward* from the first to the last autograd node (the gradients and all that the hooks do inside those
-#   nodes, the check and `hook`'s and `bucket`'s messages included: compute, non-compute and idle alike);
+#   *backward* from the first to the last autograd node, whatever the threads did in it (the gradients, and all
+#   that the hooks do inside those nodes, the check and `hook`'s and `bucket`'s messages included);
 # * a tick (the legend's "handed to the wire") when a message was *handed over* (*sent* in the table under the
 #   figure): for minddp's stages the start of its `minddp.bucket_launch` range, for torch's DDP the reducer's
 #   `c10d::allreduce_` call;
@@ -179,21 +176,12 @@ lesson.say(f"The check holds more than half of the non-compute of: {', '.join(mo
 #   drawn one above another, and each level's bars alternate two shades in the order they opened. The bars are
 #   part of the table's in flight, which also counts the check and the broadcasts; a bar narrower than a pixel
 #   need not show;
-# * the parameter check (hatched orange, drawn at the bands' height, not under them) while its all_gather range was
+# * the parameter check (hatched orange, over the upper half of the bands' height) while its all_gather range was
 #   open; a short one is too thin to see;
 # * the finish (purple), however long, as a thin strip along the bands' lower edge; the optimizer step
 #   (green) and the end of the step.
 #
-# Three shapes to tell apart:
-#
-# * **blocking after backward** (`simple` after every micro-batch, `ga` after the last): ticks and bars
-#   after a backward band; the step ends only when they are done;
-# * **blocking inside backward** (`hook`, `bucket`): ticks and bars inside the last backward band, a last bar
-#   perhaps running past it (the caveat); a bar inside the band overlaps only where a training thread was inside
-#   an `aten::` operator beside it;
-# * **asynchronous** (`hook-async`, `bucket-async`, `ddp`, `torch`): ticks inside the last backward band, bars
-#   from there on; the figure does not mark when `loss.backward()` returns, and a last band can end before the
-#   optimizer starts.
+# Nothing drawn marks when a training thread waited for a message, or when `loss.backward()` returned.
 
 # %%
 rows = lesson_05.timeline_rows(result, RUN)  # the rows draw_steps draws, with each stage's parameter checks
@@ -209,11 +197,13 @@ display(anatomy)
 
 # %%
 alone = lesson_05.bands_ms(result, "backward").loc["single"]  # single's backward bands, ms
+took = {phase: lesson_05.spread(lesson_05.phase_ms(result, phase)) for phase in ["step", "forward", "optimizer"]}
 lesson.say(
-    "The optimizer step, the same work in every stage (`single` included: the same model, micro-batches and "
-    f"AdamW), took {lesson_05.spread(lesson_05.phase_ms(result, 'optimizer'))} in one profiled step each, and "
-    f"single's backward bands, with no message in them, {alone.min():.0f}–{alone.max():.0f} ms: a difference "
-    "between two rows or two bands need not be the stages'."
+    f"In one profiled step each, the step took {took['step']}; the forward bands, added up (the same model's "
+    f"forward in every row), {took['forward']}; the optimizer step, the same work in every row (`single` "
+    f"included: the same model, micro-batches and AdamW), {took['optimizer']}; single's backward bands, with no "
+    f"message in them, {alone.min():.0f}–{alone.max():.0f} ms: a difference between two rows or two bands need "
+    "not be the stages'."
 )
 
 # %% [markdown]
@@ -245,15 +235,14 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 #
 # * **link time**: what rank 0's messages of a step take on the modeled link, from their sizes alone
 #   (`metrics.link_time`): 2(n−1)·α + 2(n−1)/n·m·β for a message of m bytes, added up, with n ranks and the
-#   `1gbit` preset's α = 50 µs and β = 8 ns a byte (1 Gbit/s); α is a message's fixed cost, paid 2(n−1) times.
+#   `1gbit` preset's α = 50 µs and β = 8 ns a byte (1 Gbit/s); 2(n−1)·α is a message's fixed cost.
 #   It is the link's work, not time the step lost;
 # * **waited**: the time from rank 0's first `wait()` on a gradient message to its delivery, whatever held
 #   it; the parameter check is not a message and is not counted;
 # * **exposed**: the part of those waits during which rank 0's link carried a transfer; what it carried between
 #   a message's hand-over and the first `wait()` on it is not in it.
 #
-# Waited − exposed (the table's last column) is the part of the waits in which rank 0's link carried nothing:
-# a real all_reduce had not ended (held by the other rank, or a core), or the link's thread had no core.
+# Waited − exposed (the table's last column) is the part of the waits in which rank 0's link carried nothing.
 
 # %%
 from minddp.comm.link import parse_link

@@ -122,6 +122,32 @@ def below(measure: str, low: pd.Series, high: pd.Series, unit: str, low_name: st
     )
 
 
+def without_check(shares: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
+    """A line to print: for each (blocking, asynchronous) pair of stages, the asynchronous one's non-compute against
+    the blocking one's, then the same less each one's part in the parameter check (as printed in ``shares``, to
+    0.1 ms); one profiled step each, so not claimed.
+
+    >>> t = pd.DataFrame({"non-compute (ms)": [5.0, 9.0], "of it, in the check (ms)": [0.5, 7.0]}, index=["b", "a"])
+    >>> print(without_check(t, [("b", "a")]))  # doctest: +NORMALIZE_WHITESPACE
+    Non-compute, then the same less its part in the check: a's more than b's (9.0 against 5.0 ms), then less
+    (2.0 against 4.5 ms).
+    """
+    nc = shares["non-compute (ms)"]
+    rest = (nc - shares["of it, in the check (ms)"]).round(1)
+
+    def than(x: float, y: float) -> str:
+        return "more" if x > y else "less" if x < y else "as much"
+
+    parts = []
+    for b, a in pairs:
+        to = "as" if nc[a] == nc[b] else "than"
+        parts.append(
+            f"{a}'s {than(nc[a], nc[b])} {to} {b}'s ({nc[a]:.1f} against {nc[b]:.1f} ms), "
+            f"then {than(rest[a], rest[b])} ({rest[a]:.1f} against {rest[b]:.1f} ms)"
+        )
+    return f"Non-compute, then the same less its part in the check: {'; '.join(parts)}."
+
+
 def message_bytes(linked) -> pd.Series:
     """Rank 0's messages of the link run (``buckets`` rows), each one's bytes (float32: 4 a number)."""
     sent = rank0(linked.buckets)
@@ -156,22 +182,21 @@ def link_table(linked, link) -> pd.DataFrame:
 
 
 def whose_waits(table: pd.DataFrame) -> str:
-    """A line to print: the stages whose exposed (as printed in ``table``) is more than half their waited, and those
-    whose waited − exposed is, each with its part and what rank 0's link carried in it.
+    """A line to print: the stages in more than half of whose waits rank 0's link carried nothing (waited − exposed,
+    as printed in ``table``), each with that part; then what can hold any wait while the link carries nothing.
 
     >>> t = pd.DataFrame({"waited (ms)": [10.0, 8.0], "exposed (ms)": [9.0, 0.2]}, index=["a", "b"])
     >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
     >>> print(whose_waits(t))  # doctest: +NORMALIZE_WHITESPACE
-    Exposed (rank 0's link carried a transfer) is more than half of waited in: a (9.0 of 10.0 ms);
-    waited − exposed (it carried nothing) is more than half of waited in: b (7.8 of 8.0 ms).
+    Rank 0's link carried nothing in more than half of the waits of: b (7.8 of 8.0 ms). In any wait in which it
+    carries nothing, a real all_reduce has not ended (held by the other rank, or a core) or the link's thread has
+    no core; the trace does not say which.
     """
-
-    def listed(column: str) -> str:
-        over = [st for st in table.index if table.loc[st, column] > table.loc[st, "waited (ms)"] / 2]
-        parts = [f"{st} ({table.loc[st, column]:.1f} of {table.loc[st, 'waited (ms)']:.1f} ms)" for st in over]
-        return ", ".join(parts) or "none"
-
+    idle = table["waited − exposed (ms)"]
+    over = [st for st in table.index if idle[st] > table.loc[st, "waited (ms)"] / 2]
+    parts = ", ".join(f"{st} ({idle[st]:.1f} of {table.loc[st, 'waited (ms)']:.1f} ms)" for st in over) or "none"
     return (
-        f"Exposed (rank 0's link carried a transfer) is more than half of waited in: {listed('exposed (ms)')}; "
-        f"waited − exposed (it carried nothing) is more than half of waited in: {listed('waited − exposed (ms)')}."
+        f"Rank 0's link carried nothing in more than half of the waits of: {parts}. In any wait in which it carries "
+        "nothing, a real all_reduce has not ended (held by the other rank, or a core) or the link's thread has no "
+        "core; the trace does not say which."
     )
