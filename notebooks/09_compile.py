@@ -107,9 +107,9 @@ def one_step(compiled: bool, cut: bool = True):
 
 
 NO_CUT, CUT = "compiled without the cut", "compiled with the cut"
-looks = {}
+looks, ddps = {}, {}
 for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT, True, True)):
-    ddp, looks[label] = one_step(compiled, cut)
+    ddps[label], looks[label] = one_step(compiled, cut)
     name = label.replace(" with", "\nwith")  # the figure's row label: the run, then its buckets (one tick each)
     looks[label]["row"].update(label=f"{name}\n{looks[label]['calls']} buckets", stage=label)
 lesson.say(
@@ -174,15 +174,15 @@ lesson.claim(
 #
 # Each piece records one gradient node, `CompiledFunctionBackward`, and the parameters whose gradients it produces
 # hang off it (their `AccumulateGrad` nodes). The cell walks autograd's nodes back from the output of one more
-# forward of `ddp` in the run compiled with the cut and lists the pieces in the order the backward pass runs them,
+# forward of the run compiled with the cut and lists the pieces in the order the backward pass runs them,
 # then that run's buckets (`ddp`'s `bucket_plan`, rebuilt at the second step's forward in the order the first
 # step's gradients arrived on rank 0), each with its parameters in the forward's order.
 #
 # Dynamo cuts only while torch's DDP's class attribute `_active_ddp_module` is set (torch's DDP sets it to itself
-# around its forward), reading the bucket cap from it; it caps piece 0 apart. While its module runs compiled,
-# minddp's `ddp`, given a `bucket_cap_mb`, sets `_active_ddp_module` to a stand-in holding its bucket cap and piece
-# 0's cap to that cap, restoring both after (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as
-# bucket 0 does.
+# around its forward, in `_inside_ddp_forward`), reading the bucket cap from it; it caps piece 0 apart, at torch's
+# global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`, given a
+# `bucket_cap_mb`, sets `_active_ddp_module` to a stand-in holding its bucket cap and that global to the bucket cap,
+# restoring both after (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as bucket 0 does.
 #
 # A bucket that a piece fills is handed over before the next piece's backward begins: when a piece's
 # backward ends, its parameters' `AccumulateGrad` nodes (where the reducer's hook runs) and the next piece's
@@ -193,6 +193,7 @@ lesson.claim(
 
 # %%
 # %%distributed
+ddp = ddps[CUT]
 with ddp.no_sync():  # no_sync(): the reducer expects no gradients from this forward, whose backward never runs
     pieces = nodes.compiled_pieces(ddp(torch.randn(32, WIDTH)), ddp.module)  # the training's shape
 buckets = looks[CUT]["buckets"]
@@ -237,13 +238,13 @@ lesson.claim(
 # ### Your turn: after which piece is each bucket handed over?
 #
 # Write `handed_over_after(pieces, cap)`: `pieces` lists pieces in the order the backward pass runs them, each as its
-# gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes, every bucket's, the first
-# included. The pieces are any sizes, empty too, not only those a cut at `cap` makes, so a bucket can take gradients
-# from several pieces. Fill the buckets in arrival order, as `ddp` plans them from its second step on (a bucket closes
-# at the first gradient that takes it to the cap or past it; the gradients left at the end make one last bucket) and
-# return, for each bucket, the index of the piece after whose backward it is handed over. `check_handover` names the
-# usual mistakes, or shows a case where yours differs. On this notebook's step, four pieces of two 1 MiB gradients at
-# a cap of 2 MiB, the answer is `[0, 1, 2, 3]`.
+# gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes (`CAP` above is in MiB),
+# every bucket's, the first included. The pieces are any sizes, empty too, not only those a cut at `cap` makes, so a
+# bucket can take gradients from several pieces. Fill the buckets in arrival order, as `ddp` plans them from its
+# second step on (a bucket closes at the first gradient that takes it to the cap or past it; the gradients left at
+# the end make one last bucket) and return, for each bucket, the index of the piece after whose backward it is handed
+# over. `check_handover` names the usual mistakes, or shows a case where yours differs. On this notebook's step, four
+# pieces of two 1 MiB gradients at `cap = 2 * 2**20`, the answer is `[0, 1, 2, 3]`.
 
 # %%
 from minddp.exercises import check_handover
@@ -271,13 +272,13 @@ print(check_handover(solutions.handed_over_after))
 # ## `torch.compile(wrapper)`: graph breaks
 #
 # The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. A graph break is a place inside
-# a graph Dynamo has begun where it stops the graph, runs Python, and starts a new one; this notebook counts the
-# breaks, not what they cost. minddp's `ddp` marks its `forward` for Dynamo to skip (`torch.compiler.disable`, in
-# `eager_under_compile`, `minddp/runtime/compiling.py`): Dynamo compiles only `ddp`'s module and begins no graph in
-# the wrapper's own code, so none breaks there. torch's DDP lets Dynamo trace its `forward`, and Dynamo breaks the
-# graph where it meets a call it cannot trace or one torch marks to skip (printed with Dynamo's reason). Each count
-# compiles an MLP of two 1 MiB layers, alone or in a wrapper (`bucket_cap_mb` is the wrappers'), for one training
-# step. Dynamo's cut into pieces is no graph break: it cuts the graph Dynamo has captured.
+# a graph Dynamo has begun where it stops the graph, runs Python, and starts a new one. Both wrappers have Dynamo
+# compile their module in a frame of its own, with the cut, by marking wrapper code for Dynamo to skip. torch's DDP
+# marks `_inside_ddp_forward`, which sets `_active_ddp_module`; Dynamo traces the rest of its `forward` and breaks
+# the graph at that call, once in each frame it traces that reaches the call, and at a call it cannot trace.
+# minddp's `ddp` marks its whole `forward` (`torch.compiler.disable`, in `eager_under_compile`,
+# `minddp/runtime/compiling.py`), so Dynamo begins no graph in it and counts no break there. Dynamo's cut into
+# pieces is no graph break: it cuts the graph Dynamo has captured.
 
 
 # %%
@@ -318,8 +319,9 @@ lesson.claim(counts[THEIRS] > counts[ALONE], "torch.compile(torch's DDP(MLP)) ad
 # buckets and graph breaks, then the pieces of one more forward; or the refusal, with the torch file that raised it. A
 # first step's buckets follow torch's first-iteration plan (`plan_first_iteration_like_torch` in
 # `minddp/ddp/plan.py`): with `find_unused_parameters` off, as here, one bucket per dtype and device, its parameters
-# in the order the model registers them. With torch's DDP and the cut on (the default), Dynamo caps the first piece at
-# `torch_first`, above this bucket cap, and asserts; its assert says "First bucket" for that first piece.
+# in the order the model registers them; so here one bucket, handed over after the last piece. With torch's DDP and
+# the cut on (the default), Dynamo caps the first piece at `_DEFAULT_FIRST_BUCKET_BYTES`, above this bucket cap, and
+# asserts; its assert says "First bucket" for that first piece.
 
 
 # %%
@@ -374,15 +376,13 @@ lesson.claim(
 #   `all_reduce`s could run while gradients were still computed (not drawn); without the cut, none ran after any
 #   bucket.
 #
-# * `torch.compile(wrapper)`: `ddp` adds no graph break to the model's own, since Dynamo compiles none of its
-#   wrapper's code; it traces torch's DDP's `forward`, breaking the graph at the calls printed. At 0.5 MiB `ddp`'s
-#   training step has no graph break, and one more forward runs in pieces.
+# * `torch.compile(wrapper)`: both wrappers have Dynamo skip wrapper code and compile the module with the cut;
+#   torch's DDP skips a call inside its traced `forward`, which Dynamo counts as graph breaks, `ddp` its whole
+#   `forward`, which adds none.
 #
 # * At a bucket cap of 0.5 MiB, with the cut on (the default), torch's DDP (the torch installed here) does not
 #   compile: Dynamo's cap for its first piece is above the bucket cap, and Dynamo asserts. minddp's `ddp`, which
 #   sets that cap to the bucket cap, compiles there with both patterns, and its first step trains to eager's bits.
-#
-# * The train command and the benchmark take `--compile` (and `--compile-backend`).
 
 # %%
 # %dist_shutdown
