@@ -46,7 +46,8 @@
 # helpers (`minddp/notebook/lesson_08.py`) give every rank the same model, `build()`'s `Net` (linear
 # layers `encoder` 8→16, tanh, `head` 16→4; `Net(extra=True)` adds `extra` 16→4, a second head whose
 # output is added to `head`'s in a forward given `use_extra=True`), wrapped (`model`, *the wrapper*, is
-# the DDP object; `model.module` is the `Net` it wraps), with SGD at learning rate 0.1, and its own batches of 6 examples (its shard). They run each script three ways:
+# the DDP object; `model.module` is the `Net` it wraps), with SGD at learning rate 0.1, and its own
+# batches of 6 examples (its shard). They run each script three ways:
 #
 # * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised (an excerpt) and
 #   after how long from the script's start (kept in `torch_took`), or "raised nothing" (`peer_gone`
@@ -131,8 +132,9 @@ fixed(drifting_loop, "without the edit", edit=False)
 # DDP averages the gradients of a backward whose forward went through the wrapper. Call the module
 # itself (`model.module(x)`, or a submodule of it) and backward leaves each rank its own gradient; the
 # optimizer then steps each replica its own way. Before each `optimizer.step()` the *step check*
-# all-gathers another row, with each gradient's fingerprint: it finds gradients that differ across
-# ranks, and says why. The fix: call the wrapper.
+# all-gathers another row, `int64[17]` for `Net()`: one integer of notes, then four integers per
+# parameter, among them its gradient's fingerprint and its local gradient's (from before
+# averaging). It finds gradients that differ across ranks, and says why. The fix: call the wrapper.
 
 
 # %%
