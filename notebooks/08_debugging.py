@@ -45,8 +45,9 @@
 # The set-up cell turns debug mode on in every rank, as `MINDDP_DEBUG=1 torchrun ...` would. Its
 # helpers (`minddp/notebook/lesson_08.py`) give every rank the same model, `build()`'s `Net` (linear
 # layers `encoder` 8→16, tanh, `head` 16→4; `Net(extra=True)` adds `extra` 16→4, a second head whose
-# output is added to `head`'s in a forward given `use_extra=True`), wrapped, with SGD at learning rate
-# 0.1, and its own batches of 6 examples (its shard). They run each script three ways:
+# output is added to `head`'s in a forward given `use_extra=True`), wrapped (`model`, *the wrapper*, is
+# the DDP object; `model.module` is the `Net` it wraps), with SGD at learning rate 0.1, and its own
+# batches of 6 examples (its shard). They run each script three ways:
 #
 # * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised (an excerpt) and
 #   after how long from the script's start (kept in `torch_took`), or "raised nothing" (`peer_gone`
@@ -100,15 +101,10 @@ lesson.say(f"The short group's timeout is {WAIT_S} s.")
 # Anything that changes a parameter on some ranks only breaks that: here rank 1 nudges one weight
 # after step 1. In debug mode, before each forward whose backward will average the gradients (the
 # *forward check*), every rank all-gathers one small row of integers: for each parameter its
-# `requires_grad` and a fingerprint (its bits, weighted by place): `int64[8]` for `Net()`'s 4
-# parameter tensors. On a mismatch the first differing tensor is compared in full, and every rank
-# stops at the same point. Before each `optimizer.step()` the *step check* gathers another row,
-# `int64[17]` for `Net()`: one integer of notes (its bits: the step's last forward ran inside
-# `no_sync()`, which skips averaging; a forward bypassed the wrapper; every local gradient was
-# fingerprinted), then, for each of four things, one integer per parameter: whether it has a gradient,
-# the gradient's fingerprint, whether debug mode's hook on its gradient ran, and its local gradient's
-# fingerprint (from before averaging). The fix: change parameters the same way on every rank (here:
-# not at all).
+# `requires_grad` and a fingerprint (a sum of its 16-bit words, each weighted by its place):
+# `int64[8]` for `Net()`'s 4 parameter tensors. On a mismatch the first differing tensor is compared
+# in full, and every rank stops at the same point. The fix: change parameters the same way on every
+# rank (here: not at all).
 
 
 # %%
@@ -135,8 +131,10 @@ fixed(drifting_loop, "without the edit", edit=False)
 #
 # DDP averages the gradients of a backward whose forward went through the wrapper. Call the module
 # itself (`model.module(x)`, or a submodule of it) and backward leaves each rank its own gradient; the
-# optimizer then steps each replica its own way. The step check finds gradients that differ across
-# ranks, and says why. The fix: call the wrapper.
+# optimizer then steps each replica its own way. Before each `optimizer.step()` the *step check*
+# all-gathers another row, `int64[17]` for `Net()`: one integer of notes, then four integers per
+# parameter, among them its gradient's fingerprint and its local gradient's (from before
+# averaging). It finds gradients that differ across ranks, and says why. The fix: call the wrapper.
 
 
 # %%
@@ -174,8 +172,8 @@ fixed(accumulate, "the last micro-batch synced", last_syncs=True)
 # %% [markdown]
 # ## 3. Every rank reading the same data
 #
-# Without a `DistributedSampler` (or any other shard), every rank reads the same batches. Debug mode
-# sees it from the local gradients' fingerprints, taken before averaging: the same on every rank three
+# Without a `DistributedSampler` (or any other shard), every rank reads the same batches. The step
+# check sees it from the local gradients' fingerprints, taken before averaging: the same on every rank three
 # steps in a row. The fix: a shard per rank.
 
 
@@ -213,17 +211,17 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 #
 # A script's own collectives must match across ranks too: the same op, shape and dtype, in the same
 # order. Here rank 0 logs two metrics and rank 1 one. Under torch, gloo pairs an all_reduce of 2
-# values with one of 1 and the ranks wait until a timeout: here the short group's, in a real job the
-# default group's. In debug mode the *collective check* first compares every `torch.distributed`
-# collective across ranks, through the key-value store of the default group, so both ranks stop before
-# the mismatched all_reduce is sent, naming each rank's call and its line. The fix: the same metrics
-# on every rank.
+# values with one of 1 and the ranks wait until a timeout, here the short group's. In debug mode the
+# *collective check* compares every `torch.distributed` collective across ranks, through the key-value
+# store of the default group: both ranks stop, naming each rank's call and its place. The fix: the
+# same metrics on every rank.
 #
 # The message numbers the call: *collective #K* counts from 0 every collective on the default group
 # that debug mode has checked (the wrappers', their checks', the helpers' and the earlier sections'),
 # so the two ranks' K-th calls are the ones compared. A call is said as op(shapes): for an all_gather,
 # the output list and then the input, so `all_gather(2 × int64[17], int64[17])` gathers a row of 17
-# from each of the 2 ranks. Then the step: `(step 0)` for a call made in a wrapper's step (from its
+# from each of the 2 ranks. A call minddp makes is placed at the script's line that led to it (the
+# step check's at the `optimizer.step()`). Then the step: `(step 0)` for a call made in a wrapper's step (from its
 # forward to its `optimizer.step()`), `(after step S)` for a script's own call made after the last step
 # a wrapper took (here section 3's last, its loop's step 3).
 
@@ -325,7 +323,7 @@ lesson.claim(
 #
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they
-# send. Under torch's DDP, rank 0 fails at its next forward, naming by index the parameters that
+# send. Under torch's DDP, rank 0 fails at step 1's forward, naming by index the parameters that
 # received no gradient (counting from 0 in the set-up cell's list: 2 and 3 are `head.weight` and
 # `head.bias`) and suggesting `find_unused_parameters=True`, and destroys its groups, so rank 1 fails
 # too. Debug mode compares `requires_grad` across ranks in the forward check. The fix: freeze the
@@ -364,8 +362,7 @@ lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, not
 # %% [markdown]
 # `find_unused_parameters=True`, torch's advice, does not fix this bug. The next cell runs it under
 # torch's DDP beside `own`, an unwrapped copy of the module: no error; rank 1's `head.weight` gradient
-# is averaged with rank 0's zeros, which halves it (the ✓ line compares its norm with `own`'s), while
-# rank 0, whose `head` is frozen, does not step it, so the replicas end apart. `cpp_warnings()`
+# is averaged with rank 0's zeros, which halves it, while rank 0, whose `head` is frozen, does not step it, so the replicas end apart. `cpp_warnings()`
 # catches the warnings torch's C++ code writes to stderr. Each rank's reducer searches only its own
 # graph: rank 0's finds no gradient for `head` and says nothing; the healthy rank 1's finds every parameter
 # used and advises turning the flag off. The one warning points away from the bug.
@@ -408,8 +405,8 @@ lesson.claim(
     and kept == (True, False)
     and gap > 0
     and where.startswith("head."),
-    f"with find_unused_parameters=True torch's DDP raised nothing; the norm of rank 1's head.weight gradient was "
-    f"{shares[1]:.3f} × the unwrapped copy's; rank 0's head kept its initial values while rank 1's moved, and the "
+    f"with find_unused_parameters=True torch's DDP raised nothing; in step 0 the norm of rank 1's head.weight "
+    f"gradient was {shares[1]:.3f} × the unwrapped copy's; rank 0's head kept its initial values while rank 1's moved, and the "
     f"replicas' parameters ended apart by up to {gap:.1e}, the largest gap in head",
 )
 for r, heard in enumerate(warnings_of):
@@ -429,7 +426,7 @@ lesson.claim(
 # *is* the fix; debug mode's step check finds it (a gradient present on some ranks only). Averaging
 # zeros in is right here: a rank that did not take the branch has a true gradient of zero for it, and
 # every rank steps the branch with the same average. Under torch the ranks swap roles: rank 1 fails at
-# its next forward (indices 4 and 5: `extra.weight`, `extra.bias`), then rank 0.
+# step 1's forward (indices 4 and 5: `extra.weight`, `extra.bias`), then rank 0.
 
 # %%
 # %%distributed
@@ -457,8 +454,7 @@ lesson.claim(
 # `torch.distributed`, checked, and blocks backward until it is summed) and the *plan check*
 # (`check_consistency`: each step, the ranks compare which parameters each bucket holds and the order the buckets were sent in).
 # In the next cell they change no parameter: on each rank, 5 correct steps end with the same bits
-# paused or on. What they cost in time is not measured here; `docs/debugging.md` has what each check
-# does and what debug mode does not see.
+# paused or on. What they cost in time is not measured here.
 
 
 # %%
