@@ -162,6 +162,9 @@ lesson.claim(
 #   does: for a matrix, this rank's `A` minus the ranks' average `A` (its average over the ranks is 0),
 #   plus the average `A` minus `P Qᵀ` (what compression left out).
 #
+# So from its second compressing step on, the ranks together compress g plus what compression left out on the
+# step before, while the gradient error compares their ĝ with g alone.
+#
 # Of a compressed matrix only `P` and `Q` travel: (h + w) · r values instead of h · w. A compressing bucket makes
 # up to three all_reduces: one for the tensors it leaves uncompressed, if it holds any (a vector counts as an
 # h × 1 matrix, and a matrix is compressed only when its h · w values exceed `min_compression_rate`, 2 as in
