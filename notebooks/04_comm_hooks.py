@@ -39,7 +39,7 @@
 # * the all_reduce calls a step and their *payload*, counted by the hook's traffic meter (a trainee's
 #   `metered`, one reading a step): the bytes the step's all_reduces reduce (numel × element size), not the
 #   bytes a rank sends, which around a ring of n ranks are 2(n − 1)/n of the payload (equal at n = 2);
-# * for fp16 and bf16, and for PowerSGD on its first steps, the *relative gradient error* `‖ĝ − g‖ / ‖g‖`:
+# * for fp16, bf16 and PowerSGD, the *relative gradient error* `‖ĝ − g‖ / ‖g‖`:
 #   how far the hook's average `ĝ` is from the *reference average* `g`, the float32 average of the same step's
 #   gradients, computed with an extra float32 all_reduce before the hook's, not counted as traffic.
 #
@@ -81,14 +81,14 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 #
 # The cell after the table holds fp16's and bf16's gradient error against a bound on rounding alone, a worst
 # case (`minddp.comm.measure.rounding_bound`, by which the exercise checker also judges an fp16 hook). Value i
-# of the average is off by at most about
+# of the average is off by at most
 #
-# `b_i = (n + 1) · u · m_i + (n + 1) · tiny · eps / 2`
+# `b_i = (n + 1) u / (1 − (n + 1) u) · a_i + (n + 1) · tiny · eps / 2`
 #
 # * n + 1: the roundings of each rank's term (its cast, its division, at most n − 1 additions);
 # * u = eps / 2: the most a rounding is off, relative to its result; eps = `torch.finfo(dtype).eps`, float16's
 #   2⁻¹⁰, bfloat16's 2⁻⁷;
-# * m_i: the ranks' mean magnitude of value i;
+# * a_i: the ranks' mean magnitude of value i;
 # * tiny · eps / 2: the most a rounding is off below the format's smallest normal value, tiny =
 #   `torch.finfo(dtype).tiny`.
 #
@@ -162,6 +162,9 @@ lesson.claim(
 #   does: for a matrix, this rank's `A` minus the ranks' average `A` (its average over the ranks is 0),
 #   plus the average `A` minus `P Qᵀ` (what compression left out).
 #
+# So from its second compressing step on, the ranks together compress g plus what compression left out on the
+# step before, while the gradient error compares their ĝ with g alone.
+#
 # Of a compressed matrix only `P` and `Q` travel: (h + w) · r values instead of h · w. A compressing bucket makes
 # up to three all_reduces: one for the tensors it leaves uncompressed, if it holds any (a vector counts as an
 # h × 1 matrix, and a matrix is compressed only when its h · w values exceed `min_compression_rate`, 2 as in
@@ -201,7 +204,11 @@ lesson.claim(
     f"Then it makes {int(last['PowerSGD calls'])} calls a step for its {buckets} buckets, 3 in every bucket, where "
     f"plain averaging makes {plain_calls}.",
 )
-lesson.say(f"Those carry {last['PowerSGD payload KiB'] / plain_kib:.4f} of plain averaging's payload.")
+errors = [w["relative_error"] for w in psgd_trainee.metered[start_iter:]]  # its compressing steps
+lesson.say(
+    f"Those carry {last['PowerSGD payload KiB'] / plain_kib:.4f} of plain averaging's payload, with relative gradient "
+    f"errors of {' and '.join(f'{e:.2g}' for e in errors)} on steps {' and '.join(map(str, late.index))}."
+)
 steps.round(1)
 
 # %% [markdown]
@@ -213,9 +220,10 @@ steps.round(1)
 # cost is 2(n − 1) α), β the time per byte (1 / B, B the link's bandwidth in bytes/s). The link carries one
 # message at a time, each for its α-β time, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of m bytes on n
 # ranks. Each hook gets a fresh trainee, without the error measurement's extra all_reduce; it takes one warm-up
-# step (PowerSGD as many as it needs to start compressing), then one *profiled step*. bf16 is left out: its
-# messages are fp16's. For each hook the cell reads its *link ms* (*link time*, `minddp.analysis.metrics.link_time`,
-# 01's vocabulary): the modelled time of the profiled step's messages on the link, from their sizes alone.
+# step (PowerSGD `start_powerSGD_iter`, so that it compresses on the next), then one *profiled step*. bf16 is
+# left out: its messages are fp16's. For each hook the cell reads its *link ms* (*link time*,
+# `minddp.analysis.metrics.link_time`, 01's vocabulary): the modelled time of the profiled step's messages on the
+# link, from their sizes alone.
 
 # %%
 # %%distributed
@@ -227,7 +235,7 @@ linked = {
         "bucket-async",
         hook=name,
         powersgd_options=options,
-        warmup=(options or {}).get("start_powerSGD_iter"),  # PowerSGD compresses from the next step on
+        warmup=(options or {}).get("start_powerSGD_iter", 1),  # untimed steps; PowerSGD compresses on the next
         link=LINK,
     )
     for name, options in HOOKS.items()
@@ -280,11 +288,11 @@ lesson.say(
 #
 # The cell prices plain averaging's and PowerSGD's messages of their profiled steps, as the link carried them,
 # on every preset link of `minddp.comm.link.PRESETS` but `loopback`. A preset is a pair α, B (the table's first
-# two columns, in µs and Gbit/s, a Gbit/s being 1.25 × 10⁸ bytes/s), not a measured network; `home` stands for a
-# home broadband line's upload, `wan` for two cloud regions a continent apart. Its figure draws both hooks' link
-# time against the bandwidth at `1gbit`'s α: as B grows each line falls towards its messages' fixed cost,
-# c · 2(n − 1) α, and the two lines cross at B*. Which hook takes less link time at a preset is read from the
-# table, not from the figure.
+# two columns, in µs and Gbit/s), not a measured network; `home` stands for a home broadband line's upload, `wan`
+# for two cloud regions a continent apart. Sizes are binary (a KiB is 2¹⁰ bytes, a MiB 2²⁰), bandwidths decimal
+# (a Gbit/s is 1.25 × 10⁸ bytes/s). The cell's figure draws both hooks' link time against the bandwidth at
+# `1gbit`'s α: as B grows each line falls towards its messages' fixed cost, c · 2(n − 1) α, and the two lines cross
+# at B*. Each preset's markers, at its own α, are named beside its circle.
 
 # %%
 # %%rank 0
@@ -330,26 +338,24 @@ shorter = [
 ]
 lesson.claim(
     shorter == [True, False],
-    f"At {LINK.name}, PowerSGD's messages take less link time below n* = {n_star:.1f} ranks: on {below} ranks, "
-    f"not on {above}.",
+    f"The same messages, from these {n}-rank steps, priced by {LINK.name} on k ranks: PowerSGD's take less link time "
+    f"below n* = {n_star:.1f}, for k = {below} and not for k = {above}.",
 )
 lesson_04.link_figure(messages, n, LINK, crossover)
 wins.round(3)
 
 # %% [markdown]
-# These numbers show PowerSGD's payload and link time. Its gradient error on its compressing steps, the loss it
-# reaches, its compute, its error feedback's memory and how its link time changes a step's time are not shown:
-# nothing here tells whether PowerSGD is worth using.
+# These numbers show PowerSGD's payload, gradient error and link time. The loss it reaches, its compute, its error
+# feedback's memory and how its link time changes a step's time are not shown: nothing here tells whether PowerSGD
+# is worth using.
 #
 # ## torch compatibility
 #
 # minddp's hooks (`minddp.comm.default_hooks`, `minddp.comm.powerSGD_hook`) have torch's interface and are
-# registered with `register_comm_hook(state, hook)` as in torch, with two differences: torch 2.13 refuses its
-# `bf16_compress_hook` unless NCCL 2.10+ is available to a CUDA or ROCm build of torch, or XCCL to an available
-# XPU, whatever the process group's backend, and minddp's does not; minddp's PowerSGD hook waits inside itself
-# for the P factors' all_reduce and, where the bucket has any, the uncompressed tensors', so on a compressing step
-# it holds up the backward that calls it until those are done, where torch's hook chains that work on a Future. A hook that needs no second collective has no reason to wait,
-# and the exercise asks yours not to.
+# registered with `register_comm_hook(state, hook)` as in torch. minddp's PowerSGD hook waits inside itself for
+# the P factors' all_reduce and, where the bucket has any, the uncompressed tensors', so on a compressing step it
+# holds up the backward that calls it until those are done, where torch's hook chains that work on a Future. A
+# hook that needs no second collective has no reason to wait, and the exercise asks yours not to.
 #
 # ## Your turn: an fp16 hook
 #

@@ -93,12 +93,14 @@ def rounding_bound(dtype: torch.dtype, world: int, magnitude_sq: float, magnitud
     cast back to float32 is exact). Each rounding is off by at most
     ``u = eps / 2`` of its result, or by half the spacing of ``dtype``'s
     subnormals where the result is below its smallest normal. So element ``i``
-    is off by at most ``b_i = γ_{world+1}(u) · m_i + (world + 1) · tiny``,
-    where ``m_i`` is the mean of the ranks' ``|g_i|`` (the terms of a sum can
-    cancel: its error scales with their magnitudes, not with the average), plus
-    ``γ_{world+1}(2**-24) · m_i`` for the float32 average it is compared with.
-    The norm of the ``b_i`` bounds ||ĝ − g||; it needs only the sums of ``m_i²``,
-    of ``m_i`` and the number of values (``||b||² = γ² Σm² + 2γ·c Σm + N c²``).
+    is off by at most ``b_i = γ_{world+1}(u) · a_i + (world + 1) · tiny · eps / 2``,
+    with ``γ_k(u) = k·u / (1 − k·u)``, ``tiny`` and ``eps`` ``dtype``'s
+    ``torch.finfo``, and ``a_i`` the mean of the ranks' ``|g_i|`` (the terms of
+    a sum can cancel: its error scales with their magnitudes, not with the
+    average), plus ``γ_{world+1}(2**-24) · a_i`` for the float32 average it is
+    compared with. The norm of the ``b_i`` bounds ||ĝ − g||; it needs only the
+    sums of ``a_i²``, of ``a_i`` and the number of values
+    (``||b||² = γ² Σa² + 2γ·c Σa + N c²``, ``c`` the second term of ``b_i``).
     """
     info = torch.finfo(dtype)
     gamma = _gamma(world + 1, info.eps / 2) + _gamma(world + 1, torch.finfo(torch.float32).eps / 2)

@@ -56,7 +56,7 @@ class Traffic:
     wrapped in :func:`minddp.comm.measure.error_measured` (an extra exact
     all_reduce per bucket, which is *not* counted here), and ``magnitude_sq``,
     ``magnitude_sum``, ``values`` what :func:`minddp.comm.measure.rounding_bound`
-    needs of the ranks' mean magnitudes ``m_i``: Σ m_i², Σ m_i and their number.
+    needs of the ranks' mean magnitudes ``a_i``: Σ a_i², Σ a_i and their number.
     """
 
     calls: int = 0

@@ -1136,6 +1136,11 @@ def _hook_finding(f: dict, report: dict) -> str:
             f"your hook returned a {f['returned']}, not a torch.futures.Future: return the all_reduce's Future, "
             "e.g. dist.all_reduce(t, async_op=True).get_future().then(...)"
         )
+    if kind == "future_value" and f["value"] == "NoneType":  # a callback that returns nothing
+        return (
+            "your hook's Future holds None: the function you passed to .then(...) returned nothing (a def without "
+            "return?); return the average from it, e.g. .then(lambda fut: fut.value()[0].to(torch.float32))"
+        )
     if kind == "future_value":
         return (
             f"your hook's Future holds {f['value']}, not one tensor: all_reduce's Future holds a list, so "

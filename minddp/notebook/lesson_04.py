@@ -65,7 +65,7 @@ def presets() -> dict:
 def link_figure(sent: dict, n: int, link, crossover):
     """Plain averaging's and PowerSGD's link time per step against the bandwidth, 0.01 Gbit/s to 10 Tbit/s: a line
     each at ``link``'s α, a grey line at its B* (``crossover(α)``, bytes/s), and each preset as a marker at its
-    own α and bandwidth (named along the top axis), in its hook's colour."""
+    own α and bandwidth, in its hook's colour, named beside its circle."""
     import matplotlib.pyplot as plt
 
     from minddp.comm.link import GBIT, LinkSpec
@@ -97,9 +97,14 @@ def link_figure(sent: dict, n: int, link, crossover):
             zorder=3,
             label=f"{NAMES[hook]}, each preset at its own α",
         )
-    top = ax.secondary_xaxis("top")  # the preset links' bandwidths
-    top.set_xticks([spec.bandwidth / GBIT for spec in links.values()], list(links), rotation=90, fontsize=7)
-    top.set_xlabel("preset links, at their bandwidth", fontsize=8)
+    for name, spec in links.items():  # the name by the preset's own markers, not above the lines' α
+        ax.annotate(
+            name,
+            (spec.bandwidth / GBIT, link_ms(sent["allreduce"], spec, n)),
+            xytext=(7, 2),
+            textcoords="offset points",
+            fontsize=7,
+        )
     ax.set_title(
         f"The profiled step's messages on n = {n} ranks: lines at {link.name}'s α (grey: B*, where they cross), "
         "markers at each preset's own α",
