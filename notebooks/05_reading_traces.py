@@ -140,7 +140,7 @@ display(shares)
 # %% [markdown]
 # Under the table, the first claim checks the definitions' arithmetic on the unrounded values; the second holds
 # by construction (both stages plan their buckets with `minddp.stages.bucket_plan`). The printed line is one
-# step each, not claimed.
+# step of each stage, not claimed.
 
 # %%
 tied = (zero["non_compute_time_us"] - (1 - zero["comm_comp_overlap_pctg"] / 100) * zero["comm_time_per_step_us"]).abs()
