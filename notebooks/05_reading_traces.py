@@ -20,7 +20,7 @@
 # `chrome://tracing`). This notebook profiles one step of each stage of the DDP ladder that keeps a
 # whole replica on every rank (`03_build_up`: `simple` to `bucket-async`, and `ddp`; the sharded rungs
 # are in `06_sharding`), torch's DDP and `single` (each rank trains alone), with gloo over the machine's
-# loopback interface (the *loopback run*). It reads the traces with `minddp.analysis` the way the blog this
+# loopback interface. It reads the traces with `minddp.analysis` the way the blog this
 # course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
 # https://blog.underfit.ai/ddp-profiled) reads its GPU traces with HolisticTraceAnalysis (HTA); HTA reads GPU
 # traces only, so `minddp.analysis` computes its own measures from CPU events (`docs/analysis.md`), and
@@ -139,8 +139,8 @@ display(shares)
 
 # %% [markdown]
 # Under the table, the first claim checks the definitions' arithmetic on the unrounded values; the second holds
-# by construction (both stages plan their buckets with `minddp.stages.bucket_plan`). The printed lines are one
-# step each, not claimed.
+# by construction (both stages plan their buckets with `minddp.stages.bucket_plan`). The printed line is one
+# step of each stage, not claimed.
 
 # %%
 tied = (zero["non_compute_time_us"] - (1 - zero["comm_comp_overlap_pctg"] / 100) * zero["comm_time_per_step_us"]).abs()
@@ -157,7 +157,6 @@ lesson.claim(
     sizes["bucket"] == sizes["bucket-async"],
     f"bucket and bucket-async send the same {len(sizes['bucket'])} messages (the same sizes).",
 )
-lesson.say(lesson_05.without_check(shares, [("hook", "hook-async"), ("bucket", "bucket-async")]))
 
 # %% [markdown]
 # One row per profiled stage, one axis in ms from the start of the profiled step (rank 0); `single` sends
@@ -197,13 +196,15 @@ display(anatomy)
 
 # %%
 alone = lesson_05.bands_ms(result, "backward").loc["single"]  # single's backward bands, ms
-took = {phase: lesson_05.spread(lesson_05.phase_ms(result, phase)) for phase in ["step", "forward", "optimizer"]}
+steps = lesson_05.phase_ms(result, "step")
+sending = steps.drop("single")
 lesson.say(
-    f"In one profiled step each, the step took {took['step']}; the forward bands, added up (the same model's "
-    f"forward in every row), {took['forward']}; the optimizer step, the same work in every row (`single` "
-    f"included: the same model, micro-batches and AdamW), {took['optimizer']}; single's backward bands, with no "
-    f"message in them, {alone.min():.0f}–{alone.max():.0f} ms: a difference between two rows or two bands need "
-    "not be the stages'."
+    f"In one profiled step each, the step took {lesson_05.spread(steps)}, single's, which sends nothing, "
+    f"{steps['single']:.0f} ms (longer than {(sending < steps['single']).sum()} of the {len(sending)} stages' that "
+    f"send); the optimizer step, the same work in every row (`single` included: the same model, micro-batches and "
+    f"AdamW), {lesson_05.spread(lesson_05.phase_ms(result, 'optimizer'))}; single's backward bands, with no message "
+    f"in them, {alone.min():.0f}–{alone.max():.0f} ms: a difference between two rows or two bands need not be the "
+    "stages'."
 )
 
 # %% [markdown]
@@ -230,17 +231,18 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 # all_reduce runs beside the modeled transfer, and the link delivers a message once both are done and every
 # earlier one is delivered. The parameter check does not go
 # through the link. The transfers are in the traces as `minddp.link:all_reduce` ranges on the link's thread.
-# The two runs were taken at different moments on a shared machine; their times are not comparable. Three
+# The two runs were taken at different moments on a shared machine; neither's times, nor their order, carry over
+# to the other. Three
 # measures of the link run only (`docs/analysis.md`), each of rank 0:
 #
 # * **link time**: what rank 0's messages of a step take on the modeled link, from their sizes alone
 #   (`metrics.link_time`): 2(n−1)·α + 2(n−1)/n·m·β for a message of m bytes, added up, with n ranks and the
 #   `1gbit` preset's α = 50 µs and β = 8 ns a byte (1 Gbit/s); 2(n−1)·α is a message's fixed cost.
 #   It is the link's work, not time the step lost;
-# * **waited**: the time from rank 0's first `wait()` on a gradient message to its delivery, whatever held
-#   it; the parameter check is not a message and is not counted;
-# * **exposed**: the part of those waits during which rank 0's link carried a transfer; what it carried between
-#   a message's hand-over and the first `wait()` on it is not in it.
+# * **waited**: the time from rank 0's first `wait()` on a gradient message to its delivery (0 if delivered
+#   before it), whatever held it; the parameter check is not a message and is not counted;
+# * **exposed**: the part of those waits during which rank 0's link carried a transfer; link time − exposed is
+#   the link's work while rank 0 waited for no message.
 #
 # Waited − exposed (the table's last column) is the part of the waits in which rank 0's link carried nothing.
 
@@ -254,8 +256,7 @@ display(on_link)
 
 # %% [markdown]
 # The three claims hold by construction: what accumulation, hooks and buckets change on the link (the
-# messages' count, where they are handed over, the link time). The two printed lines are one step each, not
-# claimed (`ddp` and torch's DDP did not run over the link).
+# messages' count, where they are handed over, the link time). The printed lines are one step each, not claimed.
 
 # %%
 sent = lesson_05.rank0(linked.buckets)
@@ -290,15 +291,11 @@ lesson.claim(
     f"{link_ms('bucket-async'):.1f} ms, {100 * saved / link_ms('hook-async'):.1f} % less): the bytes' part is "
     f"{100 * (1 - sends['bucket-async'] * fixed / link_ms('bucket-async')):.1f} % of bucket-async's link time.",
 )
-share = 100 * on_link["exposed (ms)"] / on_link["link time (ms)"]  # the link's work rank 0 waited through
 lesson.say(
-    lesson_05.below(
-        "Exposed as a share of the link time",
-        share[["hook-async", "bucket-async"]],
-        share[["simple", "ga", "hook", "bucket"]],
-        "%",
-        "asynchronous",
-        "blocking",
-    )
+    "Buckets barely change the link's work here; they change when it can start (a bucket is handed over no "
+    f"earlier than its last gradient is ready): {lesson_05.last_left(linked, link, 'bucket-async')}; "
+    f"{lesson_05.last_left(linked, link, 'hook-async')}."
 )
+blocking = ["simple", "ga", "hook", "bucket"]
+lesson.say(lesson_05.exposed_share(on_link, sends, blocking, ["hook-async", "bucket-async"]))
 lesson.say(lesson_05.whose_waits(on_link))

@@ -122,32 +122,6 @@ def below(measure: str, low: pd.Series, high: pd.Series, unit: str, low_name: st
     )
 
 
-def without_check(shares: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
-    """A line to print: for each (blocking, asynchronous) pair of stages, the asynchronous one's non-compute against
-    the blocking one's, then the same less each one's part in the parameter check (as printed in ``shares``, to
-    0.1 ms); one profiled step each, so not claimed.
-
-    >>> t = pd.DataFrame({"non-compute (ms)": [5.0, 9.0], "of it, in the check (ms)": [0.5, 7.0]}, index=["b", "a"])
-    >>> print(without_check(t, [("b", "a")]))  # doctest: +NORMALIZE_WHITESPACE
-    Non-compute, then the same less its part in the check: a's more than b's (9.0 against 5.0 ms), then less
-    (2.0 against 4.5 ms).
-    """
-    nc = shares["non-compute (ms)"]
-    rest = (nc - shares["of it, in the check (ms)"]).round(1)
-
-    def than(x: float, y: float) -> str:
-        return "more" if x > y else "less" if x < y else "as much"
-
-    parts = []
-    for b, a in pairs:
-        to = "as" if nc[a] == nc[b] else "than"
-        parts.append(
-            f"{a}'s {than(nc[a], nc[b])} {to} {b}'s ({nc[a]:.1f} against {nc[b]:.1f} ms), "
-            f"then {than(rest[a], rest[b])} ({rest[a]:.1f} against {rest[b]:.1f} ms)"
-        )
-    return f"Non-compute, then the same less its part in the check: {'; '.join(parts)}."
-
-
 def message_bytes(linked) -> pd.Series:
     """Rank 0's messages of the link run (``buckets`` rows), each one's bytes (float32: 4 a number)."""
     sent = rank0(linked.buckets)
@@ -179,6 +153,60 @@ def link_table(linked, link) -> pd.DataFrame:
     ).round(1)
     table["waited − exposed (ms)"] = (table["waited (ms)"] - table["exposed (ms)"]).round(1)
     return table
+
+
+def last_left(linked, link, stage: str) -> str:
+    """Rank 0's last message of ``stage`` in the link run: its MiB, its link time, how long before the end of the
+    stage's last backward it was handed over (its ``ready_us``), and the least of the link's work it left after that
+    end (a transfer starts no earlier than its hand-over), ms to 0.1.
+
+    >>> from types import SimpleNamespace
+    >>> from minddp.comm.link import parse_link
+    >>> b = pd.DataFrame({"stage": "s", "rank": 0, "numel": [2**20, 2**18], "ready_us": [0.0, 9e3], "dtype": "float32"})
+    >>> p = pd.DataFrame({"stage": ["s"], "rank": 0, "phase": ["backward"], "start_us": [0.0], "end_us": [10e3]})
+    >>> run = SimpleNamespace(buckets=b, phases=p, summary=pd.DataFrame({"rank": [0, 1]}))
+    >>> print(last_left(run, parse_link("1gbit"), "s"))  # doctest: +NORMALIZE_WHITESPACE
+    s's last message (1.000 MiB, 8.5 ms on the link) was handed over 1.0 ms before its last backward ended, so the
+    link had at least 7.5 ms of its work left then
+    """
+    sent, nbytes = rank0(linked.buckets), message_bytes(linked)
+    mine = sent[sent["stage"] == stage].sort_values("ready_us")
+    phases = rank0(linked.phases)
+    end = phases.loc[(phases["stage"] == stage) & (phases["phase"] == "backward"), "end_us"].max()
+    world = int(linked.summary["rank"].nunique())
+    last = mine.index[-1]
+    took = 1e3 * link.seconds("all_reduce", nbytes[last], world)
+    before = (end - mine.loc[last, "ready_us"]) / 1e3
+    return (
+        f"{stage}'s last message ({nbytes[last] / 2**20:.3f} MiB, {took:.1f} ms on the link) was handed over "
+        f"{before:.1f} ms before its last backward ended, so the link had at least {max(0.0, took - before):.1f} ms of "
+        "its work left then"
+    )
+
+
+def exposed_share(table: pd.DataFrame, sends: pd.Series, blocking: list[str], asynchronous: list[str]) -> str:
+    """A line to print: whether each ``asynchronous`` stage's exposed, as a share of its link time, is below every
+    ``blocking`` stage's (the most against the least, to 0.1 %, and whose), and the rest of a blocking stage's link
+    time a message (from ``table``'s printed columns and ``sends``, to 0.1 ms); one profiled step each, not claimed.
+
+    >>> t = pd.DataFrame({"link time (ms)": [10.0, 10.0], "exposed (ms)": [9.0, 1.0]}, index=["b", "a"])
+    >>> print(exposed_share(t, pd.Series({"b": 2, "a": 2}), ["b"], ["a"]))  # doctest: +NORMALIZE_WHITESPACE
+    Exposed, as a share of the link time: a's below every blocking stage's (10.0 % at most, a's, against 90.0 % at
+    least, b's); the rest of a blocking stage's link time, 0.5 ms a message, is the link's work between a
+    message's hand-over and the first wait() on it.
+    """
+    share = 100 * table["exposed (ms)"] / table["link time (ms)"]
+    low, high = share[asynchronous], share[blocking]
+    each = "below" if low.max() < high.min() else "not each below"
+    rest = ((table["link time (ms)"] - table["exposed (ms)"]) / sends)[blocking]
+    lo, hi = f"{rest.min():.1f}", f"{rest.max():.1f}"
+    names = " and ".join(f"{st}'s" for st in asynchronous)
+    return (
+        f"Exposed, as a share of the link time: {names} {each} every "
+        f"blocking stage's ({low.max():.1f} % at most, {low.idxmax()}'s, against {high.min():.1f} % at least, "
+        f"{high.idxmin()}'s); the rest of a blocking stage's link time, {lo if lo == hi else f'{lo}–{hi}'} ms a "
+        "message, is the link's work between a message's hand-over and the first wait() on it."
+    )
 
 
 def whose_waits(table: pd.DataFrame) -> str:
