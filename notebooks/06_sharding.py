@@ -207,7 +207,7 @@ lesson.claim(
     "ddp and zero1 keep a flat buffer per gradient bucket, in storage of its own beside the gradients: "
     + ", ".join(f"{s} {lesson.mib(sum(b.untyped_storage().nbytes() for b in r.buffers))}" for s, r in reducers.items())
     + " on rank 0 after the step. No column counts these, nor the buffers any stage's collectives send from and "
-    "receive into within a step, but for fsdp's gathered units.",
+    "receive into within a step, but the receive buffers of fsdp's all-gathers (in its gathered units).",
 )
 table.round(3).astype(object).where(table.notna(), "–")
 
