@@ -591,9 +591,9 @@ lesson.claim(
 #
 # A collective can overlap compute (notebook 01's word) only while compute still runs after it is
 # handed over. zero1 hands its all-gather over in the update, with no module left to run in the step;
-# zero2 and fsdp hand theirs over in a forward or backward, before the module that needs them, but the
-# first each forward needs (zero2's bucket of the first layers, fsdp's first unit) is waited for with no
-# compute in between. No cell here measures whether they overlapped.
+# zero2 and fsdp hand theirs over in a forward or backward, before the module that needs them, but
+# zero2's bucket of the first layers and fsdp's first unit in each forward are waited for with no compute
+# in between. No cell here measures whether they overlapped.
 
 
 # %%
