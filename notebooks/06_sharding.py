@@ -27,8 +27,8 @@
 #
 # * `zero1`: each rank keeps the optimizer state of its shards only, updates them, and the updated
 #   shards are all-gathered;
-# * `zero2`: the gradients are reduce-scattered instead of all-reduced: each rank needs only the piece
-#   of the average it updates;
+# * `zero2`: the gradients are sharded too: a reduce-scatter hands each rank only the piece of the
+#   averaged gradients it updates;
 # * `fsdp`: the parameters are sharded too (all but a few tensors it keeps whole on every rank, its
 #   *replicated* ones), and each decoder layer (a *unit*) is gathered only around its own forward and
 #   backward, the next unit's gather started one unit ahead (a *prefetch*).
@@ -88,15 +88,15 @@ from minddp.notebook.source import show_source
 show_source(ring_all_reduce)
 
 # %% [markdown]
-# What each costs on minddp's ring, in the α-β model: a reduce-scatter or an all-gather of m bytes is
-# `n − 1` messages per rank, carrying `(n − 1)/n · m` bytes: `(n − 1) α + (n − 1)/n · m β`; the all_reduce
-# is the two. A *pass* is a reduce-scatter or an all-gather of the whole model's float32 bytes, however
-# many collectives carry it: `(n − 1)/n` of those bytes sent per rank. Per step
-# (the gradients are synced once, in the last micro-batch's backward; the earlier ones run under notebook
-# 03's `no_sync()`): DDP all-reduces the gradients, two passes; ZeRO-2 reduce-scatters them and
-# all-gathers the updated parameters, two passes too. minddp's ZeRO-1 is DDP's wrapper with its optimizer
-# sharded, so it all-reduces and then all-gathers, three passes (a reduce-scatter would do, as in
-# ZeRO-2). FSDP reduce-scatters its units' gradients, a little under one pass, but gathers each unit's
+# What each costs on minddp's ring, in the α-β model: a reduce-scatter of m bytes (its input) or an
+# all-gather of m bytes (its output) is `n − 1` messages per rank, carrying `(n − 1)/n · m` bytes:
+# `(n − 1) α + (n − 1)/n · m β`; the all_reduce is the two. A *pass* is a reduce-scatter or an all-gather
+# of the whole model's float32 bytes, however many collectives carry it: `(n − 1)/n` of those bytes sent
+# per rank. Per step (the gradients are synced once, in the last micro-batch's backward; the earlier
+# ones run under notebook 03's `no_sync()`): DDP all-reduces the gradients, two passes; the ZeRO paper's
+# ZeRO-1 and ZeRO-2 reduce-scatter them and all-gather the updated parameters, two passes too. minddp's
+# `zero1` is DDP's wrapper with its optimizer sharded, so it all-reduces and then all-gathers: three
+# passes. FSDP reduce-scatters its units' gradients, a little under one pass, but gathers each unit's
 # parameters for every micro-batch's forward and again, all but the last unit's, for its backward. The
 # bound below counts one reduce-scatter pass a step and two gathering passes per micro-batch; the
 # all_reduce of the replicated tensors lies within it. These are bytes, the β term, only: a ratio of
@@ -115,9 +115,9 @@ lesson.say(
     "pass of the model is "
     f"{one_pass / 2**20:.2f} MiB per rank. "
     f"Per step of {accum} micro-batches: DDP's all_reduce {lesson.mib(2 * one_pass)}, "
-    f"ZeRO-2's reduce-scatter + all-gather {lesson.mib(2 * one_pass)}, ZeRO-1's all_reduce + all-gather "
-    f"{lesson.mib(3 * one_pass)}; FSDP's reduce-scatter + all-gathers + all_reduce of its replicated tensors at most "
-    f"{lesson.mib(fsdp_most)} "
+    f"ZeRO-1's and ZeRO-2's reduce-scatter + all-gather {lesson.mib(2 * one_pass)}, minddp's zero1's all_reduce + "
+    f"all-gather {lesson.mib(3 * one_pass)}; FSDP's reduce-scatter + all-gathers + all_reduce of its replicated "
+    f"tensors at most {lesson.mib(fsdp_most)} "
     f"(1 + 2 × {accum} passes, a bound: at most {fsdp_most / (2 * one_pass):.1f} times DDP's)."
 )
 
@@ -133,8 +133,7 @@ lesson.say(
 # parameters, gradients just before the update, optimizer state just after, the activations (the most
 # bytes autograd saved for the backward during one micro-batch's forward, leaving out saved tensors that
 # lie in a parameter's storage or, for fsdp, a gathered unit's), and fsdp's *gathered units* at their
-# peak: the full parameters it has gathered and the buffers its all-gathers receive into (a unit's buffer
-# and the full parameters unpacked from it are counted apart).
+# peak: the full parameters it has gathered and the buffers its all-gathers receive into.
 # `lesson.Trainee(stage, warmup=0)` builds the stage and its optimizer on every rank without a step, so
 # the measured step is its first: the *memory step*.
 
@@ -205,10 +204,10 @@ lesson.say(
 reducers = {s: trainees[s].model.reducer for s in ("ddp", "zero1")}  # minddp's DistributedDataParallel's
 lesson.claim(
     not any(r.gradient_as_bucket_view for r in reducers.values()),
-    "ddp and zero1 also keep a flat buffer per gradient bucket, in storage of its own beside the gradients, which no "
-    "column counts: "
+    "ddp and zero1 keep a flat buffer per gradient bucket, in storage of its own beside the gradients: "
     + ", ".join(f"{s} {lesson.mib(sum(b.untyped_storage().nbytes() for b in r.buffers))}" for s, r in reducers.items())
-    + " on rank 0 after the step.",
+    + " on rank 0 after the step. No column counts these, nor the buffers any stage's collectives send from and "
+    "receive into within a step, but the receive buffers of fsdp's all-gathers (in its gathered units).",
 )
 table.round(3).astype(object).where(table.notna(), "–")
 
@@ -270,21 +269,19 @@ lesson.claim(
     2 * f16["gathered"] == f32["gathered"] and f16["activations"] < f32["activations"],
     f"Its gathered units hold half the bytes, {lesson.mib(f16['gathered'])} against {lesson.mib(f32['gathered'])} at "
     f"their peak; its activations fewer, {lesson.mib(f16['activations'])} against "
-    f"{lesson.mib(f32['activations'])}, {f16['activations'] / f32['activations']:.2f} times, not half (no cell here "
-    "measures which of the tensors autograd saves are bf16).",
+    f"{lesson.mib(f32['activations'])}, {f16['activations'] / f32['activations']:.2f} times.",
 )
 
 # %% [markdown]
 # ### Why the master weights stay fp32
 #
-# A bf16 number has 8 significant bits (2 to 3 decimal digits), so a change far smaller than a weight is
-# lost. AdamW changes each value by lr times the running average of its gradients over the square root
-# of that of their squares, both corrected for their bias, which makes them g and g² at the first
-# update: so the first update moves each value whose gradient g is neither zero nor as small as AdamW's ε
-# by about lr (g/|g| = ±1). The cell prints the median size of ddp's first
-# update's changes, then adds lr to, and subtracts it from, every initial value held in bf16 and in fp32
-# (`lesson.added`) and finds the changes that are lost. The model's normalization layers, its
-# *RMSNorms*, have weights (scales) that start at 1.0:
+# A bf16 number has 8 significant bits, so a change far smaller than a weight is lost. AdamW changes each
+# value by lr times the running average of its gradients over the square root of that of their squares,
+# both corrected for their bias, which makes them g and g² at the first update: so the first update moves
+# each value whose gradient g is neither zero nor as small as AdamW's ε by about lr (g/|g| = ±1). The cell
+# prints the median size of ddp's first update's changes, then adds lr to, and subtracts it from, every
+# initial value held in bf16 and in fp32 (`lesson.added`) and finds the changes that are lost. The model's
+# normalization layers, its *RMSNorms*, have weights (scales) that start at 1.0:
 
 # %%
 # %%rank 0
@@ -444,11 +441,10 @@ show_source(reduce_scatter_hook)
 # into `torch.distributed`) and the bytes *given* to it (the tensors this rank passed in). Its *gradient
 # collectives* are those that sum gradients (fsdp's all_reduces of its replicated tensors included); it
 # counts the all-gathers of parameters apart. On gloo a `Wire` with no transport of its own runs zero2's
-# and fsdp's reduce-scatters as all_reduces of the whole tensor they are given (a zero2 bucket, an fsdp
-# unit's gradients) and keeps this rank's piece; a transport with a reduce-scatter of its own, as the
-# ring below, runs that. So every gradient collective here is an all_reduce. Each look is its trainee's
-# second step: the first was the memory step, so zero2's look starts by gathering the parameters that
-# step updated.
+# and fsdp's reduce-scatters as all_reduces of the whole tensor they are given and keeps this rank's
+# piece; a transport with a reduce-scatter of its own, as the ring below, runs that. So every gradient
+# collective here is an all_reduce. Each look is its trainee's second step: the first was the memory
+# step, so zero2's look starts by gathering the parameters that step updated.
 
 # %%
 # %%distributed
@@ -469,8 +465,8 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 # The bytes given do not show what a reduce-scatter spares against an all_reduce. The four stages now
 # send through minddp's ring, plugged into each stage's `Wire` as its transport; the profiler records
 # each message gloo sends with the tensor it carried. The table is what rank 0 sent in one step, by the
-# collective the message served. The bytes fsdp sent "gathering units" are sent in a step, not the
-# memory table's gathered units, held at one moment. Bytes *sent* are not
+# collective the message served. fsdp's all_gather column is bytes sent over the step, not the memory
+# table's gathered units, held at one moment. Bytes *sent* are not
 # bytes *given*: a ring all_reduce sends `2(n − 1)/n` of the bytes it is given, the same number at these
 # n = 2 ranks only:
 
@@ -496,8 +492,8 @@ lesson.claim(
 lesson.claim(
     abs(total["zero2"] - whole) < 1e-3 * whole and abs(total["zero1"] - 1.5 * whole) < 1e-3 * whole,
     f"Its all-gathers of the updated parameters send the other half ({lesson.mib(z2['all_gather'])}), so on the ring "
-    f"zero2 sends ddp's bytes, {lesson.mib(total['zero2'])} a step, where zero1, which all-reduces whole gradients "
-    f"and then all-gathers, sends 1.5 times as many ({lesson.mib(total['zero1'])}).",
+    f"zero2 sends ddp's bytes, {lesson.mib(total['zero2'])} a step, where minddp's zero1, which all-reduces whole "
+    f"gradients and then all-gathers, sends 1.5 times as many ({lesson.mib(total['zero1'])}).",
 )
 f_sent = rings["fsdp"]["sent"]
 passes = f_sent["all_gather"] / one_pass  # what a rank sent gathering units, in passes of the whole model
@@ -524,21 +520,18 @@ on_wire.round(2)
 # parameters are dropped, all but the last unit's, with which the backward starts. The tensors autograd
 # saves for the backward would keep them alive, so a saved-tensor hook keeps a note of where they lay
 # instead; the first note unpacked in the backward gathers the unit again (or waits for its prefetched
-# gather) and starts the gather of the unit before it. A unit's gradients arrive together, in the
-# backward of one autograd function (`Unshard`), and are cast to the shards' dtype; in the last
-# micro-batch's backward they go to one gradient collective (a reduce-scatter: on gloo an all_reduce), in
-# the others they are accumulated whole under `no_sync()`. In the last, each replicated tensor's gradient
-# gets an all_reduce. At the end of the backward fsdp waits for them and gives each shard its piece as
-# `.grad`. The lines that do each part (numbered in the module's docstring; in part 1, a parameter no unit
-# owns is replicated):
+# gather) and starts the gather of the unit before it. A unit's gradients arrive together, in the backward
+# of one autograd function (`Unshard`); in the last micro-batch's backward they go to one gradient
+# collective (a reduce-scatter: on gloo an all_reduce), in the others they are accumulated whole under
+# `no_sync()`. In the last, each replicated tensor's gradient gets an all_reduce. At the end of the
+# backward fsdp waits for them and gives each shard its piece as `.grad`. The lines that do parts 2 to 6
+# (numbered in the module's docstring):
 
 # %%
 # %%rank 0
 from minddp.sharding.fsdp import FullyShardedDataParallel
 
 lines = [  # (part, method, a text that the line doing it holds)
-    ("part 1", "__init__", "owned = {id(s)"),
-    ("part 1", "__init__", "if id(p) not in owned"),
     ("part 2", "_before_forward", "self._gather(unit)"),
     ("part 2", "_before_forward", "self._prefetch(unit, +1)"),
     ("part 2", "_before_forward", "Unshard.apply("),
@@ -549,17 +542,10 @@ lines = [  # (part, method, a text that the line doing it holds)
     ("part 4", "_unpack", "self._gather(unit)"),
     ("part 4", "_unpack", "if unit.index not in self.backward_seen"),
     ("part 4", "_unpack", "self._prefetch(unit, -1)"),
-    ("part 5", "_unit_backward_done", "master = [g.to(s.dtype)"),
-    ("part 5", "_unit_backward_done", "in enumerate(zip(master, unit.accumulated))"),
-    ("part 5", "_unit_backward_done", "if acc is not None"),
-    ("part 5", "_unit_backward_done", "master[i] = acc if g is None else acc + g"),
     ("part 5", "_unit_backward_done", "if not self.sync_this_backward"),
     ("part 5", "_unit_backward_done", "unit.accumulated = master"),
     ("part 5", "_unit_backward_done", "return"),
     ("part 5", "_unit_backward_done", "self.pending.append("),
-    ("part 5", "_replicated_grad_ready", "if self.sync_this_backward"),
-    ("part 5", "_replicated_grad_ready", "self.pending_replicated.append("),
-    ("part 6", "_backward_started", "compat.at_backward_end("),
     ("part 6", "finish_gradient_synchronization", "split_block(future.wait()"),
     ("part 6", "finish_gradient_synchronization", "shard.grad = piece.clone()"),
 ]
@@ -569,13 +555,14 @@ print(key_lines(FullyShardedDataParallel, lines))
 # %%distributed
 fsdp = trainees["fsdp"].model
 unit_bytes = max(sum(u.numels) for u in fsdp.units) * 4  # one unit's full fp32 parameters
-# a unit's full parameters and its received buffer (padded by < n elements per parameter tensor): within 0.1 %
+# a unit's full parameters beside one unit's received buffer (padded by < n elements per tensor): within 0.1 %
 lesson.claim(
     abs(memory["fsdp"]["gathered"] - 2 * unit_bytes) < 1e-3 * unit_bytes,
     f"{len(fsdp.units)} units ({type(fsdp.units[0].module).__name__}), "
     f"{len({id(p) for _, _, p in fsdp.replicated})} replicated parameter tensors; at most "
     f"{lesson.mib(memory['fsdp']['gathered'])} gathered at once (the memory table's column), twice the largest "
-    "unit's full parameters: a unit being unpacked holds its full parameters and the buffer they were received in. "
+    "unit's full parameters: a unit's full parameters beside one received buffer, its own while it is unpacked, "
+    "then the prefetched unit's. "
     f"The whole model's parameters: {lesson.mib(memory['ddp']['parameters'])}.",
 )
 f = looks["fsdp"]
@@ -604,8 +591,9 @@ lesson.claim(
 #
 # A collective can overlap compute (notebook 01's word) only while compute still runs after it is
 # handed over. zero1 hands its all-gather over in the update, with no module left to run in the step;
-# zero2 and fsdp hand theirs over in a forward or backward, with modules still to run. No cell here
-# measures whether they overlapped.
+# zero2 and fsdp hand theirs over in a forward or backward, before the module that needs them, but
+# zero2's bucket of the first layers and fsdp's first unit in each forward are waited for with no compute
+# in between. No cell here measures whether they overlapped.
 
 
 # %%
@@ -695,21 +683,21 @@ lesson.say(
 )
 lesson.claim(
     (trade.loc["zero2"] < trade.loc["zero1"]).all(),
-    "In both of the table's columns zero2 is under zero1: less model state at the update and, on the ring, fewer "
-    "bytes sent a step.",
+    "In both of the table's columns zero2 is under minddp's zero1: less model state at the update and, on the ring, "
+    "fewer bytes sent a step (zero1 all-reduces the gradients that zero2 reduce-scatters).",
 )
 trade.round(1)
 
 # %% [markdown]
 # ## Your turn: all_reduce from its two halves
 #
-# Write `my_all_reduce(tensor, group)`: sum `tensor` in place over `group` with one reduce-scatter and
-# one all-gather, `reduce_scatter_single` and `all_gather_single` from `minddp.runtime.compat`; both take
-# `(output, input)`, and the reduce-scatter's input and the all-gather's output need a length the world
-# size divides. Pass `group` to `dist.get_world_size(group)` and to both collectives (to the
-# reduce-scatter by name: its third parameter is `op`). Without it, or given `dist.group.WORLD`, a call
-# runs over every rank of a larger job: the checker hands your transport a group of its own and refuses
-# both.
+# Write `my_all_reduce(tensor, group)`: sum `tensor`, of any shape, in place over `group` with one
+# reduce-scatter and one all-gather, `reduce_scatter_single` and `all_gather_single` from
+# `minddp.runtime.compat`; both take `(output, input)`, and the reduce-scatter's input and the
+# all-gather's output need a length the world size divides. Pass `group` to `dist.get_world_size(group)`
+# and to both collectives (to the reduce-scatter by name: its third parameter is `op`). Without it, or
+# given `dist.group.WORLD`, a call runs over every rank of a larger job: the checker hands your transport
+# a group of its own and refuses both.
 #
 # The cell makes `my_all_reduce` the sum of the `bucket-async` stage's buckets (its hook divides each
 # bucket by the world size first). `check` trains that stage beside a single process on the global batch
