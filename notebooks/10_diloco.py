@@ -133,11 +133,11 @@ print(doc[doc.index("1. **synced") : doc.index("With outer SGD")].rstrip())
 print(doc.split("``_apply``)::")[1].split("Example")[0].rstrip())
 
 # %% [markdown]
-# One run of local SGD and of DiLoCo (its default outer SGD: lr 0.7, Nesterov momentum 0.9) on the two ranks, DDP
-# beside them, from the same start on the same chains (300 steps, H = 10), by `train_config`, the bench's run: AdamW with lr
-# 3·10⁻³ down a half cosine to a tenth of it, and the expected loss scored on the weights the replicas *agree
-# on*: DDP's, local SGD's last average (rank 0's own weights before the first), DiLoCo's synced weights (the start
-# until its first sync):
+# One run of local SGD and of DiLoCo (its default outer SGD: lr 0.7, Nesterov momentum 0.9) on the two ranks,
+# DDP beside them, from the same start on the same chains (300 steps, H = 10), by `train_config`, the bench's
+# run: AdamW with lr 3·10⁻³ down a half cosine to a tenth of it, and the expected loss scored on the weights the
+# replicas *agree on*: DDP's, local SGD's last average (rank 0's own weights before the first), DiLoCo's synced
+# weights (the start until its first sync):
 
 # %%
 # %%distributed
@@ -162,9 +162,9 @@ lesson.claim(
 # numbers below are read from its committed results (`docs/diloco/convergence.json`), not run here. Its runs:
 # `ddp`; `single` (one replica alone: a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10,
 # 50, 100); `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (DiLoCo at H = 100 with those outer learning rates, the
-# Nesterov momentum 0.9 kept; not drawn); `streaming-h100` (streaming DiLoCo, scored on its synced weights: each fragment's from that fragment's
-# last sync). All are trained and scored by
-# `train_config` as above, but on 4 replicas with the cosine over 2000 steps.
+# Nesterov momentum 0.9 kept; not drawn); `streaming-h100` (streaming DiLoCo, scored on its synced weights: each
+# fragment's from that fragment's last sync). All are trained and scored by `train_config` as above, but on 4
+# replicas with the cosine over 2000 steps.
 #
 # A score is taken every 50 steps. The figure draws DDP and the runs at H = 10 and 100 against the payload each
 # replica handed over: at each payload, the mean over the seeds of the run's last score with no more payload (a
@@ -302,8 +302,8 @@ start, one, sgd = (mean_of(n, "loss")[i] for n, i in (("diloco-h100-lr1", 0), ("
 lesson.claim(
     alike and lr1["outer_lr"] == 1 and one > start > sgd,
     f"diloco-h100-lr1 is set up as local-sgd-h100 but for its outer SGD (lr 1, Nesterov momentum "
-    f"{OUTER_DEFAULTS['momentum']}); after the first sync (step 100) its expected loss, mean over the seeds, is {one:.3f}, above the untrained "
-    f"start's {start:.3f}, where local SGD's is {sgd:.3f}",
+    f"{OUTER_DEFAULTS['momentum']}); after the first sync (step 100) its expected loss, mean over the seeds, is "
+    f"{one:.3f}, above the untrained start's {start:.3f}, where local SGD's is {sgd:.3f}",
 )
 
 
@@ -368,15 +368,14 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # for the real all_reduce.
 #
 # Each inner step is its forward (pale), backward (blue) and optimizer step (green), whose post-hook hands a
-# fragment's pseudo-gradient to the link (the tall tick) or waits for it and applies it (the triangle). The
-# orange bars are the messages' modeled transfers on the link, each from its tick and named by its fragment (the
-# shade alternates from one message to the next). Red, if any, is
-# the wait: from the post-hook's `wait()` until the message is delivered (its modeled transfer over and the real
-# all_reduce done). White in the row is time in none of the three (the training thread's own work, or time it
-# did not run on this shared machine's cores): part of the time a message has to travel. The lines under the
-# figure give each message's time on the link, its "ms of steps" (from the tick to the applying step's `wait()`,
-# white included) and its wait. Steps vary in length on this shared machine: a message's "ms of steps", not τ,
-# decides whether it waits.
+# fragment's pseudo-gradient to the link (the tall tick) or waits for it and applies it (the triangle). The orange
+# bars are the messages' modeled transfers on the link, each from its tick and named by its fragment (the shade
+# alternates from one message to the next). Red, if any, is the wait: from the post-hook's `wait()` until the
+# message is delivered (its modeled transfer over and the real all_reduce done). White in the row is time in none
+# of the three (the training thread's own work, or time it did not run on this shared machine's cores): part of the
+# time a message has to travel. The lines under the figure give each message's time on the link, its "ms of steps"
+# (from the tick to the applying step's `wait()`, white included) and its wait. Steps vary in length on this shared
+# machine: a message's "ms of steps", not τ, decides whether it waits.
 
 # %%
 # %%distributed
@@ -646,8 +645,8 @@ lesson.claim(
 # * In the bench (this task and model; outer momentum 0.9 in every DiLoCo run) DiLoCo not streamed ended behind
 #   local SGD in most seeds at H = 10 and in every seed at H = 50 and 100, and at H = 100 worse than one replica
 #   alone in every seed; local SGD ended below one replica alone at every H, in every seed. No outer lr tried at
-#   H = 100 (0.3 to 1) ends below local SGD. At lr 1 the first sync alone, which differs from
-#   local SGD's only in the momentum, takes DiLoCo above the untrained start.
+#   H = 100 (0.3 to 1) ends below local SGD. At lr 1 the first sync alone, which differs from local SGD's only in
+#   the momentum, takes DiLoCo above the untrained start.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it; where its time on
 #   the link is longer than those steps, that step waits. The schedule is a function of the step alone, the same
