@@ -4,9 +4,9 @@ cells so that each cell shows its point.
 - :func:`loss_against_bytes`: the bench's mean expected loss over the seeds against the payload bytes each replica
   handed to the all_reduce (``docs/diloco/convergence.json``), one line per run;
 - :func:`streaming_steps`: the profiled row of streaming DiLoCo's inner steps (:func:`minddp.analysis.timeline.
-  draw_steps`), each fragment's hand-over and apply marked with its step, the waits drawn over the optimizer step,
-  and the legend by :func:`~minddp.analysis.timeline.legend_above` (whose message swatch shows both shades the bars
-  alternate in).
+  draw_steps`), each fragment's hand-over and apply marked with its step, each message bar named by its fragment,
+  the waits drawn over the optimizer step, and the legend by :func:`~minddp.analysis.timeline.legend_above` (whose
+  message swatch shows both shades the bars alternate in, from one message to the next).
 """
 
 from __future__ import annotations
@@ -54,9 +54,10 @@ def streaming_steps(row: dict, events: list, warm: int, title: str):
     """The figure of the profiled streaming DiLoCo run: ``row`` (``live.step_view(...)["row"]``) drawn by
     ``draw_steps``, each hand-over (a tall tick) and each apply (a triangle, where a ``minddp.fragment_apply`` event
     ends) labelled with its inner step, counted from ``warm`` + 1 (the first profiled step) by the
-    ``minddp.optimizer_step`` events started by then; the waits drawn again over the optimizer step's green; the
-    time axis from the first profiled forward. The legend above the axes names each kind once, the message bars'
-    two shades in one swatch. Returns the figure."""
+    ``minddp.optimizer_step`` events started by then; each message bar named by the fragment of the
+    ``minddp.fragment_send#i`` event it follows (in time order); the waits drawn again over the optimizer step's
+    green; the time axis from the first profiled forward. The legend above the axes names each kind once, the
+    message bars' two shades in one swatch. Returns the figure."""
     from minddp.analysis.timeline import COLORS, draw_steps, legend_above
 
     t0 = min(e.time_range.start for e in events if e.name == "minddp.forward_backward")  # the row's 0 ms
@@ -80,6 +81,10 @@ def streaming_steps(row: dict, events: list, warm: int, title: str):
     ax.plot(applied, [-0.44] * len(applied), "v", color="black", markersize=6, label="fragment applied")
     for t in row["sent"]:
         ax.text(t - 1, 0.3, f"step {step_at(t)}", ha="right", va="center", fontsize=7)
+    sends = sorted((e for e in events if e.name.startswith("minddp.fragment_send")), key=lambda e: e.time_range.start)
+    for (start, _), send in zip(sorted(row["messages"]), sends):  # the i-th message is the i-th fragment sent
+        fragment = send.name.rpartition("#")[2]
+        ax.text(start + 1, 0.21, f"fragment {fragment}", ha="left", va="center", fontsize=7, zorder=4)
     for t in applied:
         ax.text(t - 2, -0.44, f"step {step_at(t)}", ha="right", va="center", fontsize=7)
     waits = [(s, e - s) for s, e in row["waits"]]  # inside an optimizer step: drawn again, over its green
