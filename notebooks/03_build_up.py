@@ -210,8 +210,8 @@ lesson.claim(
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, with the thread's waits for them
 # (red); the micro-batches before it run straight on into each other. Just before the burst ga runs
-# the parameters-used check, in finish (hatched, where wide enough to draw): its width is the rank
-# waiting there for the other rank, not the cost of the check's few bytes.
+# the parameters-used check, in finish (hatched, where wide enough to draw): its width includes the
+# rank's wait for the other rank to join it, so it is not the check's own cost.
 #
 # ### Your turn: `ga`
 #
@@ -728,8 +728,8 @@ lesson_03.sweep_table(swept, model, default)
 # Two ratios of a setting matter here: how long one sync's bytes take against one backward, and how
 # long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
 # emulated link on which the network at hand keeps both ratios of a setting against one backward
-# timed on this machine (rank 0's): for 4 × T4 the cap sweep's median, as for the step-time model
-# above; for 1024 ranks, whose network the sweep did not run, single's. A rung's own backward,
+# timed on this machine (rank 0's): for the blog's T4s the cap sweep's median, as for the step-time
+# model above; for 1024 ranks, whose network the sweep did not run, single's. A rung's own backward,
 # printed below, can differ from it. On the 2 ranks here (one all_reduce of m bytes takes 2α + m·β),
 # 1/β = one sync's bytes / (bytes ratio × that backward) and α = message ratio × that backward / 2. Both settings take
 # the blog's workload as the step-time model rebuilds it
