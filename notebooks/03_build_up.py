@@ -32,7 +32,7 @@
 #    forwards used the same parameters (`parameters_used.check()`, one all_gather: after backward for
 #    `simple` and `ga`, at the backward's first gradient from `hook` on); and from `hook-async` on it
 #    refuses a step whose last sync was left unfinished (`check_finished`). A comment *step 1*,
-#    *step 2* numbers the parts of the idea;
+#    *step 2* numbers the parts of the idea, not training steps;
 # 3. **a run on real ranks**: one warm-up step, then one step under the profiler, and **a picture**
 #    of that step, the stage before it faded above it;
 # 4. **what to look for**: what the picture shows, and sentences printed from the run. Those with a ✓
@@ -67,9 +67,8 @@
 #
 # **Words of this notebook.** `hook` in code type is a stage. A *grad hook* is the function autograd
 # calls when a parameter's gradient is ready (`register_post_accumulate_grad_hook`; `hook` and every
-# stage after it sync from one), inside autograd's *accumulation steps*, which add each gradient into
-# `.grad`. *The network* is what every stage trains; *the link* carries the messages (the
-# *interconnect* of the blog this notebook follows, blog.underfit.ai/ddp-profiled). *Backward* is the span the
+# stage after it sync from one). *The network* is what every stage trains; *the link* carries the
+# messages (the *interconnect* of the blog this notebook follows, blog.underfit.ai/ddp-profiled). *Backward* is the span the
 # pictures draw, from its first operator to its last. The *step-time model* (`minddp.costmodel`)
 # replays a step on the link.
 
@@ -211,7 +210,8 @@ lesson.claim(
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, with the thread's waits for them
 # (red); the micro-batches before it run straight on into each other. Just before the burst ga runs
-# the parameters-used check, in finish (hatched, where wide enough to draw).
+# the parameters-used check, in finish (hatched, where wide enough to draw): its width includes the
+# rank's wait for the other rank to join it, so it is not the check's own cost.
 #
 # ### Your turn: `ga`
 #
@@ -458,8 +458,7 @@ lesson.claim(
 #
 # ### Your turn: `bucket`
 #
-# The plan is given (`plan_buckets`, the rule above, with the cap passed in for every bucket, the
-# first too). Count each gradient in its bucket; at the bucket's last gradient, flatten it with
+# The plan is given (`plan_buckets`, with the checker's cap for every bucket, the first too). Count each gradient in its bucket; at the bucket's last gradient, flatten it with
 # `torch.cat`, all_reduce it once, divide, and copy each slice back into its `.grad`. The checker
 # uses a cap that gives its small network two buckets.
 
@@ -508,8 +507,8 @@ lesson.claim(
 )
 
 # %% [markdown]
-# What to look for: `bucket`'s few messages, travelling while the backward goes on, as
-# `hook-async`'s did, and no wait for a message inside the backward.
+# What to look for: `bucket`'s few messages leaving while the backward goes on, no wait inside it,
+# and the last of them still on the link after it, waited for in finish (red).
 #
 # ### Your turn: `bucket-async`
 #
@@ -573,8 +572,8 @@ lesson.say(
 # The same workload through `torch.nn.parallel.DistributedDataParallel`, with the same bucket size.
 # Its reducer is C++; on the emulated link it hands each bucket to minddp's allreduce comm hook
 # (`minddp.ladder.wrap` registers it), which sends it over the link, so it is counted the same way. Its
-# waits are not drawn (the cell says why), so the blank between its backward and its optimizer is not
-# split into waiting and other work.
+# waits are not drawn (the cell says why), so nothing here says what fills the blank between its
+# backward and its optimizer.
 
 # %%
 # %%distributed
@@ -614,9 +613,8 @@ lesson_03.look_table(looks, checks)
 
 # %% [markdown]
 # The calls and the link time are counted and modeled: the same on every run. Every other column is
-# one step; the line printed above the figure says how much the same network's last backward varied
-# between these steps. Exposed and waited can disagree: exposed leaves out the link's time before a
-# wait began, waited adds the waiting after the link had delivered. As the check holds a rank until
+# one step. Exposed and waited can disagree: exposed leaves out the link's time before a wait began,
+# waited adds the waiting after the link had delivered. As the check holds a rank until
 # the other joins it, the two ranks' columns need not agree.
 
 # %% [markdown]
@@ -688,9 +686,8 @@ table
 # right of the grid). The step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap's plan
 # on the link, with the bare network's timings scaled to the median of the five steps' backwards
 # (less the check). The figure sets the model's *link after backward* against each step's measured
-# one, the same measure; exposed and waited, which the thread's waits decide, are in the table. The
-# lower panel shows the three costs of each cap on the grid by the model (None's: the table); "first
-# message leaves" is into the model's backward, not a measured one.
+# one, the same measure. The lower panel shows the three costs of each cap on the grid by the model
+# (None's: the table); "first message leaves" is into the model's backward, not a measured one.
 
 # %%
 # %%distributed
@@ -723,7 +720,7 @@ if rank == 0:
 
 # %%
 # %%rank 0
-lesson_03.sweep_table(swept, model, default).infer_objects().round(1)
+lesson_03.sweep_table(swept, model, default)
 
 # %% [markdown]
 # ### Links sized with two settings' ratios, at this machine's speed
@@ -731,9 +728,10 @@ lesson_03.sweep_table(swept, model, default).infer_objects().round(1)
 # Two ratios of a setting matter here: how long one sync's bytes take against one backward, and how
 # long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
 # emulated link on which the network at hand keeps both ratios of a setting against one backward
-# timed on this machine (rank 0's); a rung's own backward, printed below, can differ from it, and so
-# can the ratios it met. On the 2 ranks here (one all_reduce of m bytes takes 2α + m·β), 1/β = one
-# sync's bytes / (bytes ratio × that backward) and α = message ratio × that backward / 2. Both settings take
+# timed on this machine (rank 0's): for the blog's T4s the cap sweep's median, as for the step-time
+# model above; for 1024 ranks, whose network the sweep did not run, single's. A rung's own backward,
+# printed below, can differ from it. On the 2 ranks here (one all_reduce of m bytes takes 2α + m·β),
+# 1/β = one sync's bytes / (bytes ratio × that backward) and α = message ratio × that backward / 2. Both settings take
 # the blog's workload as the step-time model rebuilds it
 # (`python -m minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16
 # gradients, an assumed 3 TFLOP/s on each T4):
@@ -766,7 +764,7 @@ ladder6 = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 # At 1024 ranks the rungs that wait for each message at once (simple, ga, hook) would stand still for every one
 # of their hundreds of fixed costs, so only the bucketed rungs and hook-async run there, one micro-batch a step.
 RUN = {"4 × T4": ladder6, "1024 ranks": ["hook-async", "bucket", "bucket-async"]}
-blog_runs, blog_links, setting_ratios, sized_from = {}, {}, {}, {}
+blog_runs, blog_links, setting_ratios, sized_from, caps = {}, {}, {}, {}, {}
 for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     setting_ratios[name] = ratios(blog, link_name, ranks)
     params = [p for p in lesson.make_model(name=model_name).parameters() if p.requires_grad]
@@ -779,7 +777,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     link = blog_links[name] = link_like(
         f"ratios of {name}", sized_from[name], sync_bytes, *setting_ratios[name], world_size
     )
-    cap = 25 * sync_bytes / blog.total_bytes  # the blog's 25 MiB, scaled to this model: as many buckets
+    cap = caps[name] = 25 * sync_bytes / blog.total_bytes  # the blog's 25 MiB, scaled to this model: as many buckets
     lesson_03.say_sized(
         name,
         link,
@@ -807,7 +805,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
             "calls": v["calls"],
             "backward_ms": lesson.backward_less_check(v),
         }
-    lesson_03.say_met(name, {s: blog_runs[name, s] for s in RUN[name]}, sized_from[name], blog_buckets)
+    lesson_03.say_met(name, {s: blog_runs[name, s] for s in RUN[name]}, blog_buckets)
 
 # %% [markdown]
 # On these links the lines below print each rung's link time, *overlap* and *exposed*. Overlap counts
@@ -833,13 +831,15 @@ lesson.claim(  # the link's modeled clock: 291 fixed costs against 26
     "On the link with the ratios of 1024 ranks, hook-async's messages keep the link busier than bucket-async's.",
 )
 one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3  # one message's fixed cost there
-lesson_03.say_bucket_lesson(model, per_gradient, far, one_far)
+# the step-time model on the link with the ratios of 4 × T4: the bare network, scaled as above, at that link's cap
+t4_link = blog_links["4 × T4"]
+on_t4 = [plan_costs(cp, s, c, t4_link, world_size) for s, c in (("bucket-async", caps["4 × T4"]), ("hook-async", None))]
+lesson_03.say_bucket_lesson(model, per_gradient, on_t4, far, one_far, 1e3 * sized_from["1024 ranks"])
 
 # %% [markdown]
 # **The bucket lesson in words.** Buckets pay the fixed cost, 2(n−1)·α, and the comm-hook call once
-# per bucket instead of once per gradient tensor. In return the last bucket, full only late in
-# backward, has a longer tail on the link, and the first message leaves later; on the grid, as the
-# cap shrinks, neither grows and more messages are sent. Which side wins depends on the link.
+# per bucket instead of once per gradient tensor; in return their first message leaves later and
+# their last can take longer on the link. Which side wins depends on the link.
 
 # %%
 # %dist_shutdown

@@ -97,8 +97,10 @@ def cap_name(cap) -> str:
 
 
 def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run_s: float, here) -> None:
-    """The cap sweep in sentences: torch's default plan and the model's link after backward (the measured steps'
-    numbers are in :func:`sweep_table`)."""
+    """The cap sweep in sentences: torch's default plan, the model's link after backward, and on which side of it
+    the measured steps' fell (their numbers are in :func:`sweep_table`)."""
+    from minddp.costmodel.buckets import on_the_link
+
     own = {c: backward_less_check(v) for c, v in swept.items()}
     say(
         f"torch's default (None) makes {default.messages} buckets here, its last of "
@@ -106,21 +108,20 @@ def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run
     )
     median_of = [cap_name(c) for c, b in own.items() if abs(b / 1e3 - this_run_s) < 1e-9]
     best = min(c.after_backward for c in model)
-    paying = sum(c.after_backward < per_gradient.after_backward for c in model)
     say(
         f"The step-time model, scaled to a backward of {1e3 * this_run_s:.0f} ms (the median of these steps' "
         "backwards less the check"
         + (f": the {median_of[0]} step's own" if median_of else "")
         + f"), leaves {1e3 * model[0].after_backward:.1f} ms of link after backward at {model[0].cap_mb:g} MiB"
         + (", its least on the grid" if model[0].after_backward <= best + 5e-5 else f" (least {1e3 * best:.1f} ms)")
-        + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient: by the model, "
-        + (
-            "one message per gradient leaves less link after backward than every cap on the grid"
-            if paying == 0
-            else f"buckets leave less link after backward than one message per gradient at {paying} of the grid's "
-            f"{len(model)} caps"
-        )
-        + " (the model times the bare network: no grad hook hands messages over)."
+        + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient."
+    )
+    at = {c.cap_mb: c for c in model} | {None: default}
+    below = [c for c, v in swept.items() if c in at and on_the_link(v["row"])["end_ms"] < 1e3 * at[c].after_backward]
+    h_below = on_the_link(h["row"])["end_ms"] < 1e3 * per_gradient.after_backward
+    say(
+        f"The measured link after backward was below the model's at {len(below)} of the {len(swept)} caps run"
+        + (", and for hook-async." if h_below else "; for hook-async it was not.")
     )
 
 
@@ -165,7 +166,7 @@ def sweep_figure(swept: dict, model: list, default, per_gradient, h: dict, link_
 
 def sweep_table(swept: dict, model: list, default):
     """The sweep's table: each plan's costs by the model, and the measured steps' link after backward, exposed,
-    waited and backward less the check."""
+    waited and backward less the check ("–" for a cap not run)."""
     import pandas as pd
 
     from minddp.costmodel.buckets import on_the_link
@@ -179,7 +180,9 @@ def sweep_table(swept: dict, model: list, default):
             "backward less the check, ms (measured)": backward_less_check(v) if v else None,
         }
 
-    return pd.DataFrame({cap_name(c.cap_mb): c.row() | measured(c.cap_mb) for c in [*model, default]}).T
+    table = pd.DataFrame({cap_name(c.cap_mb): c.row() | measured(c.cap_mb) for c in [*model, default]}).T
+    table = table.infer_objects().round(1).astype({"buckets": int})
+    return table.astype(object).where(table.notna(), "–")  # "–": a cap not run
 
 
 def median_backward_s(stage: str, model: str, steps: int = 3) -> float:
@@ -223,22 +226,9 @@ def say_sized(
     )
 
 
-def say_met(name: str, runs: dict, backward_s: float, blog_buckets: int) -> None:
-    """The async rungs' own backwards (less the check) beside the backward the link was sized from."""
-    own = {s: runs[s]["backward_ms"] for s in ("hook-async", "bucket-async")}
-    say(
-        f"{name}: bucket-async sent {runs['bucket-async']['calls']} buckets (the blog's 25 MiB: {blog_buckets}). Own "
-        "backwards less the check: "
-        + ", ".join(f"{s} {b:.0f} ms" for s, b in own.items())
-        + f" (the link was sized from {1e3 * backward_s:.0f} ms)"
-        # timed apart, in other steps: a match in whole ms is said, so that it does not read as copied
-        + "".join(
-            f"; {s}'s {b:.0f} ms is the sized backward's whole ms by chance: timed in other steps"
-            for s, b in own.items()
-            if round(b) == round(1e3 * backward_s)
-        )
-        + "."
-    )
+def say_met(name: str, runs: dict, blog_buckets: int) -> None:
+    """The buckets bucket-async sent on a sized link, beside those the blog's 25 MiB cuts SmolLM2 into."""
+    say(f"{name}: bucket-async sent {runs['bucket-async']['calls']} buckets (the blog's 25 MiB: {blog_buckets}).")
 
 
 def sized_figure(t4: dict, far: dict, setting_ratios: dict, world: int):
@@ -279,38 +269,48 @@ def say_sized_measures(t4: dict, far: dict) -> None:
         )
 
 
-def say_bucket_lesson(model: list, per_gradient, far: dict, one_far_ms: float) -> None:
-    """The bucket lesson's conclusion, from the link model: where buckets lose and where they win, and why. Here:
-    the fixed costs the best cap on the grid saves against what its later sends add
-    (:func:`minddp.costmodel.buckets.plan_costs`). With the ratios of 1024 ranks: each rung's fixed costs (its
-    messages × ``one_far_ms``) against its own backward, less the check (a link busy for longer than the backward
-    its messages leave during must run on past it)."""
+def say_bucket_lesson(model: list, per_gradient, on_t4: tuple, far: dict, one_far_ms: float, sized_far_ms: float):
+    """The bucket lesson's conclusion: the step-time model's verdict, in link after backward (the model times the
+    bare network, so it prices no comm-hook call). On this notebook's link: the fixed costs the best cap on the grid
+    saves against what its later sends add (:func:`minddp.costmodel.buckets.plan_costs`); on the link with the
+    ratios of 4 × T4: ``on_t4`` = (bucket-async at that link's cap, one message per gradient), by ``plan_costs``.
+    With the ratios of 1024 ranks: hook-async's fixed costs (its messages × ``one_far_ms``) against the backward that
+    link was sized from (``sized_far_ms``, the model's input): a link busy longer than that backward runs on past its
+    end by at least the difference, and bucket-async's link runs on past it by at most its link time."""
     best = min(model, key=lambda c: c.after_backward)
     saved = 1e3 * (per_gradient.fixed - best.fixed)
     worse = 1e3 * (best.after_backward - per_gradient.after_backward)
-    fixed = {s: far[s]["messages"] * one_far_ms for s in ("hook-async", "bucket-async")}
-    shares = {s: fixed[s] / far[s]["backward_ms"] for s in fixed}
     here = (
-        f"buckets lose: at {best.cap_mb:g} MiB, the best cap on the grid, they save {saved:.1f} ms of fixed costs "
-        f"and still leave {worse:.1f} ms more link after backward, because a bucket leaves only once its last "
-        "gradient is in"
+        f"one message per gradient leaves less: at {best.cap_mb:g} MiB, the best cap on the grid, buckets save "
+        f"{saved:.1f} ms of fixed costs and still leave {worse:.1f} ms more, because a bucket leaves only once its "
+        "last gradient is in"
         if worse > 0
-        else f"buckets win: at {best.cap_mb:g} MiB they leave {-worse:.1f} ms less link after backward"
+        else f"buckets leave less: at {best.cap_mb:g} MiB, {-worse:.1f} ms less"
+    )
+    b4, h4 = on_t4
+    t4 = "one message per gradient leaves less" if h4.after_backward < b4.after_backward else "buckets leave less"
+    t4 += (
+        f": {1e3 * h4.after_backward:.1f} ms against {1e3 * b4.after_backward:.1f} ms at that link's cap of "
+        f"{b4.cap_mb:.2f} MiB"
+        if h4.after_backward < b4.after_backward
+        else f": {1e3 * b4.after_backward:.1f} ms at that link's cap of {b4.cap_mb:.2f} MiB against "
+        f"{1e3 * h4.after_backward:.1f} ms"
     )
     h, b = far["hook-async"], far["bucket-async"]
+    fixed = h["messages"] * one_far_ms
     costs = (
-        f"hook-async's {h['messages']} messages' fixed costs, {one_far_ms:.2f} ms each, take "
-        f"{fixed['hook-async']:.0f} ms, {shares['hook-async']:.1f} times its own backward less the check"
-    )
-    theirs = (
-        f"bucket-async's {b['messages']} take {fixed['bucket-async']:.0f} ms, {shares['bucket-async']:.2f} times "
-        "its own"
+        f"hook-async's {h['messages']} messages' fixed costs, {one_far_ms:.2f} ms each, take {fixed:.0f} ms, "
+        f"{fixed / sized_far_ms:.1f} times the {sized_far_ms:.0f} ms backward the link was sized from (the model's "
+        "input; a rung's one measured backward varies from step to step)"
     )
     there = (
-        f"buckets win: {costs}, so its link runs on past that backward; {theirs}"
-        if shares["hook-async"] > 1 > shares["bucket-async"]
-        else f"{costs}; {theirs}"
+        f"buckets leave less: {costs}, so its link runs on at least {fixed - sized_far_ms:.0f} ms past that "
+        f"backward's end, longer than bucket-async's link is busy in all, {b['link_ms']:.0f} ms"
+        if fixed - sized_far_ms > b["link_ms"]
+        else f"{costs}; bucket-async's link time is {b['link_ms']:.0f} ms"
     )
     say(
-        f"The bucket lesson, by the link model: on this notebook's link {here}. With the ratios of 1024 ranks, {there}."
+        "The bucket lesson, the step-time model's verdict in link after backward (the model times the bare network, "
+        f"so it leaves out the comm-hook call each message costs): on this notebook's link {here}. With the ratios "
+        f"of 4 × T4, {t4}. With the ratios of 1024 ranks, {there}."
     )
