@@ -187,7 +187,7 @@ lesson.claim(
 lesson_07.print_rejoin(kill)
 
 # %% [markdown]
-# Slots 0 and 2 trained on at world 2 while the new process was not live (before its first heartbeat), then
+# Slot 1 was not live again before its new process's first heartbeat: slots 0 and 2 trained on at world 2, then
 # waited at step 9 (`full_world_at`). They ask for a step's quorum as soon as they have committed the step
 # before, so their time from their last commit to the quorum (the last line above) is the lighthouse
 # waiting for the new process alone, which was starting up.
