@@ -26,7 +26,7 @@
 # the attempts that need them):
 #
 # 1. a **quorum**: before each attempt, a small coordinator (the *lighthouse*, a process of its own)
-#    answers who trains it, the attempt's **members**;
+#    answers who trains it, the attempt's **members**, and which step: the largest any member asked to train;
 # 2. a new **group** (the processes a collective runs among, as in notebooks 01-04) at the run's first
 #    quorum, and whenever the members changed or the last attempt at a step was discarded (a group that
 #    saw a failure may be broken);
@@ -69,13 +69,21 @@ rung_lines = [  # (phase, method, a text that the line doing it holds)
     ("phase 1", "until_committed", "quorum = self.coordinator.quorum("),
     ("phase 2", "until_committed", "if quorum.tag != self.group_tag"),
     ("phases 2 and 3", "until_committed", 'entry["healed"] = self.rebuild_group('),
+    ("phase 3", "rebuild_group", "healed = self.heal(quorum)"),
+    ("phase 3", "heal", "payload = self.state_bytes()"),
+    ("phase 3", "heal", "dist.send(torch.frombuffer("),
+    ("phase 3", "heal", "dist.recv(payload"),
+    ("phase 3", "heal", "self.load_state_bytes("),
     ("phase 4", "until_committed", "value = work(quorum, entry)"),
+    ("phase 4", "forward_backward", "shard = self.task.shard("),
     ("after a failure", "until_committed", "self.drop_group()"),
     ("phase 5", "until_committed", "committed = self.coordinator.should_commit("),
     ("on a commit", "until_committed", " on_commit()"),
 ]
 lighthouse_lines = [
-    ("phase 1", "form_quorum", "return  # wait until every live slot asks"),
+    ("phase 1", "form_quorum", "live = {slot for slot in self.slots"),
+    ("phase 1", "form_quorum", "if not live <= set(asking)"),
+    ("phase 1", "form_quorum", 'step = max(r["step"]'),
     ("phase 2", "form_quorum", "if members != self.members or self.dirty"),
     ("phase 5", "decide_votes", 'verdict = "discard"  # a member saw'),
     ("phase 5", "decide_votes", 'verdict = "commit"'),
@@ -111,8 +119,9 @@ print(key_lines(Lighthouse, lighthouse_lines))
 # * `digests=True`: every member records a sha256 of its parameters and optimizer state just before each
 #   attempt's work (its *before* digest), and again after each discarded attempt (checked further down).
 #
-# `run.report()` gives one line per fault: its **recovery**, seconds from the fault to the first commit of
-# its step or a later one (that step and its world in brackets), the attempts discarded until then, and,
+# `run.report()` gives one line per fault: its **recovery**, seconds from the fault (the moment the faulting
+# process stamped just before it killed itself or raised, `FaultPlan.fire`) to the first commit of its step or a
+# later one (that step and its world in brackets), the attempts discarded until then, and,
 # for a fault that ended a process, its **rejoin**, seconds from the fault to the quorum that takes the
 # slot's new process back (the state is sent just after it).
 
@@ -136,16 +145,14 @@ for line in run.report():
     print(line)
 
 # %% [markdown]
-# How each fault is noticed: a kill through its connections, which close as the kernel ends the killed
-# process, not at the signal; a raise through the raising process dropping its group, which closes its
+# How each fault is noticed: a kill through its connections, which close as its process ends; a raise through the raising process dropping its group, which closes its
 # connections. Each member that caught an error votes no, and the attempt is discarded. The next quorum
 # waits for every live slot to ask, and slot 1 stays live until the launcher records its process's exit,
 # which it does once it has found the process ended and made a fixed wait (`EXIT_WAIT_S`, 50 ms) for the
 # final state a process hands it after its last step, which a killed process never sends.
 #
-# The cell below prints each fault's recovery, the kill's in parts, in ms from the moment the faulting
-# process stamped just before it killed itself or raised (`FaultPlan.fire` in `minddp/ft/faults.py`), and
-# as a share of the hang bound: neither fault waited for it. Its `✓` lines are **claims**: `lesson.claim`
+# The cell below prints each fault's recovery, the kill's in parts, in ms from the fault, and as a share of the
+# hang bound: neither fault waited for it. Its `✓` lines are **claims**: `lesson.claim`
 # checks each on the run shown, and the cell fails if one does not hold.
 
 # %%
@@ -180,11 +187,10 @@ lesson.claim(
 lesson_07.print_rejoin(kill)
 
 # %% [markdown]
-# Until its first heartbeat the new process was not live, so slots 0 and 2 trained without it at world 2, then
+# Slot 1 was not live again before its new process's first heartbeat: slots 0 and 2 trained on at world 2, then
 # waited at step 9 (`full_world_at`). They ask for a step's quorum as soon as they have committed the step
 # before, so their time from their last commit to the quorum (the last line above) is the lighthouse
-# waiting for the new process alone, which was starting up (imports, connection, model: not timed apart).
-# Without `full_world_at`, slots 0 and 2 would have trained on at world 2 until its first heartbeat.
+# waiting for the new process alone, which was starting up.
 #
 # Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline below),
 # and only slot 1's process was started again; a restart from a checkpoint (not run here) starts every

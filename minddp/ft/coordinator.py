@@ -236,9 +236,11 @@ class Lighthouse:
                 asking[slot] = json.loads(req)
         live = {slot for slot in self.slots if self.live(slot, now)}
         asking = {slot: r for slot, r in asking.items() if slot in live}
-        if not asking or not live <= set(asking) or len(asking) < self.min_replicas:
-            return  # wait until every live slot asks
-        step = max(r["step"] for r in asking.values())
+        if not live <= set(asking):  # wait until every live slot asks
+            return
+        if not asking or len(asking) < self.min_replicas:
+            return
+        step = max(r["step"] for r in asking.values())  # the attempt's step, quorum.max_step: the largest asked for
         if step < self.newest:  # nobody asking holds the newest state: wait for a holder, never train steps again
             self.state_lost()
             return

@@ -186,7 +186,7 @@ class FaultTolerantTrainer:
             return False
         source = quorum.members.index(quorum.source())
         if quorum.rank == source:
-            payload = self.state_bytes()
+            payload = self.state_bytes()  # serialized: parameters, optimizer state, count of steps committed
             for slot in quorum.behind():
                 peer = quorum.members.index(slot)
                 # the group is gloo's by construction (rebuild): its messages live on the CPU

@@ -26,21 +26,25 @@ def ms(seconds: float) -> int:
 
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
-    """Each fault's recovery, in whole ms, and its share of the hang bound; the kill's in three consecutive parts
-    that add up to it: until a survivor caught an error, from then to the next quorum (with the launcher's record of
-    the killed process's exit, which that quorum waits for), and from that quorum to the commit of the step."""
+    """Each fault's recovery, in whole ms, and its share of the hang bound. The kill's in three consecutive parts
+    that add up to it (until a survivor caught an error, from then to the next quorum, from that quorum to the
+    commit of the step), then the launcher's record of the killed process's exit, which that quorum waits for:
+    how long before the quorum it came, and how much of the recovery passed between the launcher finding the
+    process ended and that record (its fixed wait, ``EXIT_WAIT_S``)."""
     for o in (kill, raised):
-        share = f"{o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s)"
-        line = f"{o.fault}: recovery {ms(o.recovery_s)} ms, {share}"
+        recovery = ms(o.recovery_s)
+        line = f"{o.fault}: recovery {recovery} ms, {o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s)"
         if o is kill:
             error, quorum, exit_, seen = ms(peer_error_s(run, o)), ms(o.quorum_s), ms(o.exit_s), ms(o.seen_s)
             line += (
-                f": {error} ms until a survivor's all_reduce failed (at {seen} ms the launcher found slot "
-                f"{o.fault.slot}'s process ended), {quorum - error} ms more to the next quorum, which came "
-                f"{quorum - exit_} ms after the launcher recorded that exit, a record it made {exit_ - seen} ms "
-                f"after finding the process ended, and {ms(o.recovery_s) - quorum} ms more to train step "
-                f"{o.committed_step} again in a new group and commit it"
+                f": {error} ms until a survivor's all_reduce failed, {quorum - error} ms more to the next quorum, "
+                f"and {recovery - quorum} ms more to train step {o.committed_step} again in a new group and commit "
+                f"it. That quorum came {quorum - exit_} ms after the launcher recorded slot {o.fault.slot}'s exit; "
+                f"{exit_ - seen} of the {recovery} ms passed between the launcher finding the process ended and "
+                "recording its exit (its fixed wait, EXIT_WAIT_S)"
             )
+        else:
+            line += "; the raise ended no process, so its next quorum waited for no exit record"
         print(line)
 
 
