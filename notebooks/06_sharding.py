@@ -22,15 +22,15 @@
 # (Rajbhandari et al., 2019, arXiv 1910.02054, "the ZeRO paper"), and FSDP, *Fully Sharded Data
 # Parallel*, PyTorch's version of ZeRO's third stage. They keep DDP's computation and repeat less of the
 # state. On n ranks they cut each *parameter tensor* into n *chunks*, one per rank; the chunk a rank
-# updates is its *shard*. Two collectives do the work, the reduce-scatter and the all-gather (next
+# updates is its *shard*. Besides the all_reduce they use the reduce-scatter and the all-gather (next
 # section):
 #
-# * `zero1`: each rank keeps the optimizer state of its shards only, updates them, and the updated
-#   shards are all-gathered;
+# * `zero1`: each rank keeps the optimizer state of its shards only; the gradients are all-reduced, as
+#   in DDP, and the updated shards all-gathered;
 # * `zero2`: the gradients are sharded too: a reduce-scatter hands each rank only the piece of the
 #   averaged gradients it updates;
-# * `fsdp`: the parameters are sharded too (all but a few tensors it keeps whole on every rank, its
-#   *replicated* ones), and each decoder layer (a *unit*) is gathered only around its own forward and
+# * `fsdp`: the parameters are sharded too (but the few in no decoder layer, kept whole on every rank
+#   and all-reduced: its *replicated* tensors), and each decoder layer (a *unit*) is gathered only around its own forward and
 #   backward, the next unit's gather started one unit ahead (a *prefetch*).
 #
 # The notation is notebook 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one
@@ -99,8 +99,9 @@ show_source(ring_all_reduce)
 # passes. FSDP reduce-scatters its units' gradients, a little under one pass, but gathers each unit's
 # parameters for every micro-batch's forward and again, all but the last unit's, for its backward. The
 # bound below counts one reduce-scatter pass a step and two gathering passes per micro-batch; the
-# all_reduce of the replicated tensors lies within it. These are bytes, the β term, only: a ratio of
-# bytes is not a ratio of time. The cell works them out from the parameter count:
+# all_reduce of the replicated tensors (two passes of their bytes) lies within it: these passes count
+# those bytes, never gathered, at least three times. These are bytes, the β term, only: a ratio of
+# bytes is not a ratio of time. The cell works them out:
 
 # %%
 # %%distributed
@@ -214,7 +215,7 @@ table.round(3).astype(object).where(table.notna(), "–")
 # %% [markdown]
 # The gradients column is what rank 0 holds at the update: until the last backward's reduce-scatters,
 # zero2 and fsdp hold whole gradients, as ddp does. Every stage runs the same forward on the same
-# batch: sharding saves model state, not activations. The columns are measured at different moments; no
+# batch: sharding saves model state, not activations, which for fsdp here exceed its model state. The columns are measured at different moments; no
 # cell measures the most a rank holds at once.
 #
 # ## bf16 compute with fp32 master weights
@@ -275,7 +276,7 @@ lesson.claim(
 # %% [markdown]
 # ### Why the master weights stay fp32
 #
-# A bf16 number has 8 significant bits, so a change far smaller than a weight is lost. AdamW changes each
+# A bf16 number has 8 significant bits, so a change under 2⁻⁹ of a weight is lost. AdamW changes each
 # value by lr times the running average of its gradients over the square root of that of their squares,
 # both corrected for their bias, which makes them g and g² at the first update: so the first update moves
 # each value whose gradient g is neither zero nor as small as AdamW's ε by about lr (g/|g| = ±1). The cell
@@ -311,7 +312,7 @@ lesson.claim(
 
 # %% [markdown]
 # AdamW's weight decay is a change at every update too: it shrinks each weight by lr · λ of itself (λ
-# the weight decay). With 8 significant bits, bf16's spacing at a value is at least 2⁻⁸ of it, so a
+# the weight decay). bf16's spacing at a value is at least 2⁻⁸ of it, so a
 # change under 2⁻⁹ of the weight is rounded away. The cell sets lr · λ against 2⁻⁹, then multiplies
 # each initial value, held in bf16, by 1 − lr · λ (in fp32, the product rounded to bf16):
 
@@ -407,7 +408,7 @@ show_source(ZeroRedundancyOptimizer.step)
 # 2. a full bucket's gradients are packed rank by rank (rank 0's chunk of every gradient in the bucket,
 #    then rank 1's, ...), so that the piece of the reduce-scatter rank r receives is its chunk of each,
 #    and handed to a reduce-scatter instead of the all_reduce; the whole gradients are dropped;
-# 3. that piece holds, back to back, this rank's shards' chunks of the averaged gradient; each becomes
+# 3. that piece holds, back to back, this rank's chunk of each averaged gradient; each becomes
 #    its shard's `.grad` (or is added to it): the optimizer updates the shards only;
 # 4. in the next forward, `gather_parameters` starts every bucket's all-gather of the updated shards at
 #    once, before the first module runs (waiting for them there only under `torch.compile`:
@@ -591,9 +592,7 @@ lesson.claim(
 #
 # A collective can overlap compute (notebook 01's word) only while compute still runs after it is
 # handed over. zero1 hands its all-gather over in the update, with no module left to run in the step;
-# zero2 and fsdp hand theirs over in a forward or backward, before the module that needs them, but
-# zero2's bucket of the first layers and fsdp's first unit in each forward are waited for with no compute
-# in between. No cell here measures whether they overlapped.
+# zero2 and fsdp hand theirs over in a forward or backward, before the module that needs them. No cell here measures whether they overlapped.
 
 
 # %%
