@@ -124,8 +124,8 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # row where each was handed to the wire), waits (red: the thread standing still until a message's
 # all_reduce returns), the parameters-used check (hatched red, the legend's *parameter check*: its
 # all_gather holds a rank until the other rank joins it) and `finish_gradient_synchronization()` (a
-# thin purple strip, the legend's *finish*). A legend names the marks its figure draws, except those
-# under a pixel wide.
+# thin purple strip, the legend's *finish*). A legend names the marks drawn in any of its figure's rows, the
+# faded one's too, except those under a pixel wide.
 
 # %%
 # %%distributed
@@ -458,7 +458,7 @@ lesson.claim(
 #
 # ### Your turn: `bucket`
 #
-# The plan is given (`plan_buckets`, with the checker's cap for every bucket, the first too). Count each gradient in its bucket; at the bucket's last gradient, flatten it with
+# The plan is given (`plan_buckets`, with the checker's cap for every bucket, the first too; its None is one bucket, not the stage's None). Count each gradient in its bucket; at the bucket's last gradient, flatten it with
 # `torch.cat`, all_reduce it once, divide, and copy each slice back into its `.grad`. The checker
 # uses a cap that gives its small network two buckets.
 
@@ -629,7 +629,7 @@ lesson_03.look_table(looks, checks)
 #    hook; buckets pay both once per bucket instead of once per gradient tensor, and copy each
 #    gradient into its bucket;
 # 2. **the late start**: nothing goes to the link before some bucket's last gradient is ready, while a
-#    per-gradient stage sends its first gradient as soon as it is ready. The first message is the
+#    per-gradient stage's first message needs only one gradient. The first message is the
 #    bucket that fills first, not always the plan's first;
 # 3. **the tail**: the last message's transfer on the link. The last bucket is full only late in
 #    backward, so its tail runs past backward's end; a per-gradient stage's last message is one tensor.
@@ -678,15 +678,13 @@ table
 # ### The cap, swept
 #
 # The cap decides all three costs: a small cap makes many small buckets (many fixed costs, a short
-# tail, an early first message); a large cap makes a few large ones. A bucket closes at the gradient
-# that reaches its cap, so several small caps can close the first bucket at the same gradient, and
-# send the first message at the same time. Below, `bucket-async` is
+# tail, an early first message); a large cap makes a few large ones. Below, `bucket-async` is
 # measured at other caps on the same link, one profiled step each with no warm-up step (the settings'
 # cap is the step above; `None` is torch's default: a first bucket of 1 MiB, then 25 MiB ones, drawn
-# right of the grid). The step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap's plan
+# right of the grid; its first message can leave after 1 MiB's, as item 2 says). The step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap's plan
 # on the link, with the bare network's timings scaled to the median of the five steps' backwards
 # (less the check). The figure sets the model's *link after backward* against each step's measured
-# one, the same measure. The lower panel shows the three costs of each cap on the grid by the model
+# one; its grey line is hook-async's by the model, not measured. The lower panel shows the three costs of each cap on the grid by the model
 # (None's: the table); "first message leaves" is into the model's backward, not a measured one.
 
 # %%
@@ -731,7 +729,7 @@ lesson_03.sweep_table(swept, model, default)
 # timed on this machine (rank 0's): for the blog's T4s the cap sweep's median, as for the step-time
 # model above; for 1024 ranks, whose network the sweep did not run, single's. A rung's own backward,
 # printed below, can differ from it. On the 2 ranks here (one all_reduce of m bytes takes 2α + m·β),
-# 1/β = one sync's bytes / (bytes ratio × that backward) and α = message ratio × that backward / 2. Both settings take
+# 1/β = one sync's bytes / (bytes ratio × that backward) and α = message ratio × that backward / 2 (the link printed below). Both settings take
 # the blog's workload as the step-time model rebuilds it
 # (`python -m minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16
 # gradients, an assumed 3 TFLOP/s on each T4):
@@ -808,12 +806,12 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     lesson_03.say_met(name, {s: blog_runs[name, s] for s in RUN[name]}, blog_buckets)
 
 # %% [markdown]
-# On these links the lines below print each rung's link time, *overlap* and *exposed*. Overlap counts
-# time inside a backward, not only its arithmetic: `hook` and `bucket` send and then wait inside
-# backward, so a message's time between its send and its wait counts as overlap, though no backward
-# arithmetic runs then; `simple` and `ga` send and wait in finish, after backward. Link time that is
-# neither overlap nor exposed passed with the thread outside any phase and not waiting, as between
-# the end of backward and its wait in finish.
+# On these links the lines below print each rung's link time, *overlap* and *exposed*. Overlap is
+# link time with the thread inside a forward, backward or optimizer step and not waiting, not time
+# hidden behind arithmetic: `hook` and `bucket` stand still in backward while a message travels, yet
+# its time inside the comm hook's call, before their wait, counts as overlap. Link time that is
+# neither passed with the thread outside them and not waiting, as `simple`'s and `ga`'s inside that
+# call in finish.
 
 # %%
 # %%distributed
