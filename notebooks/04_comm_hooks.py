@@ -41,7 +41,8 @@
 #   bytes a rank sends, which around a ring of n ranks are 2(n − 1)/n of the payload (equal at n = 2);
 # * for fp16, bf16 and PowerSGD, the *relative gradient error* `‖ĝ − g‖ / ‖g‖`:
 #   how far the hook's average `ĝ` is from the *reference average* `g`, the float32 average of the same step's
-#   gradients, computed with an extra float32 all_reduce before the hook's, not counted as traffic.
+#   gradients, computed with an extra float32 all_reduce before the hook's, not counted as traffic (handing back
+#   zeros would score 1).
 #
 # Then all but bf16 send over an **emulated 1 Gbit/s link** (`minddp.comm.link`, as in notebooks 03 and 05), and
 # plain averaging's and PowerSGD's all_reduces are priced on other links.
@@ -141,8 +142,9 @@ lesson.claim(
 )
 
 # %% [markdown]
-# In as many bytes, bfloat16 rounds more coarsely (its larger eps) and keeps float32's range of exponents:
-# float16's largest value is 65504, bfloat16's about 3.4 × 10³⁸.
+# In as many bytes, bfloat16 rounds more coarsely (its eps is 8 times float16's) and keeps float32's range of
+# exponents: float16's largest value is 65504, bfloat16's about 3.4 × 10³⁸; no output shows how near 65504 a
+# gradient came.
 #
 # ## PowerSGD, step by step
 #
@@ -161,9 +163,6 @@ lesson.claim(
 #   are done, it keeps, for the next step, the copy made first minus the average it hands back, as torch's hook
 #   does: for a matrix, this rank's `A` minus the ranks' average `A` (its average over the ranks is 0),
 #   plus the average `A` minus `P Qᵀ` (what compression left out).
-#
-# So from its second compressing step on, the ranks together compress g plus what compression left out on the
-# step before, while the gradient error compares their ĝ with g alone.
 #
 # Of a compressed matrix only `P` and `Q` travel: (h + w) · r values instead of h · w. A compressing bucket makes
 # up to three all_reduces: one for the tensors it leaves uncompressed, if it holds any (a vector counts as an
@@ -214,13 +213,12 @@ steps.round(1)
 # %% [markdown]
 # ## Over a link: from bytes to link time
 #
-# The hooks now train over the emulated 1 Gbit/s link: the real all_reduce still runs, and its Future completes
-# no earlier than the message arrives. The notation is 01's: a *message* is one all_reduce, α the fixed cost of
+# The hooks now train over the emulated 1 Gbit/s link, which logs each message. The notation is 01's: a *message* is one all_reduce, α the fixed cost of
 # one *hop* (a point-to-point send; an all_reduce around a ring makes 2(n − 1) of them, so a message's fixed
 # cost is 2(n − 1) α), β the time per byte (1 / B, B the link's bandwidth in bytes/s). The link carries one
 # message at a time, each for its α-β time, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of m bytes on n
-# ranks. Each hook gets a fresh trainee, without the error measurement's extra all_reduce; it takes one warm-up
-# step (PowerSGD `start_powerSGD_iter`, so that it compresses on the next), then one *profiled step*. bf16 is
+# ranks. Each hook gets a fresh trainee; it takes one warm-up step (PowerSGD: `start_powerSGD_iter` of them, so
+# that it compresses on the next), then one *profiled step*. bf16 is
 # left out: its messages are fp16's. For each hook the cell reads its *link ms* (*link time*,
 # `minddp.analysis.metrics.link_time`, 01's vocabulary): the modelled time of the profiled step's messages on the
 # link, from their sizes alone.
@@ -292,7 +290,9 @@ lesson.say(
 # for two cloud regions a continent apart. Sizes are binary (a KiB is 2¹⁰ bytes, a MiB 2²⁰), bandwidths decimal
 # (a Gbit/s is 1.25 × 10⁸ bytes/s). The cell's figure draws both hooks' link time against the bandwidth at
 # `1gbit`'s α: as B grows each line falls towards its messages' fixed cost, c · 2(n − 1) α, and the two lines cross
-# at B*. Each preset's markers, at its own α, are named beside its circle.
+# at 1gbit's B* (each preset's own is in the table). Each preset is named beside its circle; its triangle is at
+# the same bandwidth. At its own α a marker sits c · 2(n − 1) (α − 1gbit's α) off its line, three times as
+# much for PowerSGD.
 
 # %%
 # %%rank 0
@@ -353,8 +353,8 @@ wins.round(3)
 #
 # minddp's hooks (`minddp.comm.default_hooks`, `minddp.comm.powerSGD_hook`) have torch's interface and are
 # registered with `register_comm_hook(state, hook)` as in torch. minddp's PowerSGD hook waits inside itself for
-# the P factors' all_reduce and, where the bucket has any, the uncompressed tensors', so on a compressing step it
-# holds up the backward that calls it until those are done, where torch's hook chains that work on a Future. A
+# the P factors' all_reduce and, where the bucket has any, the uncompressed tensors', where torch's hook chains
+# that work on a Future; no output here times that wait. A
 # hook that needs no second collective has no reason to wait, and the exercise asks yours not to.
 #
 # ## Your turn: an fp16 hook
