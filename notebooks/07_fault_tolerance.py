@@ -109,12 +109,12 @@ print(key_lines(Lighthouse, lighthouse_lines))
 #   evicts it (its process ended and started again), unless it is the last holder, which is waited for.
 #   The **heartbeat** is a count that a thread of the process writes every 50 ms, `BEAT_S`, to the
 #   lighthouse's **store** (torch's `TCPStore`, a key-value store over TCP), where the processes also post
-#   their requests and votes and read the answers. A slot is **live** from its first heartbeat until it is
-#   silent, its process has finished its last step, or the launcher has recorded its process's exit. The
+#   their requests and votes and read the answers. A slot is **live** from its first heartbeat until it has
+#   been silent for the hang bound, its process has finished its last step, or the launcher has recorded its process's exit. The
 #   lighthouse answers a quorum once every live slot has asked (every slot, at the run's first quorum and
 #   at the first attempt of a step in `full_world_at`);
 # * `full_world_at=(9,)`: step 9's first quorum waits for all three slots;
-# * `restart_after_steps=1`: the launcher starts a killed slot again only once a step was committed
+# * `restart_after_steps=1`: the launcher starts a killed slot again only after a step was committed
 #   without it;
 # * `digests=True`: every member records a sha256 of its parameters and optimizer state just before each
 #   attempt's work (its *before* digest), and again after each discarded attempt (checked further down).
@@ -145,13 +145,14 @@ for line in run.report():
     print(line)
 
 # %% [markdown]
-# How each fault is noticed: a kill through its connections, which close as its process ends; a raise through the raising process dropping its group, which closes its
+# How each fault is noticed: a kill through its connections, which close as the kernel ends its process,
+# not at the signal; a raise through the raising process dropping its group, which closes its
 # connections. Each member that caught an error votes no, and the attempt is discarded. The next quorum
-# waits for every live slot to ask, and slot 1 stays live until the launcher records its process's exit,
-# which it does once it has found the process ended and made a fixed wait (`EXIT_WAIT_S`, 50 ms) for the
-# final state a process hands it after its last step, which a killed process never sends.
+# waits for every live slot to ask: the survivors after they vote, and slot 1, live until the launcher records
+# its process's exit, which it does once it has found the process ended and made a fixed wait (`EXIT_WAIT_S`,
+# 50 ms) for the final state a process hands it after its last step. Which of the two came last is not printed.
 #
-# The cell below prints each fault's recovery, the kill's in parts, in ms from the fault, and as a share of the
+# The cell below prints each fault's recovery, the kill's in parts (each after the one before), and as a share of the
 # hang bound: neither fault waited for it. Its `✓` lines are **claims**: `lesson.claim`
 # checks each on the run shown, and the cell fails if one does not hold.
 
@@ -190,11 +191,10 @@ lesson_07.print_rejoin(kill)
 # Slot 1 was not live again before its new process's first heartbeat: slots 0 and 2 trained on at world 2, then
 # waited at step 9 (`full_world_at`). They ask for a step's quorum as soon as they have committed the step
 # before, so their time from their last commit to the quorum (the last line above) is the lighthouse
-# waiting for the new process alone, which was starting up.
+# waiting for the new process alone.
 #
 # Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline below),
-# and only slot 1's process was started again; a restart from a checkpoint (not run here) starts every
-# process again, then trains again every step since the checkpoint.
+# and only slot 1's process was started again.
 #
 # The run's timeline: one column per attempt, in order, and one row per slot; under them the step, the
 # world and each new group; then what each mark means. The columns count attempts, not time.
@@ -205,8 +205,8 @@ print(run.timeline())
 # %% [markdown]
 # What the timeline shows (the cell below checks the members, step 4's votes, the heal and the new groups):
 #
-# * in step 4 slot 1 died: the survivors' all_reduce failed (printed below: minddp's label `its all_reduce
-#   failed`, then gloo's own sentence), they voted no, and the attempt was discarded on both (`x`). Step 4
+# * in step 4 slot 1 died: the survivors' all_reduce failed (printed below: minddp's label, then
+#   gloo's), they voted no, and the attempt was discarded on both (`x`). Step 4
 #   was then trained again and committed by slots 0 and 2 alone, ranks 0 and 1 of a new group of 2;
 # * the launcher started slot 1 again: a new process, freshly initialised, with no step committed. It
 #   asked to train step 0 while its peers asked for a later step, so it was healed: in that quorum's new
@@ -214,7 +214,7 @@ print(run.timeline())
 #   (`H`), and from then on at world 3;
 # * in step 11 slot 2's comm hook raised before its all_reduce: slot 2's process stayed, dropped its group
 #   and voted no. Slots 0 and 1's all_reduce failed too, though no process died (printed below, in
-#   the order caught). The attempt was discarded on every member, and step 11 was tried again by a new
+#   the order caught; gloo names it a reset or a close by the peer). The attempt was discarded on every member, and step 11 was tried again by a new
 #   group of the same three slots.
 
 # %%
