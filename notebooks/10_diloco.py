@@ -28,7 +28,8 @@
 #    weights back, and let an *outer* optimizer (SGD with Nesterov momentum) step with it (`minddp.DiLoCo`);
 # 3. **Streaming DiLoCo** (Douillard et al., 2025, arXiv 2501.18512): the model in *fragments* that sync one
 #    after another, each fragment's message handed over τ inner steps before the step that waits for it, so that
-#    it can travel during them.
+#    it can travel during them; the replica trains on from a mix of the fragment's synced and local weights (α,
+#    below).
 #
 # The task is the one *the bench* measures (`python -m minddp.bench.convergence`): language modelling of a
 # Markov chain over 32 tokens. Its **entropy floor** (the lowest loss any model can reach) is known exactly, and
@@ -374,8 +375,7 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # message is delivered (its modeled transfer over and the real all_reduce done). White in the row is time in none
 # of the three (the training thread's own work, or time it did not run on this shared machine's cores): part of the
 # time a message has to travel. The lines under the figure give each message's time on the link, its "ms of steps"
-# (from the tick to the applying step's `wait()`, white included) and its wait. Steps vary in length on this shared
-# machine: a message's "ms of steps", not τ, decides whether it waits.
+# (from the tick to the applying step's `wait()`, white included) and its wait.
 
 # %%
 # %%distributed
@@ -480,7 +480,7 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
 #
 # Write `fragment_to_send(step, sync_every, fragments, delay)`: the fragment whose pseudo-gradient
 # leaves after inner step `step` (1, 2, ...), or `None`. A turn is `sync_every // fragments` steps,
-# fragment 0 first, each fragment sent `delay` steps before its turn ends. The checker runs it on 2
+# fragment 0 first, each fragment sent `delay` (τ) steps before its turn ends. The checker runs it on 2
 # real ranks for steps 1 to 2H at three settings (H = 6, 16 and 12) and compares it with streaming
 # DiLoCo's schedule: a schedule that differs across replicas is named first (their all_reduces would
 # pair different fragments, or one would wait for ever).
@@ -646,11 +646,11 @@ lesson.claim(
 #   local SGD in most seeds at H = 10 and in every seed at H = 50 and 100, and at H = 100 worse than one replica
 #   alone in every seed; local SGD ended below one replica alone at every H, in every seed. No outer lr tried at
 #   H = 100 (0.3 to 1) ends below local SGD. At lr 1 the first sync alone, which differs from local SGD's only in
-#   the momentum, takes DiLoCo above the untrained start.
+#   the momentum, takes DiLoCo above the untrained start. Of the bench's runs that talk rarely, streaming
+#   DiLoCo (H = 100) ended closest to DDP.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
-# * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it; where its time on
-#   the link is longer than those steps, that step waits. The schedule is a function of the step alone, the same
-#   on every replica.
+# * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it. The schedule is a
+#   function of the step alone, the same on every replica.
 # * The step-time model *predicts* (for a 360 M-parameter model; not measured here): on `wan` DDP computes less
 #   than 5 % of the time and streaming DiLoCo (4 fragments, τ = 10) all of it; streaming computes all of the
 #   time only where a fragment's time on the link fits in its τ steps. On `100mbit` and `home`, whose period's
