@@ -44,7 +44,7 @@
 #
 # This notebook first shows one step of `ddp` in each of three runs, one row each: eager (not compiled), compiled
 # without the cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and compiled with it. The
-# model: an MLP of 1 MiB layers without biases (eight; two in the last two sections). The backend is `aot_eager`:
+# model: an MLP of 1 MiB layers without biases (eight; two after the exercise). The backend is `aot_eager`:
 # it runs the graph with the operations an uncompiled model calls (torch's *aten* operators), fused into none, so
 # all three trainings give the same bits.
 
@@ -179,7 +179,7 @@ lesson.claim(
 # step's gradients arrived on rank 0), each with its parameters in the forward's order.
 #
 # Dynamo cuts only while torch's DDP's class attribute `_active_ddp_module` is set (torch's DDP sets it to itself
-# around its forward, in `_inside_ddp_forward`), reading the bucket cap from it; it caps piece 0 apart, at torch's
+# around the call of its module, in `_inside_ddp_forward`), reading the bucket cap from it; it caps piece 0 apart, at torch's
 # global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`, given a
 # `bucket_cap_mb`, sets `_active_ddp_module` to a stand-in holding its bucket cap and that global to the bucket cap,
 # restoring both after (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as bucket 0 does.
@@ -273,9 +273,9 @@ print(check_handover(solutions.handed_over_after))
 #
 # The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. A graph break is a place inside
 # a graph Dynamo has begun where it stops the graph, runs Python, and starts a new one. Both wrappers have Dynamo
-# compile their module in a frame of its own, with the cut, by marking wrapper code for Dynamo to skip. torch's DDP
+# compile their module apart, with the cut, by marking wrapper code for Dynamo to skip. torch's DDP
 # marks `_inside_ddp_forward`, which sets `_active_ddp_module`; Dynamo traces the rest of its `forward` and breaks
-# the graph at that call, once in each frame it traces that reaches the call, and at a call it cannot trace.
+# the graph at that call and at a call it cannot trace (the output names both).
 # minddp's `ddp` marks its whole `forward` (`torch.compiler.disable`, in `eager_under_compile`,
 # `minddp/runtime/compiling.py`), so Dynamo begins no graph in it and counts no break there. Dynamo's cut into
 # pieces is no graph break: it cuts the graph Dynamo has captured.
@@ -319,7 +319,7 @@ lesson.claim(counts[THEIRS] > counts[ALONE], "torch.compile(torch's DDP(MLP)) ad
 # buckets and graph breaks, then the pieces of one more forward; or the refusal, with the torch file that raised it. A
 # first step's buckets follow torch's first-iteration plan (`plan_first_iteration_like_torch` in
 # `minddp/ddp/plan.py`): with `find_unused_parameters` off, as here, one bucket per dtype and device, its parameters
-# in the order the model registers them; so here one bucket, handed over after the last piece. With torch's DDP and
+# in the order the model registers them; so here one bucket. With torch's DDP and
 # the cut on (the default), Dynamo caps the first piece at `_DEFAULT_FIRST_BUCKET_BYTES`, above this bucket cap, and
 # asserts; its assert says "First bucket" for that first piece.
 
@@ -377,8 +377,8 @@ lesson.claim(
 #   bucket.
 #
 # * `torch.compile(wrapper)`: both wrappers have Dynamo skip wrapper code and compile the module with the cut;
-#   torch's DDP skips a call inside its traced `forward`, which Dynamo counts as graph breaks, `ddp` its whole
-#   `forward`, which adds none.
+#   torch's DDP skips a call inside its traced `forward` and makes a call Dynamo cannot trace, both counted as
+#   graph breaks; `ddp` skips its whole `forward`, which adds none.
 #
 # * At a bucket cap of 0.5 MiB, with the cut on (the default), torch's DDP (the torch installed here) does not
 #   compile: Dynamo's cap for its first piece is above the bucket cap, and Dynamo asserts. minddp's `ddp`, which

@@ -532,6 +532,21 @@ def test_each_handover_mistake_is_named(fn, named):
     assert not verdict.ok and named in verdict.line, verdict.line
 
 
+def test_empty_pieces_dropped_before_numbering_is_named():
+    # read 17-b 6: the empty pieces filtered out, then numbered; right wherever no piece is empty
+    def drops_empty_pieces(pieces, cap):
+        out, total, last = [], 0, 0
+        for i, piece in enumerate([p for p in pieces if p]):  # the mistake: numbered without the empty pieces
+            for size in piece:
+                total, last = total + size, i
+                if total >= cap:
+                    out, total = out + [i], 0
+        return out + [last] * (total > 0)
+
+    verdict = check_handover(drops_empty_pieces)
+    assert not verdict.ok and "an empty piece (no gradient) still has its index" in verdict.line, verdict.line
+
+
 def test_an_unwritten_a_raising_a_mistyped_and_an_unknown_answer_are_told_apart():
     def unwritten(pieces, cap):
         raise NotImplementedError

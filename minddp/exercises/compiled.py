@@ -9,9 +9,10 @@ called on every case of :data:`CASES` and compared with the model answer
 (:func:`~minddp.exercises.solutions.handed_over_after`); an answer that matches one of the usual mistakes
 (:data:`MISTAKES`) on every case without an empty piece (:data:`PLAIN`) is named by it, one that matches two of
 them made together (:data:`PAIRS`) by both, one right but for a last bucket given the last piece where that piece is
-empty by that (:data:`LAST_PIECE`), any other by its first case that differs. A few pairs give the same answer as
-one mistake alone on every input (never past with strictly past, say): they are named by that one, which says what
-the answer does.
+empty by that (:data:`LAST_PIECE`), one that drops the empty pieces by that (:data:`EMPTY_DROPPED`), any other by
+its first case that differs. A few pairs give the same answer as one mistake alone on every input (never past with
+strictly past, say): they are named by that one, which says what the
+answer does.
 
 Example (pure Python, no ranks)::
 
@@ -54,6 +55,12 @@ PLAIN = [k for k, (pieces, _) in enumerate(CASES) if all(pieces)]
 LAST_PIECE = (
     "the last bucket was given the last piece (`len(pieces) - 1`, or the loop's last index): it is handed over "
     "after the piece of its last gradient, and a piece can have no gradient (an empty list)"
+)
+
+#: what the verdict says to an answer right but where a piece is empty: the empty pieces dropped before numbering
+EMPTY_DROPPED = (
+    "the empty pieces were dropped before the pieces were numbered: an empty piece (no gradient) still has its "
+    "index, so number the pieces as given"
 )
 
 
@@ -278,6 +285,11 @@ def _last_bucket_at_the_last_piece(pieces, cap):
     return full + [len(pieces) - 1] * (len(solutions.handed_over_after(pieces, cap)) > len(full))
 
 
+def _empty_pieces_dropped(pieces, cap):
+    """The model answer run on the pieces with the empty ones dropped, so numbered without them."""
+    return solutions.handed_over_after([p for p in pieces if p], cap)
+
+
 def _never_past_next_gradient(pieces, cap):
     """A bucket closed before the gradient that would take it past the cap, given that gradient's piece."""
     after, filled, i = [], 0, 0
@@ -427,6 +439,9 @@ def check_handover(fn) -> Verdict:
         if answers == [_last_bucket_at_the_last_piece(p, c) for p, c in CASES]:
             k = next(k for k, (a, r) in enumerate(zip(answers, right)) if a != r)
             return Verdict(False, f"✗ {name}: {LAST_PIECE} (pieces {CASES[k][0]}, cap {CASES[k][1]}: {right[k]})")
+        if answers == [_empty_pieces_dropped(p, c) for p, c in CASES]:
+            k = next(k for k, (a, r) in enumerate(zip(answers, right)) if a != r)
+            return Verdict(False, f"✗ {name}: {EMPTY_DROPPED} (pieces {CASES[k][0]}, cap {CASES[k][1]}: {right[k]})")
     for mistake, (wrong, says) in MISTAKES.items():
         if matches(wrong):
             return Verdict(False, f"✗ {name}: {says}")
@@ -442,4 +457,4 @@ def check_handover(fn) -> Verdict:
     )
 
 
-__all__ = ["check_handover", "CASES", "LAST_PIECE", "MISTAKES", "PAIRS", "PLAIN", "WALKS"]
+__all__ = ["check_handover", "CASES", "EMPTY_DROPPED", "LAST_PIECE", "MISTAKES", "PAIRS", "PLAIN", "WALKS"]
