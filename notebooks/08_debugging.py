@@ -22,12 +22,12 @@
 #
 # 1. **torch**, debug mode *paused* (nothing checked, `minddp.debug.disable()`): what torch's DDP says
 #    (or `torch.distributed`, for the script's own collectives). Unlike in a real job, where all share
-#    the *default group* (the process group the ranks started with), the script's own collectives run
-#    on a new group, `short` (*the short group*), whose timeout the set-up cell prints, and torch's
-#    DDP on another, `group`. A rank that fails destroys its groups, as a job's process ends when it raises, so a partner waiting on it
-#    fails then;
+#    the *default group* (the process group the ranks started with), here the script's own collectives
+#    run on a new group, `short` (*the short group*), whose timeout the set-up cell prints, and torch's
+#    DDP on `group`, with torch's default timeout (minutes): a rank waiting there is released only
+#    when a failing rank destroys its groups;
 # 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own collectives
-#    the *collective check* (section 4). It raises a `DebugError` on every rank at the first check that
+#    (on the default group, in this run and the fix) the *collective check* (section 4). It raises a `DebugError` on every rank at the first check that
 #    sees the bug (for section 3's bug, a `DebugWarning`, and training goes on), naming the cause, the
 #    tensor or call, the rank(s), the step, and the fix;
 # 3. **the fix**: the script corrected, in debug mode, which then says nothing.
@@ -101,9 +101,9 @@ lesson.say(f"The short group's timeout is {WAIT_S} s.")
 # Anything that changes a parameter on some ranks only breaks that: here rank 1 nudges one weight
 # after step 1. In debug mode, before each forward whose backward will average the gradients (the
 # *forward check*), every rank all-gathers one small row of integers: for each parameter its
-# `requires_grad` and a fingerprint (a sum of its 16-bit words, each weighted by its place):
+# `requires_grad` and a fingerprint (a checksum of its 16-bit words; docs/debugging.md gives it):
 # `int64[8]` for `Net()`'s 4 parameter tensors. On a mismatch the first differing tensor is compared
-# in full, and every rank stops at the same point. The fix: change parameters the same way on every
+# in full, and every rank stops. The fix: change parameters the same way on every
 # rank (here: not at all).
 
 
@@ -132,9 +132,9 @@ fixed(drifting_loop, "without the edit", edit=False)
 # DDP averages the gradients of a backward whose forward went through the wrapper. Call the module
 # itself (`model.module(x)`, or a submodule of it) and backward leaves each rank its own gradient; the
 # optimizer then steps each replica its own way. Before each `optimizer.step()` the *step check*
-# all-gathers another row, `int64[17]` for `Net()`: one integer of notes, then four integers per
-# parameter, among them its gradient's fingerprint and its local gradient's (from before
-# averaging). It finds gradients that differ across ranks, and says why. The fix: call the wrapper.
+# all-gathers another row, `int64[17]` for `Net()`: one integer of notes, then four per parameter:
+# whether it has a gradient, that gradient's fingerprint, whether this step's backward computed one,
+# and the local gradient's fingerprint (before averaging). It finds gradients that differ across ranks, and says why. The fix: call the wrapper.
 
 
 # %%
@@ -218,9 +218,8 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 #
 # The message numbers the call: *collective #K* counts from 0 every collective on the default group
 # that debug mode has checked (the wrappers', their checks', the helpers' and the earlier sections'),
-# so the two ranks' K-th calls are the ones compared. A call is said as op(shapes): for an all_gather,
-# the output list and then the input, so `all_gather(2 × int64[17], int64[17])` gathers a row of 17
-# from each of the 2 ranks. A call minddp makes is placed at the script's line that led to it (the
+# so the two ranks' K-th calls are the ones compared. A call is said as op(dtype[shape], ...), with its
+# reduce op if any; an all_gather's (in `log_loss`'s output below) lists the output, then the input. A call minddp makes is placed at the script's line that led to it (the
 # step check's at the `optimizer.step()`). Then the step: `(step 0)` for a call made in a wrapper's step (from its
 # forward to its `optimizer.step()`), `(after step S)` for a script's own call made after the last step
 # a wrapper took (here section 3's last, its loop's step 3).
@@ -278,7 +277,7 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # group's timeout, and when it destroys its groups, rank 0's step fails with gloo's "Connection
 # closed by peer" (or "reset by peer"); neither says which rank ran out, or when. The cell's fix is
 # the wrapper's `join()`: a rank that has run out makes the others' remaining collectives, and once
-# every rank has left its loop, each takes the parameters of the last rank to leave.
+# every rank has left its loop, each takes the parameters of the last to leave (rank 0, here).
 
 
 # %%
@@ -323,7 +322,7 @@ lesson.claim(
 #
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they
-# send. Under torch's DDP, rank 0 fails at step 1's forward, naming by index the parameters that
+# send. Under torch's DDP, rank 0 fails, naming by index the parameters that
 # received no gradient (counting from 0 in the set-up cell's list: 2 and 3 are `head.weight` and
 # `head.bias`) and suggesting `find_unused_parameters=True`, and destroys its groups, so rank 1 fails
 # too. Debug mode compares `requires_grad` across ranks in the forward check. The fix: freeze the
@@ -425,8 +424,8 @@ lesson.claim(
 # A branch (`extra`) taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
 # *is* the fix; debug mode's step check finds it (a gradient present on some ranks only). Averaging
 # zeros in is right here: a rank that did not take the branch has a true gradient of zero for it, and
-# every rank steps the branch with the same average. Under torch the ranks swap roles: rank 1 fails at
-# step 1's forward (indices 4 and 5: `extra.weight`, `extra.bias`), then rank 0.
+# every rank steps the branch with the same average. Under torch the ranks swap roles: rank 1 fails
+# (indices 4 and 5: `extra.weight`, `extra.bias`), and so does rank 0.
 
 # %%
 # %%distributed
