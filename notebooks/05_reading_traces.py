@@ -117,8 +117,8 @@ lesson.say(
 # * whether a difference between two rows would hold on a re-run: each row is one step, the stages profiled
 #   one after another on a shared machine;
 # * why stages that send as many messages differ, or whether the other rank or a core held a range open;
-# * where a row's non-compute lies: an asynchronous stage's can lie inside its last backward, not only in its
-#   finish;
+# * where a row's non-compute lies: an asynchronous stage's can lie inside its last backward as well as after
+#   it;
 # * what a blocking stage's threads computed in the time its overlap counts.
 
 # %%
