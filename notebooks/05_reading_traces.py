@@ -16,18 +16,16 @@
 # %% [markdown]
 # # 05 · Reading traces
 #
-# Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev, or
+# Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev or
 # `chrome://tracing`). This notebook profiles one step of each stage of the DDP ladder that keeps a
 # whole replica on every rank (`03_build_up`: `simple` to `bucket-async`, and `ddp`; the sharded rungs
 # are in `06_sharding`), torch's DDP and `single` (each rank trains alone), with gloo over the machine's
 # loopback interface. It reads the traces with `minddp.analysis` the way the blog this
 # course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
-# https://blog.underfit.ai/ddp-profiled) reads its GPU traces with HolisticTraceAnalysis (HTA); HTA reads GPU
-# traces only, so `minddp.analysis` computes its own measures from CPU events (`docs/analysis.md`), and
-# this notebook sets none of its numbers beside the blog's. First three of them, *in flight*, *overlap* and
-# *non-compute* (the next section defines them); none says which stage is faster. Then **one step of each stage
-# on one time axis**, and at the end the blog's six stages over an emulated 1 Gbit/s link (the
-# *link run*), with three more measures.
+# https://blog.underfit.ai/ddp-profiled) reads its GPU traces with HolisticTraceAnalysis (HTA), but with its own
+# measures from CPU events (`docs/analysis.md`); this notebook sets none of its numbers beside the blog's. First
+# three measures (none says which stage is faster), then **one step of each stage on one time axis**, then the
+# blog's six stages over an emulated 1 Gbit/s link (the *link run*).
 #
 # k is `03_build_up`'s number of micro-batches a step. A *message* is one whole all_reduce call of gradients (a
 # bucket's or a parameter's); a *sync* is one round of messages that carries every gradient once.
@@ -74,8 +72,7 @@ lesson.say(
 # %% [markdown]
 # ## Time in flight, overlap, non-compute
 #
-# The analysis runs here, in the notebook's process; every table and figure below shows rank 0's trace. The
-# measures on this machine (CPU, gloo):
+# Every table and figure below shows rank 0's trace. The measures on this machine (CPU, gloo):
 #
 # * **compute**: a *training thread* inside an `aten::` operator, with a core or not (forward, backward, the
 #   optimizer, the stages' copies into and out of buckets); every thread that runs no `gloo:*` or `minddp.link:*`
@@ -84,8 +81,8 @@ lesson.say(
 #   only the gradients';
 # * **overlap**: the share (%) of the time in flight that is compute too;
 # * **non-compute** (HTA's name): the time in flight that is not compute (so non-compute = (100 % − overlap) × in
-#   flight): no training thread inside an operator (stopped until a collective is back, running its own Python,
-#   or with no core between two operators).
+#   flight): no training thread inside an operator (running its own Python, with no core between two operators,
+#   or stopped until a collective is back).
 #
 # The caveat: a gloo range lasts from the moment gloo's thread picks the collective up until it is done, so it is
 # also *held open* until the other rank joins the same collective, and while gloo's thread has no core; it can
@@ -97,7 +94,7 @@ lesson.say(
 # * the *finish*: minddp's `finish_gradient_synchronization()`, which the training loop calls after every
 #   backward (torch's DDP has none; `ddp`'s finds its work done when `loss.backward()` returns). `simple`
 #   syncs in it after every micro-batch, `ga` once a step;
-# * the *parameter check* (`minddp.stages.checks`, minddp's, for teaching): once a sync, before its first
+# * the *parameter check* (`minddp.stages.checks`, for teaching): once a sync, before its first
 #   message, `simple` to `bucket-async` check that both ranks' forwards used the same parameters, with one small
 #   all_gather (one byte per parameter tensor): at the start of the finish in `simple` and `ga`, in the first
 #   gradient's hook in `hook` to `bucket-async`. It is a collective, not a message; `ddp` and torch's DDP run
@@ -105,8 +102,8 @@ lesson.say(
 # * `ddp`'s and torch's *broadcasts* (`gloo:broadcast` ranges, in their in flight, with no column or bar of
 #   their own): the model's buffers from rank 0 at the step's first forward.
 #
-# The table's last column is the part of non-compute inside the parameter checks' ranges (`simple` checks at
-# each of its k syncs, `ga` to `bucket-async` once; `lesson.non_compute_in_checks`). The check is a sync's first
+# The table's last column is the part of non-compute inside the parameter checks' ranges, summed over a step's
+# checks (`simple`'s k, one in `ga` to `bucket-async`). The check is a sync's first
 # collective, so its range is held open until the other rank gets there too: a long part in the check is time
 # held open, not what its few bytes cost. The *blocking* stages (`simple`, `ga`, `hook`, `bucket`) send each
 # message only once the one before it is back: `simple` and `ga` after a backward, `hook` and `bucket` inside
@@ -120,8 +117,9 @@ lesson.say(
 # * whether a difference between two rows would hold on a re-run: each row is one step, the stages profiled
 #   one after another on a shared machine;
 # * why stages that send as many messages differ, or whether the other rank or a core held a range open;
-# * what a blocking stage's threads computed in the time its overlap counts (one way such overlap arises: a range
-#   that ends after the training thread has gone on).
+# * where a row's non-compute lies: an asynchronous stage's can lie inside its last backward as well as after
+#   it;
+# * what a blocking stage's threads computed in the time its overlap counts.
 
 # %%
 import pandas as pd
@@ -164,23 +162,23 @@ lesson.claim(
 # work takes different times from row to row (the line under the next table). In each row:
 #
 # * the forward (pale) and backward (darker) band of each micro-batch: *forward* from the micro-batch's start
-#   to its first autograd node (the forward, and what the stage does around it, such as the broadcasts),
-#   *backward* from the first to the last autograd node, whatever the threads did in it (the gradients, and all
-#   that the hooks do inside those nodes, the check and `hook`'s and `bucket`'s messages included);
+#   to its first *autograd node* (the forward, and what the stage does around it, such as the broadcasts),
+#   *backward* from the first to the last autograd node (an `autograd::engine::evaluate_function` event:
+#   one gradient function's run), whatever the threads did in it (the gradients, and all that the hooks do
+#   inside those nodes, the check and `hook`'s and `bucket`'s messages included);
 # * a tick (the legend's "handed to the wire") when a message was *handed over* (*sent* in the table under the
 #   figure): for minddp's stages the start of its `minddp.bucket_launch` range, for torch's DDP the reducer's
 #   `c10d::allreduce_` call;
-# * an orange bar while the message's gloo all_reduce range was open, held open included (`docs/analysis.md`
-#   says how a range is matched to its message). Ranges open at once (a blocking stage's too: the caveat) are
-#   drawn one above another, and each level's bars alternate two shades in the order they opened. The bars are
-#   part of the table's in flight, which also counts the check and the broadcasts; a bar narrower than a pixel
-#   need not show;
+# * an orange bar while the message's gloo all_reduce range was open, held open included. Ranges open at once
+#   (a blocking stage's too: the caveat) are drawn one above another, and each level's bars alternate two shades
+#   in the order they opened. The bars are part of the table's in flight, which also counts the check and the
+#   broadcasts; a bar narrower than a pixel need not show, and one can run on into the optimizer step (the caveat);
 # * the parameter check (hatched orange, over the upper half of the bands' height) while its all_gather range was
 #   open; a short one is too thin to see;
-# * the finish (purple), however long, as a thin strip along the bands' lower edge; the optimizer step
-#   (green) and the end of the step.
+# * the finish (purple) as a thin strip along the bands' lower edge; a short one is too narrow to see;
+# * the optimizer step (green) and the end of the step.
 #
-# Nothing drawn marks when a training thread waited for a message, or when `loss.backward()` returned.
+# Nothing drawn marks when a training thread stopped for a message, or when `loss.backward()` returned.
 
 # %%
 rows = lesson_05.timeline_rows(result, RUN)  # the rows draw_steps draws, with each stage's parameter checks
@@ -208,7 +206,7 @@ lesson.say(
 )
 
 # %% [markdown]
-# One stage's buckets (`bucket-async`, rank 0, `RunAnalysis.buckets`): `order`, the bucket's place in the
+# One stage's buckets (`bucket-async`, rank 0): `order`, the bucket's place in the
 # sending order; `MiB`, its gradients' size. The profiling cell's "buckets of 4 MiB" is the size
 # at which a bucket closes: parameters join it until it holds 4 MiB or more, so a bucket can be a little over
 # 4 MiB, and the last holds what is left:
@@ -223,17 +221,16 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 # --report` (the traces of the profiling cell's last run on your machine, not those of the saved outputs).
 
 # %% [markdown]
-# ## The ladder on a slower network
+# ## The link run
 #
-# The profiling cell also profiled the blog's six stages with their gradients' all_reduces over the
-# **emulated 1 Gbit/s link** of `03_build_up` (`minddp.comm.link`). Each rank has its own link, which carries
-# its messages one at a time, in order, each from its hand-over (or once the link is free, if later); the real
+# The profiling cell also profiled the blog's six stages (`simple` to `bucket-async`) with their gradients'
+# all_reduces over `03_build_up`'s **emulated 1 Gbit/s link** (`minddp.comm.link`). Each rank has its own
+# link, which carries its messages one at a time, in order, each from its hand-over (or once the link is free, if later); the real
 # all_reduce runs beside the modeled transfer, and the link delivers a message once both are done and every
 # earlier one is delivered. The parameter check does not go
-# through the link. The transfers are in the traces as `minddp.link:all_reduce` ranges on the link's thread.
+# through the link.
 # The two runs were taken at different moments on a shared machine; neither's times, nor their order, carry over
-# to the other. Three
-# measures of the link run only (`docs/analysis.md`), each of rank 0:
+# to the other. Three measures of the link run only, each of rank 0:
 #
 # * **link time**: what rank 0's messages of a step take on the modeled link, from their sizes alone
 #   (`metrics.link_time`): 2(n−1)·α + 2(n−1)/n·m·β for a message of m bytes, added up, with n ranks and the
@@ -242,9 +239,8 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 # * **waited**: the time from rank 0's first `wait()` on a gradient message to its delivery (0 if delivered
 #   before it), whatever held it; the parameter check is not a message and is not counted;
 # * **exposed**: the part of those waits during which rank 0's link carried a transfer; link time − exposed is
-#   the link's work while rank 0 waited for no message.
-#
-# Waited − exposed (the table's last column) is the part of the waits in which rank 0's link carried nothing.
+#   the link's work while rank 0 waited for no message; waited − exposed, the waits' part in which it carried
+#   nothing.
 
 # %%
 from minddp.comm.link import parse_link
@@ -255,8 +251,10 @@ on_link = lesson_05.link_table(linked, link)
 display(on_link)
 
 # %% [markdown]
-# The three claims hold by construction: what accumulation, hooks and buckets change on the link (the
-# messages' count, where they are handed over, the link time). The printed lines are one step each, not claimed.
+# The three claims hold by construction: accumulation divides the messages and the link time by k; hooks hand
+# every message over during the backward; buckets cut only the link time's fixed costs. The last bucket, handed
+# over once its last gradient is ready, can leave more of the link's work after the backward than `hook-async`'s
+# last message does. The printed lines are one step each, not claimed.
 
 # %%
 sent = lesson_05.rank0(linked.buckets)
