@@ -1390,22 +1390,25 @@ def test_the_outer_sync_exercise_names_the_mean_of_the_local_weights_kept_as_syn
 
 
 @pytest.mark.timeout(120)
-def test_the_outer_sync_exercise_names_the_local_weights_summed_not_averaged():
-    """Learner read 10 (round 16b) finding 7: the local weights all_reduced and never divided, g = s − Σp (DiLoCo read
-    as stepping by synced − the mean of the weights), matched no candidate ("match none of the usual mistakes")."""
-    v = check_outer_sync(wrong.outer_sync_sums_the_weights, timeout_s=TIMEOUT)
-    named = "the local weights were summed, not averaged"
-    assert not v.ok and named in v.line and "divide the sum by the world size" in v.line, v.line
-    assert "match none of the usual mistakes" not in v.line, v.line
-
-
-@pytest.mark.timeout(120)
-def test_the_outer_sync_exercise_names_the_outer_step_taken_from_the_mean_of_the_weights():
-    """Found beside learner read 10 (round 16b) finding 7: the local weights averaged in place, g = s − mean, and the
-    outer step taken from the mean left in the parameters (no restore) matched no candidate."""
-    v = check_outer_sync(wrong.outer_sync_steps_from_the_mean, timeout_s=TIMEOUT)
-    named = "the outer step started from the mean of the local weights"
-    assert not v.ok and named in v.line and "p.copy_(s)" in v.line, v.line
+@pytest.mark.parametrize(
+    "answer, named, fix",
+    [
+        # learner read 10 (round 16b) finding 7: the local weights all_reduced and never divided, g = s − Σp (DiLoCo
+        # read as stepping by synced − the mean of the weights), matched no candidate
+        (
+            "outer_sync_sums_the_weights",
+            "the local weights were summed, not averaged",
+            "divide the sum by the world size",
+        ),
+        # found beside it: the local weights averaged in place, g = s − mean, and the outer step taken from the mean
+        # left in the parameters (no restore), matched no candidate
+        ("outer_sync_steps_from_the_mean", "the outer step started from the mean of the local weights", "p.copy_(s)"),
+    ],
+)
+def test_the_outer_sync_exercise_names_a_pseudo_gradient_taken_from_the_weights(answer, named, fix):
+    """Each wrong answer got "match none of the usual mistakes" before its verdict was added."""
+    v = check_outer_sync(getattr(wrong, answer), timeout_s=TIMEOUT)
+    assert not v.ok and named in v.line and fix in v.line, v.line
     assert "match none of the usual mistakes" not in v.line, v.line
 
 
