@@ -339,9 +339,9 @@ class _Blocks(torch.nn.Module):
 
 
 #: How far apart the replay and the trace may be beyond the emulation's own lateness, per message: the link's
-#: ranges are placed on the trace's clock by the median offset between its perf_counter() times and their
-#: markers (annotate_trace), which is off by the time between a hand-over's perf_counter() and its marker
-#: (microseconds; the median keeps a preempted one out), and every time is rounded to the trace's microseconds.
+#: ranges are placed on the trace's clock by the lower envelope of the differences between its perf_counter()
+#: times and their markers (annotate_trace), which is off by at most the time between a hand-over's
+#: perf_counter() and its marker (microseconds), and every time is rounded to the trace's microseconds.
 #: 200 µs is tens of times that, and under 1 % of a message's time on the crawl link (1 ms latency per hop).
 CLOCK_SLACK_S = 200e-6
 
@@ -402,8 +402,7 @@ def _wait_order_mismatches(path: str, profiles) -> list:
 
     events = read_trace(path, dist.get_rank()).events
     comm = {e["tid"] for e in events if e["name"].startswith(("gloo:", "minddp.link:"))}
-    # a step's messages by the profile's own rule (costmodel.trace.step_profiles: hand-over inside the step);
-    # a send marker is recorded just after its hand-over, so near a step's edge the two rules can part
+    # a step's messages by the profile's own rule (costmodel.trace.step_profiles: hand-over inside the step)
     handed = {e["args"]["seq"]: e["args"]["handed_over_ts"] for e in events if e["name"].startswith("minddp.link:")}
     marks = {
         p: {int(e["name"].rpartition("#")[2]): e["ts"] for e in events if e["name"].startswith(p)}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -203,6 +204,44 @@ def test_a_late_marker_does_not_move_the_other_messages_off_their_hand_over(tmp_
     # parts per million moves two readings well under a microsecond apart over this test's fraction of a second
     for seq, ts in placed.items():
         assert ts <= markers[seq] + 1.0, f"message {seq} placed {ts - markers[seq]:.0f} us after its marker"
+
+
+def test_a_drifting_clock_places_every_hand_over_between_the_call_and_its_marker(tmp_path, monkeypatch):
+    """The trace's clock and perf_counter() run at rates a few parts per million apart (torch maps the CPU's
+    counter onto wall time), so one offset for a whole run puts late hand-overs early by the drift since the
+    first. A sharded stage hands over its first all-gather microseconds into a step, so a fresh-clone CI saw
+    one placed in the step before. Here the link's perf_counter() runs 0.1 % slow (a drift of ~0.5 ms over
+    the run): each message must still be placed after the trace's marker that opens its carry() call and no
+    later than its own send marker, the two points the hand-over lies between on the trace's own clock."""
+    import minddp.comm.link as link_module
+
+    real = time.perf_counter
+    slow = types.SimpleNamespace(perf_counter=lambda: 0.999 * real(), sleep=time.sleep)
+    monkeypatch.setattr(link_module, "time", slow)
+    link = Link(LinkSpec("fast", bandwidth=1e12, latency=0.0))
+    path = str(tmp_path / "trace.json")
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for n in range(10):
+                done = torch.futures.Future()
+                done.set_result(None)
+                with torch.profiler.record_function(f"call#{n}"):
+                    sent = link.carry(done, 1000, world=2)
+                sent.wait()
+                time.sleep(0.05)
+        prof.export_chrome_trace(path)
+        assert link.annotate_trace(path) == 10
+    finally:
+        link.close()
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    calls = {int(e["name"][5:]): e["ts"] for e in events if e["name"].startswith("call#")}
+    markers = {int(e["name"].rpartition("#")[2]): e["ts"] for e in events if e["name"].startswith("minddp.link_send#")}
+    placed = {e["args"]["seq"]: e["args"]["handed_over_ts"] for e in events if e["name"].startswith("minddp.link:")}
+    assert sorted(placed) == sorted(markers) == sorted(calls) == list(range(10))
+    # 1 us: the trace's microseconds are rounded; the trace's own rate error over half a second is under one
+    for seq, ts in placed.items():
+        assert calls[seq] - 1.0 <= ts <= markers[seq] + 1.0, (seq, ts - calls[seq], markers[seq] - ts)
 
 
 # -- on ranks: the wire, every stage, torch's DDP, overlap by event order, the trace ---------------------

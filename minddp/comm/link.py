@@ -358,10 +358,15 @@ class Link:
 
         Each ``minddp.link_send#<n>`` marker in the trace was recorded just after
         message ``n``'s hand-over time (``perf_counter``, in the log) was read, never
-        before: each marker minus hand-over is the offset between the two clocks plus
-        a delay >= 0 (long when the thread was preempted in between), so the smallest
-        is the offset. Transfers whose marker is not in the trace (outside the
-        profiled window) are dropped from the log.
+        before: each marker minus hand-over is the offset between the two clocks at
+        that moment plus a delay >= 0 (long when the thread was preempted in between).
+        The offset is not one number: torch maps the CPU's counter onto wall time at a
+        rate a few parts per million off ``perf_counter``'s, tens of microseconds over a
+        run, enough to put a hand-over just inside a step before the step's start. So
+        each message is placed by the lower envelope of those differences at its own
+        hand-over (:func:`lower_envelope`): never after its marker, and, the two clocks
+        being linear in each other, never before its true hand-over. Transfers whose
+        marker is not in the trace (outside the profiled window) are dropped from the log.
         """
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rt", encoding="utf-8") as f:
@@ -376,7 +381,7 @@ class Link:
         placed = [m for m in logged if m["seq"] in markers]
         if not placed:
             return 0
-        offset = min(markers[m["seq"]]["ts"] - m["handed_over"] * 1e6 for m in placed)
+        offsets = lower_envelope([(m["handed_over"], markers[m["seq"]]["ts"] - m["handed_over"] * 1e6) for m in placed])
         pid = markers[placed[0]["seq"]]["pid"]
         tid = self._thread_id or 1
         events.append(
@@ -388,7 +393,7 @@ class Link:
                 "args": {"name": f"minddp link ({self.spec.name}, emulated NIC)"},
             }
         )
-        for m in placed:
+        for m, offset in zip(placed, offsets):
             start_us = m["start"] * 1e6 + offset
             events.append(
                 {
@@ -418,6 +423,49 @@ class Link:
 
     def __repr__(self) -> str:
         return f"Link({self.spec.describe()})"
+
+
+def lower_envelope(points: list[tuple[float, float]]) -> list[float]:
+    """For each point ``(t, d)``, the lower convex hull of all the points evaluated at its ``t``.
+
+    Never above the point's own ``d``; and when every ``d`` is a line in ``t`` plus
+    something ``>= 0``, never below that line (a hull of points above a line lies
+    above it). :meth:`Link.annotate_trace`'s clock offsets: ``t`` a hand-over,
+    ``d`` its marker minus it.
+
+    >>> lower_envelope([(0, 5.0), (1, 9.0), (2, 7.0)])
+    [5.0, 6.0, 7.0]
+    """
+    hull: list[tuple[float, float]] = []  # the lower hull, left to right (Andrew's monotone chain)
+    for p in sorted(set(points)):
+        if hull and hull[-1][0] == p[0]:
+            continue  # same t: sorted, so the lower d is already on the hull
+        while len(hull) >= 2 and _turn(hull[-2], hull[-1], p) <= 0:
+            hull.pop()
+        hull.append(p)
+    out = []
+    for t, _ in points:
+        i = _segment(hull, t)
+        (t0, d0), (t1, d1) = hull[i], hull[min(i + 1, len(hull) - 1)]
+        out.append(d0 if t1 == t0 else d0 + (d1 - d0) * (t - t0) / (t1 - t0))
+    return out
+
+
+def _turn(a, b, c) -> float:
+    """> 0 when a, b, c turn left (counter-clockwise)."""
+    return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
+
+
+def _segment(hull, t) -> int:
+    """The index of the hull vertex that starts the segment holding ``t``."""
+    lo, hi = 0, len(hull) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if hull[mid][0] <= t:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def as_link(value: Link | LinkSpec | str | None) -> Link | None:
