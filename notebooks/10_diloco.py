@@ -170,9 +170,9 @@ lesson.claim(
 # A score is taken every 50 steps. The figure draws the mean over the seeds of DDP and the runs at H = 10 and 100,
 # left against the inner steps, right against the payload each replica handed over (at each payload, the run's
 # last score with no more payload: a staircase); `single` is the grey line at its final loss. The y axes stop at
-# 2.9 and 2.6 nats, so the early scores are off them. Under it: each run's final loss with its range over the
-# seeds, where the drawn runs' mean rises, and each drawn run's loss with no more payload than DDP's at its first
-# score.
+# 2.9 and 2.6 nats, so some early scores are off them. Under it: each run's final loss with its range over the
+# seeds; for each drawn run that talks rarely, where its mean rises and its loss with no more payload than DDP's
+# at DDP's first score.
 
 # %%
 import json
@@ -384,10 +384,10 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # Each inner step is its forward (pale), backward (blue) and optimizer step (green), whose post-hook hands a
 # fragment's pseudo-gradient to the link (the tall tick) or waits for it and applies it (the triangle). The orange
 # bars are the messages' modeled transfers on the link, each from its tick and named by its fragment (the shade
-# alternates from one message to the next). White in the row is time in none
-# of the three (the training thread's own work, or time it did not run on this shared machine's cores): part of the
-# time a message has to travel. The lines under the figure give each message's time on the link, its "ms of steps"
-# (from the tick to the applying step's `wait()`, white included) and whether that step waited for it.
+# alternates from one message to the next). White in the row is time in none of the three (the training thread's
+# own work, or time it did not run on this shared machine's cores): part of the time a message has to travel. The
+# lines under the figure give each message's time on the link, its "ms of steps" (from the tick to the applying
+# step's `wait()`, white included) and whether that step waited for it.
 
 # %%
 # %%distributed
@@ -424,7 +424,7 @@ order = [e.name for e in events if e.name.startswith(("minddp.fragment_", "mindd
 
 # %% jupyter={"source_hidden": true}
 # %%distributed
-# The figure (its code collapsed): the profiled steps' row, with the applies and the waits.
+# The figure (its code collapsed): the profiled steps' row, each hand-over and apply marked.
 from minddp.notebook import lesson_10
 
 view = live.step_view(prof, link)  # the row to draw, and the link's waits
