@@ -167,11 +167,12 @@ lesson.claim(
 # fragment's from that fragment's last sync). All are trained and scored by `train_config` as above, but on 4
 # replicas with the cosine over 2000 steps.
 #
-# A score is taken every 50 steps. The figure draws DDP and the runs at H = 10 and 100 against the payload each
-# replica handed over: at each payload, the mean over the seeds of the run's last score with no more payload (a
-# staircase); `single` is the grey line at its final loss. The y axis stops at 2.6 nats, so the early scores are
-# off it. Under it: each run's final loss with its range over the seeds, and each drawn run's loss with no more
-# payload than DDP's at its first score.
+# A score is taken every 50 steps. The figure draws the mean over the seeds of DDP and the runs at H = 10 and 100,
+# left against the inner steps, right against the payload each replica handed over (at each payload, the run's
+# last score with no more payload: a staircase); `single` is the grey line at its final loss. The y axes stop at
+# 2.9 and 2.6 nats, so some early scores are off them. Under it: each run's final loss with its range over the
+# seeds; for each drawn run that talks rarely, where its mean rises and its loss with no more payload than DDP's
+# at DDP's first score.
 
 # %%
 import json
@@ -198,7 +199,7 @@ def mean_of(name, key):  # the mean over the seeds at each score: "loss" or "byt
 # The figure and the lines under it (this cell's code collapsed).
 drawn = [("ddp", "black"), ("local-sgd-h10", "tab:orange"), ("local-sgd-h100", "tab:orange"),
          ("diloco-h10", "tab:blue"), ("diloco-h100", "tab:blue"), ("streaming-h100", "tab:green")]  # fmt: skip
-lesson_10.loss_against_bytes(results, drawn, top=2.6)  # the y axis cut at 2.6 nats
+lesson_10.loss_against_steps_and_bytes(results, drawn, tops=(2.9, 2.6))  # the y axes cut at 2.9 and 2.6 nats
 plt.show()
 spread = {n: (min(final(n)), max(final(n))) for n in curves}
 sweep = sorted(n for n in curves if n.startswith("diloco-h100-lr"))  # DiLoCo at H = 100, other outer lrs
@@ -213,11 +214,26 @@ within = {  # each drawn rare run's last score with no more payload than that: (
     n: max((s, b, lo) for s, b, lo in zip(steps, mean_of(n, "bytes"), mean_of(n, "loss")) if b <= payload)
     for n, _ in drawn[1:]
 }
+rises = {  # each drawn rare run's rises of its mean from one score to the next: (step, step, loss, loss)
+    n: [(steps[i - 1], steps[i], lo[i - 1], lo[i]) for i in range(1, len(steps)) if lo[i] > lo[i - 1]]
+    for n, lo in ((n, mean_of(n, "loss")) for n in within)
+}
+period = {n: results["configs"][n]["sync_every"] // results["configs"][n].get("fragments", 1) for n in within}
+flat = [n for n, r in rises.items() if not r]
+at_sync = all(b % period[n] == 0 for n in within for _, b, _, _ in rises[n])  # a sync in (a, b]: b a multiple
+lesson.say(
+    "left panel: of the drawn runs that talk rarely, the mean rises from one score to the next in "
+    + " and ".join(f"{n} (step {a} → {b}: {x:.3f} → {y:.3f})" for n, r in rises.items() for a, b, x, y in r)
+    + (", each across a sync" if at_sync else "")
+    + "; in "
+    + " and ".join(", ".join(flat).rsplit(", ", 1))  # the runs whose mean never rises, "a, b and c"
+    + " it never rises"
+)
 step_for_step = all(all(d < lo for d, lo in zip(mean_of("ddp", "loss")[1:], mean_of(n, "loss")[1:])) for n in within)
 lesson.claim(
     ddp_first > 2.6 > max(lo for _, _, lo in within.values()) and step_for_step,
     f"by its first score (step {steps[1]}) DDP has handed over {payload / 1e6:.2f} MB, its mean expected loss "
-    f"{ddp_first:.3f} (above the figure's cut); at its last score with no more payload than that, each drawn run "
+    f"{ddp_first:.3f} (above the right panel's cut); at its last score with no more payload than that, each drawn run "
     "that talks rarely is below that loss: "
     + ", ".join(f"{n} {lo:.3f} (step {s}, {b / 1e6:.2f} MB)" for n, (s, b, lo) in within.items())
     + ". Step for step, DDP's mean is below each of theirs at every score after the start",
@@ -285,14 +301,13 @@ lesson.claim(
 )
 rare = [n for n in curves if n not in ("ddp", "single")]  # the file's runs that talk rarely, the lr sweep's too
 closest = min(rare, key=lambda n: statistics.mean(final(n)))
-streaming, alpha = results["configs"]["streaming-h100"], results["configs"]["streaming-h100"]["fragment_alpha"]
+streaming = results["configs"]["streaming-h100"]
+tau, alpha = streaming["fragment_delay"], streaming["fragment_alpha"]  # the bench's names for τ and α
 lesson.claim(
     closest == "streaming-h100" and all(statistics.mean(final(n)) > statistics.mean(final("ddp")) for n in rare),
-    f"of the file's {len(rare)} runs that talk rarely (the {len(sweep)} of the outer learning rate sweep included), "
-    f"streaming DiLoCo (H = 100, {streaming['fragments']} fragments, τ = {streaming['fragment_delay']}) ends "
-    "closest to DDP; it differs from DiLoCo at the same H in two things at once, the fragments sent early, one at "
-    f"a time, and the weights the replicas go on training from ({1 - alpha:g}·synced + {alpha:g}·local, not the "
-    "synced ones): which of the two helps was not separated",
+    f"of the file's {len(rare)} runs that talk rarely, streaming DiLoCo (H = 100) ends closest to DDP; it differs "
+    f"from DiLoCo at the same H in three settings at once: {streaming['fragments']} fragments that sync one after "
+    f"another, τ = {tau} and α = {alpha}: which of them helps was not separated",
 )
 lr1, at100 = results["configs"]["diloco-h100-lr1"], steps.index(100)  # the first sync at H = 100
 alike = {k: v for k, v in lr1.items() if k not in ("rung", "outer_lr")} == {
@@ -364,18 +379,15 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # H = 16, 2 fragments (turns of 8 steps: fragment 0's are steps 1 to 8 and 17 to 24, fragment 1's steps 9 to
 # 16), τ = 6, α = 0.5, on batches of 1024 chains (steps 1 to 8 run first, unprofiled). A message's time on the
 # link is the emulated link's model: 2 hops, each paying the latency, plus its bytes at the link's bandwidth, so
-# the fragment that holds the large weight takes longer. Where that time is longer than the time from its
-# hand-over to the applying step's `wait()`, that step waits; where shorter, the step may still wait a little
-# for the real all_reduce.
+# the fragment that holds the large weight takes longer.
 #
 # Each inner step is its forward (pale), backward (blue) and optimizer step (green), whose post-hook hands a
 # fragment's pseudo-gradient to the link (the tall tick) or waits for it and applies it (the triangle). The orange
 # bars are the messages' modeled transfers on the link, each from its tick and named by its fragment (the shade
-# alternates from one message to the next). Red, if any, is the wait: from the post-hook's `wait()` until the
-# message is delivered (its modeled transfer over and the real all_reduce done). White in the row is time in none
-# of the three (the training thread's own work, or time it did not run on this shared machine's cores): part of the
-# time a message has to travel. The lines under the figure give each message's time on the link, its "ms of steps"
-# (from the tick to the applying step's `wait()`, white included) and its wait.
+# alternates from one message to the next). White in the row is time in none of the three (the training thread's
+# own work, or time it did not run on this shared machine's cores): part of the time a message has to travel. The
+# lines under the figure give each message's time on the link, its "ms of steps" (from the tick to the applying
+# step's `wait()`, white included) and whether that step waited for it.
 
 # %%
 # %%distributed
@@ -412,7 +424,7 @@ order = [e.name for e in events if e.name.startswith(("minddp.fragment_", "mindd
 
 # %% jupyter={"source_hidden": true}
 # %%distributed
-# The figure (its code collapsed): the profiled steps' row, with the applies and the waits.
+# The figure (its code collapsed): the profiled steps' row, each hand-over and apply marked.
 from minddp.notebook import lesson_10
 
 view = live.step_view(prof, link)  # the row to draw, and the link's waits
@@ -464,7 +476,7 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
         + (
             "delivered by then, no wait"
             if waited < 0.05
-            else f"the training thread waited {waited:.1f} ms for it (red)"
+            else f"the training thread waited {waited:.1f} ms for it (red: from the post-hook's wait() until delivered)"
             + (f": these {before:.1f} ms were shorter than its time on the link" if before < on_link else "")
             + (
                 f" ({on_link:.1f} − {before:.1f} = {left:.1f} ms until its modeled transfer ended, then "

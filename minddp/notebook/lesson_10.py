@@ -1,8 +1,9 @@
 """Notebook 10 (slow links: local SGD, DiLoCo, streaming DiLoCo): the plumbing of its two figures, kept out of its
 cells so that each cell shows its point.
 
-- :func:`loss_against_bytes`: the bench's mean expected loss over the seeds against the payload bytes each replica
-  handed to the all_reduce (``docs/diloco/convergence.json``), one line per run;
+- :func:`loss_against_steps_and_bytes`: the bench's mean expected loss over the seeds against the inner steps and
+  against the payload bytes each replica handed to the all_reduce (``docs/diloco/convergence.json``), one line per
+  run;
 - :func:`streaming_steps`: the profiled row of streaming DiLoCo's inner steps (:func:`minddp.analysis.timeline.
   draw_steps`), each fragment's hand-over and apply marked with its step, each message bar named by its fragment,
   the waits drawn over the optimizer step, and the legend by :func:`~minddp.analysis.timeline.legend_above` (whose
@@ -19,34 +20,35 @@ def mean_over_seeds(curves: dict, name: str, key: str) -> list[float]:
     return [statistics.mean(v) for v in zip(*[c[key] for c in curves[name]])]
 
 
-def loss_against_bytes(results: dict, drawn: list[tuple[str, str]], top: float):
-    """The figure: each run of ``drawn`` (name, colour) as its mean expected loss against its mean payload bytes
-    (log x; the 0-byte start left out), a staircase: at each payload, the run's last score with no more payload
-    (a run's payload grows only at its syncs: no straight line through payloads between them); dashed at H = 100
-    (streaming DiLoCo's too, as in ``docs/diloco/``'s figures); ``single``'s mean final loss and the entropy floor
-    as horizontal lines; the y axis cut at ``top`` nats. Returns the figure."""
+def loss_against_steps_and_bytes(results: dict, drawn: list[tuple[str, str]], tops: tuple[float, float]):
+    """The figure, two panels of each run of ``drawn`` (name, colour), its mean expected loss over the seeds:
+    left against the inner steps (the scores joined by lines), right against its mean payload bytes (log x; the
+    0-byte start left out) as a staircase: at each payload, the run's last score with no more payload (the loss is
+    known only at the scores, every 50 steps, so the line holds a score's loss until the next score's payload,
+    whether the payload grew at every step between, as DDP's, or at a sync); dashed at H = 100 (streaming DiLoCo's
+    too, as in ``docs/diloco/``'s figures); ``single``'s mean final loss and the entropy floor as horizontal lines;
+    the y axes cut at ``tops`` nats (left, right). Returns the figure."""
     import matplotlib.pyplot as plt
 
     curves, floor = results["curves"], results["floor"]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, colour in drawn:
-        pts = [(b, lo) for b, lo in zip(mean_over_seeds(curves, name, "bytes"), mean_over_seeds(curves, name, "loss"))]
-        pts = [(b, lo) for b, lo in pts if b > 0]
-        style = "--" if "100" in name else "-"
-        xs, ys = zip(*pts)
-        ax.plot(xs, ys, color=colour, label=name, linestyle=style, drawstyle="steps-post")
+    fig, (by_step, by_bytes) = plt.subplots(1, 2, figsize=(12, 4.5))
     single = statistics.mean(c["loss"][-1] for c in curves["single"])
-    ax.axhline(single, color="0.5", linestyle="-.", linewidth=0.8, label="single: final (sends 0)")
-    ax.axhline(floor, color="red", linestyle=":", linewidth=0.8, label="entropy floor")
-    ax.set(
-        xscale="log",
-        xlabel="payload bytes each replica handed to the all_reduce (log)",
-        ylabel="expected loss (nats)",
-        ylim=(floor - 0.02, top),
-    )
+    for name, colour in drawn:
+        losses, style = mean_over_seeds(curves, name, "loss"), "--" if "100" in name else "-"
+        by_step.plot(curves[name][0]["step"], losses, color=colour, label=name, linestyle=style)
+        pts = [(b, lo) for b, lo in zip(mean_over_seeds(curves, name, "bytes"), losses) if b > 0]
+        xs, ys = zip(*pts)
+        by_bytes.plot(xs, ys, color=colour, label=name, linestyle=style, drawstyle="steps-post")
+    for ax, top in zip((by_step, by_bytes), tops):
+        ax.axhline(single, color="0.5", linestyle="-.", linewidth=0.8, label="single: final (sends 0)")
+        ax.axhline(floor, color="red", linestyle=":", linewidth=0.8, label="entropy floor")
+        ax.set(ylabel="expected loss (nats)", ylim=(floor - 0.02, top))
+    by_step.set_xlabel("inner steps (optimizer steps of each replica)")
+    by_bytes.set(xscale="log", xlabel="payload bytes each replica handed to the all_reduce (log)")
     seeds = len(curves["ddp"])
-    ax.set_title(f"{results['replicas']} replicas, {results['steps']} steps, mean of {seeds} seeds", fontsize=9)
-    ax.legend(fontsize=8)
+    fig.suptitle(f"{results['replicas']} replicas, {results['steps']} steps, mean of {seeds} seeds", fontsize=9)
+    by_bytes.legend(fontsize=8)
+    fig.tight_layout()
     return fig
 
 
