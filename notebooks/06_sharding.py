@@ -99,8 +99,8 @@ show_source(ring_all_reduce)
 # passes. FSDP reduce-scatters its units' gradients, a little under one pass, but gathers each unit's
 # parameters for every micro-batch's forward and again, all but the last unit's, for its backward. The
 # bound below counts one reduce-scatter pass a step and two gathering passes per micro-batch; the
-# all_reduce of the replicated tensors (two passes of their bytes) lies within it: these passes count
-# those bytes, never gathered, at least three times. These are bytes, the β term, only: a ratio of
+# all_reduce of the replicated tensors (two passes of their bytes) lies within it: its gathering passes
+# count those bytes, never gathered, twice a micro-batch. These are bytes, the β term, only: a ratio of
 # bytes is not a ratio of time. The cell works them out:
 
 # %%
@@ -203,12 +203,17 @@ lesson.say(
     + f"; Ψᵣ = {memory['fsdp']['replicated']:,}."
 )
 reducers = {s: trainees[s].model.reducer for s in ("ddp", "zero1")}  # minddp's DistributedDataParallel's
+buffers = {s: sum(b.untyped_storage().nbytes() for b in r.buffers) for s, r in reducers.items()}
+with_buffers = state_of["zero1"] + buffers["zero1"]
 lesson.claim(
     not any(r.gradient_as_bucket_view for r in reducers.values()),
-    "ddp and zero1 keep a flat buffer per gradient bucket, in storage of its own beside the gradients: "
-    + ", ".join(f"{s} {lesson.mib(sum(b.untyped_storage().nbytes() for b in r.buffers))}" for s, r in reducers.items())
-    + " on rank 0 after the step. No column counts these, nor the buffers any stage's collectives send from and "
-    "receive into within a step, but the receive buffers of fsdp's all-gathers (in its gathered units).",
+    "ddp and zero1 keep a flat buffer per gradient bucket, in storage of its own beside the gradients, which no "
+    "column counts: "
+    + ", ".join(f"{s} {lesson.mib(b)}" for s, b in buffers.items())
+    + f" on rank 0 after the step. With its buffers zero1 holds {lesson.mib(with_buffers)}, "
+    + ("as much as" if abs(with_buffers - state_of["ddp"]) < 1e-3 * state_of["ddp"] else "against")
+    + f" ddp's model state ({lesson.mib(state_of['ddp'])}). Nor does any column count the buffers any stage's "
+    "collectives send from and receive into within a step, but fsdp's all-gathers' (in its gathered units).",
 )
 table.round(3).astype(object).where(table.notna(), "–")
 
@@ -265,12 +270,21 @@ lesson.claim(
     f"fsdp computing in bf16 keeps the same model state as in fp32, {held['fsdp'] / 2**20:.1f} MiB: its fp32 "
     f"shards are the master weights.",
 )
-# the same units gathered, 2 bytes a value instead of 4: exactly half. The activations: fewer bytes
+# the same units gathered, 2 bytes a value instead of 4: exactly half. The activations saved in bf16 take half
+# their fp32 bytes; the rest (fp32, integers) as many as in fp32 fsdp's forward
+low = sum(b for (dtype, _), b in probe.activations_by.items() if dtype == "bfloat16")  # probe: the bf16 run's
+still = {}  # bytes saved in fp32 in the bf16 run, by the class of the module that saved them
+for (dtype, where), b in sorted(probe.activations_by.items(), key=lambda kv: -kv[1]):
+    if dtype == "float32":
+        still[where] = still.get(where, 0) + b
 lesson.claim(
-    2 * f16["gathered"] == f32["gathered"] and f16["activations"] < f32["activations"],
+    2 * f16["gathered"] == f32["gathered"]
+    and abs(f16["activations"] + low - f32["activations"]) < 1e-3 * f32["activations"],
     f"Its gathered units hold half the bytes, {lesson.mib(f16['gathered'])} against {lesson.mib(f32['gathered'])} at "
-    f"their peak; its activations fewer, {lesson.mib(f16['activations'])} against "
-    f"{lesson.mib(f32['activations'])}, {f16['activations'] / f32['activations']:.2f} times.",
+    f"their peak; its activations {lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}, "
+    f"{f16['activations'] / f32['activations']:.2f} times, not half: {lesson.mib(sum(still.values()))} of them are "
+    "still saved in fp32 (by module: " + ", ".join(f"{m} {lesson.mib(b)}" for m, b in still.items()) + "), and "
+    f"those saved in bf16, {lesson.mib(low)}, take half the bytes fp32 fsdp saves for them.",
 )
 
 # %% [markdown]
