@@ -30,8 +30,8 @@
 # * `zero2`: the gradients are sharded too: a reduce-scatter hands each rank only the piece of the
 #   averaged gradients it updates;
 # * `fsdp`: the parameters are sharded too (but the few in no decoder layer, kept whole on every rank
-#   and all-reduced: its *replicated* tensors), and each decoder layer (a *unit*) is gathered only around its own forward and
-#   backward, the next unit's gather started one unit ahead (a *prefetch*).
+#   and all-reduced: its *replicated* tensors), and each decoder layer (a *unit*) is gathered only
+#   around its own forward and backward, the next unit's gather started one unit ahead (a *prefetch*).
 #
 # The notation is notebook 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one
 # message, β the time per byte. A *step* is all its micro-batches' forwards and backwards and the
@@ -220,12 +220,12 @@ table.round(3).astype(object).where(table.notna(), "–")
 # %% [markdown]
 # The gradients column is what rank 0 holds at the update: until the last backward's reduce-scatters,
 # zero2 and fsdp hold whole gradients, as ddp does. Every stage runs the same forward on the same
-# batch: sharding saves model state, not activations, which for fsdp here exceed its model state. The columns are measured at different moments; no
-# cell measures the most a rank holds at once.
+# batch: sharding saves model state, not activations, which for fsdp here exceed its model state. The
+# columns are measured at different moments; no cell measures the most a rank holds at once.
 #
 # ## bf16 compute with fp32 master weights
 #
-# Mixed-precision training computes the forward and backward in 16 bits (fp16 in the ZeRO paper, bf16
+# Mixed-precision training computes most of the forward and backward in 16 bits (fp16 in the ZeRO paper, bf16
 # here) and keeps an fp32 copy of the weights, the *master weights*, for the optimizer. minddp's FSDP
 # computes in bf16 with `compute_dtype=torch.bfloat16`, as torch's `fully_shard` does with
 # `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`: the fp32 shards
@@ -290,13 +290,14 @@ lesson.claim(
 # %% [markdown]
 # ### Why the master weights stay fp32
 #
-# A bf16 number has 8 significant bits, so a change under 2⁻⁹ of a weight is lost. AdamW changes each
-# value by lr times the running average of its gradients over the square root of that of their squares,
-# both corrected for their bias, which makes them g and g² at the first update: so the first update moves
-# each value whose gradient g is neither zero nor as small as AdamW's ε by about lr (g/|g| = ±1). The cell
-# prints the median size of ddp's first update's changes, then adds lr to, and subtracts it from, every
-# initial value held in bf16 and in fp32 (`lesson.added`) and finds the changes that are lost. The model's
-# normalization layers, its *RMSNorms*, have weights (scales) that start at 1.0:
+# A bf16 number has 8 significant bits: its spacing at a value is at least 2⁻⁸ of it, so a change under
+# 2⁻⁹ of a weight is lost. AdamW changes each value by lr times the running average of its gradients over
+# the square root of that of their squares, both corrected for their bias, which makes them g and g² at
+# the first update: so the first update moves each value whose gradient g is neither zero nor as small as
+# AdamW's ε by about lr (g/|g| = ±1). The cell prints the median size of ddp's first update's changes,
+# then adds lr to, and subtracts it from, every initial value held in bf16 and in fp32 (`lesson.added`)
+# and finds the changes that are lost. The model's normalization layers, its *RMSNorms*, have weights
+# (scales) that start at 1.0:
 
 # %%
 # %%rank 0
@@ -326,9 +327,8 @@ lesson.claim(
 
 # %% [markdown]
 # AdamW's weight decay is a change at every update too: it shrinks each weight by lr · λ of itself (λ
-# the weight decay). bf16's spacing at a value is at least 2⁻⁸ of it, so a
-# change under 2⁻⁹ of the weight is rounded away. The cell sets lr · λ against 2⁻⁹, then multiplies
-# each initial value, held in bf16, by 1 − lr · λ (in fp32, the product rounded to bf16):
+# the weight decay). The cell sets lr · λ against 2⁻⁹, then multiplies each initial value, held in
+# bf16, by 1 − lr · λ (in fp32, the product rounded to bf16):
 
 # %%
 # %%rank 0
@@ -606,7 +606,8 @@ lesson.claim(
 #
 # A collective can overlap compute (notebook 01's word) only while compute still runs after it is
 # handed over. zero1 hands its all-gather over in the update, with no module left to run in the step;
-# zero2 and fsdp hand theirs over in a forward or backward, before the module that needs them. No cell here measures whether they overlapped.
+# zero2 and fsdp hand theirs over in a forward or backward, before the module that needs them. No cell
+# here measures whether they overlapped.
 
 
 # %%
