@@ -30,8 +30,8 @@
 # * `zero2`: the gradients are sharded too: a reduce-scatter hands each rank only the piece of the
 #   averaged gradients it updates;
 # * `fsdp`: the parameters are sharded too (but the few in no decoder layer, kept whole on every rank
-#   and all-reduced: its *replicated* tensors), and each decoder layer (a *unit*) is gathered only around its own forward and
-#   backward, the next unit's gather started one unit ahead (a *prefetch*).
+#   and all-reduced: its *replicated* tensors), and each decoder layer (a *unit*) is gathered only
+#   around its own forward and backward, the next unit's gather started one unit ahead (a *prefetch*).
 #
 # The notation is notebook 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one
 # message, β the time per byte. A *step* is all its micro-batches' forwards and backwards and the
@@ -99,8 +99,8 @@ show_source(ring_all_reduce)
 # passes. FSDP reduce-scatters its units' gradients, a little under one pass, but gathers each unit's
 # parameters for every micro-batch's forward and again, all but the last unit's, for its backward. The
 # bound below counts one reduce-scatter pass a step and two gathering passes per micro-batch; the
-# all_reduce of the replicated tensors (two passes of their bytes) lies within it: these passes count
-# those bytes, never gathered, at least three times. These are bytes, the β term, only: a ratio of
+# all_reduce of the replicated tensors (two passes of their bytes) lies within it: its gathering passes
+# count those bytes, never gathered, twice a micro-batch. These are bytes, the β term, only: a ratio of
 # bytes is not a ratio of time. The cell works them out:
 
 # %%
@@ -203,24 +203,29 @@ lesson.say(
     + f"; Ψᵣ = {memory['fsdp']['replicated']:,}."
 )
 reducers = {s: trainees[s].model.reducer for s in ("ddp", "zero1")}  # minddp's DistributedDataParallel's
+buffers = {s: sum(b.untyped_storage().nbytes() for b in r.buffers) for s, r in reducers.items()}
+with_buffers = state_of["zero1"] + buffers["zero1"]
 lesson.claim(
     not any(r.gradient_as_bucket_view for r in reducers.values()),
-    "ddp and zero1 keep a flat buffer per gradient bucket, in storage of its own beside the gradients: "
-    + ", ".join(f"{s} {lesson.mib(sum(b.untyped_storage().nbytes() for b in r.buffers))}" for s, r in reducers.items())
-    + " on rank 0 after the step. No column counts these, nor the buffers any stage's collectives send from and "
-    "receive into within a step, but the receive buffers of fsdp's all-gathers (in its gathered units).",
+    "ddp and zero1 keep a flat buffer per gradient bucket, in storage of its own beside the gradients, which no "
+    "column counts: "
+    + ", ".join(f"{s} {lesson.mib(b)}" for s, b in buffers.items())
+    + f" on rank 0 after the step. With its buffers zero1 holds {lesson.mib(with_buffers)}, "
+    + ("as much as" if abs(with_buffers - state_of["ddp"]) < 1e-3 * state_of["ddp"] else "against")
+    + f" ddp's model state ({lesson.mib(state_of['ddp'])}). Nor does any column count the buffers any stage's "
+    "collectives send from and receive into within a step, but fsdp's all-gathers' (in its gathered units).",
 )
 table.round(3).astype(object).where(table.notna(), "–")
 
 # %% [markdown]
 # The gradients column is what rank 0 holds at the update: until the last backward's reduce-scatters,
 # zero2 and fsdp hold whole gradients, as ddp does. Every stage runs the same forward on the same
-# batch: sharding saves model state, not activations, which for fsdp here exceed its model state. The columns are measured at different moments; no
-# cell measures the most a rank holds at once.
+# batch: sharding saves model state, not activations, which for fsdp here exceed its model state. The
+# columns are measured at different moments; no cell measures the most a rank holds at once.
 #
 # ## bf16 compute with fp32 master weights
 #
-# Mixed-precision training computes the forward and backward in 16 bits (fp16 in the ZeRO paper, bf16
+# Mixed-precision training computes most of the forward and backward in 16 bits (fp16 in the ZeRO paper, bf16
 # here) and keeps an fp32 copy of the weights, the *master weights*, for the optimizer. minddp's FSDP
 # computes in bf16 with `compute_dtype=torch.bfloat16`, as torch's `fully_shard` does with
 # `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`: the fp32 shards
@@ -265,24 +270,34 @@ lesson.claim(
     f"fsdp computing in bf16 keeps the same model state as in fp32, {held['fsdp'] / 2**20:.1f} MiB: its fp32 "
     f"shards are the master weights.",
 )
-# the same units gathered, 2 bytes a value instead of 4: exactly half. The activations: fewer bytes
+# the same units gathered, 2 bytes a value instead of 4: exactly half. The activations saved in bf16 take half
+# their fp32 bytes; the rest (fp32, integers) as many as in fp32 fsdp's forward
+low = sum(b for (dtype, _), b in probe.activations_by.items() if dtype == "bfloat16")  # probe: the bf16 run's
+still = {}  # bytes saved in fp32 in the bf16 run, by the class of the module that saved them
+for (dtype, where), b in sorted(probe.activations_by.items(), key=lambda kv: -kv[1]):
+    if dtype == "float32":
+        still[where] = still.get(where, 0) + b
 lesson.claim(
-    2 * f16["gathered"] == f32["gathered"] and f16["activations"] < f32["activations"],
+    2 * f16["gathered"] == f32["gathered"]
+    and abs(f16["activations"] + low - f32["activations"]) < 1e-3 * f32["activations"],
     f"Its gathered units hold half the bytes, {lesson.mib(f16['gathered'])} against {lesson.mib(f32['gathered'])} at "
-    f"their peak; its activations fewer, {lesson.mib(f16['activations'])} against "
-    f"{lesson.mib(f32['activations'])}, {f16['activations'] / f32['activations']:.2f} times.",
+    f"their peak; its activations {lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}, "
+    f"{f16['activations'] / f32['activations']:.2f} times, not half: {lesson.mib(sum(still.values()))} of them are "
+    "still saved in fp32 (by module: " + ", ".join(f"{m} {lesson.mib(b)}" for m, b in still.items()) + "), and "
+    f"those saved in bf16, {lesson.mib(low)}, take half the bytes fp32 fsdp saves for them.",
 )
 
 # %% [markdown]
 # ### Why the master weights stay fp32
 #
-# A bf16 number has 8 significant bits, so a change under 2⁻⁹ of a weight is lost. AdamW changes each
-# value by lr times the running average of its gradients over the square root of that of their squares,
-# both corrected for their bias, which makes them g and g² at the first update: so the first update moves
-# each value whose gradient g is neither zero nor as small as AdamW's ε by about lr (g/|g| = ±1). The cell
-# prints the median size of ddp's first update's changes, then adds lr to, and subtracts it from, every
-# initial value held in bf16 and in fp32 (`lesson.added`) and finds the changes that are lost. The model's
-# normalization layers, its *RMSNorms*, have weights (scales) that start at 1.0:
+# A bf16 number has 8 significant bits: its spacing at a value is at least 2⁻⁸ of it, so a change under
+# 2⁻⁹ of a weight is lost. AdamW changes each value by lr times the running average of its gradients over
+# the square root of that of their squares, both corrected for their bias, which makes them g and g² at
+# the first update: so the first update moves each value whose gradient g is neither zero nor as small as
+# AdamW's ε by about lr (g/|g| = ±1). The cell prints the median size of ddp's first update's changes,
+# then adds lr to, and subtracts it from, every initial value held in bf16 and in fp32 (`lesson.added`)
+# and finds the changes that are lost. The model's normalization layers, its *RMSNorms*, have weights
+# (scales) that start at 1.0:
 
 # %%
 # %%rank 0
@@ -312,9 +327,8 @@ lesson.claim(
 
 # %% [markdown]
 # AdamW's weight decay is a change at every update too: it shrinks each weight by lr · λ of itself (λ
-# the weight decay). bf16's spacing at a value is at least 2⁻⁸ of it, so a
-# change under 2⁻⁹ of the weight is rounded away. The cell sets lr · λ against 2⁻⁹, then multiplies
-# each initial value, held in bf16, by 1 − lr · λ (in fp32, the product rounded to bf16):
+# the weight decay). The cell sets lr · λ against 2⁻⁹, then multiplies each initial value, held in
+# bf16, by 1 − lr · λ (in fp32, the product rounded to bf16):
 
 # %%
 # %%rank 0
@@ -592,7 +606,8 @@ lesson.claim(
 #
 # A collective can overlap compute (notebook 01's word) only while compute still runs after it is
 # handed over. zero1 hands its all-gather over in the update, with no module left to run in the step;
-# zero2 and fsdp hand theirs over in a forward or backward, before the module that needs them. No cell here measures whether they overlapped.
+# zero2 and fsdp hand theirs over in a forward or backward, before the module that needs them. No cell
+# here measures whether they overlapped.
 
 
 # %%

@@ -84,3 +84,37 @@ def test_activations_are_measured_and_the_same_forward_saves_the_same(measured):
     _, per_rank = measured
     acts = {stage: per_rank[0][stage]["activations"] for stage in STAGES}
     assert acts["ddp"] > 0 and len(set(acts.values())) == 1, acts
+
+
+def split_activations(model_name: str) -> dict:
+    """On every rank: fsdp's activations in fp32 and computing in bf16, with ``Probe.activations_by``."""
+    import torch
+
+    from minddp.ladder import build_stage
+    from minddp.ladder.loop import train_step
+    from minddp.sharding.fsdp import blocks_of
+    from minddp.sharding.memory import Probe
+    from minddp.train.models import build_model
+
+    out = {}
+    batch = {"input_ids": torch.randint(1, 92, (8, 32), generator=torch.Generator().manual_seed(0))}
+    batch["labels"] = torch.zeros(8, dtype=torch.long)
+    for dtype in (torch.float32, torch.bfloat16):
+        model = build_model(model_name, vocab_size=92, pad_token_id=0, seed=0)
+        wrapped = build_stage("fsdp", model, compute_dtype=dtype, shard=blocks_of(model))
+        optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+        probe = Probe(wrapped, model, optimizer)
+        train_step(wrapped, optimizer, [batch], lambda m, b: m(**b).loss)
+        out[str(dtype)] = (probe.result()["activations"], probe.activations_by)
+    return out
+
+
+def test_activations_by_dtype_and_module_add_up_and_bf16_ones_are_half_their_fp32_bytes():
+    """The split sums to the activations; fp32 compute saves no bf16; computing in bf16, the oracle is the fp32
+    run's own measurement: each tensor saved in bf16 takes half its fp32 bytes, every other the same."""
+    for per_dtype in launch(split_activations, "tiny-llama", world_size=2, backend="gloo", timeout_s=180):
+        (a32, by32), (a16, by16) = per_dtype["torch.float32"], per_dtype["torch.bfloat16"]
+        assert sum(by32.values()) == a32 and sum(by16.values()) == a16
+        assert not any(d == "bfloat16" for d, _ in by32) and all(isinstance(m, str) and m for _, m in by16)
+        low = sum(b for (d, _), b in by16.items() if d == "bfloat16")
+        assert 0 < low and abs(a16 + low - a32) < 1e-3 * a32, (a32, a16, low)

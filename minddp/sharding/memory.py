@@ -74,7 +74,9 @@ class Probe:
 
     It hooks in through public hooks only (module forward hooks around a
     saved-tensor hook, the optimizer's step pre- and post-hooks), and removes
-    them after one step.
+    them after one step. ``activations_by``: the activations' bytes by
+    (dtype, class of the innermost module running when the tensor was saved),
+    of the forward that saved the most.
     """
 
     def __init__(self, wrapped: nn.Module, module: nn.Module, optimizer: torch.optim.Optimizer):
@@ -83,6 +85,9 @@ class Probe:
         self.param_storages: set[int] = set()
         self.saved: set[int] = set()
         self.saved_bytes = 0
+        self.running: list[str] = []  # class names of the modules whose forward runs now, innermost last
+        self.saved_by: dict[tuple[str, str], int] = {}  # this forward's saved bytes by (dtype, module class)
+        self.activations_by: dict[tuple[str, str], int] = {}
         self.handles = [
             optimizer.register_step_pre_hook(self._before_step),
             optimizer.register_step_post_hook(self._after_step),
@@ -94,6 +99,8 @@ class Probe:
             module.register_forward_pre_hook(self._forward_starts),
             module.register_forward_hook(self._forward_ends),
         ]
+        for sub in module.modules():  # which module saves each activation
+            self.handles += [sub.register_forward_pre_hook(self._enter), sub.register_forward_hook(self._leave)]
         self.contexts: list = []
 
     def _watch_fsdp(self) -> None:
@@ -129,19 +136,29 @@ class Probe:
 
         fsdp._pack, fsdp._start_gather, fsdp._gather = watched_pack, watched_start_gather, watched_gather
 
+    def _enter(self, module, args) -> None:
+        self.running.append(type(module).__name__)
+
+    def _leave(self, module, args, output) -> None:
+        self.running.pop()  # returns None: a forward hook that returns a value replaces the output
+
     def _saved(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
         if storage.data_ptr() not in self.saved and storage.data_ptr() not in self.param_storages:  # set per forward
             self.saved.add(storage.data_ptr())
             self.saved_bytes += storage.nbytes()
-            self.numbers["activations"] = max(self.numbers["activations"], self.saved_bytes)
+            key = (str(tensor.dtype).removeprefix("torch."), self.running[-1] if self.running else "")
+            self.saved_by[key] = self.saved_by.get(key, 0) + storage.nbytes()
+            if self.saved_bytes >= self.numbers["activations"]:
+                self.numbers["activations"] = self.saved_bytes
+                self.activations_by = dict(self.saved_by)
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         self._saved(tensor)
         return tensor
 
     def _forward_starts(self, module, args) -> None:
-        self.saved, self.saved_bytes = set(), 0  # activations of one forward, each forward anew
+        self.saved, self.saved_bytes, self.saved_by = set(), 0, {}  # activations of one forward, each forward anew
         # a saved tensor in a parameter's storage (a weight's transpose, say) is the parameter, not an activation
         self.param_storages = {t.untyped_storage().data_ptr() for t in held_parameters(self.wrapped, self.module)}
         if not self.fsdp:
