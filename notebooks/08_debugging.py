@@ -24,8 +24,8 @@
 #    (or `torch.distributed`, for the script's own collectives). Unlike in a real job, where all share
 #    the *default group* (the process group the ranks started with), here the script's own collectives
 #    run on a new group, `short` (*the short group*), and torch's DDP on `group`, with torch's default
-#    timeout (the set-up cell prints both): a rank waiting there is released when a failing rank
-#    destroys its groups;
+#    timeout (the set-up cell prints both timeouts): a rank waiting on `group` is released when a
+#    failing rank destroys its groups;
 # 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own collectives
 #    (on the default group, in this run and the fix) the *collective check* (section 4). It raises a `DebugError` on every rank at the first check that
 #    sees the bug (for section 3's bug, a `DebugWarning`, and training goes on), naming the cause, the
@@ -50,8 +50,8 @@
 # batches of 6 examples (its shard). They run each script three ways:
 #
 # * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised (an excerpt),
-#   in which step if in `train()` (correct steps; `torch_step`) and after how long from the script's
-#   start (`torch_took`), or "raised nothing" (`peer_gone` tells an error saying the partner is gone). `torch_drifts`, for sections 1 and 2: whether the
+#   in which step if in `train()`'s loop (`torch_step`), and after how long from the script's start
+#   (`torch_took`), or "raised nothing" (`peer_gone` tells an error saying the partner is gone). `torch_drifts`, for sections 1 and 2: whether the
 #   replicas' parameters differ at the end;
 # * `minddp_says`: the `DebugError` debug mode raised, checked on every rank (`say_each` prints rank 0's
 #   line, then whether each other rank said the same);
@@ -136,7 +136,7 @@ fixed(drifting_loop, "without the edit", edit=False)
 # optimizer then steps each replica its own way. Before each `optimizer.step()` the *step check*
 # all-gathers another row, `int64[17]` for `Net()`: one integer of notes, then four per parameter:
 # whether it has a gradient, that gradient's fingerprint, whether this step's backward computed one,
-# and the local gradient's fingerprint (before averaging). It finds gradients that differ across ranks, and says why. The fix: call the wrapper.
+# and the local gradient's fingerprint (before averaging). It finds gradients that differ across ranks. The fix: call the wrapper.
 
 
 # %%
@@ -175,8 +175,7 @@ fixed(accumulate, "the last micro-batch synced", last_syncs=True)
 # ## 3. Every rank reading the same data
 #
 # Without a `DistributedSampler` (or any other shard), every rank reads the same batches. The step
-# check sees it from the local gradients' fingerprints, taken before averaging: the same on every rank three
-# steps in a row. The fix: a shard per rank.
+# check sees it from the local gradients' fingerprints: the same on every rank three steps in a row. The fix: a shard per rank.
 
 
 # %%
@@ -324,7 +323,7 @@ lesson.claim(
 #
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they
-# send. Under torch's DDP, rank 0 fails, naming by index the parameters that
+# send. Under torch's DDP, rank 0 raises, naming by index the parameters that
 # received no gradient (counting from 0 in the set-up cell's list: 2 and 3 are `head.weight` and
 # `head.bias`) and suggesting `find_unused_parameters=True`, and destroys its groups, so rank 1 fails
 # too. Debug mode compares `requires_grad` across ranks in the forward check. The fix: freeze the
@@ -431,8 +430,8 @@ lesson.claim(
 # A branch (`extra`) taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
 # *is* the fix; debug mode's step check finds it (a gradient present on some ranks only). Averaging
 # zeros in is right here: a rank that did not take the branch has a true gradient of zero for it, and
-# every rank steps the branch with the same average. Under torch the ranks swap roles: rank 1 fails
-# (indices 4 and 5: `extra.weight`, `extra.bias`), and so does rank 0.
+# every rank steps the branch with the same average. Under torch the ranks swap roles: rank 1 raises
+# (indices 4 and 5: `extra.weight`, `extra.bias`), and rank 0 fails.
 
 # %%
 # %%distributed
