@@ -23,9 +23,9 @@
 # 1. **torch**, debug mode *paused* (nothing checked, `minddp.debug.disable()`): what torch's DDP says
 #    (or `torch.distributed`, for the script's own collectives). Unlike in a real job, where all share
 #    the *default group* (the process group the ranks started with), here the script's own collectives
-#    run on a new group, `short` (*the short group*), whose timeout the set-up cell prints, and torch's
-#    DDP on `group`, with torch's default timeout (minutes): a rank waiting there is released only
-#    when a failing rank destroys its groups;
+#    run on a new group, `short` (*the short group*), and torch's DDP on `group`, with torch's default
+#    timeout (the set-up cell prints both timeouts): a rank waiting on `group` is released when a
+#    failing rank destroys its groups;
 # 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own collectives
 #    (on the default group, in this run and the fix) the *collective check* (section 4). It raises a `DebugError` on every rank at the first check that
 #    sees the bug (for section 3's bug, a `DebugWarning`, and training goes on), naming the cause, the
@@ -49,9 +49,9 @@
 # the DDP object; `model.module` is the `Net` it wraps), with SGD at learning rate 0.1, and its own
 # batches of 6 examples (its shard). They run each script three ways:
 #
-# * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised (an excerpt) and
-#   after how long from the script's start (kept in `torch_took`), or "raised nothing" (`peer_gone`
-#   tells an error saying the partner is gone). `torch_drifts`, for sections 1 and 2: whether the
+# * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised (an excerpt),
+#   in which step if in `train()`'s loop (`torch_step`), and after how long from the script's start
+#   (`torch_took`), or "raised nothing" (`peer_gone` tells an error saying the partner is gone). `torch_drifts`, for sections 1 and 2: whether the
 #   replicas' parameters differ at the end;
 # * `minddp_says`: the `DebugError` debug mode raised, checked on every rank (`say_each` prints rank 0's
 #   line, then whether each other rank said the same);
@@ -71,6 +71,7 @@ import minddp.debug
 from minddp import DistributedDataParallel
 from minddp.notebook import lesson
 from minddp.notebook.lesson_08 import (
+    DEFAULT_WAIT_S,
     WAIT_S,
     Net,
     apart,
@@ -85,6 +86,7 @@ from minddp.notebook.lesson_08 import (
     say_each,
     torch_does,
     torch_drifts,
+    torch_step,
     torch_took,
     train,
 )
@@ -92,7 +94,7 @@ from minddp.notebook.lesson_08 import (
 minddp.debug.enable()  # what `MINDDP_DEBUG=1 torchrun ...` does for every rank when it imports minddp
 print(f"rank {rank}: debug mode on")
 lesson.say(f"Net(extra=True)'s parameters, in order: {', '.join(n for n, _ in Net(extra=True).named_parameters())}")
-lesson.say(f"The short group's timeout is {WAIT_S} s.")
+lesson.say(f"The short group's timeout is {WAIT_S} s; group's, torch's default, is {DEFAULT_WAIT_S / 60:.0f} min.")
 
 # %% [markdown]
 # ## 1. Replicas that drift apart
@@ -134,7 +136,7 @@ fixed(drifting_loop, "without the edit", edit=False)
 # optimizer then steps each replica its own way. Before each `optimizer.step()` the *step check*
 # all-gathers another row, `int64[17]` for `Net()`: one integer of notes, then four per parameter:
 # whether it has a gradient, that gradient's fingerprint, whether this step's backward computed one,
-# and the local gradient's fingerprint (before averaging). It finds gradients that differ across ranks, and says why. The fix: call the wrapper.
+# and the local gradient's fingerprint (before averaging). It finds gradients that differ across ranks. The fix: call the wrapper.
 
 
 # %%
@@ -173,8 +175,7 @@ fixed(accumulate, "the last micro-batch synced", last_syncs=True)
 # ## 3. Every rank reading the same data
 #
 # Without a `DistributedSampler` (or any other shard), every rank reads the same batches. The step
-# check sees it from the local gradients' fingerprints, taken before averaging: the same on every rank three
-# steps in a row. The fix: a shard per rank.
+# check sees it from the local gradients' fingerprints: the same on every rank three steps in a row. The fix: a shard per rank.
 
 
 # %%
@@ -182,20 +183,20 @@ fixed(accumulate, "the last micro-batch synced", last_syncs=True)
 def read(model, optimizer, same=True) -> list[str]:
     """Four steps; every Python warning raised in them (a warning torch's C++ code prints to stderr is not one: see
     section 6)."""
-    with warnings.catch_warnings(record=True) as said:
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in range(4):
             x, y = batch(step, same_on_every_rank=same)  # the bug: no shard per rank
             nn.functional.mse_loss(model(x), y).backward()
             optimizer.step()
             optimizer.zero_grad()
-    return [f"{w.category.__name__}: {w.message}" for w in said]
+    return [f"{w.category.__name__}: {w.message}" for w in caught]
 
 
 torch_warned = []
-said = torch_does(lambda group, short: torch_warned.extend(read(*build(TorchDDP, process_group=group))))
+raised = torch_does(lambda group, short: torch_warned.extend(read(*build(TorchDDP, process_group=group))))
 lesson.claim(
-    said == ["raised nothing"] * world_size and torch_warned == [],
+    raised == ["raised nothing"] * world_size and torch_warned == [],
     "torch's DDP trained the 4 steps, raising nothing and issuing no Python warning",
 )
 lines = read(*build())
@@ -218,7 +219,7 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 #
 # The message numbers the call: *collective #K* counts from 0 every collective on the default group
 # that debug mode has checked (the wrappers', their checks', the helpers' and the earlier sections'),
-# so the two ranks' K-th calls are the ones compared. A call is said as op(dtype[shape], ...), with its
+# so the two ranks' K-th calls are the ones compared. A call is written as op(dtype[shape], ...), with its
 # reduce op if any; an all_gather's (in `log_loss`'s output below) lists the output, then the input. A call minddp makes is placed at the script's line that led to it (the
 # step check's at the `optimizer.step()`). Then the step: `(step 0)` for a call made in a wrapper's step (from its
 # forward to its `optimizer.step()`), `(after step S)` for a script's own call made after the last step
@@ -227,11 +228,11 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # %%
 # %%distributed
 logged = [0.5, 0.9] if rank == 0 else [0.5]  # the bug: loss and accuracy on rank 0, the loss alone on rank 1
-said = torch_does(lambda group, short: dist.all_reduce(torch.tensor(logged, device=device), group=short))
+raised = torch_does(lambda group, short: dist.all_reduce(torch.tensor(logged, device=device), group=short))
 # The first rank to time out destroys its groups; the other, if still waiting, then fails as they go.
 lesson.claim(
-    all("Timed out" in s or peer_gone(s) for s in said)
-    and any("Timed out" in s and took >= WAIT_S for s, took in zip(said, torch_took)),
+    all("Timed out" in s or peer_gone(s) for s in raised)
+    and any("Timed out" in s and took >= WAIT_S for s, took in zip(raised, torch_took)),
     f"under torch no rank's all_reduce completed: each failed, at least one at the short group's {WAIT_S} s timeout",
 )
 minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)), "mismatched collectives")
@@ -261,9 +262,9 @@ def log_loss(model, optimizer, group=None, everywhere=False):
     optimizer.step()
 
 
-said = torch_does(lambda group, short: log_loss(*build(TorchDDP, process_group=group), group=short))
+raised = torch_does(lambda group, short: log_loss(*build(TorchDDP, process_group=group), group=short))
 lesson.claim(
-    "Timed out" in said[0] and torch_took[0] >= WAIT_S and said[1] == "raised nothing",
+    "Timed out" in raised[0] and torch_took[0] >= WAIT_S and raised[1] == "raised nothing",
     f"under torch here rank 0 waited until the short group's {WAIT_S} s timeout; rank 1 stepped on, raising nothing",
 )
 minddp_says(lambda: log_loss(*build()), "mismatched collectives")
@@ -291,9 +292,9 @@ def uneven(model, optimizer, group=None):
     dist.barrier(group=group)
 
 
-said = torch_does(lambda group, short: uneven(*build(TorchDDP, process_group=group), group=short))
+raised = torch_does(lambda group, short: uneven(*build(TorchDDP, process_group=group), group=short))
 lesson.claim(
-    peer_gone(said[0]) and "Timed out" in said[1] and torch_took[1] >= WAIT_S,
+    peer_gone(raised[0]) and "Timed out" in raised[1] and torch_took[1] >= WAIT_S,
     f"under torch rank 1 failed at the short group's {WAIT_S} s timeout, and rank 0 with an error saying its "
     "partner is gone",
 )
@@ -322,7 +323,7 @@ lesson.claim(
 #
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they
-# send. Under torch's DDP, rank 0 fails, naming by index the parameters that
+# send. Under torch's DDP, rank 0 raises, naming by index the parameters that
 # received no gradient (counting from 0 in the set-up cell's list: 2 and 3 are `head.weight` and
 # `head.bias`) and suggesting `find_unused_parameters=True`, and destroys its groups, so rank 1 fails
 # too. Debug mode compares `requires_grad` across ranks in the forward check. The fix: freeze the
@@ -344,14 +345,19 @@ def freeze_on_rank_0(wrap, everywhere=False):
     return model
 
 
-said = torch_does(lambda group, short: freeze_on_rank_0(lambda m: TorchDDP(m, process_group=group)))
+raised = torch_does(lambda group, short: freeze_on_rank_0(lambda m: TorchDDP(m, process_group=group)))
 lesson.claim(
-    "indices which did not receive grad" in said[0] and "find_unused_parameters=True" in said[0] and peer_gone(said[1]),
+    "indices which did not receive grad" in raised[0]
+    and "find_unused_parameters=True" in raised[0]
+    and peer_gone(raised[1]),
     "under torch rank 0 raised, naming by index the parameters that received no gradient and suggesting "
     "find_unused_parameters=True, and rank 1 failed with an error saying its partner is gone",
 )
 minddp_says(
-    lambda: freeze_on_rank_0(DistributedDataParallel), "requires_grad differs across ranks: parameter 'head.weight'"
+    lambda: freeze_on_rank_0(DistributedDataParallel),
+    ("requires_grad differs across ranks: parameter 'head.weight'", "at step 0"),
+    "debug mode stopped every rank at step 0, a step before torch's DDP raised (on rank 0, in step 1)",
+    also=torch_step[0] == 1,
 )
 with quiet() as said:
     model = freeze_on_rank_0(DistributedDataParallel, everywhere=True)
@@ -390,7 +396,7 @@ def fourth_run(group, short):
 
 runs = []
 with cpp_warnings() as warned:
-    said = torch_does(fourth_run)
+    raised = torch_does(fourth_run)
 ((model, mine),) = runs
 everyone = [None] * world_size
 dist.all_gather_object(everyone, (*mine, warned))
@@ -399,7 +405,7 @@ gap, where = apart_at(model)
 # Rank 1's two head gradients (through the wrapper, and the copy's) are float32 sums of the same 6 rows' products,
 # at worst in another order: apart by ~6 roundings (6 × 6e-8 relative) at most, far inside 1e-5; halving is exact.
 lesson.claim(
-    said == ["raised nothing"] * world_size
+    raised == ["raised nothing"] * world_size
     and abs(shares[1] - 0.5) < 1e-5
     and kept == (True, False)
     and gap > 0
@@ -424,19 +430,26 @@ lesson.claim(
 # A branch (`extra`) taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
 # *is* the fix; debug mode's step check finds it (a gradient present on some ranks only). Averaging
 # zeros in is right here: a rank that did not take the branch has a true gradient of zero for it, and
-# every rank steps the branch with the same average. Under torch the ranks swap roles: rank 1 fails
-# (indices 4 and 5: `extra.weight`, `extra.bias`), and so does rank 0.
+# every rank steps the branch with the same average. Under torch the ranks swap roles: rank 1 raises
+# (indices 4 and 5: `extra.weight`, `extra.bias`), and rank 0 fails.
 
 # %%
 # %%distributed
-said = torch_does(lambda group, short: train(*build(TorchDDP, extra=True, process_group=group), 2, use_extra=rank == 0))
+raised = torch_does(
+    lambda group, short: train(*build(TorchDDP, extra=True, process_group=group), 2, use_extra=rank == 0)
+)
 lesson.claim(
-    peer_gone(said[0]) and "not used in producing loss" in said[1] and "indices" in said[1],
+    peer_gone(raised[0]) and "not used in producing loss" in raised[1] and "indices" in raised[1],
     "under torch rank 1 raised, naming unused parameters by index, and rank 0 failed with an error saying its "
     "partner is gone",
 )
 # the bug: a branch on rank 0 only
-minddp_says(lambda: train(*build(extra=True), 1, use_extra=rank == 0), "Fix: pass find_unused_parameters=True")
+minddp_says(
+    lambda: train(*build(extra=True), 1, use_extra=rank == 0),
+    ("Fix: pass find_unused_parameters=True", "in step 0"),
+    "debug mode stopped every rank in step 0, a step before torch's DDP raised (on rank 1, in step 1)",
+    also=torch_step[1] == 1,
+)
 model, optimizer = build(extra=True, find_unused_parameters=True)
 with quiet() as said:
     train(model, optimizer, 3, use_extra=rank == 0)

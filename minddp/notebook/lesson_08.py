@@ -30,6 +30,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.constants import default_pg_timeout
 
 import minddp.debug
 from minddp.ddp import DistributedDataParallel
@@ -38,6 +39,7 @@ from minddp.runtime.device import current_device
 from minddp.runtime.launch import peer_gone
 
 __all__ = [
+    "DEFAULT_WAIT_S",
     "WAIT_S",
     "Net",
     "apart",
@@ -52,15 +54,24 @@ __all__ = [
     "say_each",
     "torch_does",
     "torch_drifts",
+    "torch_step",
     "torch_took",
     "train",
 ]
 
-#: Under torch, the script's own collectives give up after this many seconds (torch's DDP keeps torch's default).
+#: Under torch, the script's own collectives give up after this many seconds (torch's DDP's, after DEFAULT_WAIT_S).
 WAIT_S = 3
+
+#: torch's default timeout, in seconds, which the group torch's DDP runs on in :func:`torch_does` is given.
+DEFAULT_WAIT_S = default_pg_timeout.total_seconds()
 
 #: Each rank's seconds in :func:`torch_does`'s last run, from the script's start until it raised or finished.
 torch_took: list[float] = []
+
+#: Each rank's step in :func:`train` when :func:`torch_does`'s last run raised (None: not in ``train``).
+torch_step: list[int | None] = []
+
+_in_step: list[int | None] = [None]  # the step train() is in on this rank, for torch_does
 
 
 class Net(nn.Module):
@@ -94,10 +105,12 @@ def batch(step: int, same_on_every_rank: bool = False):
 def train(model, optimizer, steps: int, **forward) -> None:
     """``steps`` correct steps on this rank's batches 0, 1, ...; ``forward``: keywords for every forward."""
     for step in range(steps):
+        _in_step[0] = step
         x, y = batch(step)
         nn.functional.mse_loss(model(x, **forward), y).backward()
         optimizer.step()
         optimizer.zero_grad()
+    _in_step[0] = None
 
 
 def apart(model) -> float:
@@ -122,18 +135,21 @@ def apart_at(model) -> tuple[float, str]:
 
 def torch_does(script) -> list[str]:
     """Run ``script(group, short)`` with debug mode paused; print and return whether each rank raised, in a line
-    (an error: its type, the seconds until it was raised, its first two sentences, any later one naming
-    ``find_unused_parameters`` (torch's advice), and the line naming the parameter indices if it has one; for gloo's
-    errors, nothing from its guess at a cause, "This is typically caused by ...", on); each rank's seconds until it
-    raised (or finished) are left in :data:`torch_took`.
+    (an error: its type, the step of :func:`train` it was raised in if any, the seconds until it was raised, its
+    first two sentences, any later one naming ``find_unused_parameters`` (torch's advice), and the line naming the
+    parameter indices if it has one; for gloo's errors, nothing from its guess at a cause, "This is typically caused
+    by ...", on); each rank's seconds until it raised (or finished) are left in :data:`torch_took`, and its step in
+    :data:`torch_step`.
 
-    ``group``: a new group for torch's DDP, with torch's default timeout; ``short``: one whose calls give up after
-    :data:`WAIT_S`, for the script's own collectives. A rank that fails destroys both, as a job's process ends
-    when it raises: a partner waiting on it then fails at once ("Connection closed by peer", or reset).
+    ``group``: a new group for torch's DDP, with torch's default timeout (:data:`DEFAULT_WAIT_S`); ``short``: one
+    whose calls give up after :data:`WAIT_S`, for the script's own collectives. A rank that fails destroys both, as a
+    job's process ends when it raises: a partner waiting on it then fails at once ("Connection closed by peer", or
+    reset).
     """
     minddp.debug.disable()
     # the short group is made right after the other, whose making the ranks finish together
-    groups = [dist.new_group(), dist.new_group(timeout=timedelta(seconds=WAIT_S))]
+    groups = [dist.new_group(timeout=default_pg_timeout), dist.new_group(timeout=timedelta(seconds=WAIT_S))]
+    _in_step[0] = step = None
     start = time.perf_counter()
     try:
         script(*groups)
@@ -143,23 +159,25 @@ def torch_does(script) -> list[str]:
         sentences = " ".join(x.strip() for x in lines if "indices" not in x).split(". ")
         guess = [i for i, x in enumerate(sentences) if x.startswith("This is typically caused by")]
         sentences = sentences[: (guess or [len(sentences)])[0]]  # gloo's guess at a cause, and what follows it, cut
-        said = ". ".join(sentences[:2] + [x for x in sentences[2:] if "find_unused_parameters" in x])
-        said += "".join(f" ({x.strip()})" for x in lines if "indices" in x)
-        took = time.perf_counter() - start
-        mine = f"{type(error).__name__} after {took:.2f} s: {said}"
+        excerpt = ". ".join(sentences[:2] + [x for x in sentences[2:] if "find_unused_parameters" in x])
+        excerpt += "".join(f" ({x.strip()})" for x in lines if "indices" in x)
+        took, step = time.perf_counter() - start, _in_step[0]
+        where = "" if step is None else f" in step {step}"
+        mine = f"{type(error).__name__}{where} after {took:.2f} s: {excerpt}"
         for g in groups:
             dist.destroy_process_group(g)  # where this rank's process would end
         groups = []
     finally:
         minddp.debug.enable()
     everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (mine, took))
+    dist.all_gather_object(everyone, (mine, took, step))
     for g in groups:
         dist.destroy_process_group(g)
-    for r, (outcome, _) in enumerate(everyone):
+    for r, (outcome, _, _) in enumerate(everyone):
         lesson.say(f"torch, rank {r}: {outcome}")
-    torch_took[:] = [took for _, took in everyone]
-    return [outcome for outcome, _ in everyone]
+    torch_took[:] = [took for _, took, _ in everyone]
+    torch_step[:] = [step for _, _, step in everyone]
+    return [outcome for outcome, _, _ in everyone]
 
 
 def torch_drifts(script) -> None:
@@ -171,16 +189,20 @@ def torch_drifts(script) -> None:
         models.append(model)
         script(model, optimizer)
 
-    said = torch_does(run)
+    raised = torch_does(run)
     lesson.claim(
-        said == ["raised nothing"] * dist.get_world_size() and apart(models[0]) > 0,
+        raised == ["raised nothing"] * dist.get_world_size() and apart(models[0]) > 0,
         "torch's DDP raised nothing, and its replicas' parameters now differ",
     )
 
 
-def minddp_says(script, cause: str, verdict: str = "debug mode stopped every rank") -> None:
+def minddp_says(
+    script, cause: str | tuple[str, ...], verdict: str = "debug mode stopped every rank", also=True
+) -> None:
     """Run ``script()`` in debug mode; print the ``DebugError`` rank 0 raised, alone, then whether the others raised
-    the same finding (:func:`say_each`), and claim every rank raised one that contains ``cause``."""
+    the same finding (:func:`say_each`), and claim every rank raised one that contains ``cause`` (each of them, if
+    several) and that ``also`` holds."""
+    causes = (cause,) if isinstance(cause, str) else cause
     try:
         script()
     except minddp.debug.DebugError as finding:
@@ -188,7 +210,7 @@ def minddp_says(script, cause: str, verdict: str = "debug mode stopped every ran
     else:
         line = None
     everyone = say_each(line, "raised")
-    lesson.claim(all(said is not None and cause in said for said in everyone), verdict)
+    lesson.claim(also and all(line is not None and all(c in line for c in causes) for line in everyone), verdict)
 
 
 def say_each(line: str | None, how: str) -> list:
