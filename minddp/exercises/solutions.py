@@ -261,7 +261,7 @@ def handed_over_after(pieces: list[list[int]], cap: int) -> list[int]:
             if sum(bucket) >= cap:  # this gradient closes the bucket: it is handed over once the piece's backward ends
                 after.append(i)
                 bucket = []
-    if bucket:  # gradients left (of any bytes, 0 too): the last bucket, handed over with its last, in piece `last`
+    if bucket:  # the gradients left (of any bytes, 0 too) make the last bucket, handed over after piece `last`
         after.append(last)
     return after
 
