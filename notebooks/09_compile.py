@@ -42,11 +42,12 @@
 # piece's backward begins. Given a `bucket_cap_mb`, minddp's `ddp` has Dynamo cut by it, the first piece included;
 # here each piece but the last closes once its parameters reach that cap (2 MiB), and the last holds what is left.
 #
-# This notebook first shows one step of `ddp` in each of three runs, one row each: eager (not compiled), compiled
-# without the cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and compiled with it. The
-# model: an MLP of 1 MiB layers without biases (eight; two after the exercise). The backend is `aot_eager`:
-# it runs the graph with the operations an uncompiled model calls (torch's *aten* operators), fused into none, so
-# all three trainings give the same bits.
+# A training step (`train_step` in `minddp/ladder/loop.py`) runs the forward and the backward pass, then the optimizer
+# step. This notebook first shows one step of `ddp` in each of three runs, one row each: eager (not compiled),
+# compiled without the cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and compiled with
+# it. The model: an MLP of 1 MiB layers without biases (eight; two after the exercise). The backend is `aot_eager`: it
+# runs the graph with the operations an uncompiled model calls (torch's *aten* operators), fused into none, so all
+# three trainings give the same bits.
 
 # %%
 # %load_ext minddp.notebook
@@ -96,7 +97,7 @@ def one_step(compiled: bool, cut: bool = True):
     ddp = DistributedDataParallel(torch.compile(model, backend=BACKEND) if compiled else model, bucket_cap_mb=CAP)
     optimizer, data = torch.optim.SGD(model.parameters(), lr=0.01), batches()
     train_step(ddp, optimizer, next(data), loss_fn)  # the first step compiles
-    train_step(ddp, optimizer, next(data), loss_fn)  # the second on buckets planned from the first's arrival order
+    train_step(ddp, optimizer, next(data), loss_fn)  # the second rebuilds the buckets: see "The pieces and the buckets"
     with live.profiler() as prof:
         train_step(ddp, optimizer, next(data), loss_fn)
     torch._dynamo.config.optimize_ddp = True
@@ -122,8 +123,7 @@ lesson.say(
 # %% [markdown]
 # ## One step of each run, each row from its forward's start
 #
-# A training step (`train_step` in `minddp/ladder/loop.py`) runs the forward and the backward pass, then the optimizer
-# step. Each row is one run's third step (the first two are not profiled), on rank 0, from the start of its forward to
+# Each row is one run's third step (the first two are not profiled), on rank 0, from the start of its forward to
 # the black line where its optimizer step ends, scaled to that step: the forward (pale, the loss's included), the
 # gradient nodes (blue), the `AccumulateGrad` nodes (grey, the reducer's hook included), a tick when a bucket was
 # handed over, and the optimizer step (green). After the last grey, the reducer's end-of-backward callback (it waits
@@ -179,10 +179,11 @@ lesson.claim(
 # step's gradients arrived on rank 0), each with its parameters in the forward's order.
 #
 # Dynamo cuts only while torch's DDP's class attribute `_active_ddp_module` is set (torch's DDP sets it to itself
-# around the call of its module, in `_inside_ddp_forward`), reading the bucket cap from it; it caps piece 0 apart, at torch's
-# global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`, given a
-# `bucket_cap_mb`, sets `_active_ddp_module` to a stand-in holding its bucket cap and that global to the bucket cap,
-# restoring both after (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as bucket 0 does.
+# around the call of its module, in `_inside_ddp_forward`), reading the bucket cap from it; it caps piece 0 apart, at
+# torch's global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`,
+# given a `bucket_cap_mb`, sets `_active_ddp_module` to a stand-in holding its bucket cap and that global to the
+# bucket cap, restoring both after (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as bucket 0
+# does.
 #
 # A bucket that a piece fills is handed over before the next piece's backward begins: when a piece's
 # backward ends, its parameters' `AccumulateGrad` nodes (where the reducer's hook runs) and the next piece's
@@ -238,13 +239,13 @@ lesson.claim(
 # ### Your turn: after which piece is each bucket handed over?
 #
 # Write `handed_over_after(pieces, cap)`: `pieces` lists pieces in the order the backward pass runs them, each as its
-# gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes (`CAP` above is in MiB),
-# every bucket's, the first included. The pieces are any sizes, empty too, not only those a cut at `cap` makes, so a
-# bucket can take gradients from several pieces. Fill the buckets in arrival order, as `ddp` plans them from its
-# second step on (a bucket closes at the first gradient that takes it to the cap or past it; the gradients left at
-# the end make one last bucket) and return, for each bucket, the index of the piece after whose backward it is handed
-# over. `check_handover` names the usual mistakes, or shows a case where yours differs. On this notebook's step, four
-# pieces of two 1 MiB gradients at `cap = 2 * 2**20`, the answer is `[0, 1, 2, 3]`.
+# gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes (`CAP` above is in MiB), every
+# bucket's, the first included. Pieces and gradients are any sizes, empty and 0 bytes too, not only those a cut at
+# `cap` makes, so a bucket can take gradients from several pieces. Fill the buckets in arrival order, as `ddp` plans
+# them from its second step on (a bucket closes at the first gradient that takes it to the cap or past it; the
+# gradients left at the end make one last bucket) and return, for each bucket, the index of the piece after whose
+# backward it is handed over. `check_handover` names the usual mistakes, or shows a case where yours differs. On this
+# notebook's step, four pieces of two 1 MiB gradients at `cap = 2 * 2**20`, the answer is `[0, 1, 2, 3]`.
 
 # %%
 from minddp.exercises import check_handover
@@ -273,12 +274,11 @@ print(check_handover(solutions.handed_over_after))
 #
 # The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. A graph break is a place inside
 # a graph Dynamo has begun where it stops the graph, runs Python, and starts a new one. Both wrappers have Dynamo
-# compile their module apart, with the cut, by marking wrapper code for Dynamo to skip. torch's DDP
-# marks `_inside_ddp_forward`, which sets `_active_ddp_module`; Dynamo traces the rest of its `forward` and breaks
-# the graph at that call and at a call it cannot trace (the output names both).
-# minddp's `ddp` marks its whole `forward` (`torch.compiler.disable`, in `eager_under_compile`,
-# `minddp/runtime/compiling.py`), so Dynamo begins no graph in it and counts no break there. Dynamo's cut into
-# pieces is no graph break: it cuts the graph Dynamo has captured.
+# compile their module apart, with the cut, by marking wrapper code for Dynamo to skip. torch's DDP marks
+# `_inside_ddp_forward`, which sets `_active_ddp_module`; Dynamo traces the rest of its `forward` and breaks the graph
+# at that call and at a call it cannot trace (the output names both). minddp's `ddp` marks its whole `forward`
+# (`torch.compiler.disable`, in `eager_under_compile`, `minddp/runtime/compiling.py`), so Dynamo begins no graph in it
+# and counts no break there. Dynamo's cut into pieces is no graph break: it cuts the graph Dynamo has captured.
 
 
 # %%
@@ -301,11 +301,8 @@ reasons = {
 }
 counts = {label: sum(by_reason.values()) for label, by_reason in reasons.items()}
 lesson.say(
-    f"Graph breaks in one training step of MLP(depth=2), alone (no buckets) and in each wrapper "
-    f"(bucket_cap_mb={CAP:g}): " + ", ".join(f"{k} {v}" for k, v in counts.items())
-)
-lesson.say(
-    "torch's DDP's graph breaks, by the call Dynamo stopped at (Dynamo's reason) with the breaks there: "
+    f"Graph breaks in one training step of MLP(depth=2), wrappers at bucket_cap_mb={CAP:g}: {ALONE} {counts[ALONE]}, "
+    f"{OURS} {counts[OURS]}; {THEIRS} breaks the graph at these calls (Dynamo's reason in brackets): "
     + lesson_09.untraced_calls(reasons[THEIRS])
 )
 lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
@@ -316,12 +313,11 @@ lesson.claim(counts[THEIRS] > counts[ALONE], "torch.compile(torch's DDP(MLP)) ad
 #
 # Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers, one training step each,
 # the wrapper's first (`lesson_09.compile_at`): its parameters against eager `ddp`'s after the same step, the step's
-# buckets and graph breaks, then the pieces of one more forward; or the refusal, with the torch file that raised it. A
-# first step's buckets follow torch's first-iteration plan (`plan_first_iteration_like_torch` in
-# `minddp/ddp/plan.py`): with `find_unused_parameters` off, as here, one bucket per dtype and device, its parameters
-# in the order the model registers them; so here one bucket. With torch's DDP and
-# the cut on (the default), Dynamo caps the first piece at `_DEFAULT_FIRST_BUCKET_BYTES`, above this bucket cap, and
-# asserts; its assert says "First bucket" for that first piece.
+# buckets and graph breaks, then the pieces of one more forward; or the refusal. A first step's buckets follow torch's
+# first-iteration plan (`plan_first_iteration_like_torch` in `minddp/ddp/plan.py`): with `find_unused_parameters` off,
+# as here, one bucket per dtype and device, its parameters in the order the model registers them; so here one bucket.
+# With torch's DDP and the cut on (the default), Dynamo caps the first piece at `_DEFAULT_FIRST_BUCKET_BYTES`, above
+# this bucket cap, and asserts; its assert says "First bucket" for that first piece.
 
 
 # %%

@@ -30,7 +30,7 @@ def torch_handover(pieces: list[list[int]], cap: int) -> list[int]:
 @pytest.mark.parametrize("seed", range(30))
 def test_the_model_answer_is_torchs_bucket_assignment(seed):
     rng = random.Random(seed)
-    pieces = [[rng.choice([1, 2, 3, 5, 8, 13]) for _ in range(rng.randint(1, 5))] for _ in range(rng.randint(1, 5))]
+    pieces = [[rng.choice([0, 1, 2, 3, 5, 8, 13]) for _ in range(rng.randint(1, 5))] for _ in range(rng.randint(1, 5))]
     cap = rng.choice([1, 4, 8, 10, 21])
     assert solutions.handed_over_after(pieces, cap) == torch_handover(pieces, cap)
 
@@ -38,6 +38,11 @@ def test_the_model_answer_is_torchs_bucket_assignment(seed):
 def test_a_last_bucket_goes_with_its_last_gradient_when_the_last_piece_has_none():
     # a piece without parameters produces no gradient: the last bucket is handed over after piece 0, not 1
     assert solutions.handed_over_after([[8, 2], []], 8) == torch_handover([[8, 2], []], 8) == [0, 0]
+
+
+def test_a_zero_byte_gradient_left_at_the_end_makes_a_last_bucket():
+    # read 17-b 7: the model answer kept the last bucket by its bytes; torch keeps any gradient left (failed before)
+    assert solutions.handed_over_after([[8], [0]], 8) == torch_handover([[8], [0]], 8) == [0, 1]
 
 
 def test_the_cases_are_torchs_too_and_the_model_answer_passes():
@@ -545,6 +550,21 @@ def test_empty_pieces_dropped_before_numbering_is_named():
 
     verdict = check_handover(drops_empty_pieces)
     assert not verdict.ok and "an empty piece (no gradient) still has its index" in verdict.line, verdict.line
+
+
+def test_a_last_bucket_kept_by_its_bytes_is_named():
+    # read 17-b 7: right but for a last bucket of zero-byte gradients, dropped (passed as right before)
+    def by_bytes(pieces, cap):
+        out, total, last = [], 0, 0
+        for i, size in arrivals(pieces):
+            total, last = total + size, i
+            if total >= cap:
+                out, total = out + [i], 0
+        return out + [last] * (total > 0)  # the mistake: no bytes left read as no gradient left
+
+    verdict = check_handover(by_bytes)
+    assert not verdict.ok and "the last bucket was kept only when its bytes were not 0" in verdict.line, verdict.line
+    assert "(pieces [[8], [0]], cap 8: [0, 1])" in verdict.line, verdict.line
 
 
 def test_an_unwritten_a_raising_a_mistyped_and_an_unknown_answer_are_told_apart():

@@ -3,16 +3,16 @@
 :func:`check_handover` checks a learner's ``handed_over_after(pieces, cap)``: ``pieces`` the compiled pieces
 in the order backward runs them, each a list of its gradients' sizes in bytes in the order they arrive;
 ``cap`` the bucket cap in bytes. ddp fills buckets in that order, closing a bucket at the first gradient
-that takes it to the cap or past it; what is left after the last full bucket makes one more bucket. The
-answer: for each bucket, the index of the piece after whose backward it is handed over. The function is
-called on every case of :data:`CASES` and compared with the model answer
+that takes it to the cap or past it; the gradients left after the last full bucket make one more bucket. The
+answer: for each bucket, the index of the piece after whose backward it is handed over. The function is called
+on every case of :data:`CASES` and compared with the model answer
 (:func:`~minddp.exercises.solutions.handed_over_after`); an answer that matches one of the usual mistakes
-(:data:`MISTAKES`) on every case without an empty piece (:data:`PLAIN`) is named by it, one that matches two of
-them made together (:data:`PAIRS`) by both, one right but for a last bucket given the last piece where that piece is
-empty by that (:data:`LAST_PIECE`), one that drops the empty pieces by that (:data:`EMPTY_DROPPED`), any other by
-its first case that differs. A few pairs give the same answer as one mistake alone on every input (never past with
-strictly past, say): they are named by that one, which says what the
-answer does.
+(:data:`MISTAKES`) on every case without an empty piece or a zero-byte gradient (:data:`PLAIN`) is named by it,
+one that matches two of them made together (:data:`PAIRS`) by both, one right but for a last bucket given the last
+piece where that piece is empty by that (:data:`LAST_PIECE`), one that drops the empty pieces by that
+(:data:`EMPTY_DROPPED`), one that drops a last bucket of zero bytes by that (:data:`ZERO_BYTES`), any other by its
+first case that differs. A few pairs give the same answer as one mistake alone on every input (never past with
+strictly past, say): they are named by that one, which says what the answer does.
 
 Example (pure Python, no ranks)::
 
@@ -45,11 +45,15 @@ CASES = [
     ([[2**20, 2**20]] * 4, 2 * 2**20),  # notebook 09's step: 1 MiB gradients, a 2 MiB cap; tells a 1 MiB first bucket
     ([[2, 2, 3], [1], [4]], 4),  # a piece that fills a bucket past its middle: tells each piece once from cap at end
     ([[4], [], [2], []], 8),  # pieces without a gradient: the last bucket goes after piece 2, not the last piece
+    ([[8], [0]], 8),  # a zero-byte gradient (a parameter without elements) left at the end: a last bucket still
 ]
 
 #: the cases every mistake of :data:`MISTAKES` and :data:`PAIRS` is matched on: those without an empty piece (a
-#: learner's answer with one mistake may give a last bucket the last piece there, as most do)
-PLAIN = [k for k, (pieces, _) in enumerate(CASES) if all(pieces)]
+#: learner's answer with one mistake may give a last bucket the last piece there, as most do) or a zero-byte gradient
+#: (it may keep a last bucket by its bytes, as most do)
+PLAIN = [k for k, (pieces, _) in enumerate(CASES) if all(piece and 0 not in piece for piece in pieces)]
+#: the cases :data:`LAST_PIECE` and :data:`EMPTY_DROPPED` are matched on: those without a zero-byte gradient
+NONZERO = [k for k, (pieces, _) in enumerate(CASES) if all(0 not in piece for piece in pieces)]
 
 #: what the verdict says to an answer right but where the last pieces are empty: its last bucket given the last piece
 LAST_PIECE = (
@@ -61,6 +65,13 @@ LAST_PIECE = (
 EMPTY_DROPPED = (
     "the empty pieces were dropped before the pieces were numbered: an empty piece (no gradient) still has its "
     "index, so number the pieces as given"
+)
+
+#: what the verdict says to an answer right but where the gradients left at the end have 0 bytes: no last bucket
+ZERO_BYTES = (
+    "the last bucket was kept only when its bytes were not 0: the gradients left after the last full bucket make "
+    "one more bucket whatever their bytes (a parameter without elements has a gradient of 0 bytes), so keep it when "
+    "any gradient is left"
 )
 
 
@@ -87,17 +98,17 @@ def _walk(
     kept: bool = False,
     late: bool = False,
 ) -> list[int]:
-    """The model answer's walk with one mistake switched on: close only past the cap (``past``), before the
-    gradient that would pass it (``before``), drop the last bucket (``last=False``), add a last one even when nothing
-    is left (``empty``), note the piece of a bucket's first gradient (``first``), close the open bucket at each
-    piece's end (``per_piece``), number from ``shift``, carry the bytes past the cap into the next bucket
-    (``carry``), check the cap only at each piece's end (``at_end``), take the pieces in the forward's order
-    (``forward``), take a piece's gradients in reverse (``within``); or give each bucket, in place of
-    its piece's index, that index counted from the forward's end (``mirror``), its last gradient's index in arrival
-    order (``gradient``), the bucket's own index (``bucket``); give the last bucket the piece where it opened
-    (``last_opened``); or start each piece from 0 bytes, dropping the open bucket's bytes (``forget``); never set the
-    bytes back to 0 when a bucket closes (``kept``); check the cap before adding each gradient, closing one late and
-    noting the next gradient's piece (``late``)."""
+    """The model answer's walk (its last bucket kept by its bytes, which differs only where a zero-byte gradient is left
+    at the end) with one mistake switched on: close only past the cap (``past``), before the gradient that would pass it
+    (``before``), drop the last bucket (``last=False``), add a last one even when nothing is left (``empty``), note the
+    piece of a bucket's first gradient (``first``), close the open bucket at each piece's end (``per_piece``), number
+    from ``shift``, carry the bytes past the cap into the next bucket (``carry``), check the cap only at each piece's
+    end (``at_end``), take the pieces in the forward's order (``forward``), take a piece's gradients in reverse
+    (``within``); or give each bucket, in place of its piece's index, that index counted from the forward's end
+    (``mirror``), its last gradient's index in arrival order (``gradient``), the bucket's own index (``bucket``); give
+    the last bucket the piece where it opened (``last_opened``); or start each piece from 0 bytes, dropping the open
+    bucket's bytes (``forget``); never set the bytes back to 0 when a bucket closes (``kept``); check the cap before
+    adding each gradient, closing one late and noting the next gradient's piece (``late``)."""
     after, filled, opened, at, g = [], 0, (0, 0), (0, 0), -1  # (piece, gradient) pairs; g counts the gradients
     for i, piece in reversed(list(enumerate(pieces))) if forward else enumerate(pieces):
         filled = 0 if forget else filled
@@ -432,16 +443,19 @@ def check_handover(fn) -> Verdict:
             f"{CASES[1][0]}, cap {CASES[1][1]}: {right[1]})",
         )
 
-    def matches(wrong) -> bool:  # on the cases without an empty piece
-        return all(answers[k] == wrong(*CASES[k]) for k in PLAIN)
+    def matches(wrong, cases=PLAIN) -> bool:  # by default on the cases without an empty piece or zero bytes
+        return all(answers[k] == wrong(*CASES[k]) for k in cases)
 
     if matches(solutions.handed_over_after):  # wrong only where a piece is empty
-        if answers == [_last_bucket_at_the_last_piece(p, c) for p, c in CASES]:
+        if matches(_last_bucket_at_the_last_piece, NONZERO):
             k = next(k for k, (a, r) in enumerate(zip(answers, right)) if a != r)
             return Verdict(False, f"✗ {name}: {LAST_PIECE} (pieces {CASES[k][0]}, cap {CASES[k][1]}: {right[k]})")
-        if answers == [_empty_pieces_dropped(p, c) for p, c in CASES]:
+        if matches(_empty_pieces_dropped, NONZERO):
             k = next(k for k, (a, r) in enumerate(zip(answers, right)) if a != r)
             return Verdict(False, f"✗ {name}: {EMPTY_DROPPED} (pieces {CASES[k][0]}, cap {CASES[k][1]}: {right[k]})")
+        if matches(_walk, range(len(CASES))):  # the walk keeps a last bucket by its bytes
+            k = next(k for k, (a, r) in enumerate(zip(answers, right)) if a != r)
+            return Verdict(False, f"✗ {name}: {ZERO_BYTES} (pieces {CASES[k][0]}, cap {CASES[k][1]}: {right[k]})")
     for mistake, (wrong, says) in MISTAKES.items():
         if matches(wrong):
             return Verdict(False, f"✗ {name}: {says}")
@@ -457,4 +471,15 @@ def check_handover(fn) -> Verdict:
     )
 
 
-__all__ = ["check_handover", "CASES", "EMPTY_DROPPED", "LAST_PIECE", "MISTAKES", "PAIRS", "PLAIN", "WALKS"]
+__all__ = [
+    "check_handover",
+    "CASES",
+    "EMPTY_DROPPED",
+    "LAST_PIECE",
+    "MISTAKES",
+    "NONZERO",
+    "PAIRS",
+    "PLAIN",
+    "WALKS",
+    "ZERO_BYTES",
+]

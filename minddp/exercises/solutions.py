@@ -253,15 +253,15 @@ def handed_over_after(pieces: list[list[int]], cap: int) -> list[int]:
     """Notebook 09: for each bucket, the piece after whose backward it is handed over
     (:func:`minddp.exercises.check_handover`). ``pieces`` in the order backward runs them, each its gradients'
     sizes in bytes in the order they arrive; a bucket closes at the first gradient that takes it to ``cap`` or past
-    it, and what is left after the last full bucket makes one more, handed over with the last gradient."""
-    after, filled, last = [], 0, 0
+    it, and the gradients left after the last full bucket make one more, handed over with the last gradient."""
+    after, bucket, last = [], [], 0  # bucket: the sizes of the open bucket's gradients
     for i, piece in enumerate(pieces):
         for size in piece:
-            filled, last = filled + size, i
-            if filled >= cap:  # this gradient closes the bucket: it is handed over once the piece's backward ends
+            bucket, last = bucket + [size], i
+            if sum(bucket) >= cap:  # this gradient closes the bucket: it is handed over once the piece's backward ends
                 after.append(i)
-                filled = 0
-    if filled:  # the last bucket, not full: handed over with its last gradient, in piece `last`
+                bucket = []
+    if bucket:  # the gradients left (of any bytes, 0 too) make the last bucket, handed over after piece `last`
         after.append(last)
     return after
 

@@ -44,12 +44,12 @@ def flat(model) -> torch.Tensor:
 
 
 def untraced_calls(reasons: dict) -> str:
-    """Dynamo's graph breaks by the call it did not trace, in a line: ``reasons`` is Dynamo's counter of graph-break
-    reasons (its ``counters["graph_break"]``: reason -> breaks); each reason as the call it names
-    (``Class.method``), then Dynamo's reason in brief (the reason's first line), then its count of breaks.
+    """The calls at which Dynamo broke a graph, in a line: ``reasons`` is Dynamo's counter of graph-break reasons
+    (its ``counters["graph_break"]``: reason -> breaks); each reason as the call it names (``Class.method``), then
+    Dynamo's reason in brief (the reason's first line).
 
     >>> untraced_calls({"Unsupported method call\\n  Explanation: ... method `log` of class `Logger`": 1, "Other": 2})
-    'Logger.log (Unsupported method call) 1, Other 2'
+    'Logger.log (Unsupported method call), Other'
     """
 
     def call(reason: str) -> str:
@@ -59,7 +59,7 @@ def untraced_calls(reasons: dict) -> str:
             return brief
         return f"{f'{named[2]}.{named[1]}' if named[2] else named[1]} ({brief})"
 
-    return ", ".join(f"{call(reason)} {count}" for reason, count in reasons.items())
+    return ", ".join(call(reason) for reason in reasons)
 
 
 def compile_at(wrapper, model, model_first: bool, batch, loss_fn, cap: float, backend: str, reference) -> str:
