@@ -304,8 +304,8 @@ def say_bucket_lesson(
     t4_said = (
         f"{'one message per gradient' if first == 'hook-async' else 'buckets'} leave"
         f"{'s' if first == 'hook-async' else ''} less: {first} {by_model[first]:.1f} ms against "
-        f"{by_model[second]:.1f} ms, at that link's cap of {b4.cap_mb:.2f} MiB (measured, one step each on that "
-        f"link: {t4[first]['end_ms']:.1f} ms against {t4[second]['end_ms']:.1f} ms, "
+        f"{second}'s {by_model[second]:.1f} ms, at that link's cap of {b4.cap_mb:.2f} MiB (measured, one step each "
+        f"on that link: {t4[first]['end_ms']:.1f} ms against {t4[second]['end_ms']:.1f} ms, "
         + (
             f"both {sides[first]} the model's"
             if sides[first] == sides[second]
