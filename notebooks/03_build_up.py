@@ -59,8 +59,7 @@
 # **Measures**, 01's. α, β, n and m as there; k is the micro-batches of a step. A *message* is one
 # all_reduce handed to the link (a gradient, or a bucket of them); its *fixed cost* is 2(n−1)·α. Over
 # the link's modeled transfers: *link time*, the step's messages' time on the link; *exposed*, the part
-# of it the training thread stood waiting through; *overlap*, the share of the link time the thread
-# spent inside a forward, a backward (its grad hooks' lines included) or the optimizer, not waiting. *Waited* is the
+# of it the training thread stood waiting through. *Waited* is the
 # measured time the thread stood still for its messages: the exposed part and any waiting after the
 # link had delivered, which the link does not model. The parameters-used check's all_gather is
 # printed apart (*at the check*).
@@ -151,8 +150,7 @@ lesson.claim(
 )
 lesson.claim(
     v["calls_in_backward"] == 0 == v["waits_in_backward"],
-    "No message is sent, and none waited for, "
-    "while a backward runs: none starts before its backward is over, and the step waits for all of them.",
+    "No message is sent, and none waited for, while a backward runs.",
 )
 
 # %% [markdown]
@@ -203,8 +201,7 @@ lesson.claim(
 )
 lesson.claim(
     v["calls_in_backward"] == 0 == v["waits_in_backward"],
-    "Like simple, it sends and waits only after a backward is over: no forward, backward or optimizer step runs while "
-    "its messages travel.",
+    "Like simple, it sends and waits only after a backward is over.",
 )
 
 # %% [markdown]
@@ -360,7 +357,7 @@ lesson.claim(
 )
 lesson.claim(
     v["waits_in_backward"] == 0,
-    "None of its waits begins inside a backward: it waits for each message once, in finish, after the last backward.",
+    "None of its waits begins inside a backward.",
 )
 
 # %% [markdown]
@@ -684,7 +681,7 @@ table
 # right of the grid; its first message can leave after 1 MiB's, as item 2 says). The step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap's plan
 # on the link, with the bare network's timings scaled to the median of the five steps' backwards
 # (less the check). The figure sets the model's *link after backward* against each step's measured
-# one; its grey line is hook-async's by the model, not measured. The lower panel shows the three costs of each cap on the grid by the model
+# one; its grey line is hook-async's measured one. The lower panel shows the three costs of each cap on the grid by the model
 # (None's: the table); "first message leaves" is into the model's backward, not a measured one.
 
 # %%
@@ -805,14 +802,6 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         }
     lesson_03.say_met(name, {s: blog_runs[name, s] for s in RUN[name]}, blog_buckets)
 
-# %% [markdown]
-# On these links the lines below print each rung's link time, *overlap* and *exposed*. Overlap is
-# link time with the thread inside a forward, backward or optimizer step and not waiting, not time
-# hidden behind arithmetic: `hook` and `bucket` stand still in backward while a message travels, yet
-# its time inside the comm hook's call, before their wait, counts as overlap. Link time that is
-# neither passed with the thread outside them and not waiting, as `simple`'s and `ga`'s inside that
-# call in finish.
-
 # %%
 # %%distributed
 t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
@@ -832,7 +821,7 @@ one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3  #
 # the step-time model on the link with the ratios of 4 × T4: the bare network, scaled as above, at that link's cap
 t4_link = blog_links["4 × T4"]
 on_t4 = [plan_costs(cp, s, c, t4_link, world_size) for s, c in (("bucket-async", caps["4 × T4"]), ("hook-async", None))]
-lesson_03.say_bucket_lesson(model, per_gradient, on_t4, far, one_far, 1e3 * sized_from["1024 ranks"])
+lesson_03.say_bucket_lesson(model, per_gradient, on_t4, t4, far, one_far, 1e3 * sized_from["1024 ranks"])
 
 # %% [markdown]
 # **The bucket lesson in words.** Buckets pay the fixed cost, 2(n−1)·α, and the comm-hook call once

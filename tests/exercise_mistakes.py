@@ -782,6 +782,32 @@ class AsyncDividesEveryFinish(solutions.AsyncHookDDP):
                 p.grad /= dist.get_world_size()
 
 
+class HookDividesOutsideTheGuard(solutions.HookDDP):
+    """Divides after the ``if self.sync_this_backward:`` block, not inside it: the grad hook runs in every backward,
+    so the no_sync() micro-batches' own gradients are divided too, with nothing summed; finish is the template's
+    ``pass`` (learner read round 17, 03-b, finding 12: the verdict blamed finish)."""
+
+    def _grad_ready(self, param):
+        if self.sync_this_backward:
+            dist.all_reduce(param.grad)
+        param.grad /= dist.get_world_size()
+
+
+class AsyncDividesOutsideTheGuard(solutions.AsyncHookDDP):
+    """Divides before the send, as the idea does, but outside ``if self.sync_this_backward:``: every backward's
+    grad hook divides, the no_sync() ones' too; finish only waits."""
+
+    def _grad_ready(self, param):
+        param.grad /= dist.get_world_size()
+        if self.sync_this_backward:
+            self.in_flight.append((param, dist.all_reduce(param.grad, async_op=True)))
+
+    def finish_gradient_synchronization(self):
+        for _, work in self.in_flight:
+            work.wait()
+        self.in_flight.clear()
+
+
 class BucketAsyncNotCopiedBack(solutions.AsyncBucketDDP):
     """Waits for every bucket and divides its flat copy, but never writes it back into the gradients."""
 

@@ -318,6 +318,13 @@ MISTAKES = [
     (wrong.BucketAsyncReadsBeforeWait, "bucket-async", "read a tensor (aten.div) while its all_reduce was still in"),
     # finish runs after every micro-batch: dividing every .grad there divides the no_sync() micro-batches' too
     (wrong.AsyncDividesEveryFinish, "hook-async", "divided the gradients after backwards that did not sync"),
+    # the same gradients from a division in the grad hook outside its guard: the verdict names the hook, not finish
+    (
+        wrong.HookDividesOutsideTheGuard,
+        "hook",
+        ("divided the gradients after backwards that did not sync", "inside `if self.sync_this_backward:`"),
+    ),
+    (wrong.AsyncDividesOutsideTheGuard, "hook-async", "in the grad hook, inside `if self.sync_this_backward:`"),
     (wrong.BucketAsyncWaitsInSend, "bucket-async", "nothing travelled while backward computed"),
     (solutions.BucketDDP, "bucket-async", "nothing travelled while backward computed"),
     (wrong.BucketAsyncSummed, "bucket-async", "forgot the division"),

@@ -718,6 +718,22 @@ GRADIENT_MESSAGES = {
 }
 
 
+#: Gradient findings as a per-gradient hook stage means them, by ``like``: its grad hook runs in every backward, the
+#: no_sync() ones too, so a division there outside the flag's test gives the same gradients as one in every finish.
+HOOK_MESSAGES = {
+    "hook": {
+        "divided_unsynced": "your stage divided the gradients after backwards that did not sync ({names}): a grad "
+        "hook runs in every backward, the no_sync() ones too, where nothing was sent; divide only what you sent, "
+        "inside `if self.sync_this_backward:`, after the all_reduce",
+    },
+    "hook-async": {
+        "divided_unsynced": "your stage divided the gradients after backwards that did not sync ({names}): a grad "
+        "hook runs in every backward and finish after every one, the no_sync() ones too, where nothing was sent; "
+        "divide only what you sent: in the grad hook, inside `if self.sync_this_backward:`, before the send, or in "
+        "finish only the gradients in your list of works",
+    },
+}
+
 #: Why a transport only sums, and what to pass its reduce-scatter (the verdicts on an average in a transport).
 HOOK_DIVIDED = "allreduce_hook divided each bucket before it handed it over; keep the default ReduceOp.SUM"
 
@@ -952,7 +968,7 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             "top; a tensor hook (register_hook) runs before autograd adds the incoming gradient into .grad, so sync "
             f"param.grad from register_post_accumulate_grad_hook, which runs after{at}"
         )
-    messages = {**GRADIENT_MESSAGES, **TRANSPORT_MESSAGES.get(like, {})}
+    messages = {**GRADIENT_MESSAGES, **HOOK_MESSAGES.get(like, {}), **TRANSPORT_MESSAGES.get(like, {})}
     return messages[f["kind"]].format(names=names, world=world) + at
 
 

@@ -128,7 +128,7 @@ class AsyncHookDDP(HookDDP):
 class BucketDDP(HookDDP):
     """One all_reduce per bucket: flatten the bucket's gradients, sum them in one call, copy them back."""
 
-    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = 25):
+    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float = 25):
         super().__init__(module, process_group)
         params = [p for p in module.parameters() if p.requires_grad]
         self.buckets = [[params[i] for i in bucket] for bucket in plan_buckets(params, bucket_cap_mb)]
@@ -159,7 +159,7 @@ class BucketDDP(HookDDP):
 class AsyncBucketDDP(BucketDDP):
     """Buckets whose all_reduces are waited for only in finish."""
 
-    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = 25):
+    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float = 25):
         super().__init__(module, process_group, bucket_cap_mb)
         self.in_flight = []  # (gradients, flat buffer, work) per bucket sent
 
@@ -184,7 +184,7 @@ class HalvesDDP(stages.AsyncBucketDDP):
     plugs it into a :class:`~minddp.comm.Wire`.
     """
 
-    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float | None = 25):
+    def __init__(self, module: nn.Module, process_group=None, bucket_cap_mb: float = 25):
         super().__init__(module, process_group, bucket_cap_mb)
         self.register_comm_hook(Wire(process_group, transport=halves_all_reduce), allreduce_hook)
 

@@ -475,7 +475,7 @@ def link_end_in_words(stage: str, w: dict, look: dict) -> str:
     lag = wait_after_backward(look["row"])
     return said + (
         f"; its thread reached its first wait {lag:.1f} ms after backward ended and stood through "
-        f"{w['exposed_ms']:.1f} ms of the link's time (exposed)"
+        f"{w['exposed_ms']:.0f} ms of the link's time (exposed)"
         if lag is not None
         else f"; its thread waited {look['waited_ms']:.0f} ms in all for its messages"
     )

@@ -89,7 +89,9 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
         + "; ".join(lesson.link_end_in_words(s, why[s], looks[s]) for s in ("bucket-async", "hook-async"))
         + "."
     )
-    return why, table.infer_objects().round(1)
+    table = table.infer_objects().round(1)
+    table["exposed, ms"] = table["exposed, ms"].round().astype(int)  # whole ms, as every other line prints it
+    return why, table
 
 
 def cap_name(cap) -> str:
@@ -155,10 +157,7 @@ def sweep_figure(swept: dict, model: list, default, per_gradient, h: dict, link_
     return bucket_sweep(
         {"step-time model: link after backward": model},
         measured=points,
-        per_gradient={
-            f"hook-async, link after backward: model {1e3 * per_gradient.after_backward:.1f} ms, "
-            f"measured {h_measured:.1f} ms": 1e3 * per_gradient.after_backward
-        },
+        per_gradient={f"measured: link after backward, hook-async's step ({h_measured:.1f} ms)": h_measured},
         title=f"bucket-async on {link_name}, {world} ranks: link after backward against the cap "
         "(exposed and waited: the table)",
     )
@@ -182,6 +181,8 @@ def sweep_table(swept: dict, model: list, default):
 
     table = pd.DataFrame({cap_name(c.cap_mb): c.row() | measured(c.cap_mb) for c in [*model, default]}).T
     table = table.infer_objects().round(1).astype({"buckets": int})
+    whole = ["exposed, ms (measured)", "waited, ms (measured)"]  # whole ms, as every other table and line prints them
+    table[whole] = table[whole].round(0).astype("Int64")
     return table.astype(object).where(table.notna(), "–")  # "–": a cap not run
 
 
@@ -219,10 +220,11 @@ def say_sized(
     """One sized link, in a sentence: the setting's ratios, the network, the backward it was sized from, the link."""
     bytes_ratio, message_ratio = ratios
     say(
-        f"{name}: {link_name}, {ranks} ranks (step-time model): one sync's bytes take {bytes_ratio:.2f} backwards, one "
-        f"message's fixed cost {message_ratio:.1e} of one. {model_name}: {n_tensors} gradient tensors (SmolLM2-360M "
-        f"{blog_tensors}), {sync_bytes / 2**20:.1f} MiB, a backward of {1e3 * backward_s:.0f} ms ({how}, rank 0): "
-        f"a link of {link.bandwidth / 1e9:.2g} GB/s and {1e3 * link.latency:.3g} ms per hop; a cap of {cap:.2f} MiB."
+        f"{name}: on {link_name} with {ranks} ranks (step-time model) one sync's bytes take {bytes_ratio:.2f} "
+        f"backwards, one message's fixed cost {message_ratio:.1e} of one. Here, on 2 ranks, {model_name}: {n_tensors} "
+        f"gradient tensors (SmolLM2-360M {blog_tensors}), {sync_bytes / 2**20:.1f} MiB, a backward of "
+        f"{1e3 * backward_s:.0f} ms ({how}, rank 0): an emulated link of {link.bandwidth / 1e9:.2g} GB/s and "
+        f"{1e3 * link.latency:.3g} ms per hop; a cap of {cap:.2f} MiB."
     )
 
 
@@ -232,7 +234,7 @@ def say_met(name: str, runs: dict, blog_buckets: int) -> None:
 
 
 def sized_figure(t4: dict, far: dict, setting_ratios: dict, world: int):
-    """Overlap and exposed of each rung on the two sized links, each bar with its step's own backward."""
+    """Exposed of each rung on the two sized links, each bar with its step's own backward."""
     from minddp.costmodel.figures import settings_ladder
 
     def label(name):
@@ -244,6 +246,7 @@ def sized_figure(t4: dict, far: dict, setting_ratios: dict, world: int):
 
     return settings_ladder(
         {label("4 × T4"): t4, label("1024 ranks"): far},
+        overlap=False,
         title=f"The ladder on {world} ranks: small-llama on a link sized with the ratios of the blog's 4 × T4 "
         "run,\ndeep-llama on one sized with those of its model at 1024 ranks (not run by the blog);\nunder each "
         "exposed time: the rung's own backward, less the check, ms (hook's and bucket's hold their waits too)",
@@ -251,14 +254,13 @@ def sized_figure(t4: dict, far: dict, setting_ratios: dict, world: int):
 
 
 def say_sized_measures(t4: dict, far: dict) -> None:
-    """Each sized link's rungs: link time, overlap, exposed and own backward; a whole-ms match of bucket-async's
+    """Each sized link's rungs: link time, exposed and own backward; a whole-ms match of bucket-async's
     backward on the two links is said to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
         say(
-            f"Ratios of {name} (link time ms / overlap % / exposed ms / backward less the check ms): "
+            f"Ratios of {name} (link time ms / exposed ms / backward less the check ms): "
             + ", ".join(
-                f"{s} {r['link_ms']:.0f} / {r['overlap_pct']:.0f} / {r['exposed_ms']:.0f} / {r['backward_ms']:.0f}"
-                for s, r in runs.items()
+                f"{s} {r['link_ms']:.0f} / {r['exposed_ms']:.0f} / {r['backward_ms']:.0f}" for s, r in runs.items()
             )
             + "."
         )
@@ -269,14 +271,22 @@ def say_sized_measures(t4: dict, far: dict) -> None:
         )
 
 
-def say_bucket_lesson(model: list, per_gradient, on_t4: tuple, far: dict, one_far_ms: float, sized_far_ms: float):
+def _side(measured: float, model: float) -> str:
+    return "below" if measured < model else "above" if measured > model else "at"
+
+
+def say_bucket_lesson(
+    model: list, per_gradient, on_t4: tuple, t4: dict, far: dict, one_far_ms: float, sized_far_ms: float
+):
     """The bucket lesson's conclusion: the step-time model's verdict, in link after backward (the model times the
-    bare network, so it prices no comm-hook call). On this notebook's link: the fixed costs the best cap on the grid
-    saves against what its later sends add (:func:`minddp.costmodel.buckets.plan_costs`); on the link with the
-    ratios of 4 × T4: ``on_t4`` = (bucket-async at that link's cap, one message per gradient), by ``plan_costs``.
-    With the ratios of 1024 ranks: hook-async's fixed costs (its messages × ``one_far_ms``) against the backward that
+    bare network, so it prices no comm-hook call), beside the measured steps' on the sized links. On this notebook's
+    link: the fixed costs the best cap on the grid saves against what its later sends add
+    (:func:`minddp.costmodel.buckets.plan_costs`); on the link with the ratios of 4 × T4: ``on_t4`` = (bucket-async
+    at that link's cap, one message per gradient), by ``plan_costs``, and ``t4``'s measured steps. With the ratios of
+    1024 ranks: hook-async's fixed costs (its messages × ``one_far_ms``, 2α on 2 ranks) against the backward that
     link was sized from (``sized_far_ms``, the model's input): a link busy longer than that backward runs on past its
-    end by at least the difference, and bucket-async's link runs on past it by at most its link time."""
+    end by at least the difference, and bucket-async's link runs on past it by at most its link time; ``far``'s
+    measured hook-async step beside it."""
     best = min(model, key=lambda c: c.after_backward)
     saved = 1e3 * (per_gradient.fixed - best.fixed)
     worse = 1e3 * (best.after_backward - per_gradient.after_backward)
@@ -288,29 +298,38 @@ def say_bucket_lesson(model: list, per_gradient, on_t4: tuple, far: dict, one_fa
         else f"buckets leave less: at {best.cap_mb:g} MiB, {-worse:.1f} ms less"
     )
     b4, h4 = on_t4
-    t4 = "one message per gradient leaves less" if h4.after_backward < b4.after_backward else "buckets leave less"
-    t4 += (
-        f": {1e3 * h4.after_backward:.1f} ms against {1e3 * b4.after_backward:.1f} ms at that link's cap of "
-        f"{b4.cap_mb:.2f} MiB"
-        if h4.after_backward < b4.after_backward
-        else f": {1e3 * b4.after_backward:.1f} ms at that link's cap of {b4.cap_mb:.2f} MiB against "
-        f"{1e3 * h4.after_backward:.1f} ms"
+    by_model = {"hook-async": 1e3 * h4.after_backward, "bucket-async": 1e3 * b4.after_backward}
+    first, second = sorted(by_model, key=by_model.get)  # the one that leaves less, by the model, first
+    sides = {s: _side(t4[s]["end_ms"], by_model[s]) for s in by_model}
+    t4_said = (
+        f"{'one message per gradient' if first == 'hook-async' else 'buckets'} leave"
+        f"{'s' if first == 'hook-async' else ''} less: {first} {by_model[first]:.1f} ms against "
+        f"{second}'s {by_model[second]:.1f} ms, at that link's cap of {b4.cap_mb:.2f} MiB (measured, one step each "
+        f"on that link: {t4[first]['end_ms']:.1f} ms against {t4[second]['end_ms']:.1f} ms, "
+        + (
+            f"both {sides[first]} the model's"
+            if sides[first] == sides[second]
+            else f"{first}'s {sides[first]} the model's, {second}'s {sides[second]}"
+        )
+        + ")"
     )
     h, b = far["hook-async"], far["bucket-async"]
     fixed = h["messages"] * one_far_ms
     costs = (
-        f"hook-async's {h['messages']} messages' fixed costs, {one_far_ms:.2f} ms each, take {fixed:.0f} ms, "
-        f"{fixed / sized_far_ms:.1f} times the {sized_far_ms:.0f} ms backward the link was sized from (the model's "
-        "input; a rung's one measured backward varies from step to step)"
+        f"hook-async's {h['messages']} messages' fixed costs, {one_far_ms:.2f} ms each (2α on these 2 ranks), take "
+        f"{fixed:.0f} ms, {fixed / sized_far_ms:.1f} times the {sized_far_ms:.0f} ms backward the link was sized from"
     )
+    bound = fixed - sized_far_ms
     there = (
-        f"buckets leave less: {costs}, so its link runs on at least {fixed - sized_far_ms:.0f} ms past that "
-        f"backward's end, longer than bucket-async's link is busy in all, {b['link_ms']:.0f} ms"
-        if fixed - sized_far_ms > b["link_ms"]
+        f"buckets leave less: {costs}, so its link runs on at least {bound:.0f} ms past that backward's end, longer "
+        f"than bucket-async's link is busy in all, {b['link_ms']:.0f} ms (measured, in the one step run there: "
+        f"{h['end_ms']:.0f} ms past the end of its own backward, which took {h['backward_ms']:.0f} ms less the check; "
+        f"{_side(h['end_ms'], bound)} that bound)"
+        if bound > b["link_ms"]
         else f"{costs}; bucket-async's link time is {b['link_ms']:.0f} ms"
     )
     say(
         "The bucket lesson, the step-time model's verdict in link after backward (the model times the bare network, "
         f"so it leaves out the comm-hook call each message costs): on this notebook's link {here}. With the ratios "
-        f"of 4 × T4, {t4}. With the ratios of 1024 ranks, {there}."
+        f"of 4 × T4, {t4_said}. With the ratios of 1024 ranks, {there}."
     )
