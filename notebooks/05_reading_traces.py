@@ -251,8 +251,8 @@ on_link = lesson_05.link_table(linked, link)
 display(on_link)
 
 # %% [markdown]
-# The three claims hold by construction: accumulation divides the messages and the link time by k; hooks hand
-# every message over during the backward; buckets cut only the link time's fixed costs. The last bucket, handed
+# The three claims hold by construction: accumulation divides the messages and the link time by k; `hook` hands
+# every message over during a backward; buckets cut only the link time's fixed costs. The last bucket, handed
 # over once its last gradient is ready, can leave more of the link's work after the backward than `hook-async`'s
 # last message does. The printed lines are one step each, not claimed.
 
