@@ -251,49 +251,39 @@ on_link = lesson_05.link_table(linked, link)
 display(on_link)
 
 # %% [markdown]
-# The three claims hold by construction: accumulation divides the messages and the link time by k; hooks hand
-# every message over during the backward; buckets cut only the link time's fixed costs. The last bucket, handed
+# The three claims hold by construction: accumulation divides the messages and the link time by k; `hook` hands
+# every message over during a backward; buckets cut only the link time's fixed costs. The last bucket, handed
 # over once its last gradient is ready, can leave more of the link's work after the backward than `hook-async`'s
 # last message does. The printed lines are one step each, not claimed.
 
 # %%
-sent = lesson_05.rank0(linked.buckets)
-sends, nbytes = sent.groupby("stage").size(), lesson_05.message_bytes(linked)
-k, world = lesson.SETTINGS.grad_accum, int(linked.summary["rank"].nunique())
-
-
-def link_ms(stage):
-    return lesson_05.link_ms(linked, link, stage)
-
-
+per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, sent during a backward, link time (ms)
+sends, ms, k = per["messages"], per["link time (ms)"], lesson.SETTINGS.grad_accum
 lesson.claim(
-    sends["simple"] == k * sends["ga"] and abs(link_ms("simple") - k * link_ms("ga")) < 1e-6 * link_ms("ga"),
+    sends["simple"] == k * sends["ga"] and abs(ms["simple"] - k * ms["ga"]) < 1e-6 * ms["ga"],
     f"Accumulation divides the messages ({sends['simple']} → {sends['ga']}) and the link time "
-    f"({link_ms('simple'):.1f} → {link_ms('ga'):.1f} ms) by k = {k}, exactly.",
+    f"({ms['simple']:.1f} → {ms['ga']:.1f} ms) by k = {k}, exactly.",
 )
-in_backward = {st: lesson_05.sent_in_backward(linked, st) for st in ["ga", "hook"]}
+during = per["sent during a backward"]
 lesson.claim(
-    in_backward["ga"] == 0 and in_backward["hook"] == sends["hook"],
-    f"The hooks move every message from after the backward into it (ga: {in_backward['ga']} of "
-    f"{sends['ga']} handed over during a backward; hook: {in_backward['hook']} of {sends['hook']}).",
+    during["ga"] == 0 and during["hook"] == sends["hook"],
+    f"The hooks move every message from after the backward into it (ga: {during['ga']} of {sends['ga']} handed over "
+    f"during a backward; hook: {during['hook']} of {sends['hook']}).",
 )
-fewer = sends["hook-async"] - sends["bucket-async"]
-fixed = 2 * (world - 1) * link.latency * 1e3  # one message's fixed cost 2(n−1)·α, in ms
-saved = link_ms("hook-async") - link_ms("bucket-async")
-same = nbytes[sent["stage"] == "bucket-async"].sum() == nbytes[sent["stage"] == "hook-async"].sum()
+n = int(linked.summary["rank"].nunique())
+fewer, fixed = sends["hook-async"] - sends["bucket-async"], 2 * (n - 1) * link.latency * 1e3  # 2(n−1)·α, ms
+saved = ms["hook-async"] - ms["bucket-async"]
 lesson.claim(
-    fewer > 0 and same and abs(saved - fewer * fixed) < 1e-9 * link_ms("ga"),
+    fewer > 0
+    and per.loc["hook-async", "bytes"] == per.loc["bucket-async", "bytes"]
+    and abs(saved - fewer * fixed) < 1e-9 * ms["ga"],
     f"Buckets cut the messages from {sends['hook-async']} to {sends['bucket-async']} with the bytes unchanged; "
     f"the link time falls by exactly the fixed cost of the {fewer} messages not sent, {fewer} × 2(n−1)·α = "
-    f"{fewer} × {2 * (world - 1)} × {link.latency * 1e6:.0f} µs = {saved:.1f} ms ({link_ms('hook-async'):.1f} → "
-    f"{link_ms('bucket-async'):.1f} ms, {100 * saved / link_ms('hook-async'):.1f} % less): the bytes' part is "
-    f"{100 * (1 - sends['bucket-async'] * fixed / link_ms('bucket-async')):.1f} % of bucket-async's link time.",
+    f"{fewer} × {2 * (n - 1)} × {link.latency * 1e6:.0f} µs = {saved:.1f} ms ({ms['hook-async']:.1f} → "
+    f"{ms['bucket-async']:.1f} ms, {100 * saved / ms['hook-async']:.1f} % less): the bytes' part is "
+    f"{100 * (1 - sends['bucket-async'] * fixed / ms['bucket-async']):.1f} % of bucket-async's link time.",
 )
-lesson.say(
-    "Buckets barely change the link's work here; they change when it can start (a bucket is handed over no "
-    f"earlier than its last gradient is ready): {lesson_05.last_left(linked, link, 'bucket-async')}; "
-    f"{lesson_05.last_left(linked, link, 'hook-async')}."
-)
+lesson.say(lesson_05.last_messages(linked, link, on_link))
 blocking = ["simple", "ga", "hook", "bucket"]
 lesson.say(lesson_05.exposed_share(on_link, sends, blocking, ["hook-async", "bucket-async"]))
 lesson.say(lesson_05.whose_waits(on_link))

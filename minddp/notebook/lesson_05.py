@@ -34,7 +34,7 @@ def shares(zero: pd.DataFrame, run: Path) -> pd.DataFrame:
             "in flight (ms)": zero["comm_time_per_step_us"] / 1e3,
             "overlap (%)": zero["comm_comp_overlap_pctg"],
             "non-compute (ms)": zero["non_compute_time_us"] / 1e3,
-            "of it, in the check (ms)": pd.Series({st: lesson.non_compute_in_checks(run, st) for st in zero.index})
+            "of it, in the checks (ms)": pd.Series({st: lesson.non_compute_in_checks(run, st) for st in zero.index})
             / 1e3,
         }
     ).round(1)
@@ -155,20 +155,26 @@ def link_table(linked, link) -> pd.DataFrame:
     return table
 
 
-def last_left(linked, link, stage: str) -> str:
-    """Rank 0's last message of ``stage`` in the link run: its MiB, its link time, how long before the end of the
-    stage's last backward it was handed over (its ``ready_us``), and the least of the link's work it left after that
-    end (a transfer starts no earlier than its hand-over), ms to 0.1.
+def link_messages(linked, link) -> pd.DataFrame:
+    """The link run's messages, per stage (rank 0, one profiled step): how many were sent, their bytes in all, how
+    many were handed over during a backward (:func:`sent_in_backward`) and the stage's link time (:func:`link_ms`,
+    unrounded)."""
+    sent, nbytes = rank0(linked.buckets), message_bytes(linked)
+    stages = rank0(linked.summary)["stage"]
+    return pd.DataFrame(
+        {
+            "messages": sent.groupby("stage").size().reindex(stages).to_numpy(),
+            "bytes": nbytes.groupby(sent["stage"]).sum().reindex(stages).to_numpy(),
+            "sent during a backward": [sent_in_backward(linked, st) for st in stages],
+            "link time (ms)": [link_ms(linked, link, st) for st in stages],
+        },
+        index=pd.Index(stages, name="stage"),
+    )
 
-    >>> from types import SimpleNamespace
-    >>> from minddp.comm.link import parse_link
-    >>> b = pd.DataFrame({"stage": "s", "rank": 0, "numel": [2**20, 2**18], "ready_us": [0.0, 9e3], "dtype": "float32"})
-    >>> p = pd.DataFrame({"stage": ["s"], "rank": 0, "phase": ["backward"], "start_us": [0.0], "end_us": [10e3]})
-    >>> run = SimpleNamespace(buckets=b, phases=p, summary=pd.DataFrame({"rank": [0, 1]}))
-    >>> print(last_left(run, parse_link("1gbit"), "s"))  # doctest: +NORMALIZE_WHITESPACE
-    s's last message (1.000 MiB, 8.5 ms on the link) was handed over 1.0 ms before its last backward ended, so the
-    link had at least 7.5 ms of its work left then
-    """
+
+def _last(linked, link, stage: str) -> tuple[float, float, float]:
+    """Rank 0's last message of ``stage``: its MiB, its link time and how long before the end of the stage's last
+    backward it was handed over (its ``ready_us``), ms."""
     sent, nbytes = rank0(linked.buckets), message_bytes(linked)
     mine = sent[sent["stage"] == stage].sort_values("ready_us")
     phases = rank0(linked.phases)
@@ -176,11 +182,44 @@ def last_left(linked, link, stage: str) -> str:
     world = int(linked.summary["rank"].nunique())
     last = mine.index[-1]
     took = 1e3 * link.seconds("all_reduce", nbytes[last], world)
-    before = (end - mine.loc[last, "ready_us"]) / 1e3
+    return nbytes[last] / 2**20, took, (end - mine.loc[last, "ready_us"]) / 1e3
+
+
+def last_messages(linked, link, table: pd.DataFrame, one: str = "bucket-async", other: str = "hook-async") -> str:
+    """A line to print: ``one``'s exposed against ``other``'s (as printed in ``table``), then each one's last
+    message: its MiB, its link time, how long before the end of the stage's last backward it was handed over, and
+    the link's work left at that end, from those two printed values: at least their difference (a transfer starts
+    no earlier than its hand-over), so "about" it "or more". Both stages call ``wait()`` only in the finish, after
+    the last backward, so only work left then can be exposed. One profiled step, not claimed.
+
+    >>> from types import SimpleNamespace
+    >>> from minddp.comm.link import parse_link
+    >>> b = pd.DataFrame({"stage": ["s", "s", "t"], "rank": 0, "numel": [2**20, 2**18, 2**16],
+    ...                   "ready_us": [0.0, 9e3, 9.5e3], "dtype": "float32"})
+    >>> p = pd.DataFrame({"stage": ["s", "t"], "rank": 0, "phase": "backward", "start_us": 0.0, "end_us": 10e3})
+    >>> run = SimpleNamespace(buckets=b, phases=p, summary=pd.DataFrame({"rank": [0, 1]}))
+    >>> t = pd.DataFrame({"exposed (ms)": [2.0, 0.5]}, index=["s", "t"])
+    >>> print(last_messages(run, parse_link("1gbit"), t, "s", "t"))  # doctest: +NORMALIZE_WHITESPACE
+    In one profiled step each, s's exposed is higher than t's (2.0 against 0.5 ms). Both call wait() only in the
+    finish, after the last backward, so only the link's work left after it can be exposed: s's last message (1.000
+    MiB, 8.5 ms on the link) was handed over 1.0 ms before its last backward ended, leaving the link about 7.5 ms of
+    work or more; t's (0.250 MiB, 2.2 ms), 0.5 ms before, about 1.7 ms or more.
+    """
+    a, b = table.loc[one, "exposed (ms)"], table.loc[other, "exposed (ms)"]
+    than = "higher than" if a > b else "lower than" if a < b else "the same as"
+    parts = []
+    for stage in (one, other):
+        mib, took, before = _last(linked, link, stage)
+        left = max(0.0, round(took, 1) - round(before, 1))
+        parts.append((mib, took, before, left))
+    (m1, t1, b1, l1), (m2, t2, b2, l2) = parts
     return (
-        f"{stage}'s last message ({nbytes[last] / 2**20:.3f} MiB, {took:.1f} ms on the link) was handed over "
-        f"{before:.1f} ms before its last backward ended, so the link had at least {max(0.0, took - before):.1f} ms of "
-        "its work left then"
+        f"In one profiled step each, {one}'s exposed is {than} {other}'s ({a:.1f} against {b:.1f} ms). Both call "
+        f"wait() only in the finish, after the last backward, so only the link's work left after it can be exposed: "
+        f"{one}'s last message "
+        f"({m1:.3f} MiB, {t1:.1f} ms on the link) was handed over {b1:.1f} ms before its last backward ended, leaving "
+        f"the link about {l1:.1f} ms of work or more; {other}'s ({m2:.3f} MiB, {t2:.1f} ms), {b2:.1f} ms before, "
+        f"about {l2:.1f} ms or more."
     )
 
 
