@@ -23,6 +23,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import io
+import sys
 import time
 from datetime import timedelta
 
@@ -59,7 +60,11 @@ class FaultTolerantTrainer:
         self.task, self.steps, self.coordinator, self.plan = task, steps, coordinator, plan
         self.slot, self.hang_s, self.digests = coordinator.slot, hang_s, digests
         self.model = task.build_model()
+        t, compiler = time.time(), "torch._dynamo" in sys.modules
         self.optimizer = task.build_optimizer(self.model)
+        # what building it cost this process: seconds, and whether torch imported its compiler meanwhile (a
+        # process's first optimizer does, in torch 2.x), which the processes' server has not imported
+        self.optimizer_built = (time.time() - t, not compiler and "torch._dynamo" in sys.modules)
         self.step = 0  # committed steps so far: the next step to train
         self.group_tag = None  # the quorum this rank's process group was built for
         self.ddp = None
@@ -81,6 +86,7 @@ class FaultTolerantTrainer:
             "log": self.log,
             "state": self.state_bytes(),
             "healed_bytes": self.healed_bytes,
+            "optimizer_built": self.optimizer_built,
         }
         if self.on_result is not None:
             self.on_result(result)
@@ -104,11 +110,13 @@ class FaultTolerantTrainer:
         """
         failures, last_error = 0, None
         while True:
+            asked = time.time()
             quorum = self.coordinator.quorum(self.step)  # 1. who is in
             entry = {
                 "step": quorum.max_step,
                 "tag": quorum.tag,
                 "members": quorum.members,
+                "t_asked": asked,  # when this process asked for the quorum
                 "t0": time.time(),
                 "healed": False,
             }
