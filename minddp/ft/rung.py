@@ -23,7 +23,6 @@ from __future__ import annotations
 import gc
 import hashlib
 import io
-import sys
 import time
 from datetime import timedelta
 
@@ -33,6 +32,7 @@ import torch.distributed as dist
 from minddp.comm.default_hooks import allreduce_hook
 from minddp.ft.client import Coordinator, Quorum
 from minddp.ft.faults import FaultPlan
+from minddp.runtime import compat
 from minddp.runtime.launch import leave_group
 
 #: The same step failing this many times in a row ends the rank with the last error.
@@ -60,11 +60,11 @@ class FaultTolerantTrainer:
         self.task, self.steps, self.coordinator, self.plan = task, steps, coordinator, plan
         self.slot, self.hang_s, self.digests = coordinator.slot, hang_s, digests
         self.model = task.build_model()
-        t, compiler = time.time(), "torch._dynamo" in sys.modules
+        t, compiler = time.time(), compat.compiler_imported()
         self.optimizer = task.build_optimizer(self.model)
-        # what building it cost this process: seconds, and whether torch imported its compiler meanwhile (a
-        # process's first optimizer does, in torch 2.x), which the processes' server has not imported
-        self.optimizer_built = (time.time() - t, not compiler and "torch._dynamo" in sys.modules)
+        # what building it cost this process: seconds, and whether torch imported its compiler (Dynamo) meanwhile
+        # (a process's first optimizer does), which the processes' server has not imported
+        self.optimizer_built = (time.time() - t, not compiler and compat.compiler_imported())
         self.step = 0  # committed steps so far: the next step to train
         self.group_tag = None  # the quorum this rank's process group was built for
         self.ddp = None

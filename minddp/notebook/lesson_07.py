@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from minddp.ft.launch import EXIT_WAIT_S
 from minddp.ft.report import asked_s, first_request_s, peer_error_s
+from minddp.runtime import compat
 
 
 def ms(seconds: float) -> int:
@@ -73,7 +74,7 @@ def print_rejoin(run, o) -> None:
     print(
         f"  slot {slot}'s new process: started {start} ms after the kill; asked for its first quorum "
         f"{asked - start} ms after its start, {ms(built_s)} ms of them building its optimizer"
-        + (" (torch imported its compiler, torch._dynamo, meanwhile)" if compiler else "")
+        + (f" (torch imported its compiler, {compat.COMPILER_MODULE}, meanwhile)" if compiler else "")
         + f"; taken back {rejoin - asked} ms after asking"
     )
     print(
