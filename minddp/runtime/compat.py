@@ -348,7 +348,7 @@ def dynamo_reset() -> None:
     counters.clear()
 
 
-#: Dynamo's module, torch's compiler: a process imports it the first time it builds an optimizer (seconds of work).
+#: Dynamo's module, torch's compiler: torch 2.13 imports it when a process builds its first optimizer (seconds).
 COMPILER_MODULE = "torch._dynamo"
 
 
