@@ -149,11 +149,11 @@ for line in run.report():
 # not at the signal; a raise through the raising process dropping its group, which closes its
 # connections. Each member that caught an error votes no, and the attempt is discarded. The next quorum
 # waits for every live slot to ask: the survivors after they vote, and slot 1, live until the launcher records
-# its process's exit, which it does once it has found the process ended and made a fixed wait (`EXIT_WAIT_S`,
-# 50 ms) for the final state a process hands it after its last step. Which of the two came last is not printed.
+# its process's exit, which it does once it has found the process ended and made a fixed wait (`EXIT_WAIT_S`)
+# for the final state a process hands it after its last step.
 #
-# The cell below prints each fault's recovery, the kill's in parts (each after the one before), and as a share of the
-# hang bound: neither fault waited for it. Its `✓` lines are **claims**: `lesson.claim`
+# The cell below prints each fault's recovery, as a share of the hang bound (neither fault waited for it), and
+# its moments in ms from the fault, in order. Its `✓` lines are **claims**: `lesson.claim`
 # checks each on the run shown, and the cell fails if one does not hold.
 
 # %%
@@ -185,7 +185,7 @@ lesson.claim(
     f"the launcher started slot {kill.fault.slot}'s new process after step {kill.fault.step} was committed "
     "without it (restart_after_steps=1)",
 )
-lesson_07.print_rejoin(kill)
+lesson_07.print_rejoin(run, kill)
 
 # %% [markdown]
 # Slot 1 was not live again before its new process's first heartbeat: slots 0 and 2 trained on at world 2, then

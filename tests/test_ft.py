@@ -127,16 +127,17 @@ def test_each_faults_recovery_is_cut_in_order_by_the_committing_attempts_work(ch
     discard are not ordered: the lighthouse may discard first, on the raising slot's own no or once a slot that has
     not voted is no longer live.)"""
     from minddp.ft import fault_outcomes
-    from minddp.ft.report import retry_work_s
+    from minddp.ft.report import asked_s, retry_work_s
 
     for _, _, e in chaos.entries:
         if "t_worked" in e:
-            assert e["t0"] <= e["t_work"] <= e["t_worked"] <= e["t1"], e
+            assert e["t_asked"] <= e["t0"] <= e["t_work"] <= e["t_worked"] <= e["t1"], e
     outcomes = [o for o in fault_outcomes(chaos) if o.fault.kind in ("kill", "raise") and o.recovery_s is not None]
     assert outcomes
     for o in outcomes:
         work, worked = retry_work_s(chaos, o)
         assert 0 <= o.discard_s <= o.quorum_s <= work <= worked <= o.recovery_s, o
+        assert asked_s(chaos, o) <= o.quorum_s, o  # the quorum answered requests already made
 
 
 def test_the_faults_leave_nothing_of_torchs_cxx_side_on_stderr(chaos_and_stderr):

@@ -115,6 +115,45 @@ def peer_error_s(run, o: FaultOutcome) -> float | None:
     return min(caught) - o.fired if caught else None
 
 
+def asked_s(run, o: FaultOutcome) -> float | None:
+    """Seconds from fault ``o`` to the last of the requests that its first new quorum answered (each member's first
+    request under that quorum's tag); ``None``: no new quorum, or entries without these times.
+
+    >>> from types import SimpleNamespace
+    >>> o = SimpleNamespace(fired=10.0)
+    >>> run = SimpleNamespace(events=[("quorum", "e0q1", [0, 1, 2], {0: 3, 1: 3, 2: 3}, 9.0),
+    ...                               ("quorum", "e0q2", [0, 2], {0: 4, 2: 4}, 10.75)],
+    ...     entries=[(0, 0, {"tag": "e0q2", "t_asked": 10.25}), (2, 0, {"tag": "e0q2", "t_asked": 10.5}),
+    ...              (0, 0, {"tag": "e0q2", "t_asked": 11.0})])
+    >>> asked_s(run, o)
+    0.5
+    """
+    tag = next((e[1] for e in run.events if e[0] == "quorum" and e[4] >= o.fired), None)  # as fault_outcomes finds it
+    if tag is None:
+        return None
+    first: dict[int, float] = {}
+    for slot, _, e in run.entries:
+        if e["tag"] == tag and "t_asked" in e:
+            first[slot] = min(first.get(slot, e["t_asked"]), e["t_asked"])
+    return max(first.values()) - o.fired if first else None
+
+
+def first_request_s(run, o: FaultOutcome) -> float | None:
+    """Seconds from fault ``o`` to the first quorum request of its slot's next process (``None``: none recorded).
+
+    >>> from types import SimpleNamespace
+    >>> o = SimpleNamespace(fault=SimpleNamespace(slot=1), fired=10.0, restart_s=0.25)
+    >>> run = SimpleNamespace(entries=[(1, 0, {"t_asked": 9.0}), (1, 1, {"t_asked": 12.5}), (1, 1, {"t_asked": 13.0})])
+    >>> first_request_s(run, o)
+    2.5
+    """
+    if o.restart_s is None:
+        return None
+    after = o.fired + o.restart_s
+    asked = [e["t_asked"] for s, _, e in run.entries if s == o.fault.slot and e.get("t_asked", 0) >= after]
+    return min(asked) - o.fired if asked else None
+
+
 def retry_work_s(run, o: FaultOutcome) -> tuple[float, float] | None:
     """Seconds from fault ``o`` to the start and to the end of the work (forward, backward, all_reduce) of the attempt
     that committed its step, each at the last of that attempt's members (the group built, any heal and the digest

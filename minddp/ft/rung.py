@@ -32,6 +32,7 @@ import torch.distributed as dist
 from minddp.comm.default_hooks import allreduce_hook
 from minddp.ft.client import Coordinator, Quorum
 from minddp.ft.faults import FaultPlan
+from minddp.runtime import compat
 from minddp.runtime.launch import leave_group
 
 #: The same step failing this many times in a row ends the rank with the last error.
@@ -59,7 +60,11 @@ class FaultTolerantTrainer:
         self.task, self.steps, self.coordinator, self.plan = task, steps, coordinator, plan
         self.slot, self.hang_s, self.digests = coordinator.slot, hang_s, digests
         self.model = task.build_model()
+        t, compiler = time.time(), compat.compiler_imported()
         self.optimizer = task.build_optimizer(self.model)
+        # what building it cost this process: seconds, and whether torch imported its compiler (Dynamo) meanwhile
+        # (a process's first optimizer does), which the processes' server has not imported
+        self.optimizer_built = (time.time() - t, not compiler and compat.compiler_imported())
         self.step = 0  # committed steps so far: the next step to train
         self.group_tag = None  # the quorum this rank's process group was built for
         self.ddp = None
@@ -81,6 +86,7 @@ class FaultTolerantTrainer:
             "log": self.log,
             "state": self.state_bytes(),
             "healed_bytes": self.healed_bytes,
+            "optimizer_built": self.optimizer_built,
         }
         if self.on_result is not None:
             self.on_result(result)
@@ -104,11 +110,13 @@ class FaultTolerantTrainer:
         """
         failures, last_error = 0, None
         while True:
+            asked = time.time()
             quorum = self.coordinator.quorum(self.step)  # 1. who is in
             entry = {
                 "step": quorum.max_step,
                 "tag": quorum.tag,
                 "members": quorum.members,
+                "t_asked": asked,  # when this process asked for the quorum
                 "t0": time.time(),
                 "healed": False,
             }

@@ -4,7 +4,7 @@ Each function reads a run of :func:`minddp.ft.launch_ft` and one of its faults (
 :class:`minddp.ft.report.FaultOutcome`) through :mod:`minddp.ft.report`'s measures and prints them;
 it defines no measure of its own. The notebook keeps its claims in its cells; these print or read:
 
-* :func:`print_recoveries`: each fault's recovery and its share of the hang bound, the kill's in parts;
+* :func:`print_recoveries`: each fault's recovery, its share of the hang bound, and its moments from the fault;
 * :func:`print_rejoin`: what each side did from a kill to the quorum that took the slot's new process back;
 
 and three readers of the members' entries (one per member and attempt) for the cells' claims: :func:`attempts`,
@@ -13,7 +13,9 @@ and three readers of the members' entries (one per member and attempt) for the c
 
 from __future__ import annotations
 
-from minddp.ft.report import peer_error_s
+from minddp.ft.launch import EXIT_WAIT_S
+from minddp.ft.report import asked_s, first_request_s, peer_error_s
+from minddp.runtime import compat
 
 
 def ms(seconds: float) -> int:
@@ -26,38 +28,54 @@ def ms(seconds: float) -> int:
 
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
-    """Each fault's recovery, in whole ms, and its share of the hang bound. The kill's in three consecutive parts
-    that add up to it (until a survivor caught an error, from then to the next quorum, from that quorum to the
-    commit of the step), then the launcher's record of the killed process's exit, which that quorum waits for:
-    how long before the quorum it came, and how much of the recovery passed between the launcher finding the
-    process ended and that record (its fixed wait, ``EXIT_WAIT_S``)."""
+    """Each fault's recovery, in whole ms, and its share of the hang bound, then its moments in ms from the fault,
+    in order: another member's all_reduce failed; the members of the next quorum had all asked for it; for the
+    kill, the launcher found the process ended and recorded its exit (after its fixed wait, ``EXIT_WAIT_S``),
+    which that quorum needs too; the next quorum; the commit. For the kill, last: which of the two things that
+    quorum needs came later."""
     for o in (kill, raised):
-        recovery = ms(o.recovery_s)
-        line = f"{o.fault}: recovery {recovery} ms, {o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s)"
+        recovery, quorum, asked = ms(o.recovery_s), ms(o.quorum_s), ms(asked_s(run, o))
+        moments = [
+            (ms(peer_error_s(run, o)), "another member's all_reduce failed"),
+            (asked, "the next quorum's members had all asked for it"),
+            (quorum, "the next quorum came"),
+            (recovery, f"step {o.committed_step} was committed, trained again in a new group"),
+        ]
         if o is kill:
-            error, quorum, exit_, seen = ms(peer_error_s(run, o)), ms(o.quorum_s), ms(o.exit_s), ms(o.seen_s)
-            line += (
-                f": {error} ms until a survivor's all_reduce failed, {quorum - error} ms more to the next quorum, "
-                f"and {recovery - quorum} ms more to train step {o.committed_step} again in a new group and commit "
-                f"it. That quorum came {quorum - exit_} ms after the launcher recorded slot {o.fault.slot}'s exit; "
-                f"{exit_ - seen} of the {recovery} ms passed between the launcher finding the process ended and "
-                "recording its exit (its fixed wait, EXIT_WAIT_S)"
-            )
-        else:
-            line += "; the raise ended no process, so its next quorum waited for no exit record"
+            moments += [
+                (ms(o.seen_s), f"the launcher found slot {o.fault.slot}'s process ended"),
+                (
+                    ms(o.exit_s),
+                    f"the launcher recorded its exit (after a fixed wait, EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms)",
+                ),
+            ]
+        line = (
+            f"{o.fault}: recovery {recovery} ms, {o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s); "
+            f"from the {o.fault.kind}: "
+            + ", ".join(f"at {t} ms {what}" for t, what in sorted(moments, key=lambda m: m[0]))
+        )
+        if o is kill:
+            exit_ = ms(o.exit_s)
+            later = "the exit record" if exit_ > asked else "the requests"
+            line += f". That quorum needed both the members' requests and the exit record; the later was {later}"
         print(line)
 
 
-def print_rejoin(o) -> None:
-    """For a kill ``o``: the rejoin, the new process's start and wait, and the survivors' last commit before it."""
+def print_rejoin(run, o) -> None:
+    """For a kill ``o``: the rejoin; the new process's start, its first quorum request (and how long it took to
+    build its optimizer, and whether torch imported its compiler meanwhile) and the quorum; the survivors' last
+    commit before it."""
     slot, step = o.fault.slot, o.fault.step
     others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
     last_step, last = o.last_commit
-    rejoin, start = ms(o.rejoin_s), ms(o.restart_s)
+    rejoin, start, asked = ms(o.rejoin_s), ms(o.restart_s), ms(first_request_s(run, o))
+    built_s, compiler = run.results[slot]["optimizer_built"]  # the slot's last process: the new one
     print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill")
     print(
-        f"  slot {slot}'s new process: started {start} ms after the kill, "
-        f"taken back {rejoin - start} ms after its start"
+        f"  slot {slot}'s new process: started {start} ms after the kill; asked for its first quorum "
+        f"{asked - start} ms after its start, {ms(built_s)} ms of them building its optimizer"
+        + (f" (torch imported its compiler, {compat.COMPILER_MODULE}, meanwhile)" if compiler else "")
+        + f"; taken back {rejoin - asked} ms after asking"
     )
     print(
         f"  slots {' and '.join(others)}: committed steps {step}-{last_step} at world {len(others)}, "
