@@ -142,12 +142,13 @@ lesson.claim(
 )
 # a rank's |value i| is at most the ranks' sum of |value i|, n · a_i, so at most n · ‖a‖
 largest = max(world_size * trainees[name].metered[-1]["magnitudes"]["magnitude_sq"] ** 0.5 for name in dtypes)
+f16, b16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
 lesson.claim(
-    largest < torch.finfo(torch.float16).max and err["fp16"] < err["bf16"],
+    largest < f16.max and err["fp16"] < err["bf16"],
     f"No gradient value a rank cast on that step exceeds n · ‖a‖ = {largest:.0f}, below float16's largest value, "
-    f"{torch.finfo(torch.float16).max:.0f} (bfloat16's, like float32's, is about {torch.finfo(torch.bfloat16).max:.1e}), "
-    f"so none overflows float16, and bfloat16's coarser rounding (an eps {torch.finfo(torch.bfloat16).eps / torch.finfo(torch.float16).eps:.0f} times float16's) gives it "
-    f"{err['bf16'] / err['fp16']:.1f} times fp16's error for as many bytes.",
+    f"{f16.max:.0f} (bfloat16's, like float32's, is about {b16.max:.1e}), so none overflows float16; bfloat16, whose "
+    f"eps is {b16.eps / f16.eps:.0f} times float16's, has {err['bf16'] / err['fp16']:.1f} times fp16's error for as "
+    "many bytes.",
 )
 
 # %% [markdown]
@@ -217,7 +218,7 @@ fed_back = steps.loc[first, "relative gradient error"] * steps.loc[first, "‖g�
 lesson.say(
     f"Those carry {last['PowerSGD payload KiB'] / plain_kib:.4f} of plain averaging's payload. On step {second} the "
     f"ranks' corrected gradients average g plus step {first}'s g − ĝ, of norm {fed_back:.1f}, {fed_back / steps.loc[second, '‖g‖']:.1f} "
-    f"times that step's ‖g‖, and the error compares their ĝ with g alone."
+    f"times step {second}'s ‖g‖, and the error compares their ĝ with g alone."
 )
 steps.round({"PowerSGD payload KiB": 1, "relative gradient error": 2, "‖g‖": 2})
 
