@@ -106,10 +106,10 @@ rows = {}
 for name, t in trainees.items():
     last = t.metered[-1]
     rows[lesson_04.NAMES[name]] = {
-        "all_reduce calls": last["calls"],
+        "calls": last["calls"],
         "payload KiB": last["bytes"] / 1024,
         "payload vs plain averaging": last["bytes"] / plain_avg.metered[-1]["bytes"],
-        "relative gradient error": f"{last['relative_error']:.1e}",  # as text: sizes 10⁻⁸ to 1 in one column
+        "relative error": f"{last['relative_error']:.1e}",  # as text: 0 and above 1 in one format
     }
 table = pd.DataFrame.from_dict(rows, orient="index")  # by rows: the calls stay integers
 table.round({"payload KiB": 1, "payload vs plain averaging": 4})
@@ -130,9 +130,7 @@ bound = {
 }
 lesson.claim(
     table.loc["fp16", "payload vs plain averaging"] == table.loc["bf16", "payload vs plain averaging"] == 0.5
-    and table.loc["fp16", "all_reduce calls"]
-    == table.loc["bf16", "all_reduce calls"]
-    == table.loc["plain averaging", "all_reduce calls"],
+    and table.loc["fp16", "calls"] == table.loc["bf16", "calls"] == table.loc["plain averaging", "calls"],
     "fp16 and bf16's payload is exactly half of plain averaging's, in as many calls: 2 bytes a value instead of 4.",
 )
 lesson.claim(
@@ -145,7 +143,7 @@ largest = max(world_size * trainees[name].metered[-1]["magnitudes"]["magnitude_s
 f16, b16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
 lesson.claim(
     largest < f16.max and err["fp16"] < err["bf16"],
-    f"No gradient value a rank cast on that step exceeds n · ‖a‖ = {largest:.0f}, below float16's largest value, "
+    f"No gradient value a rank cast on that step exceeds n · ‖a‖ = {largest:.2g}, below float16's largest value, "
     f"{f16.max:.0f} (bfloat16's, like float32's, is about {b16.max:.1e}), so none overflows float16; bfloat16, whose "
     f"eps is {b16.eps / f16.eps:.0f} times float16's, has {err['bf16'] / err['fp16']:.1f} times fp16's error for as "
     "many bytes.",
@@ -184,7 +182,7 @@ steps = pd.DataFrame(
     {
         "PowerSGD calls": [w["calls"] for w in psgd_trainee.metered],
         "PowerSGD payload KiB": [w["bytes"] / 1024 for w in psgd_trainee.metered],
-        "relative gradient error": [w["relative_error"] for w in psgd_trainee.metered],
+        "relative error": [w["relative_error"] for w in psgd_trainee.metered],
         "‖g‖": [w["norm"] for w in psgd_trainee.metered],  # the reference average's norm
     },
     index=pd.RangeIndex(1, len(psgd_trainee.metered) + 1, name="step"),
@@ -214,13 +212,13 @@ lesson.claim(
 first, second = late.index[:2]  # its first two compressing steps
 # what the ranks kept on the first, averaged over them, is g − ĝ there (the last point above): its norm is that
 # step's relative error times its ‖g‖, and the second step compresses g plus it
-fed_back = steps.loc[first, "relative gradient error"] * steps.loc[first, "‖g‖"]
+fed_back = steps.loc[first, "relative error"] * steps.loc[first, "‖g‖"]
 lesson.say(
     f"Those carry {last['PowerSGD payload KiB'] / plain_kib:.4f} of plain averaging's payload. On step {second} the "
     f"ranks' corrected gradients average g plus step {first}'s g − ĝ, of norm {fed_back:.1f}, {fed_back / steps.loc[second, '‖g‖']:.1f} "
     f"times step {second}'s ‖g‖, and the error compares their ĝ with g alone."
 )
-steps.round({"PowerSGD payload KiB": 1, "relative gradient error": 2, "‖g‖": 2})
+steps.round({"PowerSGD payload KiB": 1, "relative error": 2, "‖g‖": 2})
 
 # %% [markdown]
 # ## Over a link: from bytes to link time
@@ -278,8 +276,9 @@ lesson.say(
 #   is paid 2(n − 1) times, while the bytes each rank sends, 2(n − 1)/n · S, stay under 2S whatever n.
 #
 # The cell prices plain averaging's and PowerSGD's last steps so on every preset link of
-# `minddp.comm.link.PRESETS` but `loopback`. A preset is a pair α, B (the table's first two columns, in µs and Gbit/s), not a measured network; `home` stands for a home broadband line's upload, `wan`
-# for two cloud regions a continent apart. Sizes are binary (a KiB is 2¹⁰ bytes, a MiB 2²⁰), bandwidths decimal
+# `minddp.comm.link.PRESETS` but `loopback`. A preset is a pair α, B (the table's first two columns, in µs and
+# Gbit/s), not a measured network; `home` stands for a home broadband line's upload, `wan` for two cloud regions a
+# continent apart. Sizes are binary (a KiB is 2¹⁰ bytes, a MiB 2²⁰), bandwidths decimal
 # (a Gbit/s is 1.25 × 10⁸ bytes/s). The cell's figure draws both hooks' link time against the bandwidth at
 # `1gbit`'s α: as B grows each line falls towards its messages' fixed cost, c · 2(n − 1) α, and the two lines cross
 # at 1gbit's B* (each preset's own is in the table). Each preset is named beside its circle; its triangle is at
