@@ -39,7 +39,7 @@
 # * the all_reduce calls a step and their *payload*, counted by the hook's traffic meter (a trainee's
 #   `metered`, one reading a step): the bytes the step's all_reduces reduce (numel × element size), not the
 #   bytes a rank sends, which around a ring of n ranks are 2(n − 1)/n of the payload (equal at n = 2);
-# * for each hook, the *relative gradient error* `‖ĝ − g‖ / ‖g‖`:
+# * the *relative gradient error* `‖ĝ − g‖ / ‖g‖`:
 #   how far the hook's average `ĝ` is from the *reference average* `g`, the float32 average of the same step's
 #   gradients, computed with an extra float32 all_reduce before the hook's, not counted as traffic (handing back
 #   zeros would score 1).
@@ -76,8 +76,8 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # %% [markdown]
 # ## Payload and gradient error
 #
-# Calls, payload and error are the last step's, as rank 0 measured them. `bucket-async` syncs once per optimizer step
-# (02's *sync*): the backwards of every micro-batch but the last run inside `no_sync()` (as in 03) and send
+# Calls, payload and error are the last step's, as rank 0 measured them. `bucket-async` syncs once per optimizer
+# step (02's *sync*): the backwards of every micro-batch but the last run inside `no_sync()` (as in 03) and send
 # nothing; each bucket is sent once, in the last one's backward or before `optimizer.step()`.
 #
 # The cell after the table holds fp16's and bf16's gradient error against a bound on rounding alone, a worst
