@@ -39,13 +39,13 @@
 # * the all_reduce calls a step and their *payload*, counted by the hook's traffic meter (a trainee's
 #   `metered`, one reading a step): the bytes the step's all_reduces reduce (numel × element size), not the
 #   bytes a rank sends, which around a ring of n ranks are 2(n − 1)/n of the payload (equal at n = 2);
-# * for fp16, bf16 and PowerSGD, the *relative gradient error* `‖ĝ − g‖ / ‖g‖`:
+# * the *relative gradient error* `‖ĝ − g‖ / ‖g‖`:
 #   how far the hook's average `ĝ` is from the *reference average* `g`, the float32 average of the same step's
 #   gradients, computed with an extra float32 all_reduce before the hook's, not counted as traffic (handing back
 #   zeros would score 1).
 #
-# Then all but bf16 send over an **emulated 1 Gbit/s link** (`minddp.comm.link`, as in notebooks 03 and 05), and
-# plain averaging's and PowerSGD's all_reduces are priced on other links.
+# Then the all_reduces of all but bf16 are priced on the `1gbit` link of `minddp.comm.link` (as in notebooks 03
+# and 05), and plain averaging's and PowerSGD's on other links.
 
 # %%
 # %load_ext minddp.notebook
@@ -76,8 +76,8 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # %% [markdown]
 # ## Payload and gradient error
 #
-# Calls and payload are the last step's, as rank 0 measured them. `bucket-async` syncs once per optimizer step
-# (02's *sync*): the backwards of every micro-batch but the last run inside `no_sync()` (as in 03) and send
+# Calls, payload and error are the last step's, as rank 0 measured them. `bucket-async` syncs once per optimizer
+# step (02's *sync*): the backwards of every micro-batch but the last run inside `no_sync()` (as in 03) and send
 # nothing; each bucket is sent once, in the last one's backward or before `optimizer.step()`.
 #
 # The cell after the table holds fp16's and bf16's gradient error against a bound on rounding alone, a worst
@@ -106,9 +106,10 @@ rows = {}
 for name, t in trainees.items():
     last = t.metered[-1]
     rows[lesson_04.NAMES[name]] = {
-        "all_reduce calls": last["calls"],
+        "calls": last["calls"],
         "payload KiB": last["bytes"] / 1024,
         "payload vs plain averaging": last["bytes"] / plain_avg.metered[-1]["bytes"],
+        "relative error": f"{last['relative_error']:.1e}",  # as text: 0 and above 1 in one format
     }
 table = pd.DataFrame.from_dict(rows, orient="index")  # by rows: the calls stay integers
 table.round({"payload KiB": 1, "payload vs plain averaging": 4})
@@ -129,23 +130,26 @@ bound = {
 }
 lesson.claim(
     table.loc["fp16", "payload vs plain averaging"] == table.loc["bf16", "payload vs plain averaging"] == 0.5
-    and table.loc["fp16", "all_reduce calls"]
-    == table.loc["bf16", "all_reduce calls"]
-    == table.loc["plain averaging", "all_reduce calls"],
+    and table.loc["fp16", "calls"] == table.loc["bf16", "calls"] == table.loc["plain averaging", "calls"],
     "fp16 and bf16's payload is exactly half of plain averaging's, in as many calls: 2 bytes a value instead of 4.",
 )
 lesson.claim(
     all(err[name] <= bound[name] for name in dtypes),
-    f"Their relative gradient errors on the last step, {err['fp16']:.1e} and {err['bf16']:.1e}, stay within that "
-    f"step's bounds on rounding alone, also relative to ‖g‖: {bound['fp16']:.1e} for float16 and {bound['bf16']:.1e} "
-    "for bfloat16.",
+    f"Their relative gradient errors on the last step stay within that step's bounds on rounding alone, also "
+    f"relative to ‖g‖: {bound['fp16']:.1e} for float16 and {bound['bf16']:.1e} for bfloat16.",
+)
+# a rank's |value i| is at most the ranks' sum of |value i|, n · a_i, so at most n · ‖a‖
+largest = max(world_size * trainees[name].metered[-1]["magnitudes"]["magnitude_sq"] ** 0.5 for name in dtypes)
+f16, b16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
+lesson.claim(
+    largest < f16.max and err["fp16"] < err["bf16"],
+    f"No gradient value a rank cast on that step exceeds n · ‖a‖ = {largest:.2g}, below float16's largest value, "
+    f"{f16.max:.0f} (bfloat16's, like float32's, is about {b16.max:.1e}), so none overflows float16; bfloat16, whose "
+    f"eps is {b16.eps / f16.eps:.0f} times float16's, has {err['bf16'] / err['fp16']:.1f} times fp16's error for as "
+    "many bytes.",
 )
 
 # %% [markdown]
-# In as many bytes, bfloat16 rounds more coarsely (its eps is 8 times float16's) and keeps float32's range of
-# exponents: float16's largest value is 65504, bfloat16's about 3.4 × 10³⁸; no output shows how near 65504 a
-# gradient came.
-#
 # ## PowerSGD, step by step
 #
 # On a compressing step the hook first adds to the whole bucket what this rank kept on the step before (error
@@ -178,6 +182,8 @@ steps = pd.DataFrame(
     {
         "PowerSGD calls": [w["calls"] for w in psgd_trainee.metered],
         "PowerSGD payload KiB": [w["bytes"] / 1024 for w in psgd_trainee.metered],
+        "relative error": [w["relative_error"] for w in psgd_trainee.metered],
+        "‖g‖": [w["norm"] for w in psgd_trainee.metered],  # the reference average's norm
     },
     index=pd.RangeIndex(1, len(psgd_trainee.metered) + 1, name="step"),
 )
@@ -203,91 +209,76 @@ lesson.claim(
     f"Then it makes {int(last['PowerSGD calls'])} calls a step for its {buckets} buckets, 3 in every bucket, where "
     f"plain averaging makes {plain_calls}.",
 )
-errors = [w["relative_error"] for w in psgd_trainee.metered[start_iter:]]  # its compressing steps
+first, second = late.index[:2]  # its first two compressing steps
+# what the ranks kept on the first, averaged over them, is g − ĝ there (the last point above): its norm is that
+# step's relative error times its ‖g‖, and the second step compresses g plus it
+fed_back = steps.loc[first, "relative error"] * steps.loc[first, "‖g‖"]
 lesson.say(
-    f"Those carry {last['PowerSGD payload KiB'] / plain_kib:.4f} of plain averaging's payload, with relative gradient "
-    f"errors of {' and '.join(f'{e:.2g}' for e in errors)} on steps {' and '.join(map(str, late.index))}."
+    f"Those carry {last['PowerSGD payload KiB'] / plain_kib:.4f} of plain averaging's payload. On step {second} the "
+    f"ranks' corrected gradients average g plus step {first}'s g − ĝ, of norm {fed_back:.1f}, {fed_back / steps.loc[second, '‖g‖']:.1f} "
+    f"times step {second}'s ‖g‖, and the error compares their ĝ with g alone."
 )
-steps.round(1)
+steps.round({"PowerSGD payload KiB": 1, "relative error": 2, "‖g‖": 2})
 
 # %% [markdown]
 # ## Over a link: from bytes to link time
 #
-# The hooks now train over the emulated 1 Gbit/s link, which logs each message. The notation is 01's: a *message* is one all_reduce, α the fixed cost of
-# one *hop* (a point-to-point send; an all_reduce around a ring makes 2(n − 1) of them, so a message's fixed
-# cost is 2(n − 1) α), β the time per byte (1 / B, B the link's bandwidth in bytes/s). The link carries one
-# message at a time, each for its α-β time, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of m bytes on n
-# ranks. Each hook gets a fresh trainee; it takes one warm-up step (PowerSGD: `start_powerSGD_iter` of them, so
-# that it compresses on the next), then one *profiled step*. bf16 is
-# left out: its messages are fp16's. For each hook the cell reads its *link ms* (*link time*,
-# `minddp.analysis.metrics.link_time`, 01's vocabulary): the modelled time of the profiled step's messages on the
-# link, from their sizes alone.
-
-# %%
-# %%distributed
-from minddp.comm.link import parse_link
-
-LINK = parse_link("1gbit")
-linked = {
-    name: lesson.Trainee(
-        "bucket-async",
-        hook=name,
-        powersgd_options=options,
-        warmup=(options or {}).get("start_powerSGD_iter", 1),  # untimed steps; PowerSGD compresses on the next
-        link=LINK,
-    )
-    for name, options in HOOKS.items()
-    if name != "bf16"  # the same messages as fp16
-}
-on_link = {name: t.look() for name, t in linked.items()}
-messages = {name: [(m["kind"], m["bytes"]) for m in t.link.log] for name, t in linked.items()}  # (kind, payload)
-lesson.say(f"The emulated link: {LINK.describe()}.")
+# The notation is 01's: a *message* is one all_reduce, α the fixed cost of one *hop* (a point-to-point send; an
+# all_reduce around a ring makes 2(n − 1) of them, so a message's fixed cost is 2(n − 1) α), β the time per byte
+# (1 / B, B the link's bandwidth in bytes/s). A link carries one message at a time, each for its α-β time,
+# `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of m bytes on n ranks. So c all_reduces of S bytes of payload
+# in all take
+#
+# `c · 2(n − 1) α + 2(n − 1)/n · S β`
+#
+# (a count c, not 01's C), whatever each one's size. The cell prices each hook's last step, its calls and payload
+# in the first table, so on `1gbit` (bf16's are fp16's): its *link ms*, 01's *link time*, modelled, not timed.
 
 # %%
 # %%rank 0
+from minddp.comm.link import parse_link
+
+LINK = parse_link("1gbit")
 n = world_size
+sent = {
+    h: (trainees[h].metered[-1]["calls"], trainees[h].metered[-1]["bytes"]) for h in ("allreduce", "fp16", "powersgd")
+}
+link_ms_of = {h: lesson_04.link_ms(sent[h], LINK, n) for h in sent}
 per_message = LINK.seconds("all_reduce", 0, n) * 1e3  # 2(n − 1) α: a message's fixed cost, ms
-count = {h: len(m) for h, m in messages.items()}  # messages (all_reduces) the link carried
-link_ms_of = {h: v["link_ms"] for h, v in on_link.items()}  # link ms (modelled)
-fixed = {h: count[h] * per_message for h in count}
+fixed = {h: sent[h][0] * per_message for h in sent}
+lesson.say(f"The link: {LINK.describe()}.")
 lesson.claim(
     fixed["fp16"] == fixed["allreduce"]
     and abs(link_ms_of["fp16"] - fixed["fp16"] - (link_ms_of["allreduce"] - fixed["allreduce"]) / 2)
     < 1e-9 * link_ms_of["allreduce"],
-    f"On the link, half the bytes halve all but the messages' fixed cost: fp16 takes {link_ms_of['fp16']:.1f} ms "
+    f"On it, half the bytes halve all but the messages' fixed cost: fp16 takes {link_ms_of['fp16']:.1f} ms "
     f"against plain averaging's {link_ms_of['allreduce']:.1f} ms, that is ({link_ms_of['allreduce']:.1f} − "
     f"{fixed['fp16']:.1f}) / 2 + {fixed['fp16']:.1f}, where {fixed['fp16']:.1f} ms is the fixed cost of the "
-    f"{count['fp16']} messages each of these two hooks makes ({per_message:.2f} ms a message).",
+    f"{sent['fp16'][0]} messages each of these two hooks makes ({per_message:.2f} ms a message).",
 )
-payload = {h: sum(b for _, b in m) for h, m in messages.items()}  # bytes
 lesson.say(
-    f"PowerSGD's {count['powersgd']} messages take {link_ms_of['powersgd']:.1f} ms of link time, "
+    f"PowerSGD's {sent['powersgd'][0]} messages take {link_ms_of['powersgd']:.1f} ms of link time, "
     f"{fixed['powersgd']:.1f} ms ({fixed['powersgd'] / link_ms_of['powersgd']:.0%}) of it their fixed cost: its link "
     f"time is {link_ms_of['powersgd'] / link_ms_of['allreduce']:.3f} of plain averaging's, its payload "
-    f"{payload['powersgd'] / payload['allreduce']:.4f}."
+    f"{sent['powersgd'][1] / sent['allreduce'][1]:.4f}."
 )
 
 # %% [markdown]
 # ## Where each takes less link time: messages against bytes
 #
 # PowerSGD pays a message's fixed cost, 2(n − 1) α, three times a bucket here where plain averaging pays it
-# once, and saves almost all of the bytes.
-# Per step, with c all_reduces (a count, not 01's C) of S bytes of payload in all, the link time is
-#
-# `c · 2(n − 1) α + 2(n − 1)/n · S β`
-#
-# (sizes in bytes, α in seconds, β = 1 / B in seconds per byte), so PowerSGD's messages (c′ of them, S′ bytes)
-# take less link time exactly when `2(n − 1)/n · (S − S′) β > 2(n − 1)(c′ − c) α`:
+# once, and saves almost all of the bytes. With c and S plain averaging's, PowerSGD's c′ messages of S′ bytes in
+# all take less link time exactly when `2(n − 1)/n · (S − S′) β > 2(n − 1)(c′ − c) α`:
 #
 # * **bandwidth**: PowerSGD's link time is the shorter below `B* = (S − S′) / (n (c′ − c) α)` bytes/s, plain
 #   averaging's above it; the larger α, the lower B*;
 # * **ranks**: it is the shorter below `n* = (S − S′) / ((c′ − c) α B)`: around a ring every message's α
 #   is paid 2(n − 1) times, while the bytes each rank sends, 2(n − 1)/n · S, stay under 2S whatever n.
 #
-# The cell prices plain averaging's and PowerSGD's messages of their profiled steps, as the link carried them,
-# on every preset link of `minddp.comm.link.PRESETS` but `loopback`. A preset is a pair α, B (the table's first
-# two columns, in µs and Gbit/s), not a measured network; `home` stands for a home broadband line's upload, `wan`
-# for two cloud regions a continent apart. Sizes are binary (a KiB is 2¹⁰ bytes, a MiB 2²⁰), bandwidths decimal
+# The cell prices plain averaging's and PowerSGD's last steps so on every preset link of
+# `minddp.comm.link.PRESETS` but `loopback`. A preset is a pair α, B (the table's first two columns, in µs and
+# Gbit/s), not a measured network; `home` stands for a home broadband line's upload, `wan` for two cloud regions a
+# continent apart. Sizes are binary (a KiB is 2¹⁰ bytes, a MiB 2²⁰), bandwidths decimal
 # (a Gbit/s is 1.25 × 10⁸ bytes/s). The cell's figure draws both hooks' link time against the bandwidth at
 # `1gbit`'s α: as B grows each line falls towards its messages' fixed cost, c · 2(n − 1) α, and the two lines cross
 # at 1gbit's B* (each preset's own is in the table). Each preset is named beside its circle; its triangle is at
@@ -300,8 +291,8 @@ import math
 
 from minddp.comm.link import GBIT, LinkSpec
 
-c, S = count["allreduce"], sum(m for _, m in messages["allreduce"])
-c2, S2 = count["powersgd"], sum(m for _, m in messages["powersgd"])
+c, S = sent["allreduce"]
+c2, S2 = sent["powersgd"]
 
 
 def crossover(alpha):
@@ -309,7 +300,7 @@ def crossover(alpha):
 
 
 n_star = (S - S2) / ((c2 - c) * LINK.latency * LINK.bandwidth)  # ranks, at the notebook's link
-wins = lesson_04.preset_table(messages, n, crossover)  # each preset's α, B, both hooks' link ms, B*
+wins = lesson_04.preset_table(sent, n, crossover)  # each preset's α, B, both hooks' link ms, B*
 faster = wins["PowerSGD, link ms"] < wins["plain averaging, link ms"]
 lesson.claim(
     all(faster[nm] == (spec.bandwidth < crossover(spec.latency)) for nm, spec in lesson_04.presets().items()),
@@ -325,7 +316,7 @@ if len(slower):
         + " ms."
     )
 tie = LinkSpec("B*", crossover(LINK.latency), LINK.latency)
-tied = [lesson_04.link_ms(messages[h], tie, n) for h in ("powersgd", "allreduce")]
+tied = [lesson_04.link_ms(sent[h], tie, n) for h in ("powersgd", "allreduce")]
 lesson.claim(
     abs(tied[0] - tied[1]) < 1e-9 * tied[1],
     f"At {LINK.name}'s α = {LINK.latency * 1e6:g} µs and n = {n} ranks the two tie at B* = "
@@ -333,15 +324,14 @@ lesson.claim(
 )
 below, above = math.floor(n_star), math.floor(n_star) + 1  # the link's own prices on either side of n*
 shorter = [
-    lesson_04.link_ms(messages["powersgd"], LINK, k) < lesson_04.link_ms(messages["allreduce"], LINK, k)
-    for k in (below, above)
+    lesson_04.link_ms(sent["powersgd"], LINK, k) < lesson_04.link_ms(sent["allreduce"], LINK, k) for k in (below, above)
 ]
 lesson.claim(
     shorter == [True, False],
-    f"The same messages, from these {n}-rank steps, priced by {LINK.name} on k ranks: PowerSGD's take less link time "
+    f"The same calls and payload, from these {n}-rank steps, priced on {LINK.name} for k ranks: PowerSGD's take less link time "
     f"below n* = {n_star:.1f}, for k = {below} and not for k = {above}.",
 )
-lesson_04.link_figure(messages, n, LINK, crossover)
+lesson_04.link_figure(sent, n, LINK, crossover)
 wins.round(3)
 
 # %% [markdown]

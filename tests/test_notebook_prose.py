@@ -47,7 +47,7 @@ STEADY: dict[str, dict[str, str]] = {
         "**the ratios of 4 × T4**": "the blog's machine: four T4 GPUs",
         "over 100 Gbit/s InfiniBand": LINK,
     },
-    "04_comm_hooks": {"**emulated 1 Gbit/s link**": LINK, "the emulated 1 Gbit/s link": LINK},
+    "04_comm_hooks": {},
     "05_reading_traces": {
         "non-compute = (100 % − overlap)": "a definition: the whole as 100 %",
         "an emulated 1 Gbit/s link": LINK,

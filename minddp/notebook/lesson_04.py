@@ -2,8 +2,8 @@
 messages against bytes (each preset's link time, the table, the figure), so that the section's cell shows its
 two formulas, B* and n*, and what it claims of them.
 
-``sent``, below, is what a trainee's emulated link carried in one step, in order: ``[(kind, bytes), ...]``
-(``[(m["kind"], m["bytes"]) for m in trainee.link.log]``).
+``sent``, below, is one step of a hook: ``(calls, payload bytes)`` of its all_reduces, from its traffic meter
+(``trainee.metered[-1]``).
 """
 
 from __future__ import annotations
@@ -12,14 +12,18 @@ from __future__ import annotations
 NAMES = {"allreduce": "plain averaging", "fp16": "fp16", "bf16": "bf16", "powersgd": "PowerSGD"}
 
 
-def link_ms(sent: list[tuple[str, int]], spec, n: int) -> float:
-    """The link time of one step's messages ``sent`` on the link ``spec`` (a :class:`~minddp.comm.link.LinkSpec`)
-    and ``n`` ranks, ms: each message's α-β time, added (the link carries one at a time)."""
-    return sum(spec.seconds(kind, m, n) for kind, m in sent) * 1e3
+def link_ms(sent: tuple[int, int], spec, n: int) -> float:
+    """The link time of one step's all_reduces ``sent`` (``(calls, payload bytes)``) on the link ``spec`` (a
+    :class:`~minddp.comm.link.LinkSpec`) and ``n`` ranks, ms: each message's α-β time, added (the link carries one
+    at a time). That time is a fixed cost plus a price per byte, so the sum needs only the count and the bytes in
+    all: ``calls`` fixed costs and the price of ``bytes``."""
+    calls, nbytes = sent
+    fixed = spec.seconds("all_reduce", 0, n)
+    return (calls * fixed + spec.seconds("all_reduce", nbytes, n) - fixed) * 1e3
 
 
 def preset_table(sent: dict, n: int, crossover):
-    """One row per preset link (loopback left out): its α and bandwidth, each hook's link time for its messages
+    """One row per preset link (loopback left out): its α and bandwidth, each hook's link time for its step
     ``sent[hook]`` (``allreduce`` and ``powersgd``), and ``crossover(α)``, B* in bytes/s, in Gbit/s."""
     import pandas as pd
 
@@ -106,7 +110,7 @@ def link_figure(sent: dict, n: int, link, crossover):
             fontsize=7,
         )
     ax.set_title(
-        f"The profiled step's messages on n = {n} ranks: lines at {link.name}'s α (grey: B*, where they cross), "
+        f"The last step's messages on n = {n} ranks: lines at {link.name}'s α (grey: B*, where they cross), "
         "markers at each preset's own α",
         fontsize=9,
     )
