@@ -100,8 +100,7 @@ show_source(ring_all_reduce)
 # parameters for every micro-batch's forward and again, all but the last unit's, for its backward. The
 # bound below counts one reduce-scatter pass a step and two gathering passes per micro-batch; the
 # all_reduce of the replicated tensors (two passes of their bytes) lies within it: its gathering passes
-# count those bytes, never gathered, twice a micro-batch. These are bytes, the β term, only: a ratio of
-# bytes is not a ratio of time. The cell works them out:
+# count those bytes, never gathered, twice a micro-batch. The cell works them out:
 
 # %%
 # %%distributed
@@ -280,12 +279,12 @@ lesson.claim(
     and abs(f16["activations"] + low - f32["activations"]) < 1e-3 * f32["activations"],
     f"Its gathered units hold half the bytes, {lesson.mib(f16['gathered'])} against {lesson.mib(f32['gathered'])} at "
     f"their peak; its activations {lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}, "
-    f"{f16['activations'] / f32['activations']:.2f} times, not half: {lesson.mib(low)} of them are saved in bf16, "
-    f"{lesson.mib(sum(still.values()))} still in fp32 (by module: "
-    + ", ".join(f"{m} {lesson.mib(b)}" for m, b in still.items())
+    f"{f16['activations'] / f32['activations']:.2f} times, not half: {low / 2**20:.2f} MiB of them are saved in "
+    f"bf16, {sum(still.values()) / 2**20:.2f} MiB still in fp32 (by module: "
+    + ", ".join(f"{m} {b / 2**20:.2f} MiB" for m, b in still.items())
     + ("; an RMSNorm computes in fp32 whatever its input's dtype" if "LlamaRMSNorm" in still else "")
     + ")"
-    + "".join(f", {lesson.mib(b)} in {d}" for d, b in other.items())
+    + "".join(f", {b / 1024:.1f} KiB in {d}" for d, b in other.items())
     + f". Twice the bf16 bytes plus the rest come to fp32 fsdp's {lesson.mib(f32['activations'])}.",
 )
 
@@ -298,7 +297,7 @@ lesson.claim(
 # the first update: so the first update moves each value whose gradient g is neither zero nor as small as
 # AdamW's ε by about lr (g/|g| = ±1). The cell prints the median size of ddp's first update's changes,
 # then adds lr to, and subtracts it from, every initial value held in bf16 and in fp32 (`lesson.added`)
-# and finds the changes that are lost. The model's normalization layers, its *RMSNorms*, have weights
+# and finds those lost. The model's normalization layers, its *RMSNorms*, have weights
 # (scales) that start at 1.0:
 
 # %%
@@ -532,11 +531,11 @@ on_wire.round(2)
 # %% [markdown]
 # ## FSDP: gather each unit around its run
 #
-# Each decoder layer of the model is a *unit*. The parts of its code: (1) each unit's parameters are
+# Each decoder layer of the model is a *unit*. Its code's parts: (1) each unit's parameters are
 # replaced by their shards; (2) before a unit's forward its shards are all-gathered into full parameters
 # and the next unit's gather is started (a prefetch); (3) after the forward the full parameters are
-# dropped, all but the last unit's, with which the backward starts, and a saved-tensor hook keeps a note
-# of where the tensors autograd saves lay instead of them; (4) the first note unpacked in the backward
+# dropped, all but the last unit's, with which the backward starts, and where autograd saves one for the
+# backward, a saved-tensor hook keeps a note of where it lay instead; (4) the first note unpacked in the backward
 # gathers the unit again (or waits for its prefetched gather) and starts the gather of the unit before
 # it; (5) a unit's gradients arrive together, in the backward of one autograd function (`Unshard`): in
 # the last micro-batch's backward they go to one gradient collective (a reduce-scatter: on gloo an
@@ -680,8 +679,8 @@ lesson.say(
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's ring
 # (the ring table). The model state is not all a rank holds (ddp's and zero1's bucket buffers, for
-# one), so it does not rank the stages by their peaks. The bytes are the β term only; the α term grows
-# with the collectives. fsdp buys less model state at the update than zero2 with more bytes and more
+# one), so it does not rank the stages by their peaks. The bytes are the β term only; the α term counts
+# messages. fsdp buys less model state at the update than zero2 with more bytes and more
 # collectives: it gathers every micro-batch, zero2 once a step.
 
 # %%
