@@ -534,8 +534,8 @@ on_wire.round(2)
 # Each decoder layer of the model is a *unit*. Its code's parts: (1) each unit's parameters are
 # replaced by their shards; (2) before a unit's forward its shards are all-gathered into full parameters
 # and the next unit's gather is started (a prefetch); (3) after the forward the full parameters are
-# dropped, all but the last unit's, with which the backward starts, and where autograd saves one for the
-# backward, a saved-tensor hook keeps a note of where it lay instead; (4) the first note unpacked in the backward
+# dropped, all but the last unit's, with which the backward starts, and where autograd saves a full
+# parameter for the backward, a saved-tensor hook keeps a note of where it lay instead; (4) the first note unpacked in the backward
 # gathers the unit again (or waits for its prefetched gather) and starts the gather of the unit before
 # it; (5) a unit's gradients arrive together, in the backward of one autograd function (`Unshard`): in
 # the last micro-batch's backward they go to one gradient collective (a reduce-scatter: on gloo an
