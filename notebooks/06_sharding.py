@@ -29,14 +29,14 @@
 #   in DDP, and the updated shards all-gathered;
 # * `zero2`: the gradients are sharded too: a reduce-scatter hands each rank only the piece of the
 #   averaged gradients it updates;
-# * `fsdp`: the parameters are sharded too (but the few in no decoder layer, kept whole on every rank
+# * `fsdp`: the parameters are sharded too (except the few in no decoder layer, kept whole on every rank
 #   and all-reduced: its *replicated* tensors), and each decoder layer (a *unit*) is gathered only
 #   around its own forward and backward, the next unit's gather started one unit ahead (a *prefetch*).
 #
 # The notation is notebook 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one
 # message, β the time per byte. A *step* is all its micro-batches' forwards and backwards and the
 # *update* at their end (the optimizer's `step()`). ddp, zero1 and zero2 send their gradients in
-# *buckets* (the workload line), one collective per bucket; fsdp per unit and per replicated tensor.
+# *buckets*, one collective per bucket; fsdp per unit and per replicated tensor.
 
 # %%
 # %load_ext minddp.notebook
@@ -100,8 +100,7 @@ show_source(ring_all_reduce)
 # parameters for every micro-batch's forward and again, all but the last unit's, for its backward. The
 # bound below counts one reduce-scatter pass a step and two gathering passes per micro-batch; the
 # all_reduce of the replicated tensors (two passes of their bytes) lies within it: its gathering passes
-# count those bytes, never gathered, twice a micro-batch. These are bytes, the β term, only: a ratio of
-# bytes is not a ratio of time. The cell works them out:
+# count those bytes, never gathered, twice a micro-batch. The cell works them out:
 
 # %%
 # %%distributed
@@ -204,16 +203,13 @@ lesson.say(
 )
 reducers = {s: trainees[s].model.reducer for s in ("ddp", "zero1")}  # minddp's DistributedDataParallel's
 buffers = {s: sum(b.untyped_storage().nbytes() for b in r.buffers) for s, r in reducers.items()}
-with_buffers = state_of["zero1"] + buffers["zero1"]
 lesson.claim(
     not any(r.gradient_as_bucket_view for r in reducers.values()),
-    "ddp and zero1 keep a flat buffer per gradient bucket, in storage of its own beside the gradients, which no "
-    "column counts: "
+    "ddp and zero1 copy their gradients into a flat buffer per gradient bucket (the gradients are not views into "
+    "it), storage of its own which no column counts: "
     + ", ".join(f"{s} {lesson.mib(b)}" for s, b in buffers.items())
-    + f" on rank 0 after the step. With its buffers zero1 holds {lesson.mib(with_buffers)}, "
-    + ("as much as" if abs(with_buffers - state_of["ddp"]) < 1e-3 * state_of["ddp"] else "against")
-    + f" ddp's model state ({lesson.mib(state_of['ddp'])}). Nor does any column count the buffers any stage's "
-    "collectives send from and receive into within a step, but fsdp's all-gathers' (in its gathered units).",
+    + " on rank 0 after the step. Nor does any column count the buffers any stage's collectives send from and "
+    "receive into within a step, except fsdp's all-gathers' (in its gathered units).",
 )
 table.round(3).astype(object).where(table.notna(), "–")
 
@@ -270,21 +266,26 @@ lesson.claim(
     f"fsdp computing in bf16 keeps the same model state as in fp32, {held['fsdp'] / 2**20:.1f} MiB: its fp32 "
     f"shards are the master weights.",
 )
-# the same units gathered, 2 bytes a value instead of 4: exactly half. The activations saved in bf16 take half
-# their fp32 bytes; the rest (fp32, integers) as many as in fp32 fsdp's forward
+# the same units gathered, 2 bytes a value instead of 4: exactly half
 low = sum(b for (dtype, _), b in probe.activations_by.items() if dtype == "bfloat16")  # probe: the bf16 run's
-still = {}  # bytes saved in fp32 in the bf16 run, by the class of the module that saved them
+still, other = {}, {}  # bytes saved in fp32 in the bf16 run by the class of the module that saved them; by dtype
 for (dtype, where), b in sorted(probe.activations_by.items(), key=lambda kv: -kv[1]):
     if dtype == "float32":
         still[where] = still.get(where, 0) + b
+    elif dtype != "bfloat16":
+        other[dtype] = other.get(dtype, 0) + b
 lesson.claim(
     2 * f16["gathered"] == f32["gathered"]
     and abs(f16["activations"] + low - f32["activations"]) < 1e-3 * f32["activations"],
     f"Its gathered units hold half the bytes, {lesson.mib(f16['gathered'])} against {lesson.mib(f32['gathered'])} at "
     f"their peak; its activations {lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}, "
-    f"{f16['activations'] / f32['activations']:.2f} times, not half: {lesson.mib(sum(still.values()))} of them are "
-    "still saved in fp32 (by module: " + ", ".join(f"{m} {lesson.mib(b)}" for m, b in still.items()) + "), and "
-    f"those saved in bf16, {lesson.mib(low)}, take half the bytes fp32 fsdp saves for them.",
+    f"{f16['activations'] / f32['activations']:.2f} times, not half: {low / 2**20:.2f} MiB of them are saved in "
+    f"bf16, {sum(still.values()) / 2**20:.2f} MiB still in fp32 (by module: "
+    + ", ".join(f"{m} {b / 2**20:.2f} MiB" for m, b in still.items())
+    + ("; an RMSNorm computes in fp32 whatever its input's dtype" if "LlamaRMSNorm" in still else "")
+    + ")"
+    + "".join(f", {b / 1024:.1f} KiB in {d}" for d, b in other.items())
+    + f". Twice the bf16 bytes plus the rest come to fp32 fsdp's {lesson.mib(f32['activations'])}.",
 )
 
 # %% [markdown]
@@ -296,7 +297,7 @@ lesson.claim(
 # the first update: so the first update moves each value whose gradient g is neither zero nor as small as
 # AdamW's ε by about lr (g/|g| = ±1). The cell prints the median size of ddp's first update's changes,
 # then adds lr to, and subtracts it from, every initial value held in bf16 and in fp32 (`lesson.added`)
-# and finds the changes that are lost. The model's normalization layers, its *RMSNorms*, have weights
+# and finds those lost. The model's normalization layers, its *RMSNorms*, have weights
 # (scales) that start at 1.0:
 
 # %%
@@ -522,7 +523,7 @@ lesson.claim(
     f"({f_sent['all_gather'] / total['fsdp']:.0%} of what it sent): {passes:.2f} passes of the model, "
     f"{passes / accum:.2f} a micro-batch, under the bound's 2 (the last unit is not gathered again for the "
     f"backward, and the {outside} tensors outside the units are never gathered). In all {total['fsdp'] / 2**20:.2f} "
-    f"MiB a step (the table's total), {total['fsdp'] / whole:.1f} times ddp's, within the bound's "
+    f"MiB a step (the table's total, summed before rounding), {total['fsdp'] / whole:.1f} times ddp's, within the bound's "
     f"{lesson.mib(fsdp_most)}.",
 )
 on_wire.round(2)
@@ -530,17 +531,17 @@ on_wire.round(2)
 # %% [markdown]
 # ## FSDP: gather each unit around its run
 #
-# Each decoder layer of the model is a *unit*. Before a unit's forward its shards are all-gathered into
-# full parameters and the next unit's gather is started (a prefetch); after the forward the full
-# parameters are dropped, all but the last unit's, with which the backward starts. The tensors autograd
-# saves for the backward would keep them alive, so a saved-tensor hook keeps a note of where they lay
-# instead; the first note unpacked in the backward gathers the unit again (or waits for its prefetched
-# gather) and starts the gather of the unit before it. A unit's gradients arrive together, in the backward
-# of one autograd function (`Unshard`); in the last micro-batch's backward they go to one gradient
-# collective (a reduce-scatter: on gloo an all_reduce), in the others they are accumulated whole under
-# `no_sync()`. In the last, each replicated tensor's gradient gets an all_reduce. At the end of the
-# backward fsdp waits for them and gives each shard its piece as `.grad`. The lines that do parts 2 to 6
-# (numbered in the module's docstring):
+# Each decoder layer of the model is a *unit*. Its code's parts: (1) each unit's parameters are
+# replaced by their shards; (2) before a unit's forward its shards are all-gathered into full parameters
+# and the next unit's gather is started (a prefetch); (3) after the forward the full parameters are
+# dropped, all but the last unit's, with which the backward starts, and where autograd saves a full
+# parameter for the backward, a saved-tensor hook keeps a note of where it lay instead; (4) the first note unpacked in the backward
+# gathers the unit again (or waits for its prefetched gather) and starts the gather of the unit before
+# it; (5) a unit's gradients arrive together, in the backward of one autograd function (`Unshard`): in
+# the last micro-batch's backward they go to one gradient collective (a reduce-scatter: on gloo an
+# all_reduce), and each replicated tensor's gradient to an all_reduce; in the others they are
+# accumulated whole under `no_sync()`; (6) at the end of the backward fsdp waits for them and gives each
+# shard its piece as `.grad`. The lines that do parts 2 to 6:
 
 # %%
 # %%rank 0
@@ -576,8 +577,8 @@ lesson.claim(
     f"{len(fsdp.units)} units ({type(fsdp.units[0].module).__name__}), "
     f"{len({id(p) for _, _, p in fsdp.replicated})} replicated parameter tensors; at most "
     f"{lesson.mib(memory['fsdp']['gathered'])} gathered at once (the memory table's column), twice the largest "
-    "unit's full parameters: a unit's full parameters beside one received buffer, its own while it is unpacked, "
-    "then the prefetched unit's. "
+    "unit's full parameters: one unit's full parameters and one received buffer at once, the unit's own while it "
+    "is unpacked or, after it, the next unit's prefetched one. "
     f"The whole model's parameters: {lesson.mib(memory['ddp']['parameters'])}.",
 )
 f = looks["fsdp"]
@@ -677,9 +678,10 @@ lesson.say(
 # ## What each rung trades
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's ring
-# (the ring table). The model state is not all a rank holds during the step, so it does not rank the
-# stages by their peaks. The bytes are the β term only. fsdp buys less model state at the update
-# than zero2 with more bytes: it gathers every micro-batch, zero2 once a step.
+# (the ring table). The model state is not all a rank holds (ddp's and zero1's bucket buffers, for
+# one), so it does not rank the stages by their peaks. The bytes are the β term only; the α term counts
+# messages. fsdp buys less model state at the update than zero2 with more bytes and more
+# collectives: it gathers every micro-batch, zero2 once a step.
 
 # %%
 # %%rank 0
@@ -694,6 +696,9 @@ lesson.say(
     )
     + f".\nfsdp against zero2: {spared['fsdp'] - spared['zero2']:.1f} MiB less model state at the update, "
     f"{total['fsdp'] / total['zero2']:.1f} times zero2's bytes sent on the ring at {accum} micro-batches a step."
+    "\nCollectives handed over a step (the looks' counts), each paying α for each of its messages: "
+    + ", ".join(f"{s} {looks[s]['calls'] + looks[s]['gathers']}" for s in STAGES)
+    + "."
 )
 lesson.claim(
     (trade.loc["zero2"] < trade.loc["zero1"]).all(),
