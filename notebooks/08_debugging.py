@@ -222,7 +222,7 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # The message numbers the call: *collective #K* counts from 0 every collective on the default group
 # that debug mode has checked (the wrappers', their checks', the helpers' and the earlier sections'),
 # so the two ranks' K-th calls are the ones compared. A call is written as op(dtype[shape], ...), with its
-# reduce op if any; an all_gather's lists the output (`2 ×` one rank's row: one per rank), then the input. A call minddp makes is placed at the script's line that led to it (the
+# reduce op if any; an all_gather's lists the output (the number of ranks × the input's shape), then the input. A call minddp makes is placed at the script's line that led to it (the
 # step check's at the `optimizer.step()`). Then the step: `(step 0)` for a call made in a wrapper's step (from its
 # forward to its `optimizer.step()`), `(after step S)` for a script's own call made after the last step
 # a wrapper took (here section 3's last, its loop's step 3).
@@ -467,7 +467,7 @@ lesson.claim(
 # `torch.distributed`, checked, and blocks backward until it is summed) and the *plan check*
 # (`check_consistency`: each step, the ranks compare which parameters each bucket holds and the order the buckets were sent in).
 # In the next cell they change no parameter: on each rank, 5 correct steps end with the same bits
-# paused or on. What they cost in time is not measured here.
+# paused or on.
 
 
 # %%
