@@ -75,9 +75,8 @@ plt.show()
 
 # %% [markdown]
 # When one rank fails, the cell fails. Here rank 1 raises before the `all_reduce`. Rank 0 waits in it
-# until the runner has rank 1 destroy its process group, and then raises (gloo's message wrongly
-# guesses a crashed worker). Below the cell: rank 0's note `(released
-# because rank 1 failed)`, then the error: in Jupyter, a traceback block per rank whose cell raised; as
+# until the runner has rank 1 destroy its process group, and then raises. Below the cell: rank 0's
+# note `(released because rank 1 failed)`, then the error: in Jupyter, a traceback block per rank whose cell raised; as
 # plain text, a heading that lists the other ranks whose cell raised as "failed too", then rank 1's
 # traceback.
 #

@@ -43,13 +43,13 @@
 
 # %% [markdown]
 # The set-up cell turns debug mode on in every rank, as `MINDDP_DEBUG=1 torchrun ...` would. Its
-# helpers (`minddp/notebook/lesson_08.py`) give every rank the same model, `build()`'s `Net` (linear
+# helpers (`minddp/notebook/lesson_08.py`) give every rank the same model (its *replica*), `build()`'s `Net` (linear
 # layers `encoder` 8→16, tanh, `head` 16→4; `Net(extra=True)` adds `extra` 16→4, a second head whose
 # output is added to `head`'s in a forward given `use_extra=True`), wrapped (`model`, *the wrapper*, is
 # the DDP object; `model.module` is the `Net` it wraps), with SGD at learning rate 0.1, and its own
 # batches of 6 examples (its shard). They run each script three ways:
 #
-# * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised (an excerpt),
+# * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised (an excerpt; gloo's guess at a cause cut),
 #   in which step if in `train()`'s loop (`torch_step`), and after how long from the script's start
 #   (`torch_took`), or "raised nothing" (`peer_gone` tells an error saying the partner is gone). `torch_drifts`, for sections 1 and 2: whether the
 #   replicas' parameters differ at the end;
@@ -79,6 +79,7 @@ from minddp.notebook.lesson_08 import (
     batch,
     build,
     cpp_warnings,
+    each_rank,
     fixed,
     minddp_says,
     peer_gone,
@@ -152,8 +153,9 @@ minddp_says(lambda: one_step(*build()), "the forward did not go through the wrap
 fixed(one_step, "through the wrapper", through_wrapper=True)
 
 # %% [markdown]
-# The other way to get there: gradient accumulation with step 0's three micro-batches all inside
-# `no_sync()`, the last one included: a step's last backward must run outside it. The fix: the last
+# The other way to get there: gradient accumulation, step 0's gradient summed over three backwards
+# (*micro-batches*), all inside `no_sync()` (the wrapper's block whose backwards skip the averaging),
+# the last one included: a step's last backward must run outside it. The fix: the last
 # micro-batch outside `no_sync()`.
 
 
@@ -220,7 +222,7 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # The message numbers the call: *collective #K* counts from 0 every collective on the default group
 # that debug mode has checked (the wrappers', their checks', the helpers' and the earlier sections'),
 # so the two ranks' K-th calls are the ones compared. A call is written as op(dtype[shape], ...), with its
-# reduce op if any; an all_gather's (in `log_loss`'s output below) lists the output, then the input. A call minddp makes is placed at the script's line that led to it (the
+# reduce op if any; an all_gather's lists the output (the number of ranks × the input's shape), then the input. A call minddp makes is placed at the script's line that led to it (the
 # step check's at the `optimizer.step()`). Then the step: `(step 0)` for a call made in a wrapper's step (from its
 # forward to its `optimizer.step()`), `(after step S)` for a script's own call made after the last step
 # a wrapper took (here section 3's last, its loop's step 3).
@@ -277,7 +279,7 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # 0 starts a step whose collectives rank 1 will never make. Under torch rank 1 fails at the short
 # group's timeout, and when it destroys its groups, rank 0's step fails with gloo's "Connection
 # closed by peer" (or "reset by peer"); neither says which rank ran out, or when. The cell's fix is
-# the wrapper's `join()`: a rank that has run out makes the others' remaining collectives, and once
+# the wrapper's `join()` around the loop, the barrier after it: a rank that has run out makes the others' remaining collectives, and once
 # every rank has left its loop, each takes the parameters of the last to leave (rank 0, here).
 
 
@@ -301,20 +303,21 @@ lesson.claim(
 minddp_says(lambda: uneven(*build()), "uneven inputs: rank 1 left the training loop after step 2")
 model, optimizer = build()
 stepped = 0
-with quiet() as said, model.join():
-    for step in range(4 if rank == 0 else 3):
-        x, y = batch(step)
-        nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        stepped += 1
-    left = nn.utils.parameters_to_vector(model.parameters()).detach()  # as this rank leaves its loop
+with quiet() as said:
+    with model.join():
+        for step in range(4 if rank == 0 else 3):
+            x, y = batch(step)
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            stepped += 1
+        left = nn.utils.parameters_to_vector(model.parameters()).detach()  # as this rank leaves its loop
+    dist.barrier()  # the script's final barrier, outside the join: every rank has left its loop
 dist.broadcast(left, src=0)  # rank 0's
-steps = [None] * world_size
-dist.all_gather_object(steps, stepped)
+steps = each_rank(stepped)
 lesson.claim(
     not said and steps == [4, 3] and torch.equal(nn.utils.parameters_to_vector(model.parameters()), left),
-    f"the fix: under model.join() rank 0 took {steps[0]} steps and rank 1 {steps[1]}; nothing is said and both "
+    f"the fix: under model.join() rank 0 took {steps[0]} steps and rank 1 {steps[1]}, then both passed the barrier; nothing is said and both "
     "ranks end with the parameters rank 0 had when it left its loop",
 )
 
@@ -356,8 +359,9 @@ lesson.claim(
 minddp_says(
     lambda: freeze_on_rank_0(DistributedDataParallel),
     ("requires_grad differs across ranks: parameter 'head.weight'", "at step 0"),
-    "debug mode stopped every rank at step 0, a step before torch's DDP raised (on rank 0, in step 1)",
-    also=torch_step[0] == 1,
+    "debug mode stopped every rank at step 0, a step before torch's DDP's own error (rank 0's \"Expected to have "
+    'finished reduction", in step 1)',
+    also=torch_step[0] == 1 and "Expected to have finished reduction" in raised[0],
 )
 with quiet() as said:
     model = freeze_on_rank_0(DistributedDataParallel, everywhere=True)
@@ -368,9 +372,7 @@ lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, not
 # `find_unused_parameters=True`, torch's advice, does not fix this bug. The next cell runs it under
 # torch's DDP beside `own`, an unwrapped copy of the module: no error; rank 1's `head.weight` gradient
 # is averaged with rank 0's zeros, which halves it, while rank 0, whose `head` is frozen, does not step it, so the replicas end apart. `cpp_warnings()`
-# catches the warnings torch's C++ code writes to stderr. Each rank's reducer searches only its own
-# graph: rank 0's finds no gradient for `head` and says nothing; the healthy rank 1's finds every parameter
-# used and advises turning the flag off. The one warning points away from the bug.
+# catches the warnings torch's C++ code writes to stderr. The one warning points away from the bug.
 
 
 # %%
@@ -391,16 +393,14 @@ def fourth_run(group, short):
     optimizer.zero_grad()
     train(model, optimizer, steps=1)  # the second step, on the same batch
     kept = all(torch.equal(a, b) for a, b in zip(model.module.head.parameters(), own.head.parameters()))  # own: 0 steps
-    runs.append((model, (share, kept)))
+    runs.append((model, share, kept))
 
 
 runs = []
 with cpp_warnings() as warned:
     raised = torch_does(fourth_run)
-((model, mine),) = runs
-everyone = [None] * world_size
-dist.all_gather_object(everyone, (*mine, warned))
-shares, kept, warnings_of = zip(*everyone)
+((model, share, kept),) = runs
+shares, kept, warnings_of = zip(*each_rank((share, kept, warned)))
 gap, where = apart_at(model)
 # Rank 1's two head gradients (through the wrapper, and the copy's) are float32 sums of the same 6 rows' products,
 # at worst in another order: apart by ~6 roundings (6 × 6e-8 relative) at most, far inside 1e-5; halving is exact.
@@ -447,8 +447,9 @@ lesson.claim(
 minddp_says(
     lambda: train(*build(extra=True), 1, use_extra=rank == 0),
     ("Fix: pass find_unused_parameters=True", "in step 0"),
-    "debug mode stopped every rank in step 0, a step before torch's DDP raised (on rank 1, in step 1)",
-    also=torch_step[1] == 1,
+    "debug mode stopped every rank in step 0, a step before torch's DDP's own error (rank 1's \"Expected to have "
+    'finished reduction", in step 1)',
+    also=torch_step[1] == 1 and "Expected to have finished reduction" in raised[1],
 )
 model, optimizer = build(extra=True, find_unused_parameters=True)
 with quiet() as said:
@@ -462,11 +463,11 @@ lesson.claim(
 #
 # minddp's `DistributedDataParallel` built while debug mode is on has three things one built while it
 # is paused lacks: a *watch* (the object that runs the wrapper's forward and step checks), the
-# `DebugReducer` (the *reducer* averages the gradients in buckets; this one sends each bucket through
+# `DebugReducer` (the *reducer* averages the gradients in *buckets*, groups of parameters sent in one collective; this one sends each bucket through
 # `torch.distributed`, checked, and blocks backward until it is summed) and the *plan check*
 # (`check_consistency`: each step, the ranks compare which parameters each bucket holds and the order the buckets were sent in).
 # In the next cell they change no parameter: on each rank, 5 correct steps end with the same bits
-# paused or on. What they cost in time is not measured here.
+# paused or on.
 
 
 # %%

@@ -47,6 +47,7 @@ __all__ = [
     "batch",
     "build",
     "cpp_warnings",
+    "each_rank",
     "fixed",
     "minddp_says",
     "peer_gone",
@@ -131,6 +132,13 @@ def apart_at(model) -> tuple[float, str]:
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, (gaps[at].item(), names[int((ends <= at).sum())]))
     return max(everyone)
+
+
+def each_rank(value) -> list:
+    """Every rank's ``value`` (any picklable object), in rank order, on every rank."""
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, value)
+    return everyone
 
 
 def torch_does(script) -> list[str]:
