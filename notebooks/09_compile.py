@@ -39,8 +39,7 @@
 # of the forward, and compiles each piece apart, each with a gradient node of its own. The backward pass runs piece
 # after piece, numbered here in that order: piece 0 holds the forward's last layers; a *piece's backward* is the run
 # of its gradient node. A bucket whose last gradient a piece produces can then be handed over before the next
-# piece's backward begins. Here each piece but the last closes once its parameters reach the bucket cap, and the last
-# holds what is left.
+# piece's backward begins. Here, under `ddp`, each piece but the last closes once its parameters reach the bucket cap.
 #
 # A training step (`train_step` in `minddp/ladder/loop.py`) runs the forward and the backward pass, then the optimizer
 # step. This notebook first shows one step of `ddp` in each of three runs, one row each: eager (not compiled),
@@ -138,8 +137,8 @@ lesson.say(
 # and row labels, not in the bars: nodes run back to back draw as one stretch, and what is shorter than a pixel may
 # not show.
 #
-# Read the figure for the order of events, not for lengths of bars or blanks, in a row or between rows: each row is
-# a single step of two ranks whose threads, gloo's included, share this machine's cores, and any stretch can hold
+# Read the figure for the order of events, not for lengths, in a row or between rows: each row is a single step of
+# two ranks whose threads, gloo's included, share this machine's cores, and any stretch, a bar or a blank, can hold
 # time a thread waits for a core. This notebook does not measure what compiling or the cut costs.
 
 # %%
