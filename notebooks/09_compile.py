@@ -25,9 +25,9 @@
 # gradient is there and every earlier bucket has been handed over (`_bucket_filled` in `minddp/ddp/reducer.py`).
 # A gradient node *ran after* a hand-over if it ends after the hand-over. A bucket's `all_reduce` can run while
 # gradients are still computed only if a gradient node ran after its hand-over; this notebook checks that order,
-# and draws no `all_reduce`.
+# not when the `all_reduce`s run.
 #
-# nanoGPT (a small GPT training script) compiles the model, then wraps it: `model = torch.compile(model)`, then
+# nanoGPT's training script compiles the model, then wraps it: `model = torch.compile(model)`, then
 # `DDP(model)`. `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph* (in this notebook
 # the word means only Dynamo's graph), and a *backend* compiles the graph (by default *Inductor*, which fuses
 # operations into kernels). Compiled as one graph, the model records a single gradient node for its whole forward,
@@ -39,8 +39,7 @@
 # of the forward, and compiles each piece apart, each with a gradient node of its own. The backward pass runs piece
 # after piece, numbered here in that order: piece 0 holds the forward's last layers; a *piece's backward* is the run
 # of its gradient node. A bucket whose last gradient a piece produces can then be handed over before the next
-# piece's backward begins. Given a `bucket_cap_mb`, minddp's `ddp` has Dynamo cut by it, the first piece included;
-# here each piece but the last closes once its parameters reach that cap (2 MiB), and the last holds what is left.
+# piece's backward begins. Here, under `ddp`, each piece but the last closes once its parameters reach the bucket cap.
 #
 # A training step (`train_step` in `minddp/ladder/loop.py`) runs the forward and the backward pass, then the optimizer
 # step. This notebook first shows one step of `ddp` in each of three runs, one row each: eager (not compiled),
@@ -91,7 +90,7 @@ def loss_fn(model, x):
 
 def one_step(compiled: bool, cut: bool = True):
     """ddp on a fresh MLP, compiled or not (the cut on or off), two warm-up steps, then one profiled step."""
-    torch._dynamo.reset()  # every MLP shares Dynamo's cache (one class, one code): start each anew
+    torch._dynamo.reset()  # every MLP shares Dynamo's compiled code (one class): compile each run anew, its cut too
     torch._dynamo.config.optimize_ddp = cut
     model = MLP()
     ddp = DistributedDataParallel(torch.compile(model, backend=BACKEND) if compiled else model, bucket_cap_mb=CAP)
@@ -125,8 +124,9 @@ lesson.say(
 #
 # Each row is one run's third step (the first two are not profiled), on rank 0, from the start of its forward to
 # the black line where its optimizer step ends, scaled to that step: the forward (pale, the loss's included), the
-# gradient nodes (blue), the `AccumulateGrad` nodes (grey, the reducer's hook included), a tick when a bucket was
-# handed over, and the optimizer step (green). After the last grey, the reducer's end-of-backward callback (it waits
+# gradient nodes (blue), the `AccumulateGrad` nodes (grey, the reducer's hook included), a tick where the hook calls
+# `all_reduce` on a bucket (the call, in the grey after the tick, starts the collective on gloo's threads),
+# and the optimizer step (green). After the last grey, the reducer's end-of-backward callback (it waits
 # for the buckets' `all_reduce`s, then writes the averaged gradients back) runs undrawn.
 #
 # What to look for: with the cut, as in eager, a gradient node ran after each tick but the last; without it, after
@@ -134,12 +134,12 @@ lesson.say(
 #
 # The blue begins with the loss's gradient nodes; then, in eager, several nodes per layer; with the cut, one
 # gradient node per piece, piece 0 first; without it, the whole graph's one. Count pieces and buckets in the claims
-# and row labels, not in the bars: nodes run back to back draw as one stretch, a node shorter than a pixel may not
-# show, ticks closer than a pixel draw as one, and a tick can lie on a node's edge.
+# and row labels, not in the bars: nodes run back to back draw as one stretch, and what is shorter than a pixel may
+# not show.
 #
 # Read the figure for the order of events, not for lengths, in a row or between rows: each row is a single step of
-# two ranks that share this machine's cores, and any bar can hold time its thread waits for a core. This notebook
-# does not measure what compiling or the cut costs.
+# two ranks whose threads, gloo's included, share this machine's cores, and any stretch, a bar or a blank, can hold
+# time a thread waits for a core. This notebook does not measure what compiling or the cut costs.
 
 # %%
 # %%distributed
@@ -178,9 +178,10 @@ lesson.claim(
 # then that run's buckets (`ddp`'s `bucket_plan`, rebuilt at the second step's forward in the order the first
 # step's gradients arrived on rank 0), each with its parameters in the forward's order.
 #
-# Dynamo cuts only while torch's DDP's class attribute `_active_ddp_module` is set (torch's DDP sets it to itself
-# around the call of its module, in `_inside_ddp_forward`), reading the bucket cap from it; it caps piece 0 apart, at
-# torch's global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`,
+# Dynamo decides the cut when it compiles (the first step): it cuts only if torch's DDP's class attribute
+# `_active_ddp_module` is set then (torch's DDP sets it to itself around the call of its module, in
+# `_inside_ddp_forward`), reading the bucket cap from it; it caps piece 0 apart, at torch's global
+# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`, whatever the bucket cap. While its module runs compiled, minddp's `ddp`,
 # given a `bucket_cap_mb`, sets `_active_ddp_module` to a stand-in holding its bucket cap and that global to the
 # bucket cap, restoring both after (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as bucket 0
 # does.
@@ -238,7 +239,7 @@ lesson.claim(
 # %% [markdown]
 # ### Your turn: after which piece is each bucket handed over?
 #
-# Write `handed_over_after(pieces, cap)`: `pieces` lists pieces in the order the backward pass runs them, each as its
+# Write `my_handed_over_after(pieces, cap)`: `pieces` lists pieces in the order the backward pass runs them, each as its
 # gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes (`CAP` above is in MiB), every
 # bucket's, the first included. Pieces and gradients are any sizes, empty and 0 bytes too, not only those a cut at
 # `cap` makes, so a bucket can take gradients from several pieces. Fill the buckets in arrival order, as `ddp` plans
@@ -274,11 +275,13 @@ print(check_handover(solutions.handed_over_after))
 #
 # The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. A graph break is a place inside
 # a graph Dynamo has begun where it stops the graph, runs Python, and starts a new one. Both wrappers have Dynamo
-# compile their module apart, with the cut, by marking wrapper code for Dynamo to skip. torch's DDP marks
+# compile their module apart by marking a wrapper function for Dynamo to skip with `recursive=False`: Dynamo skips
+# that function's own code, not the code it calls. torch's DDP marks
 # `_inside_ddp_forward`, which sets `_active_ddp_module`; Dynamo traces the rest of its `forward` and breaks the graph
-# at that call and at a call it cannot trace (the output names both). minddp's `ddp` marks its whole `forward`
-# (`torch.compiler.disable`, in `eager_under_compile`, `minddp/runtime/compiling.py`), so Dynamo begins no graph in it
-# and counts no break there. Dynamo's cut into pieces is no graph break: it cuts the graph Dynamo has captured.
+# at that call and at a call it cannot trace. minddp's `ddp` marks its whole `forward`
+# (`torch.compiler.disable(forward, recursive=False)`, `minddp/runtime/compiling.py`), so Dynamo begins no graph in
+# it and counts no break there. Dynamo's cut into pieces is no graph break: in the next section `ddp`'s graph is cut
+# into pieces, with none.
 
 
 # %%
@@ -306,7 +309,7 @@ lesson.say(
     + lesson_09.untraced_calls(reasons[THEIRS])
 )
 lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
-lesson.claim(counts[THEIRS] > counts[ALONE], "torch.compile(torch's DDP(MLP)) adds graph breaks to the model's.")
+lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {ALONE} does not.")
 
 # %% [markdown]
 # ## A bucket cap of 0.5 MiB
@@ -315,7 +318,7 @@ lesson.claim(counts[THEIRS] > counts[ALONE], "torch.compile(torch's DDP(MLP)) ad
 # the wrapper's first (`lesson_09.compile_at`): its parameters against eager `ddp`'s after the same step, the step's
 # buckets and graph breaks, then the pieces of one more forward; or the refusal. A first step's buckets follow torch's
 # first-iteration plan (`plan_first_iteration_like_torch` in `minddp/ddp/plan.py`): with `find_unused_parameters` off,
-# as here, one bucket per dtype and device, its parameters in the order the model registers them; so here one bucket.
+# as here, one bucket per dtype and device.
 # With torch's DDP and the cut on (the default), Dynamo caps the first piece at `_DEFAULT_FIRST_BUCKET_BYTES`, above
 # this bucket cap, and asserts; its assert says "First bucket" for that first piece.
 
@@ -372,7 +375,7 @@ lesson.claim(
 #   `all_reduce`s could run while gradients were still computed (not drawn); without the cut, none ran after any
 #   bucket.
 #
-# * `torch.compile(wrapper)`: both wrappers have Dynamo skip wrapper code and compile the module with the cut;
+# * `torch.compile(wrapper)`: both wrappers have Dynamo skip wrapper code and compile the module;
 #   torch's DDP skips a call inside its traced `forward` and makes a call Dynamo cannot trace, both counted as
 #   graph breaks; `ddp` skips its whole `forward`, which adds none.
 #
