@@ -472,14 +472,17 @@ lesson.claim(
     f"asked for its result until the post-hook of the {TAU}th = τth step after, which applied it (the order of "
     "events on the training thread)",
 )
-for m, s, a in zip(link.log[-len(sends) :], sends, applies):
+handed = [e for e in events if e.name.startswith("minddp.fragment_send")]  # in time order, as `sends`
+for m, s, a, e in zip(link.log[-len(sends) :], sends, applies, handed):
     asked = link.waits[m["seq"]]  # when step a's post-hook called wait(), on the link's clock (s)
     on_link, before = (m["modeled_end"] - m["start"]) * 1e3, (asked - m["start"]) * 1e3
     waited = metrics.waited([(asked, max(asked, m["delivered"]))]) * 1e3
     left = round(on_link, 1) - round(before, 1)  # from the printed numbers, so that the printed sums hold
     tail = round(round(waited, 1) - left, 1)  # the real all_reduce's last part of the wait, as printed
     lesson.say(
-        f"fragment {order[s].rpartition('#')[2]} ({m['bytes'] / 1e3:.1f} kB), handed over in step {step_of(s)}: "
+        f"fragment {order[s].rpartition('#')[2]} ({m['bytes'] / 1e3:.1f} kB), handed over in step {step_of(s)} (the "
+        f"hand-over itself, its `minddp.fragment_send` range, {(e.time_range.end - e.time_range.start) / 1e3:.1f} ms "
+        "of that step's green): "
         f"{on_link:.1f} ms on the link; {before:.1f} ms of steps from the tick until step {step_of(a)}'s wait(): "
         + (
             "delivered by then, no wait"
