@@ -623,8 +623,8 @@ lesson.claim(
     + ", ".join(f"'{name}'" for name in slower)
     + " it takes "
     + ", ".join(f"{fragment_on(name):.1f}" for name in slower)
-    + " s, longer than τ steps: the replica waits for the rest of each fragment, and computes "
-    + ", ".join(f"{100 * gain[name]:.1f}" if gain[name] >= 0.0005 else f"{100 * gain[name]:.2g}" for name in slower)
+    + " s, longer than τ steps: the replica waits for the rest of each fragment. There streaming DiLoCo computes "
+    + ", ".join(f"{100 * gain[name]:.2f}" for name in slower)
     + " percentage points more of the time than DiLoCo not streamed",
 )
 whole = {name: 4 * fragment_on(name) for name in links}  # a period's bytes on the link: its 4 fragments (s)
