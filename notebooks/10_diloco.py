@@ -17,10 +17,9 @@
 # # 10 · Slow links: local SGD → DiLoCo → streaming DiLoCo
 #
 # Every rung so far sends every gradient every step. Between two datacenters or over a home connection, that
-# all_reduce can take longer than the step's compute (the section *Compute utilisation on slow links* computes
-# it for a 360 M-parameter model). The rungs of this notebook **talk rarely**: each replica trains alone for H
-# optimizer steps (its *inner* steps), then the replicas **sync**: they average what they learnt and each
-# applies the result.
+# all_reduce can take longer than the step's compute. The rungs of this notebook **talk rarely**: each replica
+# trains alone for H optimizer steps (its *inner* steps), then the replicas **sync**: they average what they
+# learnt and each applies the result.
 #
 # 1. **Local SGD**: every H steps, average the weights (`minddp.LocalSGD`);
 # 2. **DiLoCo** (Douillard et al., 2023, arXiv 2311.08105): every H steps, average the *pseudo-gradient* (the
@@ -159,20 +158,20 @@ lesson.claim(
 )
 
 # %% [markdown]
-# That is one seed on 2 replicas. The bench runs every rung on 4 replicas, 2000 steps, 5 seeds; the figure and
-# numbers below are read from its committed results (`docs/diloco/convergence.json`), not run here. Its runs:
-# `ddp`; `single` (one replica alone: a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10,
-# 50, 100); `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (DiLoCo at H = 100 with those outer learning rates, the
-# Nesterov momentum 0.9 kept; not drawn); `streaming-h100` (streaming DiLoCo, scored on its synced weights: each
-# fragment's from that fragment's last sync). All are trained and scored by `train_config` as above, but on 4
-# replicas with the cosine over 2000 steps.
+# That is one seed on 2 replicas. The bench trains 2000 steps on 4 replicas (on one in `single`), 5 seeds; the
+# figure and numbers below are read from its committed results (`docs/diloco/convergence.json`), not run here. Its
+# runs: `ddp`; `single` (a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100);
+# `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (those outer learning rates, the Nesterov momentum 0.9 kept; not drawn);
+# `streaming-h100` (H = 100, 2 fragments, τ = 5, α = 0.5; its syncs are *fragment syncs*, one fragment's each, 2
+# every H steps; scored on each fragment's synced weights). All are trained and scored by `train_config` as above,
+# the cosine over 2000 steps.
 #
-# A score is taken every 50 steps. The figure draws the mean over the seeds of DDP and the runs at H = 10 and 100,
-# left against the inner steps, right against the payload each replica handed over (at each payload, the run's
-# last score with no more payload: a staircase); `single` is the grey line at its final loss. The y axes stop at
-# 2.9 and 2.6 nats, so some early scores are off them. Under it: each run's final loss with its range over the
-# seeds; for each drawn run that talks rarely, where its mean rises and its loss with no more payload than DDP's
-# at DDP's first score.
+# A score is taken every 50 steps. The figure draws the mean over the seeds of DDP and the runs at H = 10 and 100
+# against the inner steps (left) and the payload each replica handed over (right), each a staircase: the run's
+# last score by that step or payload; `single` is the grey line at its final loss. The y axes stop at 2.9 and 2.6
+# nats, so some early scores are off them. Under it: each run's final loss with its range over the seeds; for
+# each drawn run that talks rarely, where its mean rises and its loss with no more payload than DDP's at DDP's
+# first score.
 
 # %%
 import json
@@ -214,20 +213,29 @@ within = {  # each drawn rare run's last score with no more payload than that: (
     n: max((s, b, lo) for s, b, lo in zip(steps, mean_of(n, "bytes"), mean_of(n, "loss")) if b <= payload)
     for n, _ in drawn[1:]
 }
-rises = {  # each drawn rare run's rises of its mean from one score to the next: (step, step, loss, loss)
-    n: [(steps[i - 1], steps[i], lo[i - 1], lo[i]) for i in range(1, len(steps)) if lo[i] > lo[i - 1]]
+every = {  # steps from one sync to the next: H, or for streaming H/K (one fragment's sync to the next one's)
+    n: results["configs"][n]["sync_every"] // results["configs"][n].get("fragments", 1) for n in within
+}
+rises = {  # each drawn rare run's rises of its mean from one score to the next: (step, loss before, loss after)
+    n: [(steps[i], lo[i - 1], lo[i]) for i in range(1, len(steps)) if lo[i] > lo[i - 1]]
     for n, lo in ((n, mean_of(n, "loss")) for n in within)
 }
-period = {n: results["configs"][n]["sync_every"] // results["configs"][n].get("fragments", 1) for n in within}
 flat = [n for n, r in rises.items() if not r]
-at_sync = all(b % period[n] == 0 for n in within for _, b, _, _ in rises[n])  # a sync in (a, b]: b a multiple
-lesson.say(
-    "left panel: of the drawn runs that talk rarely, the mean rises from one score to the next in "
-    + " and ".join(f"{n} (step {a} → {b}: {x:.3f} → {y:.3f})" for n, r in rises.items() for a, b, x, y in r)
-    + (", each across a sync" if at_sync else "")
+kind = {n: "fragment sync" if "fragments" in results["configs"][n] else "sync" for n in within}
+lesson.claim(  # a rise at a sync's step, from the score taken at the sync before: the weights scored did not move
+    all(
+        b % every[n] == 0 and mean_of(n, "loss")[steps.index(b - every[n])] == x for n in within for b, x, _ in rises[n]
+    ),
+    "left panel: of the drawn runs that talk rarely, the mean rises in "
+    + " and in ".join(
+        f"{n} at its {kind[n]} of step {b} (from {x:.3f}, its mean since its {kind[n]} of step {b - every[n]}, "
+        f"to {y:.3f})"
+        for n, r in rises.items()
+        for b, x, y in r
+    )
     + "; in "
     + " and ".join(", ".join(flat).rsplit(", ", 1))  # the runs whose mean never rises, "a, b and c"
-    + " it never rises"
+    + " it never rises",
 )
 step_for_step = all(all(d < lo for d, lo in zip(mean_of("ddp", "loss")[1:], mean_of(n, "loss")[1:])) for n in within)
 lesson.claim(
@@ -361,15 +369,15 @@ print(check_outer_sync(solutions.outer_sync))
 # %% [markdown]
 # ## Streaming DiLoCo: fragments that travel while the replica computes
 #
-# A whole-model sync still stops every replica for the time the model takes on the link. Streaming DiLoCo cuts
-# the model into K fragments (`fragments=K`) that take turns: each fragment's *turn* is H/K steps, fragment 0's
-# first, and it syncs once in its turn (DiLoCo's bytes every H steps). A fragment is a run of whole tensors in
-# the model's order, fragment i (from 0) closed once fragments 0 to i hold (i + 1)/K of the model, so one large
-# tensor makes them unequal. Each fragment's pseudo-gradient leaves `fragment_sync_delay` (τ) inner steps
-# *before* its turn ends and is waited for only at the turn's end, so it can travel during those τ steps. Then
-# the outer step uses it, its result is kept as the new synced weights, and the replica goes on training from
-# `(1 − α)·synced + α·local` (`fragment_update_alpha`). Here K counts fragments and α mixes weights (notebook
-# 01's α is a hop's fixed cost, 06's K the bytes of optimizer state per parameter). `diloco.py`'s items 4 to 6:
+# A whole-model sync still stops every replica for the time the model takes on the link. Streaming DiLoCo cuts the
+# model into K fragments (`fragments=K`) that take turns: each fragment's *turn* is H/K steps, fragment 0's first,
+# and it syncs once in its turn (K fragment syncs every H steps, DiLoCo's bytes). A fragment is a run of whole
+# tensors in the model's order, fragment i (from 0) closed once fragments 0 to i hold (i + 1)/K of the model, so
+# one large tensor makes them unequal. Each fragment's pseudo-gradient leaves `fragment_sync_delay` (τ) inner steps
+# *before* its turn ends and is waited for only at the turn's end, so it can travel during those τ steps. Then the
+# outer step uses it, its result is kept as the new synced weights, and the replica goes on training from
+# `(1 − α)·synced + α·local` (`fragment_update_alpha`). Here K counts fragments and α mixes weights (notebook 01's
+# α is a hop's fixed cost, 06's K the bytes of optimizer state per parameter). `diloco.py`'s items 4 to 6:
 
 # %%
 print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rstrip())
@@ -464,14 +472,17 @@ lesson.claim(
     f"asked for its result until the post-hook of the {TAU}th = τth step after, which applied it (the order of "
     "events on the training thread)",
 )
-for m, s, a in zip(link.log[-len(sends) :], sends, applies):
+handed = [e for e in events if e.name.startswith("minddp.fragment_send")]  # in time order, as `sends`
+for m, s, a, e in zip(link.log[-len(sends) :], sends, applies, handed):
     asked = link.waits[m["seq"]]  # when step a's post-hook called wait(), on the link's clock (s)
     on_link, before = (m["modeled_end"] - m["start"]) * 1e3, (asked - m["start"]) * 1e3
     waited = metrics.waited([(asked, max(asked, m["delivered"]))]) * 1e3
     left = round(on_link, 1) - round(before, 1)  # from the printed numbers, so that the printed sums hold
     tail = round(round(waited, 1) - left, 1)  # the real all_reduce's last part of the wait, as printed
     lesson.say(
-        f"fragment {order[s].rpartition('#')[2]} ({m['bytes'] / 1e3:.1f} kB), handed over in step {step_of(s)}: "
+        f"fragment {order[s].rpartition('#')[2]} ({m['bytes'] / 1e3:.1f} kB), handed over in step {step_of(s)} (the "
+        f"hand-over itself, its `minddp.fragment_send` range, {(e.time_range.end - e.time_range.start) / 1e3:.1f} ms "
+        "of that step's green): "
         f"{on_link:.1f} ms on the link; {before:.1f} ms of steps from the tick until step {step_of(a)}'s wait(): "
         + (
             "delivered by then, no wait"
@@ -527,8 +538,7 @@ print(check_fragment_schedule(solutions.fragment_to_send))
 # not progress. Here for a model of SmolLM2-360M's size (fp32 pseudo-gradients and gradients, 1.44 GB, taken as
 # 32 equal tensors), 2 replicas, each 16,384 tokens per step at an assumed 300 TFLOP/s, a step's compute taken
 # as 6 FLOPs per parameter and token: DDP, DiLoCo not streamed with H = 100, and streaming DiLoCo with H = 100,
-# 4 equal fragments and τ = 10, on seven of the preset links, the widest first. The lines after the table take
-# it apart.
+# 4 equal fragments and τ = 10, on seven of the preset links, the widest first.
 
 # %%
 from minddp.comm.link import PRESETS
@@ -565,11 +575,13 @@ for name, row in table.items():
 # The lines that take the table apart (this cell's code collapsed).
 first = next(name for name in links if table[name]["ddp"]["utilisation"] < 0.05)
 spec = PRESETS[first]
+down_to = links[: links.index(first) + 1]  # the links from the widest down to it
 lesson.claim(
-    table[first]["streaming"]["utilisation"] == 1.0,
+    all(table[name]["streaming"]["utilisation"] == 1.0 for name in down_to),
     f"'{first}' ({spec.bandwidth * 8 / 1e9:g} Gbit/s, {spec.latency * 1e3:g} ms per hop: {spec.about}) is the widest "
-    f"of these links where DDP computes less than 5 % of the time ({pct(table[first]['ddp']['utilisation'])}), "
-    f"and streaming DiLoCo all of it ({pct(table[first]['streaming']['utilisation'])})",
+    f"of these links where DDP computes less than 5 % of the time ({pct(table[first]['ddp']['utilisation'])}); on "
+    f"it and every wider link DiLoCo not streamed computes at least "
+    f"{pct(min(table[name]['diloco']['utilisation'] for name in down_to))} of the time, and streaming DiLoCo all of it",
 )
 buckets = synthesize(cp, "ddp", 25.0, 2).messages  # the messages ddp_step replays: one per bucket (cap 25 MiB)
 size, start = buckets[0].nbytes, min(m.at for m in buckets)
@@ -602,27 +614,27 @@ def fragment_on(name):  # one of streaming's 4 fragments (360 MB) on the link: 2
 
 
 slower = [name for name in links if fragment_on(name) > tau_s]
+gain = {n: table[n]["streaming"]["utilisation"] - table[n]["diloco"]["utilisation"] for n in links}  # in points/100
 lesson.claim(
-    all((table[name]["streaming"]["utilisation"] == 1.0) == (name not in slower) for name in links),
+    all((table[name]["streaming"]["utilisation"] == 1.0) == (name not in slower) for name in links)
+    and all(gain[name] > 0 for name in slower),
     f"streaming DiLoCo computes 100.0 % of the time on exactly the links where one fragment's time on the link "
     f"fits in its τ = 10 steps ({tau_s:.2f} s; on '{first}' a fragment takes {fragment_on(first):.2f} s). On "
     + ", ".join(f"'{name}'" for name in slower)
     + " it takes "
     + ", ".join(f"{fragment_on(name):.1f}" for name in slower)
-    + " s, longer than τ steps: the replica waits for the rest of each fragment",
+    + " s, longer than τ steps: the replica waits for the rest of each fragment. There streaming DiLoCo computes "
+    + ", ".join(f"{100 * gain[name]:.2f}" for name in slower)
+    + " percentage points more of the time than DiLoCo not streamed",
 )
 whole = {name: 4 * fragment_on(name) for name in links}  # a period's bytes on the link: its 4 fragments (s)
 hideable = 4 * tau_s  # the most link time a period's 4 fragments can travel during: K·τ = 40 steps' compute (s)
-gain = {n: table[n]["streaming"]["utilisation"] - table[n]["diloco"]["utilisation"] for n in links}
 jammed = [n for n in links if gain[n] < 0.01 and table[n]["streaming"]["utilisation"] < 1.0]  # streaming waits
 lesson.claim(
     jammed == ["100mbit", "home"] and all(whole[n] > 10 * hideable for n in jammed),
-    "streaming DiLoCo computes less than one percentage point more of the time than DiLoCo not streamed on "
-    + " and ".join(
-        f"'{n}' ({pct(table[n]['streaming']['utilisation'])} against {pct(table[n]['diloco']['utilisation'])})"
-        for n in jammed
-    )
-    + ": there a period's bytes take "
+    "on "
+    + " and ".join(f"'{n}'" for n in jammed)
+    + ", where streaming DiLoCo gains less than one percentage point, a period's bytes take "
     + " and ".join(f"{whole[n]:.1f}" for n in jammed)
     + f" s on the link, more than ten times the {hideable:.2f} s of compute (K·τ = 40 steps) its fragments can "
     "travel during",
@@ -659,15 +671,16 @@ lesson.claim(
 #   alone in every seed; local SGD ended below one replica alone at every H, in every seed. No outer lr tried at
 #   H = 100 (0.3 to 1) ends below local SGD. At lr 1 the first sync alone, which differs from local SGD's only in
 #   the momentum, takes DiLoCo above the untrained start. Of the bench's runs that talk rarely, streaming
-#   DiLoCo (H = 100) ended closest to DDP.
+#   DiLoCo (H = 100, 2 fragments, τ = 5, α = 0.5) ended closest to DDP; which of the last three helps was not
+#   separated.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it. The schedule is a
 #   function of the step alone, the same on every replica.
-# * The step-time model *predicts* (for a 360 M-parameter model; not measured here): on `wan` DDP computes less
-#   than 5 % of the time and streaming DiLoCo (4 fragments, τ = 10) all of it; streaming computes all of the
-#   time only where a fragment's time on the link fits in its τ steps. On `100mbit` and `home`, whose period's
-#   bytes take more than ten times the K·τ = 40 steps' compute its fragments can travel during, streaming
-#   computes less than one percentage point more of the time than DiLoCo not streamed.
+# * The step-time model *predicts* (a 360 M-parameter model, H = 100; not measured here): on `wan` DDP computes
+#   less than 5 % of the time, and streaming DiLoCo with 4 fragments and τ = 10 all of it; streaming computes all
+#   of the time only where a fragment's time on the link fits in its τ steps, and on `100mbit` and `home`, where a
+#   period's bytes take more than ten times the compute its fragments can travel during, less than one
+#   percentage point more than DiLoCo not streamed.
 
 # %%
 # %dist_shutdown

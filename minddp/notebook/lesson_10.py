@@ -21,13 +21,14 @@ def mean_over_seeds(curves: dict, name: str, key: str) -> list[float]:
 
 
 def loss_against_steps_and_bytes(results: dict, drawn: list[tuple[str, str]], tops: tuple[float, float]):
-    """The figure, two panels of each run of ``drawn`` (name, colour), its mean expected loss over the seeds:
-    left against the inner steps (the scores joined by lines), right against its mean payload bytes (log x; the
-    0-byte start left out) as a staircase: at each payload, the run's last score with no more payload (the loss is
-    known only at the scores, every 50 steps, so the line holds a score's loss until the next score's payload,
-    whether the payload grew at every step between, as DDP's, or at a sync); dashed at H = 100 (streaming DiLoCo's
-    too, as in ``docs/diloco/``'s figures); ``single``'s mean final loss and the entropy floor as horizontal lines;
-    the y axes cut at ``tops`` nats (left, right). Returns the figure."""
+    """The figure, two panels of each run of ``drawn`` (name, colour), its mean expected loss over the seeds,
+    each a staircase: left against the inner steps, right against its mean payload bytes (log x; the 0-byte start
+    left out); at each step (or payload), the run's last score by then (the loss is known only at the scores, every
+    50 steps, so the line holds a score's loss until the next score, whether the run's weights changed at every
+    step between, as DDP's, or only at a sync, so that a sync's change is drawn at its step, not as a ramp from the
+    score before); dashed at H = 100 (streaming DiLoCo's too, as in ``docs/diloco/``'s figures); ``single``'s mean
+    final loss and the entropy floor as horizontal lines; the y axes cut at ``tops`` nats (left, right); the legend
+    in the left panel's upper right, where no curve runs. Returns the figure."""
     import matplotlib.pyplot as plt
 
     curves, floor = results["curves"], results["floor"]
@@ -35,7 +36,7 @@ def loss_against_steps_and_bytes(results: dict, drawn: list[tuple[str, str]], to
     single = statistics.mean(c["loss"][-1] for c in curves["single"])
     for name, colour in drawn:
         losses, style = mean_over_seeds(curves, name, "loss"), "--" if "100" in name else "-"
-        by_step.plot(curves[name][0]["step"], losses, color=colour, label=name, linestyle=style)
+        by_step.plot(curves[name][0]["step"], losses, color=colour, label=name, linestyle=style, drawstyle="steps-post")
         pts = [(b, lo) for b, lo in zip(mean_over_seeds(curves, name, "bytes"), losses) if b > 0]
         xs, ys = zip(*pts)
         by_bytes.plot(xs, ys, color=colour, label=name, linestyle=style, drawstyle="steps-post")
@@ -47,7 +48,7 @@ def loss_against_steps_and_bytes(results: dict, drawn: list[tuple[str, str]], to
     by_bytes.set(xscale="log", xlabel="payload bytes each replica handed to the all_reduce (log)")
     seeds = len(curves["ddp"])
     fig.suptitle(f"{results['replicas']} replicas, {results['steps']} steps, mean of {seeds} seeds", fontsize=9)
-    by_bytes.legend(fontsize=8)
+    by_step.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     return fig
 
