@@ -218,9 +218,9 @@ first, second = late.index[:2]  # its first two compressing steps
 fed_back = steps.loc[first, "relative error"] * steps.loc[first, "‖g‖"]
 lesson.say(
     f"Those carry {last['PowerSGD payload KiB'] / plain_kib:.4f} of plain averaging's payload. Step {second}'s "
-    f"relative error compares step {second}'s ĝ with step {second}'s g alone, while the ranks also fed back step "
-    f"{first}'s residual (step {first}'s g − ĝ), of norm {fed_back:.1f}, {fed_back / steps.loc[second, '‖g‖']:.1f} "
-    f"times step {second}'s ‖g‖: the error counts that residual too, not only step {second}'s compression."
+    f"relative error compares step {second}'s ĝ with step {second}'s g alone, while what the ranks added by error "
+    f"feedback averages step {first}'s g − ĝ, of norm {fed_back:.1f}, {fed_back / steps.loc[second, '‖g‖']:.1f} "
+    f"times step {second}'s ‖g‖: the error counts that too, not only step {second}'s compression."
 )
 steps.round({"PowerSGD payload KiB": 1, "relative error": 2, "‖g‖": 2, "plain averaging ‖g‖": 2})
 
