@@ -36,13 +36,13 @@
 # the first gradient that brings it to the printed bucket size (torch's `bucket_cap_mb`) or past it. For each
 # hook we read:
 #
-# * the all_reduce calls a step and their *payload*, counted by the hook's traffic meter (a trainee's
+# * the all_reduces a step and their *payload*, counted by the hook's traffic meter (a trainee's
 #   `metered`, one reading a step): the bytes the step's all_reduces reduce (numel × element size), not the
 #   bytes a rank sends, which around a ring of n ranks are 2(n − 1)/n of the payload (equal at n = 2);
 # * the *relative gradient error* `‖ĝ − g‖ / ‖g‖`:
 #   how far the hook's average `ĝ` is from the *reference average* `g`, the float32 average of the same step's
-#   gradients, computed with an extra float32 all_reduce before the hook's, not counted as traffic (handing back
-#   zeros would score 1).
+#   gradients, computed by plain averaging's own division and sum (so plain averaging scores 0, zeros 1) in an
+#   extra all_reduce before the hook's, not counted as traffic.
 #
 # Then the all_reduces of all but bf16 are priced on the `1gbit` link of `minddp.comm.link` (as in notebooks 03
 # and 05), and plain averaging's and PowerSGD's on other links.
@@ -76,7 +76,7 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # %% [markdown]
 # ## Payload and gradient error
 #
-# Calls, payload and error are the last step's, as rank 0 measured them. `bucket-async` syncs once per optimizer
+# All_reduces, payload and error are the last step's, as rank 0 measured them. `bucket-async` syncs once per optimizer
 # step (02's *sync*): the backwards of every micro-batch but the last run inside `no_sync()` (as in 03) and send
 # nothing; each bucket is sent once, in the last one's backward or before `optimizer.step()`.
 #
@@ -106,12 +106,12 @@ rows = {}
 for name, t in trainees.items():
     last = t.metered[-1]
     rows[lesson_04.NAMES[name]] = {
-        "calls": last["calls"],
+        "all_reduces": last["calls"],
         "payload KiB": last["bytes"] / 1024,
         "payload vs plain averaging": last["bytes"] / plain_avg.metered[-1]["bytes"],
         "relative error": f"{last['relative_error']:.1e}",  # as text: 0 and above 1 in one format
     }
-table = pd.DataFrame.from_dict(rows, orient="index")  # by rows: the calls stay integers
+table = pd.DataFrame.from_dict(rows, orient="index")  # by rows: the counts stay integers
 table.round({"payload KiB": 1, "payload vs plain averaging": 4})
 
 # %%
@@ -130,23 +130,25 @@ bound = {
 }
 lesson.claim(
     table.loc["fp16", "payload vs plain averaging"] == table.loc["bf16", "payload vs plain averaging"] == 0.5
-    and table.loc["fp16", "calls"] == table.loc["bf16", "calls"] == table.loc["plain averaging", "calls"],
-    "fp16 and bf16's payload is exactly half of plain averaging's, in as many calls: 2 bytes a value instead of 4.",
+    and table.loc["fp16", "all_reduces"]
+    == table.loc["bf16", "all_reduces"]
+    == table.loc["plain averaging", "all_reduces"],
+    "fp16 and bf16's payload is exactly half of plain averaging's, in as many all_reduces: 2 bytes a value instead of 4.",
 )
 lesson.claim(
     all(err[name] <= bound[name] for name in dtypes),
-    f"Their relative gradient errors on the last step stay within that step's bounds on rounding alone, also "
+    f"Their relative gradient errors on the last step stay within that step's worst-case bounds on rounding alone, also "
     f"relative to ‖g‖: {bound['fp16']:.1e} for float16 and {bound['bf16']:.1e} for bfloat16.",
 )
-# a rank's |value i| is at most the ranks' sum of |value i|, n · a_i, so at most n · ‖a‖
+# a rank's |value i| is at most the ranks' sum of |value i|, n · a_i, so at most n times the a_i's norm
 largest = max(world_size * trainees[name].metered[-1]["magnitudes"]["magnitude_sq"] ** 0.5 for name in dtypes)
 f16, b16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
 lesson.claim(
     largest < f16.max and err["fp16"] < err["bf16"],
-    f"No gradient value a rank cast on that step exceeds n · ‖a‖ = {largest:.2g}, below float16's largest value, "
-    f"{f16.max:.0f} (bfloat16's, like float32's, is about {b16.max:.1e}), so none overflows float16; bfloat16, whose "
-    f"eps is {b16.eps / f16.eps:.0f} times float16's, has {err['bf16'] / err['fp16']:.1f} times fp16's error for as "
-    "many bytes.",
+    f"In either trainee no gradient value a rank cast on that step exceeds {largest:.2g} (n times the a_i's norm), "
+    f"below float16's largest value, {f16.max:.0f} (bfloat16's, like float32's, is about {b16.max:.1e}), so none "
+    f"overflows float16; bfloat16, whose eps is {b16.eps / f16.eps:.0f} times float16's, has the larger error for "
+    "as many bytes.",
 )
 
 # %% [markdown]
@@ -158,7 +160,7 @@ lesson.claim(
 # (`minddp/comm/powerSGD_hook.py`):
 #
 # * computes `P = A Q` (h × r), with `Q` (w × r) the one of the step before (a random one the first time),
-#   its columns made orthonormal;
+#   made orthonormal on every step;
 # * all_reduces the P's without dividing them (orthonormalizing removes the scale), and makes each `P`'s columns
 #   orthonormal: every rank now holds the same `P`;
 # * computes `Q = Aᵀ P`, all_reduces the Q's and divides their sum by the world size: as every rank used the
@@ -180,10 +182,11 @@ psgd_trainee, plain_trainee = trainees["powersgd"], trainees["allreduce"]
 start_iter = HOOKS["powersgd"]["start_powerSGD_iter"]
 steps = pd.DataFrame(
     {
-        "PowerSGD calls": [w["calls"] for w in psgd_trainee.metered],
+        "PowerSGD all_reduces": [w["calls"] for w in psgd_trainee.metered],
         "PowerSGD payload KiB": [w["bytes"] / 1024 for w in psgd_trainee.metered],
         "relative error": [w["relative_error"] for w in psgd_trainee.metered],
         "‖g‖": [w["norm"] for w in psgd_trainee.metered],  # the reference average's norm
+        "plain averaging ‖g‖": [w["norm"] for w in plain_trainee.metered],
     },
     index=pd.RangeIndex(1, len(psgd_trainee.metered) + 1, name="step"),
 )
@@ -196,17 +199,17 @@ early, late = steps.iloc[:start_iter], steps.iloc[start_iter:]
 # plain averaging through PowerSGD's first steps is allreduce_hook itself: the same division and sum as the
 # reference average it is compared with, so its error is 0 up to float32's rounding of one sum
 lesson.claim(
-    (early["PowerSGD calls"] == plain_calls).all()
+    (early["PowerSGD all_reduces"] == plain_calls).all()
     and (early["PowerSGD payload KiB"] == plain_kib).all()
     and all(w["relative_error"] < 1e-6 for w in psgd_trainee.metered[:start_iter]),
     f"For the first {start_iter} steps PowerSGD is plain averaging (start_powerSGD_iter={start_iter}): the same "
-    f"{plain_calls} calls and {plain_kib:.0f} KiB of payload, and the reference average to within 1e-6 (relative).",
+    f"{plain_calls} all_reduces and {plain_kib:.0f} KiB of payload, and the reference average to within 1e-6 (relative).",
 )
-# a bucket makes at most 3 calls (P and Q only if it compresses a matrix; the uncompressed tensors' only if it
+# a bucket makes at most 3 all_reduces (P and Q only if it compresses a matrix; the uncompressed tensors' only if it
 # holds any): 3 × buckets in all means 3 in every bucket
 lesson.claim(
-    (late["PowerSGD calls"] == 3 * buckets).all(),
-    f"Then it makes {int(last['PowerSGD calls'])} calls a step for its {buckets} buckets, 3 in every bucket, where "
+    (late["PowerSGD all_reduces"] == 3 * buckets).all(),
+    f"Then it makes {int(last['PowerSGD all_reduces'])} all_reduces a step for its {buckets} buckets, 3 in every bucket, where "
     f"plain averaging makes {plain_calls}.",
 )
 first, second = late.index[:2]  # its first two compressing steps
@@ -214,11 +217,12 @@ first, second = late.index[:2]  # its first two compressing steps
 # step's relative error times its ‖g‖, and the second step compresses g plus it
 fed_back = steps.loc[first, "relative error"] * steps.loc[first, "‖g‖"]
 lesson.say(
-    f"Those carry {last['PowerSGD payload KiB'] / plain_kib:.4f} of plain averaging's payload. On step {second} the "
-    f"ranks' corrected gradients average g plus step {first}'s g − ĝ, of norm {fed_back:.1f}, {fed_back / steps.loc[second, '‖g‖']:.1f} "
-    f"times step {second}'s ‖g‖, and the error compares their ĝ with g alone."
+    f"Those carry {last['PowerSGD payload KiB'] / plain_kib:.4f} of plain averaging's payload. Step {second}'s "
+    f"relative error compares step {second}'s ĝ with step {second}'s g alone, while what the ranks added by error "
+    f"feedback averages step {first}'s g − ĝ, of norm {fed_back:.1f}, {fed_back / steps.loc[second, '‖g‖']:.1f} "
+    f"times step {second}'s ‖g‖: the error counts that too, not only step {second}'s compression."
 )
-steps.round({"PowerSGD payload KiB": 1, "relative error": 2, "‖g‖": 2})
+steps.round({"PowerSGD payload KiB": 1, "relative error": 2, "‖g‖": 2, "plain averaging ‖g‖": 2})
 
 # %% [markdown]
 # ## Over a link: from bytes to link time
@@ -231,7 +235,7 @@ steps.round({"PowerSGD payload KiB": 1, "relative error": 2, "‖g‖": 2})
 #
 # `c · 2(n − 1) α + 2(n − 1)/n · S β`
 #
-# (a count c, not 01's C), whatever each one's size. The cell prices each hook's last step, its calls and payload
+# (a count c, not 01's C), whatever each one's size. The cell prices each hook's last step, its all_reduces and payload
 # in the first table, so on `1gbit` (bf16's are fp16's): its *link ms*, 01's *link time*, modelled, not timed.
 
 # %%
@@ -328,8 +332,8 @@ shorter = [
 ]
 lesson.claim(
     shorter == [True, False],
-    f"The same calls and payload, from these {n}-rank steps, priced on {LINK.name} for k ranks: PowerSGD's take less link time "
-    f"below n* = {n_star:.1f}, for k = {below} and not for k = {above}.",
+    f"The same all_reduces and payload, from these {n}-rank steps, priced on {LINK.name} as if on more ranks: "
+    f"PowerSGD's take less link time on {below} ranks and not on {above}, either side of n* = {n_star:.1f}.",
 )
 lesson_04.link_figure(sent, n, LINK, crossover)
 wins.round(3)
@@ -344,8 +348,7 @@ wins.round(3)
 # minddp's hooks (`minddp.comm.default_hooks`, `minddp.comm.powerSGD_hook`) have torch's interface and are
 # registered with `register_comm_hook(state, hook)` as in torch. minddp's PowerSGD hook waits inside itself for
 # the P factors' all_reduce and, where the bucket has any, the uncompressed tensors', where torch's hook chains
-# that work on a Future; no output here times that wait. A
-# hook that needs no second collective has no reason to wait, and the exercise asks yours not to.
+# that work on a Future. A hook that needs no second collective has no reason to wait.
 #
 # ## Your turn: an fp16 hook
 #
