@@ -170,6 +170,24 @@ def test_a_slow_real_collective_holds_the_message_and_a_failed_one_fails_it():
         link.close()
 
 
+def _traced(tmp_path, link: Link, body) -> tuple[int, list[dict], dict, dict]:
+    """``body()`` run under torch's profiler, the link's transfers written into the trace: how many were placed,
+    the trace's ranges, each message's send marker and its placed hand-over (seq -> trace microseconds)."""
+    path = str(tmp_path / "trace.json")
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            body()
+        prof.export_chrome_trace(path)
+        placed = link.annotate_trace(path)
+    finally:
+        link.close()
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    markers = {int(e["name"].rpartition("#")[2]): e["ts"] for e in events if e["name"].startswith("minddp.link_send#")}
+    handed = {e["args"]["seq"]: e["args"]["handed_over_ts"] for e in events if e["name"].startswith("minddp.link:")}
+    return placed, events, markers, handed
+
+
 def test_a_late_marker_does_not_move_the_other_messages_off_their_hand_over(tmp_path, monkeypatch):
     """annotate_trace maps the link's clock onto the trace's by each message's marker, recorded just after the
     hand-over's time was read: each marker - hand-over difference is the clocks' offset plus a delay >= 0. One
@@ -184,21 +202,15 @@ def test_a_late_marker_does_not_move_the_other_messages_off_their_hand_over(tmp_
 
     monkeypatch.setattr(torch.profiler, "record_function", held_back)
     link = Link(LinkSpec("fast", bandwidth=1e12, latency=0.0))
-    path = str(tmp_path / "trace.json")
-    try:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            for _ in range(2):
-                done = torch.futures.Future()
-                done.set_result(None)
-                link.carry(done, 1000, world=2).wait()
-        prof.export_chrome_trace(path)
-        assert link.annotate_trace(path) == 2
-    finally:
-        link.close()
-    with open(path) as f:
-        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
-    markers = {int(e["name"].rpartition("#")[2]): e["ts"] for e in events if e["name"].startswith("minddp.link_send#")}
-    placed = {e["args"]["seq"]: e["args"]["handed_over_ts"] for e in events if e["name"].startswith("minddp.link:")}
+
+    def send_two():
+        for _ in range(2):
+            done = torch.futures.Future()
+            done.set_result(None)
+            link.carry(done, 1000, world=2).wait()
+
+    count, _, markers, placed = _traced(tmp_path, link, send_two)
+    assert count == 2
     assert sorted(placed) == sorted(markers) == [0, 1]
     # 1 us: the trace's clock is the CPU's counter mapped linearly onto wall time by torch; a rate error of
     # parts per million moves two readings well under a microsecond apart over this test's fraction of a second
@@ -219,25 +231,19 @@ def test_a_drifting_clock_places_every_hand_over_between_the_call_and_its_marker
     slow = types.SimpleNamespace(perf_counter=lambda: 0.999 * real(), sleep=time.sleep)
     monkeypatch.setattr(link_module, "time", slow)
     link = Link(LinkSpec("fast", bandwidth=1e12, latency=0.0))
-    path = str(tmp_path / "trace.json")
-    try:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            for n in range(10):
-                done = torch.futures.Future()
-                done.set_result(None)
-                with torch.profiler.record_function(f"call#{n}"):
-                    sent = link.carry(done, 1000, world=2)
-                sent.wait()
-                time.sleep(0.05)
-        prof.export_chrome_trace(path)
-        assert link.annotate_trace(path) == 10
-    finally:
-        link.close()
-    with open(path) as f:
-        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+    def send_ten():
+        for n in range(10):
+            done = torch.futures.Future()
+            done.set_result(None)
+            with torch.profiler.record_function(f"call#{n}"):
+                sent = link.carry(done, 1000, world=2)
+            sent.wait()
+            time.sleep(0.05)
+
+    count, events, markers, placed = _traced(tmp_path, link, send_ten)
+    assert count == 10
     calls = {int(e["name"][5:]): e["ts"] for e in events if e["name"].startswith("call#")}
-    markers = {int(e["name"].rpartition("#")[2]): e["ts"] for e in events if e["name"].startswith("minddp.link_send#")}
-    placed = {e["args"]["seq"]: e["args"]["handed_over_ts"] for e in events if e["name"].startswith("minddp.link:")}
     assert sorted(placed) == sorted(markers) == sorted(calls) == list(range(10))
     # 1 us: the trace's microseconds are rounded; the trace's own rate error over half a second is under one
     for seq, ts in placed.items():

@@ -183,6 +183,10 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
     return fig
 
 
+#: A value written on top of its bar.
+_ON_BAR = dict(ha="center", va="bottom", fontsize=7, linespacing=1.0)
+
+
 def settings_ladder(settings: dict, title: str = "", overlap: bool = True):
     """Per stage, overlap (top: the share of the link's modeled transfers inside a forward, backward or optimizer;
     left out at ``overlap=False``) and exposed time (below: the link time the step waited through), one bar per
@@ -214,22 +218,9 @@ def settings_ladder(settings: dict, title: str = "", overlap: bool = True):
                 low.annotate("not run", (x, 0.1), ha="center", fontsize=7, rotation=90)
             else:  # the value on every bar: a 0 has no bar (on the log axis, or an overlap of 0 %)
                 if top is not None:
-                    top.annotate(
-                        f"{runs[s]['overlap_pct']:.0f}",
-                        (x, runs[s]["overlap_pct"]),
-                        ha="center",
-                        va="bottom",
-                        fontsize=7,
-                    )
+                    top.annotate(f"{runs[s]['overlap_pct']:.0f}", (x, runs[s]["overlap_pct"]), **_ON_BAR)
                 backward = f"\nbackward\n{runs[s]['backward_ms']:.0f}" if "backward_ms" in runs[s] else ""
-                low.annotate(
-                    f"{runs[s]['exposed_ms']:.0f}{backward}",
-                    (x, runs[s]["exposed_ms"]),
-                    ha="center",
-                    va="bottom",
-                    fontsize=7,
-                    linespacing=1.0,
-                )
+                low.annotate(f"{runs[s]['exposed_ms']:.0f}{backward}", (x, runs[s]["exposed_ms"]), **_ON_BAR)
     if top is not None:
         top.set(  # ylim: room for the values
             ylabel="overlap (% of the link's time\ninside a forward, a backward\nor the optimizer, not waiting)",
