@@ -26,12 +26,12 @@
 #
 # 1. **the idea**, in words and in the few plain `torch.distributed` lines that carry it;
 # 2. **the code**: the stage's class as it is in `minddp/stages/`, and **what changed** from the stage
-#    before, method by method. Besides the idea's lines, a class sends each gradient or bucket
-#    through the *comm hook* (`self.comm_hook(self.comm_state, GradBucket(...))`, which returns a
-#    Future; `04_comm_hooks` swaps it); once in each synced backward it checks that every rank's
+#    before, method by method. Besides the idea's lines, a class sends its gradients
+#    through the *comm hook* (`self.comm_hook(self.comm_state, GradBucket(...))`; `04_comm_hooks`
+#    swaps it); once in each synced backward it checks that every rank's
 #    forwards used the same parameters (`parameters_used.check()`, one all_gather: after backward for
 #    `simple` and `ga`, at the backward's first gradient from `hook` on); and from `hook-async` on it
-#    refuses a step whose last sync was left unfinished (`check_finished`). A comment *step 1*,
+#    refuses a step whose last sync was left unfinished. A comment *step 1*,
 #    *step 2* numbers the parts of the idea, not training steps;
 # 3. **a run on real ranks**: one warm-up step, then one step under the profiler, and **a picture**
 #    of that step, the stage before it faded above it;
@@ -155,9 +155,9 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: three bursts of messages, one after each backward, each waited for (red)
-# before the next micro-batch may start. A hatched mark is the parameters-used check, run once per
-# backward (drawn where wide enough), not a wait for a message. A bar's length, the faded row's
-# too, is one step's and does not compare the stages' compute.
+# before the next micro-batch may start. A hatched mark is the parameters-used check (drawn where
+# wide enough): its width includes the rank's wait for the other rank to join it. A bar's length, here and below, the faded row's too, is one step's and
+# does not compare the stages' compute.
 #
 # ## `ga`: gradient accumulation, `no_sync()`
 #
@@ -207,8 +207,7 @@ lesson.claim(
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, with the thread's waits for them
 # (red); the micro-batches before it run straight on into each other. Just before the burst ga runs
-# the parameters-used check, in finish (hatched, where wide enough to draw): its width includes the
-# rank's wait for the other rank to join it, so it is not the check's own cost.
+# the parameters-used check, in finish (hatched). Its row can end after simple's faded one.
 #
 # ### Your turn: `ga`
 #
@@ -292,7 +291,7 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: the messages and the waits have moved into the last backward, which stops at
-# every gradient until its all_reduce is back (each stop a red wait).
+# every gradient until its all_reduce is back (each stop a red wait); the hatched check opens it.
 #
 # ### Your turn: `hook`
 #
@@ -455,7 +454,7 @@ lesson.claim(
 #
 # ### Your turn: `bucket`
 #
-# The plan is given (`plan_buckets`, with the checker's cap for every bucket, the first too; its None is one bucket, not the stage's None). Count each gradient in its bucket; at the bucket's last gradient, flatten it with
+# The plan is given (`plan_buckets`, with the checker's cap for every bucket, the first too). Count each gradient in its bucket; at the bucket's last gradient, flatten it with
 # `torch.cat`, all_reduce it once, divide, and copy each slice back into its `.grad`. The checker
 # uses a cap that gives its small network two buckets.
 
@@ -505,7 +504,8 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: `bucket`'s few messages leaving while the backward goes on, no wait inside it,
-# and the last of them still on the link after it, waited for in finish (red).
+# and the last of them still on the link after it, waited for in finish (red). The hatched check at
+# that backward's start lengthens it.
 #
 # ### Your turn: `bucket-async`
 #
@@ -634,9 +634,8 @@ lesson_03.look_table(looks, checks)
 # The link carries one message at a time, so it is done at the latest of, over the messages i,
 # "message i handed over, then i and every message after it back to back"
 # (`minddp.costmodel.buckets.queue_end`): message 1 gives the *start-limited* end, the last message
-# the *tail-limited* one. The link's time still to run when backward ends (*link after backward*) is
-# the most that step can expose: the thread stands through it only while in one of its waits in
-# finish. When each gradient is ready comes from the *bare network* (no wrapper, no hooks, no
+# the *tail-limited* one. The link's time still to run when backward ends is *link after backward*;
+# for a stage that waits only in finish, as these two, it is the most its step can expose. When each gradient is ready comes from the *bare network* (no wrapper, no hooks, no
 # messages, no profiler), timed here.
 
 # %%
@@ -678,7 +677,7 @@ table
 # tail, an early first message); a large cap makes a few large ones. Below, `bucket-async` is
 # measured at other caps on the same link, one profiled step each with no warm-up step (the settings'
 # cap is the step above; `None` is torch's default: a first bucket of 1 MiB, then 25 MiB ones, drawn
-# right of the grid; its first message can leave after 1 MiB's, as item 2 says). The step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap's plan
+# right of the grid). The step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap's plan
 # on the link, with the bare network's timings scaled to the median of the five steps' backwards
 # (less the check). The figure sets the model's *link after backward* against each step's measured
 # one; its grey line is hook-async's measured one. The lower panel shows the three costs of each cap on the grid by the model
@@ -724,8 +723,8 @@ lesson_03.sweep_table(swept, model, default)
 # long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
 # emulated link on which the network at hand keeps both ratios of a setting against one backward
 # timed on this machine (rank 0's): for the blog's T4s the cap sweep's median, as for the step-time
-# model above; for 1024 ranks, whose network the sweep did not run, single's. A rung's own backward,
-# printed below, can differ from it. On the 2 ranks here (one all_reduce of m bytes takes 2α + m·β),
+# model above; for 1024 ranks, whose network the sweep did not run, single's. Each rung runs one
+# step, no warm-up; its own backward, printed below, differs from that one, and so do its ratios. On the 2 ranks here (one all_reduce of m bytes takes 2α + m·β),
 # 1/β = one sync's bytes / (bytes ratio × that backward) and α = message ratio × that backward / 2 (the link printed below). Both settings take
 # the blog's workload as the step-time model rebuilds it
 # (`python -m minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16
@@ -806,8 +805,6 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # %%distributed
 t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
 far = {s: blog_runs["1024 ranks", s] for s in RUN["1024 ranks"]}
-if rank == 0:
-    lesson_03.sized_figure(t4, far, setting_ratios, world_size)
 lesson_03.say_sized_measures(t4, far)
 lesson.claim(  # the link's modeled times: ga sends simple's messages once per step instead of once per micro-batch
     abs(t4["simple"]["link_ms"] - k * t4["ga"]["link_ms"]) < 1e-6 * t4["simple"]["link_ms"],

@@ -409,15 +409,14 @@ def say_look(looks: dict, stage: str) -> None:
         f"On the emulated link its messages took {link} ms (modeled). The training thread stood waiting through "
         f"{exposed} ms of them (exposed)"
         + (
-            f" and did not wait through the other {link - exposed} ms ("
-            # a stage that waits later runs the backward and the loop's lines between; one that waits for each message
-            # as soon as it is sent has only the rest of the send's call there, which the run does not time apart
+            f" and did not wait through the other {link - exposed} ms"
+            # a stage that waits later runs the backward and the loop's lines between; for one that waits for each
+            # message as soon as it is sent, the run does not time apart where the rest went, so nothing is said
             + (
-                "it ran the backward, or the stage's and the loop's own lines, between handing a message over and "
+                " (it ran the backward, or the stage's and the loop's own lines, between handing a message over and "
                 "waiting for it)."
                 if v["calls_in_backward"] and not v["waits_in_backward"]
-                else "the time between handing each message over to the link, inside the comm hook's call, and the "
-                "stage's wait for it, once that call had returned; not timed apart)."
+                else "."
             )
             if link - exposed
             else "."
@@ -426,7 +425,7 @@ def say_look(looks: dict, stage: str) -> None:
         "waits began inside a backward)"
         + (
             f": the {exposed} exposed, and {v['waited_ms'] - exposed:.0f} ms after the link had delivered, until the "
-            "real all_reduce returned, which the emulated link does not model."
+            "real all_reduce returned, once every rank had joined it: a wait the emulated link does not model."
             if round(v["waited_ms"]) - exposed >= 1
             else "."
         )

@@ -115,7 +115,11 @@ def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run
         "backwards less the check"
         + (f": the {median_of[0]} step's own" if median_of else "")
         + f"), leaves {1e3 * model[0].after_backward:.1f} ms of link after backward at {model[0].cap_mb:g} MiB"
-        + (", its least on the grid" if model[0].after_backward <= best + 5e-5 else f" (least {1e3 * best:.1f} ms)")
+        + (
+            ", the grid's smallest cap and its least (no smaller cap was tried)"
+            if model[0].after_backward <= best + 5e-5
+            else f" (least {1e3 * best:.1f} ms)"
+        )
         + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient."
     )
     at = {c.cap_mb: c for c in model} | {None: default}
@@ -130,7 +134,9 @@ def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run
 def sweep_figure(swept: dict, model: list, default, per_gradient, h: dict, link_name: str, world: int, here):
     """The cap sweep's figure: the model's *link after backward* against the cap, beside each measured step's own
     link after backward (the same measure), and the three costs of each plan below. torch's default (None) has no
-    cap on this axis: its measured and modeled points are drawn right of the grid, apart."""
+    cap on this axis: its measured and modeled points are drawn right of the grid, apart, each at a tick named None."""
+    from matplotlib.ticker import NullLocator
+
     from minddp.costmodel.buckets import on_the_link
     from minddp.costmodel.figures import bucket_sweep
 
@@ -145,22 +151,27 @@ def sweep_figure(swept: dict, model: list, default, per_gradient, h: dict, link_
         (
             48,
             measured[None],
-            f"measured: link after backward, None, torch's default ({measured[None]:.0f} ms; drawn at 48)",
+            f"measured: link after backward, None, torch's default ({measured[None]:.0f} ms)",
         ),
         (
             64,
             1e3 * default.after_backward,
-            f"step-time model: link after backward, None ({1e3 * default.after_backward:.0f} ms; drawn at 64)",
+            f"step-time model: link after backward, None ({1e3 * default.after_backward:.0f} ms)",
         ),
     ]
     h_measured = on_the_link(h["row"])["end_ms"]
-    return bucket_sweep(
+    fig = bucket_sweep(
         {"step-time model: link after backward": model},
         measured=points,
         per_gradient={f"measured: link after backward, hook-async's step ({h_measured:.1f} ms)": h_measured},
         title=f"bucket-async on {link_name}, {world} ranks: link after backward against the cap "
         "(exposed and waited: the table)",
     )
+    ticks = [c.cap_mb for c in model]  # None's two points: one tick between them, named None, not a cap
+    for ax in fig.axes:
+        ax.xaxis.set_minor_locator(NullLocator())
+    fig.axes[1].set_xticks([*ticks, (48 * 64) ** 0.5], [f"{c:g}" for c in ticks] + ["None"])
+    return fig
 
 
 def sweep_table(swept: dict, model: list, default):
@@ -233,26 +244,6 @@ def say_met(name: str, runs: dict, blog_buckets: int) -> None:
     say(f"{name}: bucket-async sent {runs['bucket-async']['calls']} buckets (the blog's 25 MiB: {blog_buckets}).")
 
 
-def sized_figure(t4: dict, far: dict, setting_ratios: dict, world: int):
-    """Exposed of each rung on the two sized links, each bar with its step's own backward."""
-    from minddp.costmodel.figures import settings_ladder
-
-    def label(name):
-        bytes_ratio, message_ratio = setting_ratios[name]
-        return (
-            f"link sized with the ratios of {name}: one sync's bytes {bytes_ratio:.2f} and one message's fixed cost "
-            f"{message_ratio:.1e} of the backward the link was sized from"
-        )
-
-    return settings_ladder(
-        {label("4 × T4"): t4, label("1024 ranks"): far},
-        overlap=False,
-        title=f"The ladder on {world} ranks: small-llama on a link sized with the ratios of the blog's 4 × T4 "
-        "run,\ndeep-llama on one sized with those of its model at 1024 ranks (not run by the blog);\nunder each "
-        "exposed time: the rung's own backward, less the check, ms (hook's and bucket's hold their waits too)",
-    )
-
-
 def say_sized_measures(t4: dict, far: dict) -> None:
     """Each sized link's rungs: link time, exposed and own backward; a whole-ms match of bucket-async's
     backward on the two links is said to be chance (two networks, two steps)."""
@@ -286,12 +277,15 @@ def say_bucket_lesson(
     1024 ranks: hook-async's fixed costs (its messages × ``one_far_ms``, 2α on 2 ranks) against the backward that
     link was sized from (``sized_far_ms``, the model's input): a link busy longer than that backward runs on past its
     end by at least the difference, and bucket-async's link runs on past it by at most its link time; ``far``'s
-    measured hook-async step beside it."""
+    measured hook-async step beside it, with the same bound from its own link time and backward (its messages leave
+    after its check, inside that backward)."""
     best = min(model, key=lambda c: c.after_backward)
     saved = 1e3 * (per_gradient.fixed - best.fixed)
     worse = 1e3 * (best.after_backward - per_gradient.after_backward)
     here = (
-        f"one message per gradient leaves less: at {best.cap_mb:g} MiB, the best cap on the grid, buckets save "
+        f"one message per gradient leaves less: at {best.cap_mb:g} MiB, "
+        + ("the grid's smallest cap and its least" if best is model[0] else "the grid's least")
+        + f", buckets save "
         f"{saved:.1f} ms of fixed costs and still leave {worse:.1f} ms more, because a bucket leaves only once its "
         "last gradient is in"
         if worse > 0
@@ -311,7 +305,7 @@ def say_bucket_lesson(
             if sides[first] == sides[second]
             else f"{first}'s {sides[first]} the model's, {second}'s {sides[second]}"
         )
-        + ")"
+        + f"; exposed {t4[first]['exposed_ms']:.0f} ms against {t4[second]['exposed_ms']:.0f} ms)"
     )
     h, b = far["hook-async"], far["bucket-async"]
     fixed = h["messages"] * one_far_ms
@@ -320,11 +314,13 @@ def say_bucket_lesson(
         f"{fixed:.0f} ms, {fixed / sized_far_ms:.1f} times the {sized_far_ms:.0f} ms backward the link was sized from"
     )
     bound = fixed - sized_far_ms
+    own = h["link_ms"] - h["backward_ms"]  # the same bound for the step run: its link time against its own backward
     there = (
-        f"buckets leave less: {costs}, so its link runs on at least {bound:.0f} ms past that backward's end, longer "
-        f"than bucket-async's link is busy in all, {b['link_ms']:.0f} ms (measured, in the one step run there: "
-        f"{h['end_ms']:.0f} ms past the end of its own backward, which took {h['backward_ms']:.0f} ms less the check; "
-        f"{_side(h['end_ms'], bound)} that bound)"
+        f"buckets leave less: {costs}, so after a backward that long its link would run on at least {bound:.0f} ms "
+        f"past the backward's end, longer than bucket-async's link is busy in all, {b['link_ms']:.0f} ms (measured, "
+        f"in the one step run there, whose backward took {h['backward_ms']:.0f} ms less the check: "
+        f"{h['end_ms']:.0f} ms past its end, {_side(h['end_ms'], own)} its link time less that backward, "
+        f"{own:.0f} ms)"
         if bound > b["link_ms"]
         else f"{costs}; bucket-async's link time is {b['link_ms']:.0f} ms"
     )
