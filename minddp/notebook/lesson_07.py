@@ -5,7 +5,8 @@ Each function reads a run of :func:`minddp.ft.launch_ft` and one of its faults (
 it defines no measure of its own. The notebook keeps its claims in its cells; these print or read:
 
 * :func:`print_phase_lines`: the lines of the rung and of the lighthouse that run each phase of an attempt;
-* :func:`print_recoveries`: each fault's recovery, its share of the hang bound, and its moments from the fault;
+* :func:`print_recoveries`: each fault's recovery, its share of the hang bound, and its moments from the fault,
+  then the kill set against the raise;
 * :func:`print_rejoin`: what each side did from a kill to the quorum that took the slot's new process back;
 
 and three readers of the members' entries (one per member and attempt) for the cells' claims: :func:`attempts`,
