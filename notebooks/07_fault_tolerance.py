@@ -315,7 +315,7 @@ show_source(solutions.ft_shard)
 # lighthouse evicts the slot once it has been silent for `hang_s`. Both waits start at about the freeze,
 # so they run together; once evicted, the slot is no longer live, so the next quorum need not wait for its
 # restart. Prediction: a little over `hang_s`, then the next quorum and step 4 trained again, as after the
-# kill (the benchmark in `docs/fault-tolerance.md` measured it: its `stop` row, at a 2 s hang bound). Halving
+# kill (the benchmark in `docs/fault-tolerance.md` measured it: its `stop` row, against its hang bound). Halving
 # `hang_s` about halves it, and makes a live process that goes unscheduled that long (a heavily loaded
 # machine) likelier to be evicted by mistake: the bound trades recovery time against false alarms.
 #
