@@ -32,8 +32,8 @@
 #    saw a failure may be broken);
 # 3. a process that comes back is **healed**: it receives the trained state from a peer, over the group,
 #    no file (the parameters, the optimizer's state, and the count of steps committed);
-# 4. **the work**: the members split the step's whole global batch among themselves, so a lost process's
-#    examples are trained by the others;
+# 4. **the work**: the members split the step's whole global batch among themselves (the task's split: the
+#    exercise below);
 # 5. **should_commit**: the members vote yes or no, and the attempt is **committed** on every member or
 #    on none. An attempt that saw a failure (a no, or a member lost before voting) is **discarded**, and
 #    its step tried again.
@@ -59,38 +59,9 @@
 # in the lighthouse's lines, is defined with the run's settings below).
 
 # %%
-from minddp.ft.coordinator import Lighthouse
-from minddp.ft.rung import FaultTolerantTrainer
-from minddp.notebook.source import key_lines
+from minddp.notebook import lesson_07
 
-rung_lines = [  # (phase, method, a text that the line doing it holds)
-    ("each step", "train", "self.until_committed("),
-    ("the loop", "until_committed", "def until_committed("),
-    ("phase 1", "until_committed", "quorum = self.coordinator.quorum("),
-    ("phase 2", "until_committed", "if quorum.tag != self.group_tag"),
-    ("phases 2 and 3", "until_committed", 'entry["healed"] = self.rebuild_group('),
-    ("phase 3", "rebuild_group", "healed = self.heal(quorum)"),
-    ("phase 3", "heal", "payload = self.state_bytes()"),
-    ("phase 3", "heal", "dist.send(torch.frombuffer("),
-    ("phase 3", "heal", "dist.recv(payload"),
-    ("phase 3", "heal", "self.load_state_bytes("),
-    ("phase 4", "until_committed", "value = work(quorum, entry)"),
-    ("phase 4", "forward_backward", "shard = self.task.shard("),
-    ("after a failure", "until_committed", "self.drop_group()"),
-    ("phase 5", "until_committed", "committed = self.coordinator.should_commit("),
-    ("on a commit", "until_committed", " on_commit()"),
-]
-lighthouse_lines = [
-    ("phase 1", "form_quorum", "live = {slot for slot in self.slots"),
-    ("phase 1", "form_quorum", "if not live <= set(asking)"),
-    ("phase 1", "form_quorum", 'step = max(r["step"]'),
-    ("phase 2", "form_quorum", "if members != self.members or self.dirty"),
-    ("phase 5", "decide_votes", 'verdict = "discard"  # a member saw'),
-    ("phase 5", "decide_votes", 'verdict = "commit"'),
-    ("phase 5", "decide_votes", 'verdict = "discard"  # a member died'),
-]
-print(key_lines(FaultTolerantTrainer, rung_lines))
-print(key_lines(Lighthouse, lighthouse_lines))
+lesson_07.print_phase_lines()
 
 # %% [markdown]
 # ## A run with two faults
@@ -158,7 +129,6 @@ for line in run.report():
 
 # %%
 from minddp.ft import fault_outcomes
-from minddp.notebook import lesson_07
 
 kill, raised = fault_outcomes(run)
 lesson.claim(
@@ -188,9 +158,8 @@ lesson.claim(
 lesson_07.print_rejoin(run, kill)
 
 # %% [markdown]
-# Slot 1 was not live again before its new process's first heartbeat: slots 0 and 2 trained on at world 2, then
-# waited at step 9 (`full_world_at`). They ask for a step's quorum as soon as they have committed the step
-# before, so their time from their last commit to the quorum (the last line above) is the lighthouse
+# Slots 0 and 2 trained on at world 2, then waited at step 9 (`full_world_at`). They ask for a step's quorum as
+# soon as they have committed the step before, so their time from their last commit to the quorum (the last line above) is the lighthouse
 # waiting for the new process alone.
 #
 # Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline below),
@@ -214,7 +183,7 @@ print(run.timeline())
 #   (`H`), and from then on at world 3;
 # * in step 11 slot 2's comm hook raised before its all_reduce: slot 2's process stayed, dropped its group
 #   and voted no. Slots 0 and 1's all_reduce failed too, though no process died (printed below, in
-#   the order caught; gloo names it a reset or a close by the peer). The attempt was discarded on every member, and step 11 was tried again by a new
+#   the order caught). The attempt was discarded on every member, and step 11 was tried again by a new
 #   group of the same three slots.
 
 # %%
@@ -287,16 +256,16 @@ lesson.claim(
 # Before each forward, the rung asks the task for this process's share of the step's global batch with
 # `shard(batch, rank, world)`, the process's rank and world as defined above. After a process is lost the
 # survivors must train its rows too. Write that split: given the step's batch `(x, y)` (one row of `x` per
-# example, its target in `y`), return this rank's rows as two values, `(x[rows], y[rows])`, so that each of the B rows goes to exactly one of the `world` ranks and no rank takes more than ceil(B / world)
+# example, its target in `y`), return this rank's rows as two values, `(x[rows], y[rows])`, so that each of the batch's B rows goes to exactly one of the `world` ranks and no rank takes more than ceil(B / world)
 # (a step lasts as long as its busiest rank), whatever `world` and B are. Split by the `rank` and `world`
 # you are given: the checker also calls your function outside any group, and refuses one that reads the group's
 # `dist.get_rank()` or `dist.get_world_size()`, or the environment, where the launcher's `RANK` is the slot.
 #
 # `check_shard` first calls your function, in this process, for each rank of worlds 3, 2 and 1 on a 10-row
-# batch. Then it trains it on the `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3, on
+# batch, and checks that no rank takes more than ceil(B / world). Then it trains it on the `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3, on
 # batches of 10 rows) and compares the parameters with a single process trained on each step's whole batch
 # (both with plain SGD); where they differ, it names the rows no rank trained, or two did, and at which
-# world. Where they match, it checks batches of 1 to 12 rows at worlds 3, 2 and 1, in this process. As it
+# world. Where they match, it checks both rules on batches of 1 to 12 rows at worlds 3, 2 and 1. As it
 # stands `my_shard` raises `NotImplementedError`, and the checker says so.
 
 # %%
@@ -345,9 +314,9 @@ show_source(solutions.ft_shard)
 # and says nothing: its peers wait in their all_reduce until the group's timeout (`hang_s`), and the
 # lighthouse evicts the slot once it has been silent for `hang_s`. Both waits start at about the freeze,
 # so they run together; once evicted, the slot is no longer live, so the next quorum need not wait for its
-# restart. Prediction: a little over `hang_s` (5 s in the run above), then the next quorum and step 4 trained again,
-# as after the kill. Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s,
-# about half that of 5 s, and makes a live process that goes unscheduled that long (a heavily loaded
+# restart. Prediction: a little over `hang_s`, then the next quorum and step 4 trained again, as after the
+# kill (the benchmark in `docs/fault-tolerance.md` measured it: its `stop` row, against its hang bound). Halving
+# `hang_s` about halves it, and makes a live process that goes unscheduled that long (a heavily loaded
 # machine) likelier to be evicted by mistake: the bound trades recovery time against false alarms.
 #
 # </details>

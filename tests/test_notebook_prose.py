@@ -57,9 +57,6 @@ STEADY: dict[str, dict[str, str]] = {
     "07_fault_tolerance": {
         "a 10 ms pause per step": SETTING,
         "writes every 50 ms, `BEAT_S`": "the heartbeat's period, a constant of minddp.ft",
-        "(5 s in the run above": SETTING,
-        "Halving `hang_s` to 2.5 s predicts a recovery a little over 2.5 s, about half that of 5 s": "a prediction "
-        "from the settings, in the exercise's question",
         "no 10 ms pause": SETTING,
     },
     "08_debugging": {},

@@ -1,8 +1,8 @@
-"""Notebook 07's exercise: split the global batch among the ranks of *now*, checked through a lost rank.
+"""Notebook 07's exercise: split the global batch among the ranks of *now*, checked through a lost process.
 
 The fault-tolerant rung (:mod:`minddp.ft`) asks the task for this rank's share of a step's global
 batch with ``shard(batch, rank, world)``, where ``world`` is the size of the quorum of the moment:
-after a rank is lost, the survivors must split the whole batch among themselves, or its rows are
+after a process is lost, the survivors must split the whole batch among themselves, or its rows are
 never trained. :func:`check_shard` checks a learner's ``shard``:
 
 1. **first, here**: a function that reads the process group's rank (``dist.get_rank()``) or the
@@ -12,9 +12,9 @@ never trained. :func:`check_shard` checks a learner's ``shard``:
    twice for every rank of the worlds the run will meet: an exception, a value that is not
    ``(x rows, y rows)`` of the batch (y's rows the same as x's), two calls that disagree, or a split
    whose busiest rank takes more rows than it need (:func:`busiest_problem`), is named at once, before any
-   rank starts;
-2. **on real ranks, through a fault**: one run of the ft rung (:func:`minddp.ft.launch_ft`, 3
-   ranks, ``kill@2:1``: the world goes 3 → 2, then 3 again once the killed rank is back, healed) of
+   process starts;
+2. **on real processes, through a fault**: one run of the ft rung (:func:`minddp.ft.launch_ft`, 3
+   slots, ``kill@2:1``: the world goes 3 → 2, then 3 again once the killed slot's process is back, healed) of
    a task with one small model per shard function (:class:`Lanes`), so one run checks them all;
 3. **oracle**: a single process trained on every step's whole global batch, in this process. A
    split that trains every row exactly once, at every world, matches it up to float32 rounding;
@@ -25,7 +25,7 @@ never trained. :func:`check_shard` checks a learner's ``shard``:
    run does not go (world 1; every other batch of 1 to 12 rows, at every world: ``x.chunk(world)[rank]``
    fails at 4 rows and world 3, where chunk makes 2 pieces), then whether the split is the ft rung's own.
 
-Example (a lighthouse and 3 ranks: not run by the doctests)::
+Example (a lighthouse and 3 slots: not run by the doctests)::
 
     >>> from minddp.exercises import check_shard, solutions
     >>> check_shard(solutions.ft_shard)                       # doctest: +SKIP
@@ -60,7 +60,7 @@ class Lanes:
 
     Each lane's model sees only its own shard function's rows; the loss is the sum of the lanes'
     (their parameters are disjoint, so each lane's gradient is its own). ``functions`` are
-    cloudpickled (a notebook's function lives in ``__main__``, which the ranks cannot import).
+    cloudpickled (a notebook's function lives in ``__main__``, which the processes cannot import).
     """
 
     def __init__(self, functions: list[bytes], steps: int):

@@ -190,7 +190,7 @@ class Lighthouse:
         return self._get(f"gone/{slot}") == beat.split(":")[0]  # the launcher saw this incarnation exit
 
     def live(self, slot: int, now: float) -> bool:
-        if slot not in self.beats:  # never heard: a rank still starting, or (new lighthouse) reconnecting
+        if slot not in self.beats:  # never heard: a process still starting, or (new lighthouse) reconnecting
             return False
         beat, changed, _ = self.beats[slot]
         return now - changed < self.hang_s and not self.gone(slot, beat) and not finished(beat)

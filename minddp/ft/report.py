@@ -1,8 +1,8 @@
-"""What a run of the ft rung did, read from its events and its ranks' entries: one definition per measure.
+"""What a run of the ft rung did, read from its events and its processes' entries: one definition per measure.
 
 The words, as the notebook (07), the benchmark (:mod:`minddp.ft.bench`) and ``docs/fault-tolerance.md`` use them:
 
-* **slot**: one of the ``world_size`` places the launcher runs a rank's process in (0, 1, ...). A process
+* **slot**: one of the ``world_size`` places the launcher runs a training process in (0, 1, ...). A process
   started again after a fault takes the same slot (a new *incarnation*); faults name slots (``kill@4:1``).
 * **rank**: a process's index among the members of the quorum of now, its rank in the group built for that
   quorum: after slot 1 is lost, slots 0 and 2 are ranks 0 and 1.
@@ -281,7 +281,7 @@ def timeline(run) -> str:
 
 @dataclass(frozen=True)
 class Consistency:
-    """The ranks' checks of each other, every byte of the parameters and the optimizer's state compared.
+    """The processes' checks of each other, every byte of the parameters and the optimizer's state compared.
 
     ``one_start`` and ``discards_kept`` need a run with ``digests=True`` (``None`` otherwise).
     """
@@ -305,7 +305,7 @@ def final_tensors(result: dict):
 
 
 def consistency(run) -> Consistency:
-    """What the ranks can check among themselves (never against the data): see :class:`Consistency`."""
+    """What the processes can check among themselves (never against the data): see :class:`Consistency`."""
     finals = [list(final_tensors(run.results[s])) for s in sorted(run.results)]
     identical = all(
         len(other) == len(finals[0]) and all(torch.equal(a, b) for a, b in zip(finals[0], other)) for other in finals

@@ -1,19 +1,19 @@
 """The fault-tolerant rung: the ``ddp`` stage, asked every step who is in and whether the step counts.
 
-One rank's loop (:class:`FaultTolerantTrainer`), each idea in its own lines:
+One training process's loop (:class:`FaultTolerantTrainer`), each idea in its own lines:
 
 1. **quorum**: ask the coordinator (:mod:`minddp.ft.coordinator`) who trains step ``s``;
 2. **a new group at the new world size** when the quorum's tag changed, the ``ddp`` stage wrapped on it;
 3. **heal**: a member at an older step receives the live state from the first member at the newest step;
-4. **the step**: this member's shard of the step's global batch (the survivors split a lost rank's rows);
+4. **the step**: this member's shard of the step's global batch (the survivors split a lost process's rows);
 5. **should_commit**: the optimizer steps only if every member's step went through; a discarded step
    leaves parameters and optimizer state as they were, and the next quorum tries it again.
 
-An exception in 2-4 makes this rank destroy its group at once, then vote "not ok", and go back to 1; the
+An exception in 2-4 makes this process destroy its group at once, then vote "not ok", and go back to 1; the
 same step failing :data:`MAX_ATTEMPTS` times in a row is raised with its cause.
 ``docs/fault-tolerance.md`` (*What one step does*) tells each step in full.
 
-Example (a coordinator and several ranks, so not run by the doctests; the train command runs it)::
+Example (a coordinator and several processes, so not run by the doctests; the train command runs it)::
 
     $ python -m minddp.train --stage ft --world-size 3 --steps 40 --hang-timeout 3 --inject kill@5:1
 """
@@ -35,7 +35,7 @@ from minddp.ft.faults import FaultPlan
 from minddp.runtime import compat
 from minddp.runtime.launch import leave_group
 
-#: The same step failing this many times in a row ends the rank with the last error.
+#: The same step failing this many times in a row ends the process with the last error.
 MAX_ATTEMPTS = 8
 
 
@@ -44,7 +44,7 @@ class StepFailedAgain(RuntimeError):
 
 
 class FaultTolerantTrainer:
-    """One rank (``slot``, ``incarnation``) training ``task`` for ``steps`` committed steps."""
+    """One training process (``slot``, ``incarnation``) training ``task`` for ``steps`` committed steps."""
 
     def __init__(
         self,
@@ -66,19 +66,19 @@ class FaultTolerantTrainer:
         # (a process's first optimizer does), which the processes' server has not imported
         self.optimizer_built = (time.time() - t, not compiler and compat.compiler_imported())
         self.step = 0  # committed steps so far: the next step to train
-        self.group_tag = None  # the quorum this rank's process group was built for
+        self.group_tag = None  # the quorum this process's group was built for
         self.ddp = None
         self.log: list[dict] = []  # one entry per attempted step
         self.on_entry = on_entry  # told each entry as it is made (the launcher's timeline)
-        self.on_result = on_result  # handed the result while this rank still beats (the launcher's copy)
+        self.on_result = on_result  # handed the result while this process still beats (the launcher's copy)
         self.healed_bytes = 0
         self.raise_in_collective = None  # a ``raise@STEP:SLOT`` fault due in this step's collective
 
     def run(self) -> dict:
         self.coordinator.start_beating()
         self.train()
-        # The result is made and handed over while the heartbeat still runs, and only then does this rank say
-        # it is done: a slow serialisation or teardown is neither taken for a frozen rank nor loses the result.
+        # The result is made and handed over while the heartbeat still runs, and only then does this process say
+        # it is done: a slow serialisation or teardown is neither taken for a frozen process nor loses the result.
         result = {
             "slot": self.slot,
             "incarnation": self.coordinator.incarnation,
@@ -133,7 +133,7 @@ class FaultTolerantTrainer:
                 last_error, entry["t_error"] = entry["error"], time.time()
                 ok = False
             if not ok:  # (out of the except block: its traceback no longer holds the group)
-                self.drop_group()  # closes its connections: a peer's collective with this rank fails
+                self.drop_group()  # closes its connections: a peer's collective with this process fails
             committed = self.coordinator.should_commit(quorum, quorum.max_step, ok)  # 5. all or nothing
             if committed:
                 if on_commit is not None:

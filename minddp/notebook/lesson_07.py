@@ -4,7 +4,9 @@ Each function reads a run of :func:`minddp.ft.launch_ft` and one of its faults (
 :class:`minddp.ft.report.FaultOutcome`) through :mod:`minddp.ft.report`'s measures and prints them;
 it defines no measure of its own. The notebook keeps its claims in its cells; these print or read:
 
-* :func:`print_recoveries`: each fault's recovery, its share of the hang bound, and its moments from the fault;
+* :func:`print_phase_lines`: the lines of the rung and of the lighthouse that run each phase of an attempt;
+* :func:`print_recoveries`: each fault's recovery, its share of the hang bound, and its moments from the fault,
+  then the kill set against the raise;
 * :func:`print_rejoin`: what each side did from a kill to the quorum that took the slot's new process back;
 
 and three readers of the members' entries (one per member and attempt) for the cells' claims: :func:`attempts`,
@@ -13,9 +15,48 @@ and three readers of the members' entries (one per member and attempt) for the c
 
 from __future__ import annotations
 
+from minddp.ft.coordinator import Lighthouse
 from minddp.ft.launch import EXIT_WAIT_S
 from minddp.ft.report import asked_s, first_request_s, peer_error_s
+from minddp.ft.rung import FaultTolerantTrainer
+from minddp.notebook.source import key_lines
 from minddp.runtime import compat
+
+#: (phase, method, a text that the line doing it holds), in the rung (:class:`FaultTolerantTrainer`)
+RUNG_LINES = [
+    ("each step", "train", "self.until_committed("),
+    ("the loop", "until_committed", "def until_committed("),
+    ("phase 1", "until_committed", "quorum = self.coordinator.quorum("),
+    ("phase 2", "until_committed", "if quorum.tag != self.group_tag"),
+    ("phases 2 and 3", "until_committed", 'entry["healed"] = self.rebuild_group('),
+    ("phase 3", "rebuild_group", "healed = self.heal(quorum)"),
+    ("phase 3", "heal", "payload = self.state_bytes()"),
+    ("phase 3", "heal", "dist.send(torch.frombuffer("),
+    ("phase 3", "heal", "dist.recv(payload"),
+    ("phase 3", "heal", "self.load_state_bytes("),
+    ("phase 4", "until_committed", "value = work(quorum, entry)"),
+    ("phase 4", "forward_backward", "shard = self.task.shard("),
+    ("after a failure", "until_committed", "self.drop_group()"),
+    ("phase 5", "until_committed", "committed = self.coordinator.should_commit("),
+    ("on a commit", "until_committed", " on_commit()"),
+]
+#: the same, in the lighthouse (:class:`Lighthouse`)
+LIGHTHOUSE_LINES = [
+    ("phase 1", "form_quorum", "live = {slot for slot in self.slots"),
+    ("phase 1", "form_quorum", "if not live <= set(asking)"),
+    ("phase 1", "form_quorum", 'step = max(r["step"]'),
+    ("phase 2", "form_quorum", "if members != self.members or self.dirty"),
+    ("phase 5", "decide_votes", 'verdict = "discard"  # a member saw'),
+    ("phase 5", "decide_votes", 'verdict = "commit"'),
+    ("phase 5", "decide_votes", 'verdict = "discard"  # a member died'),
+]
+
+
+def print_phase_lines() -> None:
+    """The source lines of the rung and of the lighthouse that run each phase of an attempt (notebook 07's
+    list), found by :func:`minddp.notebook.source.key_lines`."""
+    print(key_lines(FaultTolerantTrainer, RUNG_LINES))
+    print(key_lines(Lighthouse, LIGHTHOUSE_LINES))
 
 
 def ms(seconds: float) -> int:
@@ -31,8 +72,10 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms, and its share of the hang bound, then its moments in ms from the fault,
     in order: another member's all_reduce failed; the members of the next quorum had all asked for it; for the
     kill, the launcher found the process ended and recorded its exit (after its fixed wait, ``EXIT_WAIT_S``),
-    which that quorum needs too; the next quorum; the commit. For the kill, last: which of the two things that
-    quorum needs came later."""
+    which that quorum needs too; the next quorum; the commit. Then one sentence setting the kill against the
+    raise: their recoveries, when another member's all_reduce failed, and how long the next quorum came after
+    its members had all asked (for the kill, also after the exit record, which it waits for)."""
+    parts = {}
     for o in (kill, raised):
         recovery, quorum, asked = ms(o.recovery_s), ms(o.quorum_s), ms(asked_s(run, o))
         moments = [
@@ -54,11 +97,15 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
             f"from the {o.fault.kind}: "
             + ", ".join(f"at {t} ms {what}" for t, what in sorted(moments, key=lambda m: m[0]))
         )
-        if o is kill:
-            exit_ = ms(o.exit_s)
-            later = "the exit record" if exit_ > asked else "the requests"
-            line += f". That quorum needed both the members' requests and the exit record; the later was {later}"
+        parts[o.fault.kind] = (recovery, moments[0][0], quorum - asked)
         print(line)
+    (kr, ke, kq), (rr, re_, rq) = parts[kill.fault.kind], parts[raised.fault.kind]
+    waited = "waiting for the exit record" if ms(kill.exit_s) > ms(asked_s(run, kill)) else "the exit record already in"
+    print(
+        f"The kill's recovery was {'longer' if kr > rr else 'not longer'} than the raise's ({kr} against {rr} ms): "
+        f"another member's all_reduce failed {'later' if ke > re_ else 'no later'} ({ke} against {re_} ms from the "
+        f"fault), and the next quorum came {kq} ms after its members had all asked ({waited}), against {rq} ms"
+    )
 
 
 def print_rejoin(run, o) -> None:
@@ -73,7 +120,8 @@ def print_rejoin(run, o) -> None:
     print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill")
     print(
         f"  slot {slot}'s new process: started {start} ms after the kill; asked for its first quorum "
-        f"{asked - start} ms after its start, {ms(built_s)} ms of them building its optimizer"
+        f"{asked - start} ms after its start, {ms(built_s)} ms of them ({built_s / o.rejoin_s:.0%} of the rejoin) "
+        "building its optimizer"
         + (f" (torch imported its compiler, {compat.COMPILER_MODULE}, meanwhile)" if compiler else "")
         + f"; taken back {rejoin - asked} ms after asking"
     )
