@@ -5,9 +5,8 @@ per stage, where the step's time goes (compute, non-compute: only communication 
 overlap (the share of the communication with compute beside it: the blog's breakdown and overlap charts);
 :func:`predicted_ladder`, per stage, the step the model predicts on each of several links beside the
 measured one. :func:`bucket_sweep`: the model's link after backward against the bucket cap, measured points
-(exposed, waited) beside it, with the three costs of a plan (:mod:`minddp.costmodel.buckets`) under it;
-:func:`settings_ladder`: exposed time (and overlap) per stage in several settings. Every axis is named by the
-measure it shows (docs/analysis.md, "The measures"). Colours as in every step picture
+(exposed, waited) beside it, with the three costs of a plan (:mod:`minddp.costmodel.buckets`) under it.
+Every axis is named by the measure it shows (docs/analysis.md, "The measures"). Colours as in every step picture
 (:mod:`minddp.analysis.timeline`): orange is communication, red the training thread waiting for it.
 
 Example (on one rank; a tiny run with a link, profiled)::
@@ -34,12 +33,6 @@ Example (on one rank; a tiny run with a link, profiled)::
     >>> fig = bucket_sweep({"model": curve}, measured=[(4, 70.0, "measured")], per_gradient={"hook-async": 40.0})
     >>> [ax.get_ylabel() for ax in fig.axes]
     ['ms per step', 'ms (log scale)']
-    >>> runs = {"hook-async": {"overlap_pct": 99.0, "exposed_ms": 0.0},
-    ...         "bucket-async": {"overlap_pct": 90.0, "exposed_ms": 4.0}}
-    >>> len(settings_ladder({"here": runs, "there": runs}).axes[0].patches)     # a bar per stage and setting
-    4
-    >>> len(settings_ladder({"here": runs}, overlap=False).axes)                 # exposed only
-    1
 """
 
 from __future__ import annotations
@@ -181,61 +174,3 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
     low.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
-
-
-#: A value written on top of its bar.
-_ON_BAR = dict(ha="center", va="bottom", fontsize=7, linespacing=1.0)
-
-
-def settings_ladder(settings: dict, title: str = "", overlap: bool = True):
-    """Per stage, overlap (top: the share of the link's modeled transfers inside a forward, backward or optimizer;
-    left out at ``overlap=False``) and exposed time (below: the link time the step waited through), one bar per
-    setting.
-
-    ``settings``: setting name -> {stage -> a dict with ``overlap_pct`` and ``exposed_ms``}, as
-    :func:`minddp.costmodel.buckets.on_the_link` gives them for a look's row, and optionally ``backward_ms``, that
-    step's own backward, written under its exposed value. Returns the figure.
-    """
-    import matplotlib.pyplot as plt
-
-    stages = list(dict.fromkeys(s for runs in settings.values() for s in runs))
-    # wide enough that each bar's labels (value, "backward", its ms: three short lines) fit over the bar alone
-    fig, axes = plt.subplots(
-        2 if overlap else 1, 1, figsize=(1.5 * len(stages) + 2.5, 6.6 if overlap else 4.0), sharex=True, squeeze=False
-    )
-    top, low = (axes[0, 0], axes[1, 0]) if overlap else (None, axes[0, 0])
-    width = 0.8 / len(settings)
-    for j, (name, runs) in enumerate(settings.items()):
-        xs = [i + (j - (len(settings) - 1) / 2) * width for i in range(len(stages))]
-        color = ["#4c72b0", "#8172b3", "#55a868"][j % 3]
-        if top is not None:
-            top.bar(xs, [runs[s]["overlap_pct"] if s in runs else 0 for s in stages], width, color=color)
-        low.bar(xs, [runs[s]["exposed_ms"] if s in runs else 0 for s in stages], width, color=color, label=name)
-        for x, s in zip(xs, stages):
-            if s not in runs:
-                if top is not None:
-                    top.annotate("not run", (x, 2), ha="center", fontsize=7, rotation=90)
-                low.annotate("not run", (x, 0.1), ha="center", fontsize=7, rotation=90)
-            else:  # the value on every bar: a 0 has no bar (on the log axis, or an overlap of 0 %)
-                if top is not None:
-                    top.annotate(f"{runs[s]['overlap_pct']:.0f}", (x, runs[s]["overlap_pct"]), **_ON_BAR)
-                backward = f"\nbackward\n{runs[s]['backward_ms']:.0f}" if "backward_ms" in runs[s] else ""
-                low.annotate(f"{runs[s]['exposed_ms']:.0f}{backward}", (x, runs[s]["exposed_ms"]), **_ON_BAR)
-    if top is not None:
-        top.set(  # ylim: room for the values
-            ylabel="overlap (% of the link's time\ninside a forward, a backward\nor the optimizer, not waiting)",
-            ylim=(0, 115),
-        )
-    (top if top is not None else low).set_title(title, fontsize=9)
-    highest = max([r["exposed_ms"] for runs in settings.values() for r in runs.values()] + [1.0])
-    low.set_yscale("symlog", linthresh=1.0)  # a log axis that still has a 0: linear from 0 to 1 ms
-    low.set(ylabel="exposed (ms per step;\nlinear to 1, log above)", ylim=(0, 60 * highest))  # room above every bar
-    low.set_xticks(range(len(stages)), stages)
-    low.set_xlim(-0.6, len(stages) - 0.4)
-    # the legend under the panels, one setting a line: outside the axes it hides no bar, and it takes no width
-    fig.legend(*low.get_legend_handles_labels(), fontsize=8, loc="lower center", ncol=1, frameon=False)
-    fig.tight_layout(rect=(0, (0.04 if overlap else 0.065) * len(settings), 1, 1))
-    return fig
-
-
-__all__ = ["ladder_on_link", "predicted_ladder", "bucket_sweep", "settings_ladder"]
