@@ -250,7 +250,7 @@ display(on_link)
 # step each, not claimed.
 
 # %%
-per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, sent during a backward, link time (ms)
+per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, how many during a backward, link time (ms)
 sends, ms, k = per["messages"], per["link time (ms)"], lesson.SETTINGS.grad_accum
 lesson.claim(
     sends["simple"] == k * sends["ga"] and abs(ms["simple"] - k * ms["ga"]) < 1e-6 * ms["ga"],
@@ -278,4 +278,3 @@ lesson.claim(
 )
 blocking = ["simple", "ga", "hook", "bucket"]
 lesson.say(lesson_05.exposed_share(on_link, blocking, ["hook-async", "bucket-async"]))
-lesson.say(lesson_05.whose_waits(on_link))

@@ -184,24 +184,3 @@ def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[s
         f"Exposed, as a share of the link time: {low.max():.1f} % at most in {names} ({low.idxmax()}'s), "
         f"{high.min():.1f} % at least in the blocking stages ({high.idxmin()}'s): {verdict}."
     )
-
-
-def whose_waits(table: pd.DataFrame) -> str:
-    """A line to print: the stages in more than half of whose waits rank 0's link carried nothing (waited − exposed,
-    as printed in ``table``), each with that part; then what can hold any wait while the link carries nothing.
-
-    >>> t = pd.DataFrame({"waited (ms)": [10.0, 8.0], "exposed (ms)": [9.0, 0.2]}, index=["a", "b"])
-    >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
-    >>> print(whose_waits(t))  # doctest: +NORMALIZE_WHITESPACE
-    Rank 0's link carried nothing in more than half of the waits of: b (7.8 of 8.0 ms). In any wait in which it
-    carries nothing, a real all_reduce has not ended (held by the other rank, or a core) or the link's thread has
-    no core; the trace does not say which.
-    """
-    idle = table["waited − exposed (ms)"]
-    over = [st for st in table.index if idle[st] > table.loc[st, "waited (ms)"] / 2]
-    parts = ", ".join(f"{st} ({idle[st]:.1f} of {table.loc[st, 'waited (ms)']:.1f} ms)" for st in over) or "none"
-    return (
-        f"Rank 0's link carried nothing in more than half of the waits of: {parts}. In any wait in which it carries "
-        "nothing, a real all_reduce has not ended (held by the other rank, or a core) or the link's thread has no "
-        "core; the trace does not say which."
-    )
