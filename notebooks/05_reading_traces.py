@@ -160,11 +160,12 @@ lesson.claim(
 #   *backward* from the first to the last autograd node (an `autograd::engine::evaluate_function` event:
 #   one gradient function's run), whatever the threads did in it (the gradients, and all that the hooks do
 #   inside those nodes, the check and `hook`'s and `bucket`'s messages included);
-# * a tick (the legend's "handed to the wire") when a message was *handed over*: for minddp's stages the start of its `minddp.bucket_launch` range, for torch's DDP the reducer's
-#   `c10d::allreduce_` call;
+# * a tick (the legend's "handed to the wire") when a message was *handed over*: for minddp's stages the start
+#   of its `minddp.bucket_launch` range, for torch's DDP the reducer's `c10d::allreduce_` call;
 # * an orange bar while the message's gloo all_reduce range was open, held open included. Ranges open at once
 #   (a blocking stage's too: the caveat) are drawn one above another, and each level's bars alternate two shades
-#   in the order they opened. The bars are part of the table's in flight, which also counts the check; a bar narrower than a pixel need not show, and one can run on into the optimizer step (the caveat);
+#   in the order they opened. The bars are part of the table's in flight, which also counts the check; a bar
+#   narrower than a pixel need not show, and one can run on into the optimizer step (the caveat);
 # * the parameter check (hatched orange, over the upper half of the bands' height) while its all_gather range was
 #   open; a short one is too thin to see;
 # * the finish (purple) as a thin strip along the bands' lower edge; a short one is too narrow to see;
@@ -246,7 +247,7 @@ display(on_link)
 
 # %% [markdown]
 # The three claims hold by construction: accumulation divides the messages and the link time by k; `hook` hands
-# every message over during a backward; buckets cut only the link time's fixed costs. The printed lines are one
+# every message over during a backward; buckets cut only the link time's fixed costs. The printed line is one
 # step each, not claimed.
 
 # %%
