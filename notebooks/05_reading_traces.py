@@ -89,7 +89,7 @@ lesson.say(
 # end after the training thread that needed it has gone on. A range's length is how long it was open, not how
 # long its bytes took. `single` has nothing in flight and is not in the table.
 #
-# Three more terms:
+# Two more terms:
 #
 # * the *finish*: minddp's `finish_gradient_synchronization()`, which the training loop calls after every
 #   backward (torch's DDP has none; `ddp`'s finds its work done when `loss.backward()` returns). `simple`
@@ -98,9 +98,7 @@ lesson.say(
 #   message, `simple` to `bucket-async` check that both ranks' forwards used the same parameters, with one small
 #   all_gather (one byte per parameter tensor): at the start of the finish in `simple` and `ga`, in the first
 #   gradient's hook in `hook` to `bucket-async`. It is a collective, not a message; `ddp` and torch's DDP run
-#   none;
-# * `ddp`'s and torch's *broadcasts* (`gloo:broadcast` ranges, in their in flight, with no column or bar of
-#   their own): the model's buffers from rank 0 at the step's first forward.
+#   none.
 #
 # The table's last column is the part of non-compute inside the parameter checks' ranges, summed over a step's
 # checks (`simple`'s k, one in `ga` to `bucket-async`). The check is a sync's first
@@ -137,8 +135,7 @@ display(shares)
 
 # %% [markdown]
 # Under the table, the first claim checks the definitions' arithmetic on the unrounded values; the second holds
-# by construction (both stages plan their buckets with `minddp.stages.bucket_plan`). The printed line is one
-# step of each stage, not claimed.
+# by construction (both stages plan their buckets with `minddp.stages.bucket_plan`).
 
 # %%
 tied = (zero["non_compute_time_us"] - (1 - zero["comm_comp_overlap_pctg"] / 100) * zero["comm_time_per_step_us"]).abs()
@@ -147,9 +144,6 @@ lesson.claim(
     (tied <= 1e-9 * zero["comm_time_per_step_us"] + 1e-3).all(),
     "For every stage, non-compute = (100 % − overlap) × in flight.",
 )
-blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
-overlap = shares["overlap (%)"]
-lesson.say(lesson_05.below("Overlap", overlap[blocking], overlap[asynchronous], "%", "blocking", "asynchronous"))
 sizes = lesson_05.rank0(result.buckets).groupby("stage")["numel"].apply(sorted)
 lesson.claim(
     sizes["bucket"] == sizes["bucket-async"],
@@ -162,17 +156,16 @@ lesson.claim(
 # work takes different times from row to row (the line under the next table). In each row:
 #
 # * the forward (pale) and backward (darker) band of each micro-batch: *forward* from the micro-batch's start
-#   to its first *autograd node* (the forward, and what the stage does around it, such as the broadcasts),
+#   to its first *autograd node* (the forward, and what the stage does around it),
 #   *backward* from the first to the last autograd node (an `autograd::engine::evaluate_function` event:
 #   one gradient function's run), whatever the threads did in it (the gradients, and all that the hooks do
 #   inside those nodes, the check and `hook`'s and `bucket`'s messages included);
-# * a tick (the legend's "handed to the wire") when a message was *handed over* (*sent* in the table under the
-#   figure): for minddp's stages the start of its `minddp.bucket_launch` range, for torch's DDP the reducer's
-#   `c10d::allreduce_` call;
+# * a tick (the legend's "handed to the wire") when a message was *handed over*: for minddp's stages the start
+#   of its `minddp.bucket_launch` range, for torch's DDP the reducer's `c10d::allreduce_` call;
 # * an orange bar while the message's gloo all_reduce range was open, held open included. Ranges open at once
 #   (a blocking stage's too: the caveat) are drawn one above another, and each level's bars alternate two shades
-#   in the order they opened. The bars are part of the table's in flight, which also counts the check and the
-#   broadcasts; a bar narrower than a pixel need not show, and one can run on into the optimizer step (the caveat);
+#   in the order they opened. The bars are part of the table's in flight, which also counts the check; a bar
+#   narrower than a pixel need not show, and one can run on into the optimizer step (the caveat);
 # * the parameter check (hatched orange, over the upper half of the bands' height) while its all_gather range was
 #   open; a short one is too thin to see;
 # * the finish (purple) as a thin strip along the bands' lower edge; a short one is too narrow to see;
@@ -186,7 +179,7 @@ fig = draw_steps(rows, title=f"One step of each stage, on one time axis: run {re
 lesson_05.show(fig, RUN / "one_step_each_stage.png")
 
 # %% [markdown]
-# The messages behind the plot (rank 0): how many were sent (ticks), and how many during a backward.
+# The messages behind the plot (rank 0): how many were handed over (ticks), and how many during a backward.
 
 # %%
 anatomy = lesson_05.anatomy(result, zero.index)
@@ -236,9 +229,11 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 #   (`metrics.link_time`): 2(n−1)·α + 2(n−1)/n·m·β for a message of m bytes, added up, with n ranks and the
 #   `1gbit` preset's α = 50 µs and β = 8 ns a byte (1 Gbit/s); 2(n−1)·α is a message's fixed cost.
 #   It is the link's work, not time the step lost;
-# * **waited**: the time from rank 0's first `wait()` on a gradient message to its delivery (0 if delivered
-#   before it), whatever held it; the parameter check is not a message and is not counted;
-# * **exposed**: the part of those waits during which rank 0's link carried a transfer; link time − exposed is
+# * **waited**: the length of the union, over a step's gradient messages, of the time from rank 0's first
+#   `wait()` on one (the call that returns once the message is delivered; a blocking stage calls it at once after
+#   each hand-over) to its delivery, whatever held it. The parameter check is not a message and is not counted,
+#   so waited is not non-compute, even of one run;
+# * **exposed**: the part of that union during which rank 0's link carried a transfer; link time − exposed is
 #   the link's work while rank 0 waited for no message; waited − exposed, the waits' part in which it carried
 #   nothing.
 
@@ -252,19 +247,18 @@ display(on_link)
 
 # %% [markdown]
 # The three claims hold by construction: accumulation divides the messages and the link time by k; `hook` hands
-# every message over during a backward; buckets cut only the link time's fixed costs. The last bucket, handed
-# over once its last gradient is ready, can leave more of the link's work after the backward than `hook-async`'s
-# last message does. The printed lines are one step each, not claimed.
+# every message over during a backward; buckets cut only the link time's fixed costs. The printed line is one
+# step each, not claimed.
 
 # %%
-per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, sent during a backward, link time (ms)
+per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, how many during a backward, link time (ms)
 sends, ms, k = per["messages"], per["link time (ms)"], lesson.SETTINGS.grad_accum
 lesson.claim(
     sends["simple"] == k * sends["ga"] and abs(ms["simple"] - k * ms["ga"]) < 1e-6 * ms["ga"],
     f"Accumulation divides the messages ({sends['simple']} → {sends['ga']}) and the link time "
     f"({ms['simple']:.1f} → {ms['ga']:.1f} ms) by k = {k}, exactly.",
 )
-during = per["sent during a backward"]
+during = per["during a backward"]
 lesson.claim(
     during["ga"] == 0 and during["hook"] == sends["hook"],
     f"The hooks move every message from after the backward into it (ga: {during['ga']} of {sends['ga']} handed over "
@@ -283,7 +277,5 @@ lesson.claim(
     f"{ms['bucket-async']:.1f} ms, {100 * saved / ms['hook-async']:.1f} % less): the bytes' part is "
     f"{100 * (1 - sends['bucket-async'] * fixed / ms['bucket-async']):.1f} % of bucket-async's link time.",
 )
-lesson.say(lesson_05.last_messages(linked, link, on_link))
 blocking = ["simple", "ga", "hook", "bucket"]
-lesson.say(lesson_05.exposed_share(on_link, sends, blocking, ["hook-async", "bucket-async"]))
-lesson.say(lesson_05.whose_waits(on_link))
+lesson.say(lesson_05.exposed_share(on_link, blocking, ["hook-async", "bucket-async"]))

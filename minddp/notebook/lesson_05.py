@@ -50,10 +50,10 @@ def sent_in_backward(result, stage: str) -> int:
 
 
 def anatomy(result, stages) -> pd.DataFrame:
-    """Per stage (rank 0): messages sent (ticks), and how many during a backward."""
+    """Per stage (rank 0): messages handed over (ticks), and how many during a backward."""
     b = rank0(result.buckets)
     rows = {
-        st: {"messages sent": int((b["stage"] == st).sum()), "sent during a backward": sent_in_backward(result, st)}
+        st: {"handed over": int((b["stage"] == st).sum()), "during a backward": sent_in_backward(result, st)}
         for st in stages
     }
     return pd.DataFrame(rows).T.astype(int)
@@ -73,9 +73,13 @@ def timeline_rows(result, run: Path) -> list[dict]:
 
 
 def show(fig, path: Path) -> None:
-    """Save ``fig`` to ``path`` (100 dpi) and show it once, from the file."""
+    """Save ``fig`` to ``path`` (100 dpi) and show it once, from the file; the hand-over ticks drawn under the
+    message bars, so that dense ticks do not hide them."""
     import matplotlib.pyplot as plt
     from IPython.display import Image, display
+
+    for line in (ln for ax in fig.axes for ln in ax.lines if ln.get_marker() == "|"):
+        line.set_zorder(0.9)
 
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -106,20 +110,6 @@ def spread(ms: pd.Series) -> str:
     """
     lo, hi = round(ms.min()), round(ms.max())
     return f"{lo}–{hi} ms ({ms.idxmin()}'s to {ms.idxmax()}'s, {hi / lo:.1f} ×)"
-
-
-def below(measure: str, low: pd.Series, high: pd.Series, unit: str, low_name: str, high_name: str) -> str:
-    """A line to print: whether every value of ``low`` is below every value of ``high`` (the most of ``low`` against
-    the least of ``high``, to 0.1, and whose), of ``measure`` in ``unit``; one profiled step each, so not claimed.
-
-    >>> print(below("Overlap", pd.Series({"a": 1.0, "b": 7.3}), pd.Series({"c": 70.8}), "%", "low", "high"))
-    Overlap: every low stage's is below every high stage's (7.3 % at most, b's, against 70.8 % at least, c's).
-    """
-    every = "every" if low.max() < high.min() else "not every"
-    return (
-        f"{measure}: {every} {low_name} stage's is below every {high_name} stage's ({low.max():.1f} {unit} at most, "
-        f"{low.idxmax()}'s, against {high.min():.1f} {unit} at least, {high.idxmin()}'s)."
-    )
 
 
 def message_bytes(linked) -> pd.Series:
@@ -156,8 +146,8 @@ def link_table(linked, link) -> pd.DataFrame:
 
 
 def link_messages(linked, link) -> pd.DataFrame:
-    """The link run's messages, per stage (rank 0, one profiled step): how many were sent, their bytes in all, how
-    many were handed over during a backward (:func:`sent_in_backward`) and the stage's link time (:func:`link_ms`,
+    """The link run's messages, per stage (rank 0, one profiled step): how many were handed over, their bytes in
+    all, how many during a backward (:func:`sent_in_backward`) and the stage's link time (:func:`link_ms`,
     unrounded)."""
     sent, nbytes = rank0(linked.buckets), message_bytes(linked)
     stages = rank0(linked.summary)["stage"]
@@ -165,105 +155,32 @@ def link_messages(linked, link) -> pd.DataFrame:
         {
             "messages": sent.groupby("stage").size().reindex(stages).to_numpy(),
             "bytes": nbytes.groupby(sent["stage"]).sum().reindex(stages).to_numpy(),
-            "sent during a backward": [sent_in_backward(linked, st) for st in stages],
+            "during a backward": [sent_in_backward(linked, st) for st in stages],
             "link time (ms)": [link_ms(linked, link, st) for st in stages],
         },
         index=pd.Index(stages, name="stage"),
     )
 
 
-def _last(linked, link, stage: str) -> tuple[float, float, float]:
-    """Rank 0's last message of ``stage``: its MiB, its link time and how long before the end of the stage's last
-    backward it was handed over (its ``ready_us``), ms."""
-    sent, nbytes = rank0(linked.buckets), message_bytes(linked)
-    mine = sent[sent["stage"] == stage].sort_values("ready_us")
-    phases = rank0(linked.phases)
-    end = phases.loc[(phases["stage"] == stage) & (phases["phase"] == "backward"), "end_us"].max()
-    world = int(linked.summary["rank"].nunique())
-    last = mine.index[-1]
-    took = 1e3 * link.seconds("all_reduce", nbytes[last], world)
-    return nbytes[last] / 2**20, took, (end - mine.loc[last, "ready_us"]) / 1e3
-
-
-def last_messages(linked, link, table: pd.DataFrame, one: str = "bucket-async", other: str = "hook-async") -> str:
-    """A line to print: ``one``'s exposed against ``other``'s (as printed in ``table``), then each one's last
-    message: its MiB, its link time, how long before the end of the stage's last backward it was handed over, and
-    the link's work left at that end, from those two printed values: at least their difference (a transfer starts
-    no earlier than its hand-over), so "about" it "or more". Both stages call ``wait()`` only in the finish, after
-    the last backward, so only work left then can be exposed. One profiled step, not claimed.
-
-    >>> from types import SimpleNamespace
-    >>> from minddp.comm.link import parse_link
-    >>> b = pd.DataFrame({"stage": ["s", "s", "t"], "rank": 0, "numel": [2**20, 2**18, 2**16],
-    ...                   "ready_us": [0.0, 9e3, 9.5e3], "dtype": "float32"})
-    >>> p = pd.DataFrame({"stage": ["s", "t"], "rank": 0, "phase": "backward", "start_us": 0.0, "end_us": 10e3})
-    >>> run = SimpleNamespace(buckets=b, phases=p, summary=pd.DataFrame({"rank": [0, 1]}))
-    >>> t = pd.DataFrame({"exposed (ms)": [2.0, 0.5]}, index=["s", "t"])
-    >>> print(last_messages(run, parse_link("1gbit"), t, "s", "t"))  # doctest: +NORMALIZE_WHITESPACE
-    In one profiled step each, s's exposed is higher than t's (2.0 against 0.5 ms). Both call wait() only in the
-    finish, after the last backward, so only the link's work left after it can be exposed: s's last message (1.000
-    MiB, 8.5 ms on the link) was handed over 1.0 ms before its last backward ended, leaving the link about 7.5 ms of
-    work or more; t's (0.250 MiB, 2.2 ms), 0.5 ms before, about 1.7 ms or more.
-    """
-    a, b = table.loc[one, "exposed (ms)"], table.loc[other, "exposed (ms)"]
-    than = "higher than" if a > b else "lower than" if a < b else "the same as"
-    parts = []
-    for stage in (one, other):
-        mib, took, before = _last(linked, link, stage)
-        left = max(0.0, round(took, 1) - round(before, 1))
-        parts.append((mib, took, before, left))
-    (m1, t1, b1, l1), (m2, t2, b2, l2) = parts
-    return (
-        f"In one profiled step each, {one}'s exposed is {than} {other}'s ({a:.1f} against {b:.1f} ms). Both call "
-        f"wait() only in the finish, after the last backward, so only the link's work left after it can be exposed: "
-        f"{one}'s last message "
-        f"({m1:.3f} MiB, {t1:.1f} ms on the link) was handed over {b1:.1f} ms before its last backward ended, leaving "
-        f"the link about {l1:.1f} ms of work or more; {other}'s ({m2:.3f} MiB, {t2:.1f} ms), {b2:.1f} ms before, "
-        f"about {l2:.1f} ms or more."
-    )
-
-
-def exposed_share(table: pd.DataFrame, sends: pd.Series, blocking: list[str], asynchronous: list[str]) -> str:
-    """A line to print: whether each ``asynchronous`` stage's exposed, as a share of its link time, is below every
-    ``blocking`` stage's (the most against the least, to 0.1 %, and whose), and the rest of a blocking stage's link
-    time a message (from ``table``'s printed columns and ``sends``, to 0.1 ms); one profiled step each, not claimed.
+def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[str]) -> str:
+    """A line to print: the most of the ``asynchronous`` stages' exposed, as a share of the link time, against the
+    least of the ``blocking`` stages' (from ``table``'s printed columns, to 0.1 %, and whose), and whether each of
+    the first is below each of the second; one profiled step each, not claimed.
 
     >>> t = pd.DataFrame({"link time (ms)": [10.0, 10.0], "exposed (ms)": [9.0, 1.0]}, index=["b", "a"])
-    >>> print(exposed_share(t, pd.Series({"b": 2, "a": 2}), ["b"], ["a"]))  # doctest: +NORMALIZE_WHITESPACE
-    Exposed, as a share of the link time: a's below every blocking stage's (10.0 % at most, a's, against 90.0 % at
-    least, b's); the rest of a blocking stage's link time, 0.5 ms a message, is the link's work between a
-    message's hand-over and the first wait() on it.
+    >>> print(exposed_share(t, ["b"], ["a"]))  # doctest: +NORMALIZE_WHITESPACE
+    Exposed, as a share of the link time: 10.0 % at most in a (a's), 90.0 % at least in the blocking stages
+    (b's): rank 0 waited through less of the link's work in each of a than in each blocking stage.
     """
     share = 100 * table["exposed (ms)"] / table["link time (ms)"]
     low, high = share[asynchronous], share[blocking]
-    each = "below" if low.max() < high.min() else "not each below"
-    rest = ((table["link time (ms)"] - table["exposed (ms)"]) / sends)[blocking]
-    lo, hi = f"{rest.min():.1f}", f"{rest.max():.1f}"
-    names = " and ".join(f"{st}'s" for st in asynchronous)
-    return (
-        f"Exposed, as a share of the link time: {names} {each} every "
-        f"blocking stage's ({low.max():.1f} % at most, {low.idxmax()}'s, against {high.min():.1f} % at least, "
-        f"{high.idxmin()}'s); the rest of a blocking stage's link time, {lo if lo == hi else f'{lo}–{hi}'} ms a "
-        "message, is the link's work between a message's hand-over and the first wait() on it."
+    names = " and ".join(asynchronous)
+    verdict = (
+        f"rank 0 waited through less of the link's work in each of {names} than in each blocking stage"
+        if low.max() < high.min()
+        else f"not each of {names} below each blocking stage"
     )
-
-
-def whose_waits(table: pd.DataFrame) -> str:
-    """A line to print: the stages in more than half of whose waits rank 0's link carried nothing (waited − exposed,
-    as printed in ``table``), each with that part; then what can hold any wait while the link carries nothing.
-
-    >>> t = pd.DataFrame({"waited (ms)": [10.0, 8.0], "exposed (ms)": [9.0, 0.2]}, index=["a", "b"])
-    >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
-    >>> print(whose_waits(t))  # doctest: +NORMALIZE_WHITESPACE
-    Rank 0's link carried nothing in more than half of the waits of: b (7.8 of 8.0 ms). In any wait in which it
-    carries nothing, a real all_reduce has not ended (held by the other rank, or a core) or the link's thread has
-    no core; the trace does not say which.
-    """
-    idle = table["waited − exposed (ms)"]
-    over = [st for st in table.index if idle[st] > table.loc[st, "waited (ms)"] / 2]
-    parts = ", ".join(f"{st} ({idle[st]:.1f} of {table.loc[st, 'waited (ms)']:.1f} ms)" for st in over) or "none"
     return (
-        f"Rank 0's link carried nothing in more than half of the waits of: {parts}. In any wait in which it carries "
-        "nothing, a real all_reduce has not ended (held by the other rank, or a core) or the link's thread has no "
-        "core; the trace does not say which."
+        f"Exposed, as a share of the link time: {low.max():.1f} % at most in {names} ({low.idxmax()}'s), "
+        f"{high.min():.1f} % at least in the blocking stages ({high.idxmin()}'s): {verdict}."
     )
