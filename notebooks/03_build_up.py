@@ -56,7 +56,7 @@
 # thread's waits are *measured*: a wait can last past the link's time, until the real all_reduce
 # returns, and a collective returns on a rank only once every rank has joined it.
 #
-# **Measures**, 01's. α, β, n and m as there; k is the micro-batches of a step. A *message* is one
+# **Measures**, 01's. α, β (1/bandwidth), n and m as there; k is the micro-batches of a step. A *message* is one
 # all_reduce handed to the link (a gradient, or a bucket of them); its *fixed cost* is 2(n−1)·α. Over
 # the link's modeled transfers: *link time*, the step's messages' time on the link; *exposed*, the part
 # of it the training thread stood waiting through. *Waited* is the
@@ -207,7 +207,8 @@ lesson.claim(
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, with the thread's waits for them
 # (red); the micro-batches before it run straight on into each other. Just before the burst ga runs
-# the parameters-used check, in finish (hatched). Its row can end after simple's faded one.
+# the parameters-used check, in finish (hatched; rank 0's wait for rank 1 included: the stages' table
+# prints each rank's time there).
 #
 # ### Your turn: `ga`
 #
@@ -361,8 +362,7 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: messages on the wire while the backward goes on, and no wait for a message inside
-# it. The thread waits for the messages once, in finish, after the backward (a red block only where
-# wide enough to draw). No message leaves before the parameters-used check at its first gradient ends
+# it. The thread waits for the messages only in finish, after the backward. No message leaves before the parameters-used check at its first gradient ends
 # (hatched, where wide enough to draw).
 #
 # ### Your turn: `hook-async`
@@ -619,8 +619,7 @@ lesson_03.look_table(looks, checks)
 #
 # `hook-async` and `bucket-async` send the same bytes, one message per gradient against one per
 # bucket, both during the last backward, and wait for them in finish. A
-# bucketed stage trades three things against a per-gradient one (an all_reduce of m bytes between n
-# ranks takes 2(n−1)·α + 2(n−1)/n · m·β on the link):
+# bucketed stage trades three things against a per-gradient one:
 #
 # 1. **per message**: every all_reduce pays 2(n−1)·α on the link and one comm-hook call in a grad
 #    hook; buckets pay both once per bucket instead of once per gradient tensor, and copy each
@@ -634,7 +633,8 @@ lesson_03.look_table(looks, checks)
 # The link carries one message at a time, so it is done at the latest of, over the messages i,
 # "message i handed over, then i and every message after it back to back"
 # (`minddp.costmodel.buckets.queue_end`): message 1 gives the *start-limited* end, the last message
-# the *tail-limited* one. The link's time still to run when backward ends is *link after backward*;
+# the *tail-limited* one. The link's time still to run when backward ends is *link after backward* (in a run:
+# modeled transfers against a measured backward);
 # for a stage that waits only in finish, as these two, it is the most its step can expose. When each gradient is ready comes from the *bare network* (no wrapper, no hooks, no
 # messages, no profiler), timed here.
 
@@ -677,10 +677,10 @@ table
 # tail, an early first message); a large cap makes a few large ones. Below, `bucket-async` is
 # measured at other caps on the same link, one profiled step each with no warm-up step (the settings'
 # cap is the step above; `None` is torch's default: a first bucket of 1 MiB, then 25 MiB ones, drawn
-# right of the grid). The step-time model (`minddp.costmodel`, `docs/scaling.md`) replays each cap's plan
+# right of the grid). The step-time model (`docs/scaling.md`) replays each cap's plan
 # on the link, with the bare network's timings scaled to the median of the five steps' backwards
-# (less the check). The figure sets the model's *link after backward* against each step's measured
-# one; its grey line is hook-async's measured one. The lower panel shows the three costs of each cap on the grid by the model
+# (less the check), which differ from step to step (the table prints each). The figure sets the model's
+# *link after backward* against each step's; its grey line is hook-async's step's. The lower panel shows the three costs of each cap on the grid by the model
 # (None's: the table); "first message leaves" is into the model's backward, not a measured one.
 
 # %%
@@ -721,10 +721,10 @@ lesson_03.sweep_table(swept, model, default)
 #
 # Two ratios of a setting matter here: how long one sync's bytes take against one backward, and how
 # long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
-# emulated link on which the network at hand keeps both ratios of a setting against one backward
-# timed on this machine (rank 0's): for the blog's T4s the cap sweep's median, as for the step-time
+# emulated link on which one backward of the network at hand, timed on this machine (rank 0's), has
+# both ratios of a setting: for the blog's T4s the cap sweep's median, as for the step-time
 # model above; for 1024 ranks, whose network the sweep did not run, single's. Each rung runs one
-# step, no warm-up; its own backward, printed below, differs from that one, and so do its ratios. On the 2 ranks here (one all_reduce of m bytes takes 2α + m·β),
+# step, no warm-up; its own backward, printed below, differs from that one, so its ratios are not the setting's. On the 2 ranks here (one all_reduce of m bytes takes 2α + m·β),
 # 1/β = one sync's bytes / (bytes ratio × that backward) and α = message ratio × that backward / 2 (the link printed below). Both settings take
 # the blog's workload as the step-time model rebuilds it
 # (`python -m minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16
