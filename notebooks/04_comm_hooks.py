@@ -26,26 +26,24 @@
 #   instead (the other tensors go uncompressed), with *error feedback*: each rank keeps a
 #   tensor per bucket that it adds to that bucket's gradient on the next step.
 #
-# A **rank** is one of the training processes, as in every notebook; PowerSGD's **matrix rank**
+# A **rank** is one of the training processes; PowerSGD's **matrix rank**
 # (`matrix_approximation_rank`) is the number of columns of `P` and `Q`, the directions kept per gradient
 # matrix; r stands for it here (not 01's r, a rank's index).
 #
 # Each hook trains the workload of notebooks 02 to 06, in `03_build_up`'s `bucket-async` stage, from the same
-# start on the same batches: `lesson.Trainee(stage, hook=name)` builds the stage and registers the hook with
-# `register_comm_hook(state, hook)`; `lesson.race` steps every trainee once a round, in turn. A bucket closes at
-# the first gradient that brings it to the printed bucket size (torch's `bucket_cap_mb`) or past it. For each
-# hook we read:
+# start on the same batches. A bucket closes at the first gradient that brings it to the printed bucket size
+# (torch's `bucket_cap_mb`) or past it. For each hook we read:
 #
-# * the all_reduces a step and their *payload*, counted by the hook's traffic meter (a trainee's
-#   `metered`, one reading a step): the bytes the step's all_reduces reduce (numel × element size), not the
-#   bytes a rank sends, which around a ring of n ranks are 2(n − 1)/n of the payload (equal at n = 2);
+# * the all_reduces a step and their *payload*, counted by the hook's traffic meter: the bytes the step's
+#   all_reduces reduce (numel × element size), not the bytes a rank sends, which around a ring of n ranks are 2(n − 1)/n of the payload (equal at n = 2);
 # * the *relative gradient error* `‖ĝ − g‖ / ‖g‖`:
 #   how far the hook's average `ĝ` is from the *reference average* `g`, the float32 average of the same step's
-#   gradients, computed by plain averaging's own division and sum (so plain averaging scores 0, zeros 1) in an
-#   extra all_reduce before the hook's, not counted as traffic.
+#   gradients, computed by plain averaging's own division and sum (so plain averaging scores 0, a hook handing
+#   back zeros 1) in an extra all_reduce before the hook's, not counted as traffic.
 #
-# Then the all_reduces of all but bf16 are priced on the `1gbit` link of `minddp.comm.link` (as in notebooks 03
-# and 05), and plain averaging's and PowerSGD's on other links.
+# Sizes are binary (a KiB is 2¹⁰ bytes, a MiB 2²⁰).
+#
+# Then the all_reduces of all but bf16 are priced on the `1gbit` link of `minddp.comm.link` and plain averaging's and PowerSGD's on other links.
 
 # %%
 # %load_ext minddp.notebook
@@ -76,24 +74,25 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # %% [markdown]
 # ## Payload and gradient error
 #
-# All_reduces, payload and error are the last step's, as rank 0 measured them. `bucket-async` syncs once per optimizer
-# step (02's *sync*): the backwards of every micro-batch but the last run inside `no_sync()` (as in 03) and send
+# All_reduces, payload and error are the last step's. `bucket-async` syncs once per optimizer
+# step (02's *sync*): the backwards of every micro-batch but the last run inside `no_sync()` and send
 # nothing; each bucket is sent once, in the last one's backward or before `optimizer.step()`.
 #
 # The cell after the table holds fp16's and bf16's gradient error against a bound on rounding alone, a worst
-# case (`minddp.comm.measure.rounding_bound`, by which the exercise checker also judges an fp16 hook). Value i
+# case (`minddp.comm.measure.rounding_bound`). PowerSGD's error is read by step below. Value i
 # of the average is off by at most
 #
-# `b_i = (n + 1) u / (1 − (n + 1) u) · a_i + (n + 1) · tiny · eps / 2`
+# `b_i = γ(u) · a_i + (n + 1) · tiny · eps / 2 + γ(2⁻²⁴) · a_i`, γ(u) = (n + 1) u / (1 − (n + 1) u)
 #
 # * n + 1: the roundings of each rank's term (its cast, its division, at most n − 1 additions);
 # * u = eps / 2: the most a rounding is off, relative to its result; eps = `torch.finfo(dtype).eps`, float16's
 #   2⁻¹⁰, bfloat16's 2⁻⁷;
 # * a_i: the ranks' mean magnitude of value i;
 # * tiny · eps / 2: the most a rounding is off below the format's smallest normal value, tiny =
-#   `torch.finfo(dtype).tiny`.
+#   `torch.finfo(dtype).tiny`;
+# * γ(2⁻²⁴) · a_i: float32's rounding (u = 2⁻²⁴) of the reference average.
 #
-# The bound is ‖b‖ / ‖g‖, with b_i also counting float32's rounding of the reference average.
+# The bound is ‖b‖ / ‖g‖.
 
 # %%
 # %%rank 0
@@ -156,8 +155,7 @@ lesson.claim(
 #
 # On a compressing step the hook first adds to the whole bucket what this rank kept on the step before (error
 # feedback, the last point below; zero on the first compressing step) and keeps a copy of the bucket so
-# corrected. Then it takes each gradient it compresses as an h × w matrix `A` and, at matrix rank r
-# (`minddp/comm/powerSGD_hook.py`):
+# corrected. Then it takes each gradient it compresses as an h × w matrix `A` and, at matrix rank r:
 #
 # * computes `P = A Q` (h × r), with `Q` (w × r) the one of the step before (a random one the first time),
 #   made orthonormal on every step;
@@ -175,6 +173,10 @@ lesson.claim(
 # h × 1 matrix, and a matrix is compressed only when its h · w values exceed `min_compression_rate`, 2 as in
 # torch, times the (h + w) · r values of its factors, so a vector never is); one for all its P factors and one
 # for all its Q factors, if it compresses any matrix.
+#
+# Only the first compressing step's relative error is compression's alone; later, ĝ also differs from g by
+# what was fed back. g is each trainee's own: once PowerSGD's ĝ differs from g, its weights and next g differ
+# from plain averaging's.
 
 # %%
 # %%rank 0
@@ -275,14 +277,15 @@ lesson.say(
 # all take less link time exactly when `2(n − 1)/n · (S − S′) β > 2(n − 1)(c′ − c) α`:
 #
 # * **bandwidth**: PowerSGD's link time is the shorter below `B* = (S − S′) / (n (c′ − c) α)` bytes/s, plain
-#   averaging's above it; the larger α, the lower B*;
+#   averaging's above it, where the bytes PowerSGD saves cost less than its extra messages' fixed cost; the
+#   larger α, the lower B*;
 # * **ranks**: it is the shorter below `n* = (S − S′) / ((c′ − c) α B)`: around a ring every message's α
 #   is paid 2(n − 1) times, while the bytes each rank sends, 2(n − 1)/n · S, stay under 2S whatever n.
 #
-# The cell prices plain averaging's and PowerSGD's last steps so on every preset link of
+# The cell prices plain averaging's and PowerSGD's last steps on every preset link of
 # `minddp.comm.link.PRESETS` but `loopback`. A preset is a pair α, B (the table's first two columns, in µs and
 # Gbit/s), not a measured network; `home` stands for a home broadband line's upload, `wan` for two cloud regions a
-# continent apart. Sizes are binary (a KiB is 2¹⁰ bytes, a MiB 2²⁰), bandwidths decimal
+# continent apart. Bandwidths are decimal
 # (a Gbit/s is 1.25 × 10⁸ bytes/s). The cell's figure draws both hooks' link time against the bandwidth at
 # `1gbit`'s α: as B grows each line falls towards its messages' fixed cost, c · 2(n − 1) α, and the two lines cross
 # at 1gbit's B* (each preset's own is in the table). Each preset is named beside its circle; its triangle is at
@@ -339,16 +342,16 @@ lesson_04.link_figure(sent, n, LINK, crossover)
 wins.round(3)
 
 # %% [markdown]
-# These numbers show PowerSGD's payload, gradient error and link time. The loss it reaches, its compute, its error
-# feedback's memory and how its link time changes a step's time are not shown: nothing here tells whether PowerSGD
-# is worth using.
+# These numbers show PowerSGD's payload, relative error and link time. The loss it reaches, its compute, its
+# error feedback's memory and how its link time changes a step's time are not shown: nothing here tells whether
+# PowerSGD is worth using.
 #
 # ## torch compatibility
 #
-# minddp's hooks (`minddp.comm.default_hooks`, `minddp.comm.powerSGD_hook`) have torch's interface and are
-# registered with `register_comm_hook(state, hook)` as in torch. minddp's PowerSGD hook waits inside itself for
-# the P factors' all_reduce and, where the bucket has any, the uncompressed tensors', where torch's hook chains
-# that work on a Future. A hook that needs no second collective has no reason to wait.
+# minddp's hooks (`minddp.comm.default_hooks`, `minddp.comm.powerSGD_hook`) are registered with
+# `register_comm_hook(state, hook)` as in torch. minddp's PowerSGD hook waits inside itself for the P factors'
+# all_reduce and, where the bucket has any, the uncompressed tensors', where torch's hook chains that work on a
+# Future; what that wait costs a step is not shown. A hook that needs no second collective has no reason to wait.
 #
 # ## Your turn: an fp16 hook
 #
@@ -365,7 +368,7 @@ wins.round(3)
 # The error and bound it prints are for its test bucket, not the workload's.
 #
 # Your hook runs on the checker's ranks with this kernel's names, and `world_size`, `rank` and `n` are not among
-# them (they were set on the notebook's ranks): ask `dist.get_world_size(process_group)`.
+# them: ask `dist.get_world_size(process_group)`.
 
 # %%
 import torch
@@ -384,7 +387,7 @@ def my_fp16_hook(process_group, bucket):
 check_hook(my_fp16_hook, like="fp16")
 
 # %% [markdown]
-# Stuck? The next cell, collapsed in Jupyter (click it to open it), holds a model answer
+# Stuck? The next cell, collapsed in Jupyter, holds a model answer
 # (`minddp.exercises.solutions`) and the checker's verdict on it.
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true}
@@ -395,8 +398,7 @@ show_source(solutions.fp16_compress_hook)
 check_hook(solutions.fp16_compress_hook, like="fp16")
 
 # %% [markdown]
-# Next: `05_reading_traces` profiles the stages that keep a whole replica on every rank, and reads where the
-# time of a step goes.
+# Next: `05_reading_traces` reads where the time of a step goes.
 
 # %%
 # %dist_shutdown
