@@ -27,7 +27,7 @@
 #    timeout (the set-up cell prints both timeouts): a rank waiting on `group` is released when a
 #    failing rank destroys its groups;
 # 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own collectives
-#    (on the default group, in this run and the fix) the *collective check* (section 4). It raises a `DebugError` on every rank at the first check that
+#    (on the default group, in this run and the fix) the *collective check* (sections 4 and 5). It raises a `DebugError` on every rank at the first check that
 #    sees the bug (for section 3's bug, a `DebugWarning`, and training goes on), naming the cause, the
 #    tensor or call, the rank(s), the step, and the fix;
 # 3. **the fix**: the script corrected, in debug mode, which then says nothing.
@@ -46,18 +46,18 @@
 # helpers (`minddp/notebook/lesson_08.py`) give every rank the same model (its *replica*), `build()`'s `Net` (linear
 # layers `encoder` 8→16, tanh, `head` 16→4; `Net(extra=True)` adds `extra` 16→4, a second head whose
 # output is added to `head`'s in a forward given `use_extra=True`), wrapped (`model`, *the wrapper*, is
-# the DDP object; `model.module` is the `Net` it wraps), with SGD at learning rate 0.1, and its own
+# the DDP object; `model.module` is the `Net` it wraps), and its own
 # batches of 6 examples (its shard). They run each script three ways:
 #
 # * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised (an excerpt; gloo's guess at a cause cut),
 #   in which step if in `train()`'s loop (`torch_step`), and after how long from the script's start
-#   (`torch_took`), or "raised nothing" (`peer_gone` tells an error saying the partner is gone). `torch_drifts`, for sections 1 and 2: whether the
+#   (`torch_took`), or "raised nothing". `torch_drifts`, for sections 1 and 2: whether the
 #   replicas' parameters differ at the end;
 # * `minddp_says`: the `DebugError` debug mode raised, checked on every rank (`say_each` prints rank 0's
 #   line, then whether each other rank said the same);
 # * `fixed`: the corrected script in debug mode; its ✓ line checks that nothing is said (`quiet()`
 #   collected no `DebugWarning`; an error would raise) and that `apart(model)`, the largest difference
-#   between a rank's parameters and rank 0's, is 0 (`apart_at` also names its tensor).
+#   between a rank's parameters and rank 0's, is 0.
 
 # %%
 # %%distributed
@@ -103,8 +103,8 @@ lesson.say(f"The short group's timeout is {WAIT_S} s; group's, torch's default, 
 # DDP keeps the replicas equal by starting them equal and giving each the same averaged gradient.
 # Anything that changes a parameter on some ranks only breaks that: here rank 1 nudges one weight
 # after step 1. In debug mode, before each forward whose backward will average the gradients (the
-# *forward check*), every rank all-gathers one small row of integers: for each parameter its
-# `requires_grad` and a fingerprint (a checksum of its 16-bit words; docs/debugging.md gives it):
+# *forward check*), every rank all-gathers one small row of integers: the parameters'
+# `requires_grad` flags, then their fingerprints (checksums of their 16-bit words; docs/debugging.md gives them):
 # `int64[8]` for `Net()`'s 4 parameter tensors. On a mismatch the first differing tensor is compared
 # in full, and every rank stops. The fix: change parameters the same way on every
 # rank (here: not at all).
@@ -135,7 +135,7 @@ fixed(drifting_loop, "without the edit", edit=False)
 # DDP averages the gradients of a backward whose forward went through the wrapper. Call the module
 # itself (`model.module(x)`, or a submodule of it) and backward leaves each rank its own gradient; the
 # optimizer then steps each replica its own way. Before each `optimizer.step()` the *step check*
-# all-gathers another row, `int64[17]` for `Net()`: one integer of notes, then four per parameter:
+# all-gathers another row, `int64[17]` for `Net()`: one integer of notes, then four groups of one per parameter:
 # whether it has a gradient, that gradient's fingerprint, whether this step's backward computed one,
 # and the local gradient's fingerprint (before averaging). It finds gradients that differ across ranks. The fix: call the wrapper.
 
@@ -215,13 +215,12 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # A script's own collectives must match across ranks too: the same op, shape and dtype, in the same
 # order. Here rank 0 logs two metrics and rank 1 one. Under torch, gloo pairs an all_reduce of 2
 # values with one of 1 and the ranks wait until a timeout, here the short group's. In debug mode the
-# *collective check* compares every `torch.distributed` collective across ranks, through the key-value
-# store of the default group: both ranks stop, naming each rank's call and its place. The fix: the
+# *collective check* compares every `torch.distributed` collective across ranks: both ranks stop, naming each rank's call and its place. The fix: the
 # same metrics on every rank.
 #
 # The message numbers the call: *collective #K* counts from 0 every collective on the default group
-# that debug mode has checked (the wrappers', their checks', the helpers' and the earlier sections'),
-# so the two ranks' K-th calls are the ones compared. A call is written as op(dtype[shape], ...), with its
+# that debug mode has checked, so the two ranks' K-th calls are the ones compared, K including calls no cell
+# spells out (the wrappers', their checks', the helpers'). A call is written as op(dtype[shape], ...), with its
 # reduce op if any; an all_gather's lists the output (the number of ranks × the input's shape), then the input. A call minddp makes is placed at the script's line that led to it (the
 # step check's at the `optimizer.step()`). Then the step: `(step 0)` for a call made in a wrapper's step (from its
 # forward to its `optimizer.step()`), `(after step S)` for a script's own call made after the last step
@@ -278,7 +277,8 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # Rank 1 has one batch fewer. It leaves its loop and waits at the script's final barrier, while rank
 # 0 starts a step whose collectives rank 1 will never make. Under torch rank 1 fails at the short
 # group's timeout, and when it destroys its groups, rank 0's step fails with gloo's "Connection
-# closed by peer" (or "reset by peer"); neither says which rank ran out, or when. The cell's fix is
+# closed by peer" (or "reset by peer"); neither says which rank ran out, or when. The collective check pairs rank 1's barrier with rank
+# 0's next forward check: rank 1 has left its loop. The cell's fix is
 # the wrapper's `join()` around the loop, the barrier after it: a rank that has run out makes the others' remaining collectives, and once
 # every rank has left its loop, each takes the parameters of the last to leave (rank 0, here).
 
@@ -329,7 +329,7 @@ lesson.claim(
 # send. Under torch's DDP, rank 0 raises, naming by index the parameters that
 # received no gradient (counting from 0 in the set-up cell's list: 2 and 3 are `head.weight` and
 # `head.bias`) and suggesting `find_unused_parameters=True`, and destroys its groups, so rank 1 fails
-# too. Debug mode compares `requires_grad` across ranks in the forward check. The fix: freeze the
+# too, still in step 0: its averaging waits for rank 0's gradients. Debug mode compares `requires_grad` across ranks in the forward check. The fix: freeze the
 # layer on every rank, before wrapping.
 
 
@@ -369,10 +369,10 @@ lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, not
 
 
 # %% [markdown]
-# `find_unused_parameters=True`, torch's advice, does not fix this bug. The next cell runs it under
+# `find_unused_parameters=True`, torch's advice, does not fix this bug. The next cell runs it a fourth way, under
 # torch's DDP beside `own`, an unwrapped copy of the module: no error; rank 1's `head.weight` gradient
 # is averaged with rank 0's zeros, which halves it, while rank 0, whose `head` is frozen, does not step it, so the replicas end apart. `cpp_warnings()`
-# catches the warnings torch's C++ code writes to stderr. The one warning points away from the bug.
+# catches the warnings torch's C++ code writes to stderr.
 
 
 # %%
@@ -431,7 +431,7 @@ lesson.claim(
 # *is* the fix; debug mode's step check finds it (a gradient present on some ranks only). Averaging
 # zeros in is right here: a rank that did not take the branch has a true gradient of zero for it, and
 # every rank steps the branch with the same average. Under torch the ranks swap roles: rank 1 raises
-# (indices 4 and 5: `extra.weight`, `extra.bias`), and rank 0 fails.
+# (indices 4 and 5: `extra.weight`, `extra.bias`), and rank 0 fails, still in step 0.
 
 # %%
 # %%distributed
@@ -463,8 +463,8 @@ lesson.claim(
 #
 # minddp's `DistributedDataParallel` built while debug mode is on has three things one built while it
 # is paused lacks: a *watch* (the object that runs the wrapper's forward and step checks), the
-# `DebugReducer` (the *reducer* averages the gradients in *buckets*, groups of parameters sent in one collective; this one sends each bucket through
-# `torch.distributed`, checked, and blocks backward until it is summed) and the *plan check*
+# `DebugReducer` (the *reducer* averages the gradients in *buckets*, groups of parameters sent in one collective; this one sends each through
+# `torch.distributed`, checked) and the *plan check*
 # (`check_consistency`: each step, the ranks compare which parameters each bucket holds and the order the buckets were sent in).
 # In the next cell they change no parameter: on each rank, 5 correct steps end with the same bits
 # paused or on.
