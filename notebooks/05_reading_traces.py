@@ -17,8 +17,8 @@
 # # 05 · Reading traces
 #
 # Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev). This notebook
-# profiles one step of each stage of the DDP ladder that keeps a whole replica on every rank (`03_build_up`: `simple` to `bucket-async`, and `ddp`; the sharded rungs
-# are in `06_sharding`), torch's DDP and `single` (each rank trains alone), with gloo over the machine's
+# profiles one step of each stage of the DDP ladder that keeps a whole replica on every rank (`03_build_up`:
+# `simple` to `bucket-async`, and `ddp`; the sharded rungs are in `06_sharding`), torch's DDP and `single` (each rank trains alone), with gloo over the machine's
 # loopback interface. It reads the traces with `minddp.analysis` the way the blog this
 # course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
 # https://blog.underfit.ai/ddp-profiled) reads its GPU traces with HolisticTraceAnalysis (HTA), but with its own
