@@ -18,8 +18,8 @@
 #
 # Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev). This notebook
 # profiles one step of each stage of the DDP ladder that keeps a whole replica on every rank (`03_build_up`:
-# `simple` to `bucket-async`, and `ddp`; the sharded rungs are in `06_sharding`), torch's DDP and `single` (each rank trains alone), with gloo over the machine's
-# loopback interface. It reads the traces with `minddp.analysis` the way the blog this
+# `simple` to `bucket-async`, and `ddp`; the sharded rungs are in `06_sharding`), torch's DDP and `single`
+# (each rank trains alone), with gloo over the machine's loopback interface. It reads the traces with `minddp.analysis` the way the blog this
 # course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
 # https://blog.underfit.ai/ddp-profiled) reads its GPU traces with HolisticTraceAnalysis (HTA), but with its own
 # measures from CPU events (`docs/analysis.md`); this notebook sets none of its numbers beside the blog's. First
