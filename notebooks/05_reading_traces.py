@@ -16,15 +16,14 @@
 # %% [markdown]
 # # 05 · Reading traces
 #
-# Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev or
-# `chrome://tracing`). This notebook profiles one step of each stage of the DDP ladder that keeps a
-# whole replica on every rank (`03_build_up`: `simple` to `bucket-async`, and `ddp`; the sharded rungs
-# are in `06_sharding`), torch's DDP and `single` (each rank trains alone), with gloo over the machine's
-# loopback interface. It reads the traces with `minddp.analysis` the way the blog this
+# Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev). This notebook
+# profiles one step of each stage of the DDP ladder that keeps a whole replica on every rank (`03_build_up`:
+# `simple` to `bucket-async`, and `ddp`; the sharded rungs are in `06_sharding`), torch's DDP and `single`
+# (each rank trains alone), with gloo over the machine's loopback interface. It reads the traces with `minddp.analysis` the way the blog this
 # course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
 # https://blog.underfit.ai/ddp-profiled) reads its GPU traces with HolisticTraceAnalysis (HTA), but with its own
 # measures from CPU events (`docs/analysis.md`); this notebook sets none of its numbers beside the blog's. First
-# three measures (none says which stage is faster), then **one step of each stage on one time axis**, then the
+# the measures (none says which stage is faster), then **one step of each stage on one time axis**, then the
 # blog's six stages over an emulated 1 Gbit/s link (the *link run*).
 #
 # k is `03_build_up`'s number of micro-batches a step. A *message* is one whole all_reduce call of gradients (a
@@ -75,14 +74,15 @@ lesson.say(
 # Every table and figure below shows rank 0's trace. The measures on this machine (CPU, gloo):
 #
 # * **compute**: a *training thread* inside an `aten::` operator, with a core or not (forward, backward, the
-#   optimizer, the stages' copies into and out of buckets); every thread that runs no `gloo:*` or `minddp.link:*`
-#   range is a training thread (the Python thread, and the autograd engine's where it has its own);
+#   optimizer, the stages' copies into and out of buckets); every thread that runs no `gloo:*` range (nor a link
+#   run's `minddp.link:*` one, below) is a training thread (the Python thread, and the autograd engine's where it
+#   has its own);
 # * **in flight**: one of gloo's threads inside a `gloo:*` range (the range is *open*): every collective, not
 #   only the gradients';
 # * **overlap**: the share (%) of the time in flight that is compute too;
 # * **non-compute** (HTA's name): the time in flight that is not compute (so non-compute = (100 % − overlap) × in
-#   flight): no training thread inside an operator (running its own Python, with no core between two operators,
-#   or stopped until a collective is back).
+#   flight): no training thread inside an operator (running its own Python, with no core between two
+#   operators, or stopped until a collective is back).
 #
 # The caveat: a gloo range lasts from the moment gloo's thread picks the collective up until it is done, so it is
 # also *held open* until the other rank joins the same collective, and while gloo's thread has no core; it can
@@ -101,20 +101,19 @@ lesson.say(
 #   none.
 #
 # The table's last column is the part of non-compute inside the parameter checks' ranges, summed over a step's
-# checks (`simple`'s k, one in `ga` to `bucket-async`). The check is a sync's first
-# collective, so its range is held open until the other rank gets there too: a long part in the check is time
-# held open, not what its few bytes cost. The *blocking* stages (`simple`, `ga`, `hook`, `bucket`) send each
-# message only once the one before it is back: `simple` and `ga` after a backward, `hook` and `bucket` inside
-# the step's last backward. The *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send
-# theirs during the step's last backward and need them back only after its last gradient: `ddp` and torch's DDP
-# before `loss.backward()` returns, `hook-async` and `bucket-async` in the finish. In all but `simple` the step's
-# first k−1 backwards send nothing: one sync a step.
+# checks (`simple`'s k, one in `ga` to `bucket-async`): a long part in the check is time its range was held
+# open (the caveat). The *blocking* stages (`simple`, `ga`, `hook`, `bucket`) send
+# each message only once the training thread has the one before it back: `simple` and `ga` after a backward,
+# `hook` and `bucket` inside the step's last backward. The *asynchronous* ones (`hook-async`, `bucket-async`,
+# `ddp`, torch's DDP) send theirs during the step's last backward and need them back only after its last
+# gradient: `ddp` and torch's DDP before `loss.backward()` returns, `hook-async` and `bucket-async` in the
+# finish. In all but `simple` the step's first k−1 backwards send nothing: one sync a step.
 #
 # What the table does not show (the trace shows when a range was open, not why):
 #
 # * whether a difference between two rows would hold on a re-run: each row is one step, the stages profiled
 #   one after another on a shared machine;
-# * why stages that send as many messages differ, or whether the other rank or a core held a range open;
+# * why two rows differ, or whether the other rank or a core held a range open;
 # * where a row's non-compute lies: an asynchronous stage's can lie inside its last backward as well as after
 #   it;
 # * what a blocking stage's threads computed in the time its overlap counts.
@@ -161,7 +160,7 @@ lesson.claim(
 #   one gradient function's run), whatever the threads did in it (the gradients, and all that the hooks do
 #   inside those nodes, the check and `hook`'s and `bucket`'s messages included);
 # * a tick (the legend's "handed to the wire") when a message was *handed over*: for minddp's stages the start
-#   of its `minddp.bucket_launch` range, for torch's DDP the reducer's `c10d::allreduce_` call;
+#   of its `minddp.bucket_launch` range (its comm hook's), for torch's DDP the reducer's `c10d::allreduce_` call;
 # * an orange bar while the message's gloo all_reduce range was open, held open included. Ranges open at once
 #   (a blocking stage's too: the caveat) are drawn one above another, and each level's bars alternate two shades
 #   in the order they opened. The bars are part of the table's in flight, which also counts the check; a bar
@@ -211,16 +210,16 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 
 # %% [markdown]
 # The same analysis from a shell, with an HTML report: `python -m minddp.analyze traces/notebooks/05_reading_traces
-# --report` (the traces of the profiling cell's last run on your machine, not those of the saved outputs).
+# --report` (your machine's last run, not the saved outputs').
 
 # %% [markdown]
 # ## The link run
 #
 # The profiling cell also profiled the blog's six stages (`simple` to `bucket-async`) with their gradients'
 # all_reduces over `03_build_up`'s **emulated 1 Gbit/s link** (`minddp.comm.link`). Each rank has its own
-# link, which carries its messages one at a time, in order, each from its hand-over (or once the link is free, if later); the real
-# all_reduce runs beside the modeled transfer, and the link delivers a message once both are done and every
-# earlier one is delivered. The parameter check does not go
+# link, which carries its messages one at a time, in order, each from when its hook gives it to the link, after
+# its tick (or once the link is free, if later); the real all_reduce runs beside the modeled transfer, and the
+# link delivers a message once both are done and every earlier one is delivered. The parameter check does not go
 # through the link.
 # The two runs were taken at different moments on a shared machine; neither's times, nor their order, carry over
 # to the other. Three measures of the link run only, each of rank 0:
@@ -230,12 +229,13 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 #   `1gbit` preset's α = 50 µs and β = 8 ns a byte (1 Gbit/s); 2(n−1)·α is a message's fixed cost.
 #   It is the link's work, not time the step lost;
 # * **waited**: the length of the union, over a step's gradient messages, of the time from rank 0's first
-#   `wait()` on one (the call that returns once the message is delivered; a blocking stage calls it at once after
-#   each hand-over) to its delivery, whatever held it. The parameter check is not a message and is not counted,
+#   `wait()` on one (the call that returns once the message is delivered; a blocking stage calls it after each
+#   hand-over) to its delivery, whatever held it. The parameter check is not a message and is not counted,
 #   so waited is not non-compute, even of one run;
 # * **exposed**: the part of that union during which rank 0's link carried a transfer; link time − exposed is
-#   the link's work while rank 0 waited for no message; waited − exposed, the waits' part in which it carried
-#   nothing.
+#   the link's work while rank 0 waited for no message (a blocking stage's too: the link starts a message before
+#   the `wait()`); waited − exposed, the waits' part in which it carried nothing,
+#   held by something else.
 
 # %%
 from minddp.comm.link import parse_link
