@@ -135,7 +135,7 @@ lesson.say(
 # lie in a parameter's storage or, for fsdp, a gathered unit's), and fsdp's *gathered units* at their
 # peak: the full parameters it has gathered and the buffers its all-gathers receive into.
 # `lesson.Trainee(stage, warmup=0)` builds the stage and its optimizer on every rank without a step, so
-# the measured step is its first: the *memory step*.
+# the measured step is its first: the *memory step*, in which zero2, with nothing updated yet, gathers nothing.
 
 # %%
 # %%distributed
@@ -227,7 +227,7 @@ table.round(3).astype(object).where(table.notna(), "–")
 # `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`: the fp32 shards
 # *are* the master weights, cast to bf16 for each unit's gather. The cells below train it one step on
 # the memory step's micro-batches (a fresh `lesson.step_batches()`) and set its model state, gathered
-# units and activations beside fp32 fsdp's.
+# units and activations beside fp32 fsdp's. The model's normalization layers are its *RMSNorms*.
 
 # %%
 # %%distributed
@@ -297,8 +297,7 @@ lesson.claim(
 # the first update: so the first update moves each value whose gradient g is neither zero nor as small as
 # AdamW's ε by about lr (g/|g| = ±1). The cell prints the median size of ddp's first update's changes,
 # then adds lr to, and subtracts it from, every initial value held in bf16 and in fp32 (`lesson.added`)
-# and finds those lost. The model's normalization layers, its *RMSNorms*, have weights
-# (scales) that start at 1.0:
+# and finds those lost. The RMSNorms' weights (scales) start at 1.0:
 
 # %%
 # %%rank 0
@@ -385,7 +384,7 @@ formulas.round(2)
 # in rank order, the last ranks' shorter or empty; rank `r` keeps the
 # optimizer state of chunk `r` of each. (An optimizer that is not element-wise needs whole tensors: one
 # rank then owns each, `owned_whole` below; AdamW is element-wise.) The updated chunks are all-gathered
-# in buckets of their own, each of at most `BUCKET_CAP_MB` = 25 MiB of full parameters, not the stage's
+# in buckets of their own, each of at most `BUCKET_CAP_MB` of full parameters, not the stage's
 # 4 MiB gradient buckets:
 
 # %%
@@ -425,7 +424,7 @@ show_source(ZeroRedundancyOptimizer.step)
 #    and handed to a reduce-scatter instead of the all_reduce; the whole gradients are dropped;
 # 3. that piece holds, back to back, this rank's chunk of each averaged gradient; each becomes
 #    its shard's `.grad` (or is added to it): the optimizer updates the shards only;
-# 4. in the next forward, `gather_parameters` starts every bucket's all-gather of the updated shards at
+# 4. in the next forward, `gather_parameters` starts each gradient bucket's all-gather of the updated shards at
 #    once, before the first module runs (waiting for them there only under `torch.compile`:
 #    `wait=self.compiled`); each module waits for its own bucket's just before it runs (forward
 #    pre-hooks).
@@ -459,8 +458,8 @@ show_source(reduce_scatter_hook)
 # counts the all-gathers of parameters apart. On gloo a `Wire` with no transport of its own runs zero2's
 # and fsdp's reduce-scatters as all_reduces of the whole tensor they are given and keeps this rank's
 # piece; a transport with a reduce-scatter of its own, as the ring below, runs that. So every gradient
-# collective here is an all_reduce. Each look is its trainee's second step: the first was the memory
-# step, so zero2's look starts by gathering the parameters that step updated.
+# collective of these *gloo looks* is an all_reduce. Each is its trainee's second step: the first was the memory
+# step, so zero2's starts by gathering the parameters that step updated.
 
 # %%
 # %%distributed
@@ -538,7 +537,7 @@ on_wire.round(2)
 # parameter for the backward, a saved-tensor hook keeps a note of where it lay instead; (4) the first note unpacked in the backward
 # gathers the unit again (or waits for its prefetched gather) and starts the gather of the unit before
 # it; (5) a unit's gradients arrive together, in the backward of one autograd function (`Unshard`): in
-# the last micro-batch's backward they go to one gradient collective (a reduce-scatter: on gloo an
+# the last micro-batch's backward they go to one gradient collective (a reduce-scatter: in the gloo looks an
 # all_reduce), and each replicated tensor's gradient to an all_reduce; in the others they are
 # accumulated whole under `no_sync()`; (6) at the end of the backward fsdp waits for them and gives each
 # shard its piece as `.grad`. The lines that do parts 2 to 6:
@@ -598,7 +597,7 @@ lesson.claim(
 # %% [markdown]
 # ## Where each rung hands its collectives over
 #
-# The figure draws, for each stage, the step its look (on gloo) recorded: its phases in order (each
+# The figure draws, for each stage, the step its gloo look recorded: its phases in order (each
 # micro-batch's forward and backward, then the update), each the same width, and a mark for each
 # gradient collective (black) and each all-gather of parameters (brown), in the phase it was handed over
 # in. It shows order, not time: within a phase each kind's marks are spread evenly on a line of their
@@ -607,8 +606,7 @@ lesson.claim(
 #
 # A collective can overlap compute (notebook 01's word) only while compute still runs after it is
 # handed over. zero1 hands its all-gather over in the update, with no module left to run in the step;
-# zero2 and fsdp hand theirs over in a forward or backward, before the module that needs them. No cell
-# here measures whether they overlapped.
+# zero2 and fsdp hand theirs over in a forward or backward. No cell here measures whether they overlapped.
 
 
 # %%
@@ -679,8 +677,7 @@ lesson.say(
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's ring
 # (the ring table). The model state is not all a rank holds (ddp's and zero1's bucket buffers, for
-# one), so it does not rank the stages by their peaks. The bytes are the β term only; the α term counts
-# messages. fsdp buys less model state at the update than zero2 with more bytes and more
+# one), so it does not rank the stages by their peaks. The bytes are the β term only. fsdp buys less model state at the update than zero2 with more bytes and more
 # collectives: it gathers every micro-batch, zero2 once a step.
 
 # %%
