@@ -32,17 +32,16 @@
 #    saw a failure may be broken);
 # 3. a process that comes back is **healed**: it receives the trained state from a peer, over the group,
 #    no file (the parameters, the optimizer's state, and the count of steps committed);
-# 4. **the work**: the members split the step's whole global batch among themselves (the task's split: the
+# 4. **the work** (`work` below, commented "the step"): the members split the step's whole global batch among themselves (the task's split: the
 #    exercise below);
 # 5. **should_commit**: the members vote yes or no, and the attempt is **committed** on every member or
-#    on none. An attempt that saw a failure (a no, or a member lost before voting) is **discarded**, and
-#    its step tried again.
+#    on none (only a commit steps the optimizer: `on_commit`, below, is `optimizer.step`). An attempt that saw
+#    a failure (a no, or a member lost before voting) is **discarded**, and its step tried again.
 #
 # torchft trains in **replica groups**, each one copy of the model, maybe several processes; here each is
 # one process. Phases 4 and 5 differ from torchft's: its `DistributedSampler` gives each replica group a
-# fixed share of the data ("This sampler is inherently lossy when used with torchft", says its docstring),
-# and its `should_commit` is agreed within a replica group ("Different replica groups may return different
-# values"), where here the lighthouse decides for every member.
+# fixed share of the data, and its `should_commit` is agreed within a replica group, where here the
+# lighthouse decides for every member.
 #
 # The words this notebook uses:
 #
@@ -70,21 +69,22 @@ lesson_07.print_phase_lines()
 # a toy task (`ToyTask`: a small MLP regression, 12 rows per global batch, AdamW, and a 10 ms pause per
 # step standing in for compute); its groups run on gloo, torch's CPU backend. The settings:
 #
-# * `world_size=3`: the number of slots, for the whole run (`launch_ft`'s name; torch's `world_size`, with
-#   which each attempt's group is built, is that attempt's world);
+# * `world_size=3`: the number of slots, for the whole run (torch's `world_size` is each attempt's world);
 # * `faults`: `kill@4:1`, slot 1 SIGKILLs itself in step 4 after its forward, before its all_reduce;
 #   `raise@11:2`, slot 2's comm hook (the function that averages the gradients with an all_reduce, as in
 #   notebook 04) raises in step 11, before it starts its all_reduce (slot 2's process stays);
 # * `hang_s=5.0`, the **hang bound**: the group's collective timeout, and how long a slot may be
 #   **silent** (its heartbeat, its quorum requests and its votes all unchanged) before the lighthouse
 #   evicts it (its process ended and started again), unless it is the last holder, which is waited for.
-#   The **heartbeat** is a count that a thread of the process writes every 50 ms, `BEAT_S`, to the
+#   The **heartbeat** is a count that a thread, started once the process's model and optimizer are built, just
+#   before its first request, writes every 50 ms, `BEAT_S`, to the
 #   lighthouse's **store** (torch's `TCPStore`, a key-value store over TCP), where the processes also post
 #   their requests and votes and read the answers. A slot is **live** from its first heartbeat until it has
 #   been silent for the hang bound, its process has finished its last step, or the launcher has recorded its process's exit. The
 #   lighthouse answers a quorum once every live slot has asked (every slot, at the run's first quorum and
 #   at the first attempt of a step in `full_world_at`);
-# * `full_world_at=(9,)`: step 9's first quorum waits for all three slots;
+# * `full_world_at=(9,)`: step 9's first quorum waits for all three slots, scripted so that slot 1 is back
+#   before step 11's raise;
 # * `restart_after_steps=1`: the launcher starts a killed slot again only after a step was committed
 #   without it;
 # * `digests=True`: every member records a sha256 of its parameters and optimizer state just before each
@@ -116,12 +116,11 @@ for line in run.report():
     print(line)
 
 # %% [markdown]
-# How each fault is noticed: a kill through its connections, which close as the kernel ends its process,
-# not at the signal; a raise through the raising process dropping its group, which closes its
+# How each fault is noticed: a kill through its connections, which close as the kernel ends its process;
+# a raise through the raising process dropping its group, which closes its
 # connections. Each member that caught an error votes no, and the attempt is discarded. The next quorum
 # waits for every live slot to ask: the survivors after they vote, and slot 1, live until the launcher records
-# its process's exit, which it does once it has found the process ended and made a fixed wait (`EXIT_WAIT_S`)
-# for the final state a process hands it after its last step.
+# its process's exit, which it does after a fixed wait (`EXIT_WAIT_S`) once it has found the process ended.
 #
 # The cell below prints each fault's recovery, as a share of the hang bound (neither fault waited for it), and
 # its moments in ms from the fault, in order. Its `✓` lines are **claims**: `lesson.claim`
@@ -158,7 +157,7 @@ lesson.claim(
 lesson_07.print_rejoin(run, kill)
 
 # %% [markdown]
-# Slots 0 and 2 trained on at world 2, then waited at step 9 (`full_world_at`). They ask for a step's quorum as
+# Slots 0 and 2 trained on at world 2, then waited at step 9 (the scripted `full_world_at`). They ask for a step's quorum as
 # soon as they have committed the step before, so their time from their last commit to the quorum (the last line above) is the lighthouse
 # waiting for the new process alone.
 #
@@ -175,11 +174,11 @@ print(run.timeline())
 # What the timeline shows (the cell below checks the members, step 4's votes, the heal and the new groups):
 #
 # * in step 4 slot 1 died: the survivors' all_reduce failed (printed below: minddp's label, then
-#   gloo's), they voted no, and the attempt was discarded on both (`x`). Step 4
+#   gloo's, naming a closed connection a reset or a close by the peer), they voted no, and the attempt was discarded on both (`x`). Step 4
 #   was then trained again and committed by slots 0 and 2 alone, ranks 0 and 1 of a new group of 2;
 # * the launcher started slot 1 again: a new process, freshly initialised, with no step committed. It
-#   asked to train step 0 while its peers asked for a later step, so it was healed: in that quorum's new
-#   group, before the work, it received the trained state from a peer, then trained that step with them
+#   asked to train step 0 while its peers asked for a later step, so it was healed: it received the
+#   trained state from a peer, then trained that step with them
 #   (`H`), and from then on at world 3;
 # * in step 11 slot 2's comm hook raised before its all_reduce: slot 2's process stayed, dropped its group
 #   and voted no. Slots 0 and 1's all_reduce failed too, though no process died (printed below, in
@@ -262,7 +261,7 @@ lesson.claim(
 # `dist.get_rank()` or `dist.get_world_size()`, or the environment, where the launcher's `RANK` is the slot.
 #
 # `check_shard` first calls your function, in this process, for each rank of worlds 3, 2 and 1 on a 10-row
-# batch, and checks that no rank takes more than ceil(B / world). Then it trains it on the `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3, on
+# batch, and names a split whose busiest rank takes more than ceil(B / world). Then it trains it on the `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3, on
 # batches of 10 rows) and compares the parameters with a single process trained on each step's whole batch
 # (both with plain SGD); where they differ, it names the rows no rank trained, or two did, and at which
 # world. Where they match, it checks both rules on batches of 1 to 12 rows at worlds 3, 2 and 1. As it
@@ -312,10 +311,9 @@ show_source(solutions.ft_shard)
 # A killed process's connections end with it, so its peers' all_reduce fails without waiting for the
 # group's timeout, and the launcher records its exit. A frozen process (`SIGSTOP`) keeps its sockets open
 # and says nothing: its peers wait in their all_reduce until the group's timeout (`hang_s`), and the
-# lighthouse evicts the slot once it has been silent for `hang_s`. Both waits start at about the freeze,
-# so they run together; once evicted, the slot is no longer live, so the next quorum need not wait for its
-# restart. Prediction: a little over `hang_s`, then the next quorum and step 4 trained again, as after the
-# kill (the benchmark in `docs/fault-tolerance.md` measured it: its `stop` row, against its hang bound). Halving
+# slot stops being live once it has been silent for `hang_s` (the lighthouse then evicts it). Both waits start
+# at about the freeze, so they run together; the next quorum does not wait for a slot no longer live. Prediction: a little over `hang_s`, then the next quorum and step 4 trained again, as after the
+# kill (`docs/fault-tolerance.md`'s benchmark, its `stop` row). Halving
 # `hang_s` about halves it, and makes a live process that goes unscheduled that long (a heavily loaded
 # machine) likelier to be evicted by mistake: the bound trades recovery time against false alarms.
 #
