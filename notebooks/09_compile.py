@@ -21,15 +21,15 @@
 # part that fills the buckets) hooks in there. Every other node is a *gradient node*: it computes gradients (the
 # model's nodes, and the loss's).
 #
-# A bucket is *handed over* (the tick in the figure) when the reducer calls `all_reduce` on it, once its last
-# gradient is there and every earlier bucket has been handed over (`_bucket_filled` in `minddp/ddp/reducer.py`).
-# A gradient node *ran after* a hand-over if it ends after the hand-over. A bucket's `all_reduce` can run while
-# gradients are still computed only if a gradient node ran after its hand-over; this notebook checks that order,
+# A bucket is *handed over* (the tick in the figure) when the reducer calls `all_reduce` on it, once its last gradient
+# is there and every earlier bucket has been handed over (`_bucket_filled` in `minddp/ddp/reducer.py`). A gradient node
+# *ran after* a hand-over if it ends after it (still running then, or begun later). A bucket's `all_reduce` can run
+# while gradients are still computed only if a gradient node ran after its hand-over; this notebook checks that order,
 # not when the `all_reduce`s run.
 #
 # nanoGPT's training script compiles the model, then wraps it: `model = torch.compile(model)`, then
 # `DDP(model)`. `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph* (in this notebook
-# the word means only Dynamo's graph), and a *backend* compiles the graph (by default *Inductor*, which fuses
+# the word means only Dynamo's graph), and a *backend* compiles the graph (by default *Inductor*, fusing
 # operations into kernels). Compiled as one graph, the model records a single gradient node for its whole forward,
 # which produces every parameter's gradient at its end. Every bucket is then handed over after that node, when no
 # gradient node is left to run.
@@ -41,11 +41,11 @@
 # of its gradient node. A bucket whose last gradient a piece produces can then be handed over before the next
 # piece's backward begins. Here, under `ddp`, each piece but the last closes once its parameters reach the bucket cap.
 #
-# A training step (`train_step` in `minddp/ladder/loop.py`) runs the forward and the backward pass, then the optimizer
+# A training step (`train_step`) runs the forward and the backward pass, then the optimizer
 # step. This notebook first shows one step of `ddp` in each of three runs, one row each: eager (not compiled),
 # compiled without the cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and compiled with
 # it. The model: an MLP of 1 MiB layers without biases (eight; two after the exercise). The backend is `aot_eager`: it
-# runs the graph with the operations an uncompiled model calls (torch's *aten* operators), fused into none, so all
+# runs the graph with the operations an uncompiled model calls (torch's *aten* operators), so all
 # three trainings give the same bits.
 
 # %%
@@ -122,24 +122,25 @@ lesson.say(
 # %% [markdown]
 # ## One step of each run, each row from its forward's start
 #
-# Each row is one run's third step (the first two are not profiled), on rank 0, from the start of its forward to
-# the black line where its optimizer step ends, scaled to that step: the forward (pale, the loss's included), the
-# gradient nodes (blue), the `AccumulateGrad` nodes (grey, the reducer's hook included), a tick where the hook calls
-# `all_reduce` on a bucket (the call, in the grey after the tick, starts the collective on gloo's threads),
-# and the optimizer step (green). After the last grey, the reducer's end-of-backward callback (it waits
-# for the buckets' `all_reduce`s, then writes the averaged gradients back) runs undrawn.
+# Each row is one run's third step, on rank 0, from the start of its forward to the black line where its optimizer step
+# ends, scaled to that step: the forward (pale, the loss's included), the gradient nodes (blue), the `AccumulateGrad`
+# nodes (grey, the reducer's hook included: it copies a filled bucket's gradients into its buffer, then calls
+# `all_reduce` on it, which starts the collective on gloo's threads), a tick where that call begins, and the optimizer
+# step (green). After the last grey, the reducer's end-of-backward callback (it waits for the buckets' `all_reduce`s,
+# then writes the averaged gradients back) runs undrawn.
 #
 # What to look for: with the cut, as in eager, a gradient node ran after each tick but the last; without it, after
 # none (every tick comes after the last blue).
 #
 # The blue begins with the loss's gradient nodes; then, in eager, several nodes per layer; with the cut, one
 # gradient node per piece, piece 0 first; without it, the whole graph's one. Count pieces and buckets in the claims
-# and row labels, not in the bars: nodes run back to back draw as one stretch, and what is shorter than a pixel may
-# not show.
+# and row labels, not in the bars: nodes run back to back may draw as one stretch or split by a white line, and a
+# node shorter than a pixel as a sliver or nothing.
 #
-# Read the figure for the order of events, not for lengths, in a row or between rows: each row is a single step of
-# two ranks whose threads, gloo's included, share this machine's cores, and any stretch, a bar or a blank, can hold
-# time a thread waits for a core. This notebook does not measure what compiling or the cut costs.
+# Read the figure for the order of events, not for lengths, in a row or between rows: each row is a single step of two
+# ranks whose threads, gloo's included, share this machine's cores, and any stretch, a bar or a blank (inside the
+# backward too), can hold time a thread waits for a core. This notebook does not measure what compiling or the cut
+# costs.
 
 # %%
 # %%distributed
@@ -179,15 +180,14 @@ lesson.claim(
 # step's gradients arrived on rank 0), each with its parameters in the forward's order.
 #
 # Dynamo decides the cut when it compiles (the first step): it cuts only if torch's DDP's class attribute
-# `_active_ddp_module` is set then (torch's DDP sets it to itself around the call of its module, in
-# `_inside_ddp_forward`), reading the bucket cap from it; it caps piece 0 apart, at torch's global
-# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`, whatever the bucket cap. While its module runs compiled, minddp's `ddp`,
-# given a `bucket_cap_mb`, sets `_active_ddp_module` to a stand-in holding its bucket cap and that global to the
-# bucket cap, restoring both after (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as bucket 0
-# does.
+# `_active_ddp_module` is set then (torch's DDP sets it around the call of its module), reading the bucket cap from it;
+# it caps piece 0 apart, at torch's global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`, whatever the bucket cap.
+# While its module runs compiled, minddp's `ddp`, given a `bucket_cap_mb`, sets `_active_ddp_module` to a stand-in
+# holding its bucket cap and that global to the bucket cap, restoring both after (`compat.ddp_optimizer_caps`): so piece
+# 0 closes at the bucket cap, as bucket 0 does.
 #
 # A bucket that a piece fills is handed over before the next piece's backward begins: when a piece's
-# backward ends, its parameters' `AccumulateGrad` nodes (where the reducer's hook runs) and the next piece's
+# backward ends, its parameters' `AccumulateGrad` nodes and the next piece's
 # gradient node are all ready to run, and autograd's queue of ready nodes runs first the node of highest *sequence
 # number* (the forward numbers the nodes it records in order); an `AccumulateGrad` node's is set to the largest
 # there is (NOTE [ Sequence Number] in torch's `torch/csrc/autograd/node.h`).
@@ -314,13 +314,12 @@ lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {
 # %% [markdown]
 # ## A bucket cap of 0.5 MiB
 #
-# Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers, one training step each,
-# the wrapper's first (`lesson_09.compile_at`): its parameters against eager `ddp`'s after the same step, the step's
-# buckets and graph breaks, then the pieces of one more forward; or the refusal. A first step's buckets follow torch's
-# first-iteration plan (`plan_first_iteration_like_torch` in `minddp/ddp/plan.py`): with `find_unused_parameters` off,
-# as here, one bucket per dtype and device.
-# With torch's DDP and the cut on (the default), Dynamo caps the first piece at `_DEFAULT_FIRST_BUCKET_BYTES`, above
-# this bucket cap, and asserts; its assert says "First bucket" for that first piece.
+# Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: its first training step
+# against eager `ddp`'s, the step's buckets and graph breaks, then the pieces of one more forward; or the refusal. A
+# first step's buckets follow torch's first-iteration plan (`minddp/ddp/plan.py`): with `find_unused_parameters` off, as
+# here, one bucket per dtype and device. With torch's DDP and the cut on (the default), Dynamo caps the first piece at
+# `_DEFAULT_FIRST_BUCKET_BYTES`, above this bucket cap, and asserts ("First bucket"). minddp's first step there hands
+# over its one bucket, which holds both pieces' gradients, only after the last piece.
 
 
 # %%
@@ -372,7 +371,7 @@ lesson.claim(
 #
 # * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the graph into pieces, and
 #   here, as in eager, a gradient node ran after each bucket but the last was handed over, so those buckets'
-#   `all_reduce`s could run while gradients were still computed (not drawn); without the cut, none ran after any
+#   `all_reduce`s could run while gradients were still computed; without the cut, none ran after any
 #   bucket.
 #
 # * `torch.compile(wrapper)`: both wrappers have Dynamo skip wrapper code and compile the module;
