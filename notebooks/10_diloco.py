@@ -133,11 +133,10 @@ print(doc[doc.index("1. **synced") : doc.index("With outer SGD")].rstrip())
 print(doc.split("``_apply``)::")[1].split("Example")[0].rstrip())
 
 # %% [markdown]
-# One run of local SGD and of DiLoCo (its default outer SGD: lr 0.7, Nesterov momentum 0.9) on the two ranks,
-# DDP beside them, from the same start on the same chains (300 steps, H = 10), by `train_config`, the bench's
-# run: AdamW with lr 3·10⁻³ down a half cosine to a tenth of it, and the expected loss scored on the weights the
-# replicas *agree on*: DDP's, local SGD's last average (rank 0's own weights before the first), DiLoCo's synced
-# weights (the start until its first sync):
+# One run of local SGD and of DiLoCo (its default outer SGD) on the two ranks, DDP beside them, from the same start
+# on the same chains (300 steps, H = 10), by `train_config`, the bench's run: AdamW with lr 3·10⁻³ down a half
+# cosine to a tenth of it, and the expected loss scored on the weights the replicas *agree on*: DDP's, local SGD's
+# last average (rank 0's own weights before the first), DiLoCo's synced weights (the start until its first sync):
 
 # %%
 # %%distributed
@@ -166,12 +165,12 @@ lesson.claim(
 # every H steps; scored on each fragment's synced weights). All are trained and scored by `train_config` as above,
 # the cosine over 2000 steps.
 #
-# A score is taken every 50 steps. The figure draws the mean over the seeds of DDP and the runs at H = 10 and 100
-# against the inner steps (left) and the payload each replica handed over (right), each a staircase: the run's
-# last score by that step or payload; `single` is the grey line at its final loss. The y axes stop at 2.9 and 2.6
-# nats, so some early scores are off them. Under it: each run's final loss with its range over the seeds; for
-# each drawn run that talks rarely, where its mean rises and its loss with no more payload than DDP's at DDP's
-# first score.
+# A score is taken every 50 steps (at H = 10, every 5th sync). The figure draws the mean over the seeds of DDP and
+# the runs at H = 10 and 100 against the inner steps (left) and the payload each replica handed over (right), each
+# a staircase: the run's last score by that step or payload; `single` is the grey line at its final loss. The y
+# axes stop at 2.9 and 2.6 nats, so some early scores are off them. Under it: each run's final loss with its range
+# over the seeds; for each drawn run that talks rarely, where its mean rises and its loss with no more payload than
+# DDP's at DDP's first score.
 
 # %%
 import json
@@ -249,11 +248,12 @@ lesson.claim(
 
 
 # %% [markdown]
-# Read off the same file (code collapsed): the claims the takeaway rests on; last, the first sync at H = 100. There
+# The claims the takeaway rests on; last, the first sync at H = 100. There
 # `diloco-h100-lr1` and `local-sgd-h100` train alike until the first sync, whose outer step differs only in the
 # momentum: on its first step torch's SGD sets the momentum buffer to the averaged pseudo-gradient g, so the
-# Nesterov step is lr·(g + 0.9·g), at lr 1 past the replicas' average weights by 0.9 times their average move,
-# where local SGD lands on that average.
+# Nesterov step is lr·(g + 0.9·g), at lr 1 past the replicas' average weights by 0.9 times their average move
+# (at 0.7 by 0.33 times), where local SGD lands on that average. The untrained start: the student's random
+# weights, not the uniform guess.
 
 # %% jupyter={"source_hidden": true}
 # The claims the takeaway rests on (this cell's code collapsed).
@@ -669,18 +669,17 @@ lesson.claim(
 # * In the bench (this task and model; outer momentum 0.9 in every DiLoCo run) DiLoCo not streamed ended behind
 #   local SGD in most seeds at H = 10 and in every seed at H = 50 and 100, and at H = 100 worse than one replica
 #   alone in every seed; local SGD ended below one replica alone at every H, in every seed. No outer lr tried at
-#   H = 100 (0.3 to 1) ends below local SGD. At lr 1 the first sync alone, which differs from local SGD's only in
-#   the momentum, takes DiLoCo above the untrained start. Of the bench's runs that talk rarely, streaming
-#   DiLoCo (H = 100, 2 fragments, τ = 5, α = 0.5) ended closest to DDP; which of the last three helps was not
-#   separated.
+#   H = 100 (0.3 to 1) ends below local SGD. At lr 1, not the default 0.7, the first sync alone, which differs
+#   from local SGD's only in the momentum, takes DiLoCo above the untrained start. Of the bench's runs that talk
+#   rarely, streaming DiLoCo (H = 100, 2 fragments, τ = 5, α = 0.5) ended closest to DDP; which of the last three
+#   helps was not separated.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it. The schedule is a
 #   function of the step alone, the same on every replica.
 # * The step-time model *predicts* (a 360 M-parameter model, H = 100; not measured here): on `wan` DDP computes
 #   less than 5 % of the time, and streaming DiLoCo with 4 fragments and τ = 10 all of it; streaming computes all
-#   of the time only where a fragment's time on the link fits in its τ steps, and on `100mbit` and `home`, where a
-#   period's bytes take more than ten times the compute its fragments can travel during, less than one
-#   percentage point more than DiLoCo not streamed.
+#   of the time only where a fragment's time on the link fits in its τ steps, and on `100mbit` and `home` less
+#   than one percentage point more than DiLoCo not streamed.
 
 # %%
 # %dist_shutdown
