@@ -31,6 +31,7 @@ Example (1 MB over 1 Gbit/s, 4 ranks: 2·3/4 · 1 MB / 125 MB/s + 6 hops · 50 �
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import itertools
 import json
@@ -443,9 +444,9 @@ def lower_envelope(points: list[tuple[float, float]]) -> list[float]:
         while len(hull) >= 2 and _turn(hull[-2], hull[-1], p) <= 0:
             hull.pop()
         hull.append(p)
-    out = []
+    starts, out = [h[0] for h in hull], []
     for t, _ in points:
-        i = _segment(hull, t)
+        i = max(0, min(bisect.bisect_right(starts, t) - 1, len(hull) - 2))  # the hull's segment holding t
         (t0, d0), (t1, d1) = hull[i], hull[min(i + 1, len(hull) - 1)]
         out.append(d0 if t1 == t0 else d0 + (d1 - d0) * (t - t0) / (t1 - t0))
     return out
@@ -454,18 +455,6 @@ def lower_envelope(points: list[tuple[float, float]]) -> list[float]:
 def _turn(a, b, c) -> float:
     """> 0 when a, b, c turn left (counter-clockwise)."""
     return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
-
-
-def _segment(hull, t) -> int:
-    """The index of the hull vertex that starts the segment holding ``t``."""
-    lo, hi = 0, len(hull) - 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if hull[mid][0] <= t:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def as_link(value: Link | LinkSpec | str | None) -> Link | None:
