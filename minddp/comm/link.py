@@ -366,8 +366,11 @@ class Link:
         run, enough to put a hand-over just inside a step before the step's start. So
         each message is placed by the lower envelope of those differences at its own
         hand-over (:func:`lower_envelope`): never after its marker, and, the two clocks
-        being linear in each other, never before its true hand-over. Transfers whose
-        marker is not in the trace (outside the profiled window) are dropped from the log.
+        being linear in each other, never before its true hand-over. The first and last
+        messages, where a convex hull can only pass through their own (possibly late)
+        markers, borrow their neighbours' offsets, no further off than the clocks'
+        rates can drift apart (:data:`CLOCK_RATE_BOUND`). Transfers whose marker is not
+        in the trace (outside the profiled window) are dropped from the log.
         """
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rt", encoding="utf-8") as f:
@@ -382,7 +385,9 @@ class Link:
         placed = [m for m in logged if m["seq"] in markers]
         if not placed:
             return 0
-        offsets = lower_envelope([(m["handed_over"], markers[m["seq"]]["ts"] - m["handed_over"] * 1e6) for m in placed])
+        offsets = lower_envelope(  # both in microseconds: the rate bound is a pure number
+            [(m["handed_over"] * 1e6, markers[m["seq"]]["ts"] - m["handed_over"] * 1e6) for m in placed]
+        )
         pid = markers[placed[0]["seq"]]["pid"]
         tid = self._thread_id or 1
         events.append(
@@ -426,16 +431,28 @@ class Link:
         return f"Link({self.spec.describe()})"
 
 
-def lower_envelope(points: list[tuple[float, float]]) -> list[float]:
-    """For each point ``(t, d)``, the lower convex hull of all the points evaluated at its ``t``.
+#: How fast the trace's clock and perf_counter() may drift apart, in seconds per second. Both count the
+#: same machine's oscillator and torch maps it onto wall time with a rate measured at start: here they ran
+#: about 2e-6 apart (a profile of 300 markers over 15 s); 1e-3 is 500 times that.
+CLOCK_RATE_BOUND = 1e-3
 
-    Never above the point's own ``d``; and when every ``d`` is a line in ``t`` plus
-    something ``>= 0``, never below that line (a hull of points above a line lies
-    above it). :meth:`Link.annotate_trace`'s clock offsets: ``t`` a hand-over,
-    ``d`` its marker minus it.
 
-    >>> lower_envelope([(0, 5.0), (1, 9.0), (2, 7.0)])
+def lower_envelope(points: list[tuple[float, float]], rate: float = CLOCK_RATE_BOUND) -> list[float]:
+    """For each point ``(t, d)``, the lower of two bounds at its ``t``: the lower convex hull of all the points,
+    and the lowest ``d_j + rate·|t − t_j|`` over them (``t`` and ``d`` in one unit).
+
+    Never above the point's own ``d``; and when every ``d`` is a line in ``t`` whose
+    slope is at most ``rate`` plus something ``>= 0``, never below that line (a hull
+    of points above a line lies above it, and so does each cone of that slope). The
+    hull alone passes through the first and last points, so a late ``d`` there would
+    stand; the cones bring it within ``rate`` times the distance to a better point.
+    :meth:`Link.annotate_trace`'s clock offsets: ``t`` a hand-over, ``d`` its marker
+    minus it.
+
+    >>> lower_envelope([(0, 5.0), (1, 9.0), (2, 7.0)], rate=10)    # steep cones: the hull
     [5.0, 6.0, 7.0]
+    >>> lower_envelope([(0, 5.0), (1, 9.0), (2, 7.0)], rate=0.5)   # the last point: 5.0 + 0.5·2
+    [5.0, 5.5, 6.0]
     """
     hull: list[tuple[float, float]] = []  # the lower hull, left to right (Andrew's monotone chain)
     for p in sorted(set(points)):
@@ -444,12 +461,35 @@ def lower_envelope(points: list[tuple[float, float]]) -> list[float]:
         while len(hull) >= 2 and _turn(hull[-2], hull[-1], p) <= 0:
             hull.pop()
         hull.append(p)
+    cone = _cones(sorted(points), rate)
     starts, out = [h[0] for h in hull], []
     for t, _ in points:
         i = max(0, min(bisect.bisect_right(starts, t) - 1, len(hull) - 2))  # the hull's segment holding t
         (t0, d0), (t1, d1) = hull[i], hull[min(i + 1, len(hull) - 1)]
-        out.append(d0 if t1 == t0 else d0 + (d1 - d0) * (t - t0) / (t1 - t0))
+        on_hull = d0 if t1 == t0 else d0 + (d1 - d0) * (t - t0) / (t1 - t0)
+        out.append(min(on_hull, cone(t)))
     return out
+
+
+def _cones(points: list[tuple[float, float]], rate: float):
+    """``t -> min over the points of d + rate·|t − t_j|`` (the points sorted by ``t``)."""
+    starts = [t for t, _ in points]
+    left, low = [], float("inf")  # left[i]: min over j <= i of d_j - rate·t_j
+    for t, d in points:
+        low = min(low, d - rate * t)
+        left.append(low)
+    right, low = [0.0] * len(points), float("inf")  # right[i]: min over j >= i of d_j + rate·t_j
+    for i in range(len(points) - 1, -1, -1):
+        low = min(low, points[i][1] + rate * points[i][0])
+        right[i] = low
+
+    def at(t: float) -> float:
+        i = bisect.bisect_right(starts, t)  # points[:i] lie at or before t
+        below = left[i - 1] + rate * t if i else float("inf")
+        above = right[i] - rate * t if i < len(points) else float("inf")
+        return min(below, above)
+
+    return at
 
 
 def _turn(a, b, c) -> float:
