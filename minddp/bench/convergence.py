@@ -291,8 +291,9 @@ def _style(name: str, config: dict) -> dict:
 
 def plot(results: dict, folder: str) -> list[str]:
     """The expected loss against inner steps and against payload bytes (mean over seeds, min-max shaded): the whole
-    run on the left, its second half enlarged on the right. Against bytes a staircase, as notebook 10's figure: at each
-    payload the run's last score with no more payload (no straight line through payloads no score had)."""
+    run on the left, its second half enlarged on the right. Each line a staircase, as in notebook 10's figure: at each
+    step (or payload) the run's last score by then, so that a sync's change is drawn at its step, not as a ramp from
+    the score before (no straight line through steps or payloads no score had)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -300,6 +301,7 @@ def plot(results: dict, folder: str) -> list[str]:
 
     curves, floor, configs = results["curves"], results["floor"], results["configs"]
     seeds = len(next(iter(curves.values())))
+    alone = " (single: 1)" if "single" in curves else ""  # the title's replicas are not single's
     written = []
     for x_key, label, filename in (
         ("step", "inner steps (optimizer steps of each replica)", "loss_vs_steps.png"),
@@ -317,12 +319,9 @@ def plot(results: dict, folder: str) -> list[str]:
                 keep = [i for i, x in enumerate(xs) if x > 0 or x_key == "step"]  # 0 bytes: no place on a log axis
                 if keep:  # (one replica alone sends nothing: no point against bytes)
                     at = [xs[i] for i in keep]
-                    steps = x_key == "bytes"  # a staircase against bytes
-                    ax.plot(
-                        at, [mean[i] for i in keep], label=name, drawstyle="steps-post" if steps else "default", **style
-                    )
+                    ax.plot(at, [mean[i] for i in keep], label=name, drawstyle="steps-post", **style)  # a staircase
                     low, high = [min(ys[i]) for i in keep], [max(ys[i]) for i in keep]
-                    ax.fill_between(at, low, high, color=style["color"], alpha=0.1, step="post" if steps else None)
+                    ax.fill_between(at, low, high, color=style["color"], alpha=0.1, step="post")
                 ends.append(mean[-1])
             ax.axhline(floor, color="red", linewidth=0.8, linestyle=":", label=f"entropy floor {floor:.3f}")
             if x_key == "bytes":
@@ -335,7 +334,7 @@ def plot(results: dict, folder: str) -> list[str]:
             else:
                 ax.set_ylim(floor - 0.02, floor + 0.75)
                 ax.set_title(
-                    f"{results['replicas']} replicas, {results['steps']} steps, batch {results['batch']} per "
+                    f"{results['replicas']} replicas{alone}, {results['steps']} steps, batch {results['batch']} per "
                     f"replica, {seeds} seeds (line: mean; band: min-max)",
                     fontsize=10,
                 )

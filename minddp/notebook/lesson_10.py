@@ -47,7 +47,9 @@ def loss_against_steps_and_bytes(results: dict, drawn: list[tuple[str, str]], to
     by_step.set_xlabel("inner steps (optimizer steps of each replica)")
     by_bytes.set(xscale="log", xlabel="payload bytes each replica handed to the all_reduce (log)")
     seeds = len(curves["ddp"])
-    fig.suptitle(f"{results['replicas']} replicas, {results['steps']} steps, mean of {seeds} seeds", fontsize=9)
+    fig.suptitle(  # single, drawn too, is one replica
+        f"{results['replicas']} replicas (single: 1), {results['steps']} steps, mean of {seeds} seeds", fontsize=9
+    )
     by_step.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     return fig
