@@ -51,12 +51,12 @@ lesson.say(lesson.describe())
 # %% [markdown]
 # ## All_reduce is a reduce-scatter and an all-gather
 #
-# A **reduce-scatter** sums a tensor over the ranks and leaves each rank one `1/n` piece of the
-# sum. An **all-gather** is the opposite move: each rank brings a piece and everyone ends with all
-# of them. One after the other, they are an all_reduce. A *transport* is what a stage sends through
-# instead of torch's collectives: called, it all-reduces. minddp's own two, `TRANSPORTS["ring"]` and
-# `TRANSPORTS["naive"]`, are written from `send`/`recv` and also have `reduce_scatter` and `all_gather`
-# methods. Here the ring's two, on every rank, checked against gloo's all_reduce:
+# A **reduce-scatter** sums a tensor over the ranks and leaves each rank one `1/n` piece of the sum. An
+# **all-gather** is the opposite move: each rank brings a piece and everyone ends with all of them. One
+# after the other, they are an all_reduce. A *transport* is what a stage sends through instead of torch's
+# collectives: called, it all-reduces. minddp's ring, `TRANSPORTS["ring"]`, is written from `send`/`recv`
+# and also has `reduce_scatter` and `all_gather` methods. Here the ring's two, on every rank, checked
+# against gloo's all_reduce:
 
 # %%
 # %%distributed
@@ -90,17 +90,16 @@ show_source(ring_all_reduce)
 # %% [markdown]
 # What each costs on minddp's ring, in the α-β model: a reduce-scatter of m bytes (its input) or an
 # all-gather of m bytes (its output) is `n − 1` messages per rank, carrying `(n − 1)/n · m` bytes:
-# `(n − 1) α + (n − 1)/n · m β`; the all_reduce is the two. A *pass* is a reduce-scatter or an all-gather
-# of the whole model's float32 bytes, however many collectives carry it: `(n − 1)/n` of those bytes sent
-# per rank. Per step (the gradients are synced once, in the last micro-batch's backward; the earlier
-# ones run under notebook 03's `no_sync()`): DDP all-reduces the gradients, two passes; the ZeRO paper's
+# `(n − 1) α + (n − 1)/n · m β`; the all_reduce is the two. A *pass* is a reduce-scatter or an all-gather of the
+# whole model's float32 bytes: `(n − 1)/n` of those bytes sent per rank. Per step (the gradients are synced
+# once, in the last micro-batch's backward): DDP all-reduces the gradients, two passes; the ZeRO paper's
 # ZeRO-1 and ZeRO-2 reduce-scatter them and all-gather the updated parameters, two passes too. minddp's
-# `zero1` is DDP's wrapper with its optimizer sharded, so it all-reduces and then all-gathers: three
-# passes. FSDP reduce-scatters its units' gradients, a little under one pass, but gathers each unit's
-# parameters for every micro-batch's forward and again, all but the last unit's, for its backward. The
-# bound below counts one reduce-scatter pass a step and two gathering passes per micro-batch; the
-# all_reduce of the replicated tensors (two passes of their bytes) lies within it: its gathering passes
-# count those bytes, never gathered, twice a micro-batch. The cell works them out:
+# `zero1` is DDP's wrapper with its optimizer sharded, so it all-reduces and then all-gathers: three passes.
+# FSDP reduce-scatters its units' gradients, a little under one pass, but gathers each unit's parameters for
+# every micro-batch's forward and again, all but the last unit's, for its backward. The bound below counts
+# one reduce-scatter pass a step and two gathering passes per micro-batch; the all_reduce of the replicated
+# tensors (two passes of their bytes) lies within it: its gathering passes count those bytes, never
+# gathered, twice a micro-batch. The cell works them out:
 
 # %%
 # %%distributed
@@ -135,7 +134,7 @@ lesson.say(
 # lie in a parameter's storage or, for fsdp, a gathered unit's), and fsdp's *gathered units* at their
 # peak: the full parameters it has gathered and the buffers its all-gathers receive into.
 # `lesson.Trainee(stage, warmup=0)` builds the stage and its optimizer on every rank without a step, so
-# the measured step is its first: the *memory step*, in which zero2, with nothing updated yet, gathers nothing.
+# the measured step is its first: the *memory step*.
 
 # %%
 # %%distributed
@@ -156,12 +155,11 @@ for name, t in trainees.items():
 # 8 of Adam's two moments, and each rung divides one more of the three among the ranks: DDP `16Ψ`;
 # ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and gradients) `4Ψ + 12Ψ/n`; FSDP (and parameters)
 # `16Ψₛ/n + 16Ψᵣ`, where `Ψᵣ` counts the values of the replicated tensors and `Ψₛ = Ψ − Ψᵣ` the rest.
-# The two columns differ by AdamW's *step counts*, one per parameter tensor (a ✓ line), which the
-# table's rounding to 0.001 MiB shows as 0.000 or 0.001.
 
 # %%
 # %%rank 0
 import pandas as pd
+from minddp.sharding.shards import chunk_size
 
 rows, state_of = {}, {}
 for name, got in memory.items():
@@ -208,8 +206,18 @@ lesson.claim(
     "ddp and zero1 copy their gradients into a flat buffer per gradient bucket (the gradients are not views into "
     "it), storage of its own which no column counts: "
     + ", ".join(f"{s} {lesson.mib(b)}" for s, b in buffers.items())
-    + " on rank 0 after the step. Nor does any column count the buffers any stage's collectives send from and "
-    "receive into within a step, except fsdp's all-gathers' (in its gathered units).",
+    + " on rank 0 after the step. Nor does any column count the buffers the collectives send from and receive "
+    "into, except fsdp's all-gathers' (in its gathered units).",
+)
+# zero2's all-gathers, one per gradient bucket, all started at once in every step after the first (ZeRO-2 part 4):
+# each receives world × (its bucket's padded chunks) values, all held until the first module waits for its bucket
+z2 = trainees["zero2"].model
+received = sum(world * chunk_size(p.numel(), world) * p.element_size() for b in z2.buckets for p in b)
+lesson.claim(
+    received > memory["fsdp"]["gathered"],
+    f"zero2 gathers nothing in the memory step, its first; in every later step it starts all {len(z2.buckets)} of "
+    f"its buckets' all-gathers at once, into receive buffers of {lesson.mib(received)} in all (worked out from its "
+    f"buckets, not measured), {received / memory['fsdp']['gathered']:.1f} times fsdp's gathered units at their peak.",
 )
 table.round(3).astype(object).where(table.notna(), "–")
 
@@ -221,13 +229,13 @@ table.round(3).astype(object).where(table.notna(), "–")
 #
 # ## bf16 compute with fp32 master weights
 #
-# Mixed-precision training computes most of the forward and backward in 16 bits (fp16 in the ZeRO paper, bf16
+# Mixed-precision training casts the weights to 16 bits for the forward and backward (fp16 in the ZeRO paper, bf16
 # here) and keeps an fp32 copy of the weights, the *master weights*, for the optimizer. minddp's FSDP
 # computes in bf16 with `compute_dtype=torch.bfloat16`, as torch's `fully_shard` does with
 # `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`: the fp32 shards
 # *are* the master weights, cast to bf16 for each unit's gather. The cells below train it one step on
-# the memory step's micro-batches (a fresh `lesson.step_batches()`) and set its model state, gathered
-# units and activations beside fp32 fsdp's. The model's normalization layers are its *RMSNorms*.
+# the memory step's micro-batches and set its model state, gathered units and activations beside fp32
+# fsdp's. The model's normalization layers are its *RMSNorms*.
 
 # %%
 # %%distributed
@@ -243,9 +251,8 @@ train_step(fsdp16, optimizer16, next(lesson.step_batches()), lesson.loss_fn)
 memory["fsdp bf16"] = probe.result()
 
 # %% [markdown]
-# The figure draws rank 0's model state at the update (the memory table's parameters, gradients and
-# optimizer columns), with each stage's fp32 formula as a line, and fsdp computing in bf16 as a fifth
-# bar.
+# The figure draws rank 0's model state at the update, each stage's fp32 formula as a line, and fsdp
+# computing in bf16 as a fifth bar.
 
 # %%
 # %%rank 0
@@ -295,9 +302,8 @@ lesson.claim(
 # 2⁻⁹ of a weight is lost. AdamW changes each value by lr times the running average of its gradients over
 # the square root of that of their squares, both corrected for their bias, which makes them g and g² at
 # the first update: so the first update moves each value whose gradient g is neither zero nor as small as
-# AdamW's ε by about lr (g/|g| = ±1). The cell prints the median size of ddp's first update's changes,
-# then adds lr to, and subtracts it from, every initial value held in bf16 and in fp32 (`lesson.added`)
-# and finds those lost. The RMSNorms' weights (scales) start at 1.0:
+# AdamW's ε by about lr (g/|g| = ±1). The cell prints ddp's first update's median change, then adds lr to,
+# and subtracts it from, every initial value held in bf16 and in fp32 (`lesson.added`):
 
 # %%
 # %%rank 0
@@ -320,7 +326,8 @@ lesson.claim(
     all(torch.equal(row, in_a_norm) for row in lost) and bool((values[in_a_norm] == 1).all()) and moved["fp32"].all(),
     f"Adding lr = {lr} to, and subtracting it from, each of this model's {values.numel():,} initial parameter "
     f"values: in bf16 each of the two leaves unchanged exactly the {int(in_a_norm.sum()):,} weights of its "
-    f"{len(norms)} RMSNorms ({in_a_norm.double().mean():.2%} of the values), each 1.0; every other value moves by "
+    f"{len(norms)} RMSNorms ({in_a_norm.double().mean():.2%} of the values), each 1.0; each of the other "
+    f"{int((~in_a_norm).sum()):,} values moves by "
     f"{kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr, up to {(kept['bf16'] - 1).abs().max():.0%} away "
     f"from lr. In fp32 every value moves, by lr to within {(kept['fp32'] - 1).abs().max():.3%}.",
 )
@@ -425,13 +432,11 @@ show_source(ZeroRedundancyOptimizer.step)
 # 3. that piece holds, back to back, this rank's chunk of each averaged gradient; each becomes
 #    its shard's `.grad` (or is added to it): the optimizer updates the shards only;
 # 4. in the next forward, `gather_parameters` starts each gradient bucket's all-gather of the updated shards at
-#    once, before the first module runs (waiting for them there only under `torch.compile`:
-#    `wait=self.compiled`); each module waits for its own bucket's just before it runs (forward
+#    once, before the first module runs; each module waits for its own bucket's just before it runs (forward
 #    pre-hooks).
 #
-# The cell prints the line that does each part, then part 2's
-# reduce-scatter hook, in which `Wire.of(state)` wraps the hook's state in a `Wire` (minddp's wrapper of
-# a process group, through which a stage's comm hooks send) unless it is one already.
+# The cell prints the line that does each part, then part 2's reduce-scatter hook; `Wire.of(state)`
+# makes the hook's state a `Wire`, minddp's wrapper of a process group through which comm hooks send.
 
 # %%
 # %%rank 0
@@ -530,17 +535,17 @@ on_wire.round(2)
 # %% [markdown]
 # ## FSDP: gather each unit around its run
 #
-# Each decoder layer of the model is a *unit*. Its code's parts: (1) each unit's parameters are
-# replaced by their shards; (2) before a unit's forward its shards are all-gathered into full parameters
-# and the next unit's gather is started (a prefetch); (3) after the forward the full parameters are
-# dropped, all but the last unit's, with which the backward starts, and where autograd saves a full
-# parameter for the backward, a saved-tensor hook keeps a note of where it lay instead; (4) the first note unpacked in the backward
-# gathers the unit again (or waits for its prefetched gather) and starts the gather of the unit before
-# it; (5) a unit's gradients arrive together, in the backward of one autograd function (`Unshard`): in
-# the last micro-batch's backward they go to one gradient collective (a reduce-scatter: in the gloo looks an
-# all_reduce), and each replicated tensor's gradient to an all_reduce; in the others they are
-# accumulated whole under `no_sync()`; (6) at the end of the backward fsdp waits for them and gives each
-# shard its piece as `.grad`. The lines that do parts 2 to 6:
+# fsdp's code's parts: (1) each unit's parameters are replaced by their shards; (2) before a unit's forward
+# its shards are all-gathered into full parameters and the next unit's gather is started (a prefetch); (3)
+# after the forward the full parameters are dropped, all but the last unit's, with which the backward
+# starts, and where autograd saves a full parameter for the backward, a saved-tensor hook keeps a note of
+# where it lay instead; (4) the first note unpacked in the backward gathers the unit again (or waits for its
+# prefetched gather) and starts the gather of the unit before it; (5) a unit's gradients arrive together, in
+# the backward of one autograd function (`Unshard`): in the last micro-batch's backward they go to one
+# gradient collective (a reduce-scatter: in the gloo looks an all_reduce), and each replicated tensor's
+# gradient to an all_reduce; in the others they are accumulated whole under notebook 03's `no_sync()`; (6)
+# at the end of the backward fsdp waits for them and gives each shard its piece as `.grad`. The lines that
+# do parts 2 to 6:
 
 # %%
 # %%rank 0
@@ -589,20 +594,19 @@ lesson.claim(
 )
 lesson.claim(
     f["calls"] == units + outside,
-    f"fsdp's {f['calls']} gradient collectives: one per unit ({units}, a reduce-scatter, which on gloo runs as an "
-    f"all_reduce of the unit's gradients) and one all_reduce per parameter tensor it leaves whole ({outside}): "
-    f"{f['calls']} all_reduces on gloo.",
+    f"fsdp's {f['calls']} gradient collectives: one per unit ({units}, a reduce-scatter, which in its gloo look runs "
+    f"as an all_reduce of the unit's gradients) and one all_reduce per parameter tensor it leaves whole ({outside}): "
+    f"{f['calls']} all_reduces in its gloo look.",
 )
 
 # %% [markdown]
 # ## Where each rung hands its collectives over
 #
-# The figure draws, for each stage, the step its gloo look recorded: its phases in order (each
-# micro-batch's forward and backward, then the update), each the same width, and a mark for each
-# gradient collective (black) and each all-gather of parameters (brown), in the phase it was handed over
-# in. It shows order, not time: within a phase each kind's marks are spread evenly on a line of their
-# own, in the order they were handed over; the order between the two kinds is not drawn (zero2's
-# all-gathers, handed over together before the first module runs, are spread across its forward 1).
+# The figure draws, for each stage, the step its gloo look recorded: its phases in order, each the same
+# width, and a mark for each gradient collective (black) and each all-gather of parameters (brown), in the
+# phase it was handed over in. It shows order, not time: within a phase each kind's marks are spread evenly
+# on a line of their own, in the order they were handed over; the order between the two kinds is not drawn
+# (zero2's all-gathers, handed over together before the first module runs, are spread across its forward 1).
 #
 # A collective can overlap compute (notebook 01's word) only while compute still runs after it is
 # handed over. zero1 hands its all-gather over in the update, with no module left to run in the step;
@@ -677,8 +681,7 @@ lesson.say(
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's ring
 # (the ring table). The model state is not all a rank holds (ddp's and zero1's bucket buffers, for
-# one), so it does not rank the stages by their peaks. The bytes are the β term only. fsdp buys less model state at the update than zero2 with more bytes and more
-# collectives: it gathers every micro-batch, zero2 once a step.
+# one), so it does not rank the stages by their peaks.
 
 # %%
 # %%rank 0
@@ -691,11 +694,15 @@ lesson.say(
         "sent on the ring"
         for s in STAGES[1:]
     )
-    + f".\nfsdp against zero2: {spared['fsdp'] - spared['zero2']:.1f} MiB less model state at the update, "
-    f"{total['fsdp'] / total['zero2']:.1f} times zero2's bytes sent on the ring at {accum} micro-batches a step."
-    "\nCollectives handed over a step (the looks' counts), each paying α for each of its messages: "
-    + ", ".join(f"{s} {looks[s]['calls'] + looks[s]['gathers']}" for s in STAGES)
     + "."
+)
+handed = {s: looks[s]["calls"] + looks[s]["gathers"] for s in STAGES}  # collectives in the gloo looks (cell 39's)
+lesson.claim(
+    spared["fsdp"] > spared["zero2"] and total["fsdp"] > total["zero2"] and handed["fsdp"] > handed["zero2"],
+    f"fsdp buys {spared['fsdp'] - spared['zero2']:.1f} MiB less model state at the update than zero2 with "
+    f"{total['fsdp'] / total['zero2']:.1f} times its bytes sent on the ring and {handed['fsdp'] / handed['zero2']:.1f} "
+    f"times its collectives handed over in the gloo looks ({handed['fsdp']} against {handed['zero2']}): at {accum} "
+    "micro-batches a step it gathers its units in every micro-batch, zero2 its buckets once a step.",
 )
 lesson.claim(
     (trade.loc["zero2"] < trade.loc["zero1"]).all(),
