@@ -250,7 +250,7 @@ check(solutions.GradAccumDDP, like="ga")
 # %% [markdown]
 # ## `hook`: sync each gradient as soon as autograd has finished it
 #
-# The last layer's gradient is final long before the first layer's is computed. A
+# The last layer's gradient is final before the first layer's is computed. A
 # *post-accumulate-grad hook* on each parameter fires right after autograd has added this
 # backward's contribution into `param.grad`: the accumulated gradient, the one to sync (a plain
 # tensor hook would hand over only the incoming gradient of this micro-batch). This grad hook sends the

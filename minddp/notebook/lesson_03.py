@@ -136,7 +136,7 @@ def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run
         + (
             ", the grid's smallest cap and its least (no smaller cap was tried)"
             if model[0].after_backward <= best + 5e-5
-            else f" (least {1e3 * best:.1f} ms)"
+            else f" (least {1e3 * best:.1f} ms, at {min(model, key=lambda c: c.after_backward).cap_mb:g} MiB)"
         )
         + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient."
     )
@@ -273,7 +273,8 @@ def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
             )
             + "."
         )
-        parts = []
+        sized, parts = sized_ms[name], []
+        apart = max(max(r["backward_ms"], sized) / min(r["backward_ms"], sized) for r in runs.values())
         for where, group in (("from a grad hook", True), ("after backward", False)):
             times = {s: r["backward_ms"] / sized_ms[name] for s, r in runs.items() if r["in_backward"] == group}
             if times:
@@ -283,7 +284,8 @@ def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
         say(
             f"Against the {sized_ms[name]:.0f} ms backward the link of {name} was sized from, the rungs' own backwards "
             f"ran: {'; '.join(parts)}. On a rung whose backward ran r times that one, one sync's bytes took 1/r of "
-            "the setting's share of its own backward: these steps do not keep the setting's ratios."
+            "the setting's share of its own backward: these steps keep the setting's ratios only to within "
+            f"{apart:.1f} times."
         )
     if round(t4["bucket-async"]["backward_ms"]) == round(far["bucket-async"]["backward_ms"]):
         say(
@@ -346,7 +348,8 @@ def say_bucket_lesson(
     fewer = "hook-async" if h["end_ms"] < b["end_ms"] else "bucket-async"
     steps = (
         f"In the one step of each run there, with backwards (less the check) of {h['backward_ms']:.0f} ms "
-        f"(hook-async) and {b['backward_ms']:.0f} ms (bucket-async), not that one, hook-async's link ran on "
+        f"(hook-async) and {b['backward_ms']:.0f} ms (bucket-async) against that {sized_far_ms:.0f} ms, "
+        "hook-async's link ran on "
         f"{h['end_ms']:.0f} ms past its backward's end and bucket-async's {b['end_ms']:.0f} ms: "
         + ("buckets left less there too" if fewer == "bucket-async" else "one message per gradient left less there")
     )
