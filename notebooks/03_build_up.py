@@ -17,15 +17,13 @@
 # # 03 · The build-up: one idea per stage
 #
 # `SimpleDDP` waits until backward is over, then sends one all_reduce per parameter, after every
-# micro-batch. Each stage below changes one thing about *when* or *how much* is sent; none changes
-# *what* is computed (the test suite checks every stage against a single process and torch's DDP).
-# The stages in this order, from `simple` up, are the *ladder*; each stage is a *rung* of it.
+# micro-batch. Each stage below changes one thing about *when* or *how much* is sent, never *what*
+# is computed. The stages in this order, from `simple` up, are the *ladder*; each is a *rung*.
 #
-# Each stage from `ga` to `bucket-async` has a section of five parts (`ddp` and `torch` have no
-# exercise):
+# Each stage from `ga` to `bucket-async` has five parts:
 #
 # 1. **the idea**, in words and in the few plain `torch.distributed` lines that carry it;
-# 2. **the code**: the stage's class as it is in `minddp/stages/`, and **what changed** from the stage
+# 2. **the code**: the stage's class in `minddp/stages/`, and **what changed** from the stage
 #    before, method by method. Besides the idea's lines, a class sends its gradients
 #    through the *comm hook* (`self.comm_hook(self.comm_state, GradBucket(...))`; `04_comm_hooks`
 #    swaps it); once in each synced backward it checks that every rank's
@@ -33,11 +31,11 @@
 #    `simple` and `ga`, at the backward's first gradient from `hook` on); and from `hook-async` on it
 #    refuses a step whose last sync was left unfinished. A comment *step 1*,
 #    *step 2* numbers the parts of the idea, not training steps;
-# 3. **a run on real ranks**: one warm-up step, then one step under the profiler, and **a picture**
-#    of that step, the stage before it faded above it;
-# 4. **what to look for**: what the picture shows, and sentences printed from the run. Those with a ✓
-#    are checked on the run shown (`lesson.claim`: a run that contradicts one fails the cell); the
-#    others hold for that run only (one step, on a machine shared with other work);
+# 3. **a run on real ranks**: one warm-up step, then one profiled step, and **a picture** of it, the
+#    stage before faded above it;
+# 4. **what to look for**: what the picture shows, and sentences printed from the run; those with a ✓
+#    are checked on the run shown (`lesson.claim`), the others hold for that run only (one step, on a
+#    machine shared with other work);
 # 5. **your turn**: write the stage; `check` runs it on real ranks and says what is wrong.
 #
 # Until "The cap, swept", every stage trains the same model on the same batches, with the settings
@@ -46,8 +44,7 @@
 # %% [markdown]
 # ### The link, and the words used below
 #
-# The notation and the measures are those of `01_collectives` (its last section) and
-# `docs/analysis.md`; here is what 03 adds.
+# Notation and measures are those of `01_collectives` and `docs/analysis.md`; 03 adds these.
 #
 # **The link.** Every message, up to the last section, goes over an **emulated 1 Gbit/s link**
 # (`minddp.comm.link`): the real all_reduce runs, so every result is exact, but it completes no earlier
@@ -203,12 +200,12 @@ lesson.claim(
     v["calls_in_backward"] == 0 == v["waits_in_backward"],
     "Like simple, it sends and waits only after a backward is over.",
 )
+lesson_03.say_check("ga", lesson_03.checks_on_ranks(looks, ["ga"])["ga"], v["waited_ms"])  # each rank's own time
 
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, with the thread's waits for them
 # (red); the micro-batches before it run straight on into each other. Just before the burst ga runs
-# the parameters-used check, in finish (hatched; rank 0's wait for rank 1 included: the stages' table
-# prints each rank's time there).
+# the parameters-used check, in finish (hatched; its width is said above).
 #
 # ### Your turn: `ga`
 #
@@ -253,14 +250,12 @@ check(solutions.GradAccumDDP, like="ga")
 # %% [markdown]
 # ## `hook`: sync each gradient as soon as autograd has finished it
 #
-# The last layer's gradient is final long before the first layer's is computed. A
+# The last layer's gradient is final before the first layer's is computed. A
 # *post-accumulate-grad hook* on each parameter fires right after autograd has added this
 # backward's contribution into `param.grad`: the accumulated gradient, the one to sync (a plain
 # tensor hook would hand over only the incoming gradient of this micro-batch). This grad hook sends the
 # gradient and, in this stage, waits for the result before backward may go on: the messages move
-# into the backward, but the backward's operators stand still while each travels. (The stage's hooks
-# reach the wrapper through `weakref`, so that they do not keep it alive; plumbing, not the idea.)
-# The idea:
+# into the backward, but the backward's operators stand still while each travels. The idea:
 #
 # ```python
 # for p in params:
@@ -401,10 +396,9 @@ check(solutions.AsyncHookDDP, like="hook-async")
 # `plan_buckets`); in the grad hook each parameter is counted in its bucket, and when the bucket's last
 # gradient is in, the bucket is flattened into one buffer and sent in one call; when the average is
 # back, each slice is copied into its parameter's `.grad`. Like `hook`, this stage waits for each
-# bucket. One more line is torch's: left at its default (`bucket_cap_mb=None`: torch's 25 MiB), the
-# first bucket's cap is 1 MiB. A cap given,
-# as the settings printed at the top give one, is every bucket's cap, the first's too, as in torch. A
-# bucket closes at the gradient that reaches or passes its cap, so it can hold more. The idea:
+# bucket. Left at torch's default (`bucket_cap_mb=None`: 25 MiB), the first bucket's cap is 1 MiB; a
+# cap given (the settings give one) is every bucket's, as in torch. A bucket closes at the gradient
+# that reaches or passes its cap, so it can hold more. The idea:
 #
 # ```python
 # def _grad_ready(self, p):
@@ -504,8 +498,7 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: `bucket`'s few messages leaving while the backward goes on, no wait inside it,
-# and the last of them still on the link after it, waited for in finish (red). The hatched check at
-# that backward's start lengthens it.
+# and the last of them still on the link after it, waited for in finish (red).
 #
 # ### Your turn: `bucket-async`
 #
@@ -628,13 +621,14 @@ lesson_03.look_table(looks, checks)
 #    per-gradient stage's first message needs only one gradient. The first message is the
 #    bucket that fills first, not always the plan's first;
 # 3. **the tail**: the last message's transfer on the link. The last bucket is full only late in
-#    backward, so its tail runs past backward's end; a per-gradient stage's last message is one tensor.
+#    backward, so its transfer can run past backward's end; a per-gradient stage's last message is one
+#    tensor.
 #
 # The link carries one message at a time, so it is done at the latest of, over the messages i,
 # "message i handed over, then i and every message after it back to back"
 # (`minddp.costmodel.buckets.queue_end`): message 1 gives the *start-limited* end, the last message
-# the *tail-limited* one. The link's time still to run when backward ends is *link after backward* (in a run:
-# modeled transfers against a measured backward);
+# the *tail-limited* one. The link's time still to run when backward ends is *link after backward* (in a
+# step run: the modeled transfers, from each message's measured hand-over, against the measured backward's end);
 # for a stage that waits only in finish, as these two, it is the most its step can expose. When each gradient is ready comes from the *bare network* (no wrapper, no hooks, no
 # messages, no profiler), timed here.
 
@@ -674,14 +668,14 @@ table
 # ### The cap, swept
 #
 # The cap decides all three costs: a small cap makes many small buckets (many fixed costs, a short
-# tail, an early first message); a large cap makes a few large ones. Below, `bucket-async` is
-# measured at other caps on the same link, one profiled step each with no warm-up step (the settings'
-# cap is the step above; `None` is torch's default: a first bucket of 1 MiB, then 25 MiB ones, drawn
-# right of the grid). The step-time model (`docs/scaling.md`) replays each cap's plan
-# on the link, with the bare network's timings scaled to the median of the five steps' backwards
-# (less the check), which differ from step to step (the table prints each). The figure sets the model's
-# *link after backward* against each step's; its grey line is hook-async's step's. The lower panel shows the three costs of each cap on the grid by the model
-# (None's: the table); "first message leaves" is into the model's backward, not a measured one.
+# tail, an early first message); a large cap makes a few large ones. Below, `bucket-async` runs one
+# profiled step, no warm-up, at other caps on the same link (the settings' cap is the step above;
+# `None` is torch's default: a first bucket of 1 MiB, then 25 MiB ones, drawn right of the grid). The
+# step-time model (`docs/scaling.md`) replays each cap's plan on the link, with the bare network's
+# timings scaled to the median of the five steps' backwards (less the check). The figure sets the
+# model's *link after backward* against each step's own; its grey line is hook-async's step's. The
+# lower panel shows the three costs of each cap on the grid by the model (None's: the table); "first
+# message leaves" is into the model's backward.
 
 # %%
 # %%distributed
@@ -719,13 +713,11 @@ lesson_03.sweep_table(swept, model, default)
 # %% [markdown]
 # ### Links sized with two settings' ratios, at this machine's speed
 #
-# Two ratios of a setting matter here: how long one sync's bytes take against one backward, and how
-# long one message's fixed cost takes against it. `minddp.costmodel.buckets.link_like` builds an
-# emulated link on which one backward of the network at hand, timed on this machine (rank 0's), has
-# both ratios of a setting: for the blog's T4s the cap sweep's median, as for the step-time
-# model above; for 1024 ranks, whose network the sweep did not run, single's. Each rung runs one
-# step, no warm-up; its own backward, printed below, differs from that one, so its ratios are not the setting's. On the 2 ranks here (one all_reduce of m bytes takes 2α + m·β),
-# 1/β = one sync's bytes / (bytes ratio × that backward) and α = message ratio × that backward / 2 (the link printed below). Both settings take
+# Two ratios of a setting matter here: one sync's bytes' time and one message's fixed cost, each over
+# one backward. The cell sets α and β so that one backward of the network at hand, timed on this
+# machine (rank 0's), has both ratios of a setting: for the blog's T4s the cap sweep's median; for
+# 1024 ranks, whose network the sweep did not run, single's. Each rung then runs one step, no
+# warm-up, with a backward of its own (set against that one below). Both settings take
 # the blog's workload as the step-time model rebuilds it
 # (`python -m minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16
 # gradients, an assumed 3 TFLOP/s on each T4):
@@ -744,7 +736,8 @@ lesson_03.sweep_table(swept, model, default)
 
 # %%
 # %%distributed
-from minddp.costmodel.buckets import link_like, on_the_link, ratios
+from minddp.comm.link import LinkSpec
+from minddp.costmodel.buckets import on_the_link, ratios
 from minddp.costmodel.compute import plan_for
 from minddp.costmodel.project import blog_profile
 
@@ -767,9 +760,13 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         timed, how = this_run, "the cap sweep's median"
     else:
         timed, how = lesson_03.median_backward_s("single", model_name), "single's, median of 3 steps"
-    sized_from[name] = lesson_03.rank0s(timed)  # rank 0's, so that every rank builds the same link
-    link = blog_links[name] = link_like(
-        f"ratios of {name}", sized_from[name], sync_bytes, *setting_ratios[name], world_size
+    backward = sized_from[name] = lesson_03.rank0s(timed)  # rank 0's, so that every rank builds the same link
+    bytes_ratio, message_ratio = setting_ratios[name]  # one sync's bytes, one message's 2(n−1)·α, in backwards
+    assert world_size == 2  # so one all_reduce of m bytes takes 2α + m·β
+    link = blog_links[name] = LinkSpec(
+        f"ratios of {name}",
+        bandwidth=sync_bytes / (bytes_ratio * backward),  # 1/β: one sync's m·β = bytes_ratio backwards
+        latency=message_ratio * backward / 2,  # α: one message's 2α = message_ratio backwards
     )
     cap = caps[name] = 25 * sync_bytes / blog.total_bytes  # the blog's 25 MiB, scaled to this model: as many buckets
     lesson_03.say_sized(
@@ -798,6 +795,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         blog_runs[name, stage] = on_the_link(v["row"]) | {
             "calls": v["calls"],
             "backward_ms": lesson.backward_less_check(v),
+            "in_backward": v["calls_in_backward"] > 0,  # sent from a grad hook
         }
     lesson_03.say_met(name, {s: blog_runs[name, s] for s in RUN[name]}, blog_buckets)
 
@@ -805,7 +803,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # %%distributed
 t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
 far = {s: blog_runs["1024 ranks", s] for s in RUN["1024 ranks"]}
-lesson_03.say_sized_measures(t4, far)
+lesson_03.say_sized_measures(t4, far, {s: 1e3 * b for s, b in sized_from.items()})
 lesson.claim(  # the link's modeled times: ga sends simple's messages once per step instead of once per micro-batch
     abs(t4["simple"]["link_ms"] - k * t4["ga"]["link_ms"]) < 1e-6 * t4["simple"]["link_ms"],
     f"ga's messages need 1/{k} of simple's time on the link.",

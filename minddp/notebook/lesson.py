@@ -410,12 +410,15 @@ def say_look(looks: dict, stage: str) -> None:
         f"{exposed} ms of them (exposed)"
         + (
             f" and did not wait through the other {link - exposed} ms"
-            # a stage that waits later runs the backward and the loop's lines between; for one that waits for each
-            # message as soon as it is sent, the run does not time apart where the rest went, so nothing is said
+            # a stage that waits later runs the backward and the loop's lines between; one that waits for each message
+            # before sending the next: a wait ends no earlier than the link's delivery, so the rest lies before it
             + (
                 " (it ran the backward, or the stage's and the loop's own lines, between handing a message over and "
                 "waiting for it)."
                 if v["calls_in_backward"] and not v["waits_in_backward"]
+                else f", {(link - exposed) / v['calls']:.2f} ms a message on average: the link starts a message when "
+                "the comm hook hands it over, and the thread reaches its wait for it only after the hook has returned."
+                if abs(before_waits(v["row"]) - (v["link_ms"] - v["exposed_ms"])) < 1
                 else "."
             )
             if link - exposed
@@ -430,6 +433,17 @@ def say_look(looks: dict, stage: str) -> None:
             else "."
         )
     )
+
+
+def before_waits(row: dict) -> float:
+    """ms of a step row's link time that lay before the thread began its wait for the message (each message from
+    its transfer's start to the first wait that began at or after its hand-over, or to the transfer's end)."""
+    starts = sorted(s for s, _ in row.get("waits", []))
+    total = 0.0
+    for (s, e), sent in zip(sorted(row["messages"]), sorted(row["sent"])):
+        later = [w for w in starts if w >= sent]
+        total += max(0.0, min(e, later[0] if later else e) - s)
+    return total
 
 
 def link_parts(v: dict) -> tuple[int, int]:

@@ -44,6 +44,20 @@ def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
     return {s: [r[s] for r in everyone] for s in mine}
 
 
+def say_check(stage: str, on_ranks: list[float], waited_ms: float) -> None:
+    """The time the parameters-used check held each rank in one step of ``stage`` (:func:`checks_on_ranks`), in
+    words: its all_gather returns only once every rank has joined it, so the difference is the earlier rank's wait."""
+    order = sorted(range(len(on_ranks)), key=on_ranks.__getitem__)
+    long, short = order[-1], order[0]
+    ranks = " and ".join(f"rank {r} {ms:.0f} ms" for r, ms in enumerate(on_ranks))
+    say(
+        f"{stage}'s check held {ranks} (the picture's hatched mark is rank 0's). Its all_gather returns only once "
+        f"both ranks have joined it, so rank {long}, there first, stood {on_ranks[long] - on_ranks[short]:.0f} ms "
+        f"longer, waiting for rank {short}: {'more' if on_ranks[long] - on_ranks[short] > waited_ms else 'less'} "
+        f"than the {waited_ms:.0f} ms {stage} waited for its messages."
+    )
+
+
 def look_table(looks: dict, checks: dict[str, list[float]]):
     """The side-by-side table (:func:`minddp.notebook.lesson.look_table`) with the check's time on each rank."""
     table = lesson.look_table(looks)
@@ -109,16 +123,20 @@ def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run
         f"{default.last_bytes / 2**20:.1f} MiB ({1e3 * default.tail:.0f} ms on the link)."
     )
     median_of = [cap_name(c) for c, b in own.items() if abs(b / 1e3 - this_run_s) < 1e-9]
+    short, long = min(own, key=own.get), max(own, key=own.get)
     best = min(c.after_backward for c in model)
     say(
-        f"The step-time model, scaled to a backward of {1e3 * this_run_s:.0f} ms (the median of these steps' "
-        "backwards less the check"
+        f"These steps' backwards, less the check, ran from {own[short]:.0f} ms ({cap_name(short)}) to "
+        f"{own[long]:.0f} ms ({cap_name(long)}), {own[long] / own[short]:.1f} times as long."
+    )
+    say(
+        f"The step-time model replays every cap with one backward, {1e3 * this_run_s:.0f} ms (their median"
         + (f": the {median_of[0]} step's own" if median_of else "")
-        + f"), leaves {1e3 * model[0].after_backward:.1f} ms of link after backward at {model[0].cap_mb:g} MiB"
+        + f"); it leaves {1e3 * model[0].after_backward:.1f} ms of link after backward at {model[0].cap_mb:g} MiB"
         + (
             ", the grid's smallest cap and its least (no smaller cap was tried)"
             if model[0].after_backward <= best + 5e-5
-            else f" (least {1e3 * best:.1f} ms)"
+            else f" (least {1e3 * best:.1f} ms, at {min(model, key=lambda c: c.after_backward).cap_mb:g} MiB)"
         )
         + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient."
     )
@@ -126,7 +144,8 @@ def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run
     below = [c for c, v in swept.items() if c in at and on_the_link(v["row"])["end_ms"] < 1e3 * at[c].after_backward]
     h_below = on_the_link(h["row"])["end_ms"] < 1e3 * per_gradient.after_backward
     say(
-        f"The measured link after backward was below the model's at {len(below)} of the {len(swept)} caps run"
+        f"Each step's own link after backward (its modeled transfers from its hand-overs, against its backward's "
+        f"end) was below the model's at {len(below)} of the {len(swept)} caps run"
         + (", and for hook-async." if h_below else "; for hook-async it was not.")
     )
 
@@ -142,16 +161,14 @@ def sweep_figure(swept: dict, model: list, default, per_gradient, h: dict, link_
 
     measured = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}
     points = [
-        (c, measured[c], "measured: link after backward, one step, no warm-up step")
-        for c in swept
-        if c not in (here, None)
+        (c, measured[c], "one step: link after backward, no warm-up step") for c in swept if c not in (here, None)
     ]
-    points += [(here, measured[here], f"measured: link after backward, the settings' {here:g} MiB step")]
+    points += [(here, measured[here], f"one step: link after backward, the settings' {here:g} MiB step")]
     points += [  # None, torch's default caps: drawn right of the grid, apart from each other and from the line
         (
             48,
             measured[None],
-            f"measured: link after backward, None, torch's default ({measured[None]:.0f} ms)",
+            f"one step: link after backward, None, torch's default ({measured[None]:.0f} ms)",
         ),
         (
             64,
@@ -163,7 +180,7 @@ def sweep_figure(swept: dict, model: list, default, per_gradient, h: dict, link_
     fig = bucket_sweep(
         {"step-time model: link after backward": model},
         measured=points,
-        per_gradient={f"measured: link after backward, hook-async's step ({h_measured:.1f} ms)": h_measured},
+        per_gradient={f"one step: link after backward, hook-async's ({h_measured:.1f} ms)": h_measured},
         title=f"bucket-async on {link_name}, {world} ranks: link after backward against the cap "
         "(exposed and waited: the table)",
     )
@@ -184,15 +201,15 @@ def sweep_table(swept: dict, model: list, default):
     def measured(c):
         v = swept.get(c)
         return {
-            "link after backward, ms (measured)": on_the_link(v["row"])["end_ms"] if v else None,
-            "exposed, ms (measured)": v["exposed_ms"] if v else None,
-            "waited, ms (measured)": v["waited_ms"] if v else None,
-            "backward less the check, ms (measured)": backward_less_check(v) if v else None,
+            "link after backward, ms (one step)": on_the_link(v["row"])["end_ms"] if v else None,
+            "exposed, ms (one step)": v["exposed_ms"] if v else None,
+            "waited, ms (one step)": v["waited_ms"] if v else None,
+            "backward less the check, ms (one step)": backward_less_check(v) if v else None,
         }
 
     table = pd.DataFrame({cap_name(c.cap_mb): c.row() | measured(c.cap_mb) for c in [*model, default]}).T
     table = table.infer_objects().round(1).astype({"buckets": int})
-    whole = ["exposed, ms (measured)", "waited, ms (measured)"]  # whole ms, as every other table and line prints them
+    whole = ["exposed, ms (one step)", "waited, ms (one step)"]  # whole ms, as every other table and line prints them
     table[whole] = table[whole].round(0).astype("Int64")
     return table.astype(object).where(table.notna(), "–")  # "–": a cap not run
 
@@ -244,9 +261,10 @@ def say_met(name: str, runs: dict, blog_buckets: int) -> None:
     say(f"{name}: bucket-async sent {runs['bucket-async']['calls']} buckets (the blog's 25 MiB: {blog_buckets}).")
 
 
-def say_sized_measures(t4: dict, far: dict) -> None:
-    """Each sized link's rungs: link time, exposed and own backward; a whole-ms match of bucket-async's
-    backward on the two links is said to be chance (two networks, two steps)."""
+def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
+    """Each sized link's rungs: link time, exposed and own backward, and each rung's backward against the one the
+    link was sized from (``sized_ms``, by setting), grouped by where the rung sends from (``in_backward``); a
+    whole-ms match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
         say(
             f"Ratios of {name} (link time ms / exposed ms / backward less the check ms): "
@@ -254,6 +272,20 @@ def say_sized_measures(t4: dict, far: dict) -> None:
                 f"{s} {r['link_ms']:.0f} / {r['exposed_ms']:.0f} / {r['backward_ms']:.0f}" for s, r in runs.items()
             )
             + "."
+        )
+        sized, parts = sized_ms[name], []
+        apart = max(max(r["backward_ms"], sized) / min(r["backward_ms"], sized) for r in runs.values())
+        for where, group in (("from a grad hook", True), ("after backward", False)):
+            times = {s: r["backward_ms"] / sized_ms[name] for s, r in runs.items() if r["in_backward"] == group}
+            if times:
+                lo, hi = min(times.values()), max(times.values())
+                span = f"{lo:.1f}" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f} to {hi:.1f}"
+                parts.append(f"those that send {where} ({', '.join(times)}) {span} times")
+        say(
+            f"Against the {sized_ms[name]:.0f} ms backward the link of {name} was sized from, the rungs' own backwards "
+            f"ran: {'; '.join(parts)}. On a rung whose backward ran r times that one, one sync's bytes took 1/r of "
+            "the setting's share of its own backward: these steps keep the setting's ratios only to within "
+            f"{apart:.1f} times."
         )
     if round(t4["bucket-async"]["backward_ms"]) == round(far["bucket-async"]["backward_ms"]):
         say(
@@ -277,8 +309,7 @@ def say_bucket_lesson(
     1024 ranks: hook-async's fixed costs (its messages × ``one_far_ms``, 2α on 2 ranks) against the backward that
     link was sized from (``sized_far_ms``, the model's input): a link busy longer than that backward runs on past its
     end by at least the difference, and bucket-async's link runs on past it by at most its link time; ``far``'s
-    measured hook-async step beside it, with the same bound from its own link time and backward (its messages leave
-    after its check, inside that backward)."""
+    one step of each, with its own backward, beside it."""
     best = min(model, key=lambda c: c.after_backward)
     saved = 1e3 * (per_gradient.fixed - best.fixed)
     worse = 1e3 * (best.after_backward - per_gradient.after_backward)
@@ -298,7 +329,7 @@ def say_bucket_lesson(
     t4_said = (
         f"{'one message per gradient' if first == 'hook-async' else 'buckets'} leave"
         f"{'s' if first == 'hook-async' else ''} less: {first} {by_model[first]:.1f} ms against "
-        f"{second}'s {by_model[second]:.1f} ms, at that link's cap of {b4.cap_mb:.2f} MiB (measured, one step each "
+        f"{second}'s {by_model[second]:.1f} ms, at that link's cap of {b4.cap_mb:.2f} MiB (one step each "
         f"on that link: {t4[first]['end_ms']:.1f} ms against {t4[second]['end_ms']:.1f} ms, "
         + (
             f"both {sides[first]} the model's"
@@ -314,15 +345,19 @@ def say_bucket_lesson(
         f"{fixed:.0f} ms, {fixed / sized_far_ms:.1f} times the {sized_far_ms:.0f} ms backward the link was sized from"
     )
     bound = fixed - sized_far_ms
-    own = h["link_ms"] - h["backward_ms"]  # the same bound for the step run: its link time against its own backward
+    fewer = "hook-async" if h["end_ms"] < b["end_ms"] else "bucket-async"
+    steps = (
+        f"In the one step of each run there, with backwards (less the check) of {h['backward_ms']:.0f} ms "
+        f"(hook-async) and {b['backward_ms']:.0f} ms (bucket-async) against that {sized_far_ms:.0f} ms, "
+        "hook-async's link ran on "
+        f"{h['end_ms']:.0f} ms past its backward's end and bucket-async's {b['end_ms']:.0f} ms: "
+        + ("buckets left less there too" if fewer == "bucket-async" else "one message per gradient left less there")
+    )
     there = (
-        f"buckets leave less: {costs}, so after a backward that long its link would run on at least {bound:.0f} ms "
-        f"past the backward's end, longer than bucket-async's link is busy in all, {b['link_ms']:.0f} ms (measured, "
-        f"in the one step run there, whose backward took {h['backward_ms']:.0f} ms less the check: "
-        f"{h['end_ms']:.0f} ms past its end, {_side(h['end_ms'], own)} its link time less that backward, "
-        f"{own:.0f} ms)"
+        f"buckets leave less: {costs}, so after that backward its link would run on at least {bound:.0f} ms, more "
+        f"than bucket-async's whole link time, {b['link_ms']:.0f} ms (modeled). {steps}"
         if bound > b["link_ms"]
-        else f"{costs}; bucket-async's link time is {b['link_ms']:.0f} ms"
+        else f"{costs}; bucket-async's link time is {b['link_ms']:.0f} ms (modeled). {steps}"
     )
     say(
         "The bucket lesson, the step-time model's verdict in link after backward (the model times the bare network, "
