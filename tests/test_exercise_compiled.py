@@ -576,6 +576,7 @@ def test_the_natural_answer_with_both_last_bucket_mistakes_has_both_named():
     assert "(pieces [[4], [], [2], []], cap 8: [2])" in verdict.line, verdict.line
     assert "the last bucket was kept only when its bytes were not 0" in verdict.line, verdict.line
     assert "(pieces [[8], [0]], cap 8: [0, 1])" in verdict.line, verdict.line
+
     # the first mistake alone (a last bucket kept when any gradient is left) is named alone
     def last_piece_only(pieces, cap):
         out, total, left = [], 0, False

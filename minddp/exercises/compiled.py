@@ -466,7 +466,9 @@ def check_handover(fn) -> Verdict:
     if matches(solutions.handed_over_after):  # wrong only where a piece is empty or a gradient has 0 bytes
         for rule, says in ((_last_bucket_at_the_last_piece, LAST_PIECE), (_empty_pieces_dropped, EMPTY_DROPPED)):
             if matches(_bytes_kept(rule), everywhere):  # that mistake and ZERO_BYTES together: both named
-                return Verdict(False, f"✗ {name}: two mistakes: {says} {shown(NONZERO)}; and {ZERO_BYTES} {shown(zero)}")
+                return Verdict(
+                    False, f"✗ {name}: two mistakes: {says} {shown(NONZERO)}; and {ZERO_BYTES} {shown(zero)}"
+                )
             if matches(rule, NONZERO):
                 return Verdict(False, f"✗ {name}: {says} {shown(everywhere)}")
         if matches(_walk, everywhere):  # the walk keeps a last bucket by its bytes
