@@ -16,37 +16,33 @@
 # %% [markdown]
 # # 09 · Compiled: `torch.compile` and buckets handed over during backward
 #
-# Autograd runs the backward pass as *nodes*, of two kinds in this notebook. A parameter's `AccumulateGrad` node
-# adds its gradient into the parameter's `.grad`; the *reducer* of `ddp` (minddp's `DistributedDataParallel`: the
-# part that fills the buckets) hooks in there. Every other node is a *gradient node*: it computes gradients (the
-# model's nodes, and the loss's).
+# Autograd runs the backward pass as *nodes*, here of two kinds. A parameter's `AccumulateGrad` node adds its gradient
+# into the parameter's `.grad`; the *reducer* of `ddp` (minddp's `DistributedDataParallel`: the part that fills the
+# buckets) hooks in there. Every other node is a *gradient node*: it computes gradients (the model's nodes, and the
+# loss's).
 #
 # A bucket is *handed over* (the tick in the figure) when the reducer calls `all_reduce` on it, once its last gradient
-# is there and every earlier bucket has been handed over (`_bucket_filled` in `minddp/ddp/reducer.py`). A gradient node
-# *ran after* a hand-over if it ends after it (still running then, or begun later). A bucket's `all_reduce` can run
-# while gradients are still computed only if a gradient node ran after its hand-over; this notebook checks that order,
-# not when the `all_reduce`s run.
+# is there and every earlier bucket has been handed over. A gradient node *ran after* a hand-over if it ends after it
+# (still running then, or begun later). A bucket's `all_reduce` can run while gradients are still computed only if a
+# gradient node ran after its hand-over; this notebook checks that order, not when the `all_reduce`s run.
 #
-# nanoGPT's training script compiles the model, then wraps it: `model = torch.compile(model)`, then
-# `DDP(model)`. `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph* (in this notebook
-# the word means only Dynamo's graph), and a *backend* compiles the graph (by default *Inductor*, fusing
-# operations into kernels). Compiled as one graph, the model records a single gradient node for its whole forward,
-# which produces every parameter's gradient at its end. Every bucket is then handed over after that node, when no
-# gradient node is left to run.
+# nanoGPT's training script compiles the model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
+# `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph* (here the word means only Dynamo's),
+# and a *backend* compiles the graph. Compiled as one graph, the model records a single gradient node for its whole
+# forward, which produces every parameter's gradient at its end. Every bucket is then handed over after that node, when
+# no gradient node is left to run.
 #
-# torch's answer is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer`
-# (`torch/_dynamo/backends/distributed.py`) **cuts the graph into pieces** by the bucket cap, counted from the end
-# of the forward, and compiles each piece apart, each with a gradient node of its own. The backward pass runs piece
-# after piece, numbered here in that order: piece 0 holds the forward's last layers; a *piece's backward* is the run
-# of its gradient node. A bucket whose last gradient a piece produces can then be handed over before the next
-# piece's backward begins. Here, under `ddp`, each piece but the last closes once its parameters reach the bucket cap.
+# torch's answer is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer` **cuts the graph into pieces**
+# by the bucket cap, counted from the end of the forward, and compiles each piece apart, each with a gradient node of
+# its own. The backward pass runs piece after piece, numbered here in that order: piece 0 holds the forward's last
+# layers; a *piece's backward* is the run of its gradient node. A bucket whose last gradient a piece produces can then
+# be handed over before the next piece's backward begins.
 #
-# A training step (`train_step`) runs the forward and the backward pass, then the optimizer
-# step. This notebook first shows one step of `ddp` in each of three runs, one row each: eager (not compiled),
-# compiled without the cut (`torch._dynamo.config.optimize_ddp = False`, set in `one_step` below) and compiled with
-# it. The model: an MLP of 1 MiB layers without biases (eight; two after the exercise). The backend is `aot_eager`: it
-# runs the graph with the operations an uncompiled model calls (torch's *aten* operators), so all
-# three trainings give the same bits.
+# A training step (`train_step`) runs the forward and the backward pass, then the optimizer step. The figure shows one
+# step of `ddp` in each of three runs, one row each: eager (not compiled), compiled without the cut
+# (`torch._dynamo.config.optimize_ddp = False`) and compiled with it. The model: an MLP of 1 MiB layers without biases
+# (eight; two after the exercise). The backend is `aot_eager`, which runs the graph with the *aten* operators an
+# uncompiled model calls, so all three trainings give the same bits.
 
 # %%
 # %load_ext minddp.notebook
@@ -122,25 +118,24 @@ lesson.say(
 # %% [markdown]
 # ## One step of each run, each row from its forward's start
 #
-# Each row is one run's third step, on rank 0, from the start of its forward to the black line where its optimizer step
-# ends, scaled to that step: the forward (pale, the loss's included), the gradient nodes (blue), the `AccumulateGrad`
-# nodes (grey, the reducer's hook included: it copies a filled bucket's gradients into its buffer, then calls
-# `all_reduce` on it, which starts the collective on gloo's threads), a tick where that call begins, and the optimizer
-# step (green). After the last grey, the reducer's end-of-backward callback (it waits for the buckets' `all_reduce`s,
-# then writes the averaged gradients back) runs undrawn.
+# Each row is one run's third step on rank 0, from its forward's start to the black line where its optimizer step ends,
+# scaled to that step: the forward (pale, the loss's included), gradient nodes (blue), `AccumulateGrad` nodes (grey), a
+# tick where the reducer's hook calls `all_reduce` on a bucket, and the optimizer step (green). The hook runs in every
+# `AccumulateGrad` node; in the one where a bucket is handed over it first copies the bucket's gradients into its
+# buffer, then makes that call, which starts the collective on gloo's threads. After the last grey, the reducer's
+# end-of-backward callback (it waits for the `all_reduce`s, then writes the averaged gradients back) runs undrawn.
 #
 # What to look for: with the cut, as in eager, a gradient node ran after each tick but the last; without it, after
 # none (every tick comes after the last blue).
 #
-# The blue begins with the loss's gradient nodes; then, in eager, several nodes per layer; with the cut, one
-# gradient node per piece, piece 0 first; without it, the whole graph's one. Count pieces and buckets in the claims
-# and row labels, not in the bars: nodes run back to back may draw as one stretch or split by a white line, and a
-# node shorter than a pixel as a sliver or nothing.
+# Count pieces and buckets in the claims and row labels, not in the bars (blue is several nodes per layer in eager, one
+# per piece with the cut): nodes run back to back may draw as one stretch or split by a white line, and a node narrower
+# than a pixel as a sliver or nothing. The cell prints which grey nodes took the time.
 #
-# Read the figure for the order of events, not for lengths, in a row or between rows: each row is a single step of two
-# ranks whose threads, gloo's included, share this machine's cores, and any stretch, a bar or a blank (inside the
-# backward too), can hold time a thread waits for a core. This notebook does not measure what compiling or the cut
-# costs.
+# Read the figure for the order of events, not for lengths: each row is one step of two ranks whose threads, gloo's
+# included, share this machine's cores, so a bar can hold time a thread waits for a core. So can a blank inside the
+# backward, where no node ran: the cell prints what the profiler recorded in such blanks; where nothing, the thread was
+# in autograd's engine between two nodes (code it does not record) or waiting for a core.
 
 # %%
 # %%distributed
@@ -158,7 +153,7 @@ lesson.claim(
 # before the bucket's (the queue's rule: markdown below), and no gradient node is left after the last bucket's
 lesson.claim(
     all(after[label][:-1] == [True] * (len(after[label]) - 1) and not after[label][-1] for label in ("eager", CUT)),
-    "Compiled with the cut, as in eager, a gradient node ran after each bucket was handed over but the last.",
+    "Compiled with the cut, as in eager, a gradient node ran after the hand-over of each bucket but the last.",
 )
 # the reducer's hook runs in each parameter's AccumulateGrad node, after the gradient is accumulated
 lesson.claim(
@@ -169,28 +164,37 @@ lesson.claim(
     all(torch.equal(v["params"], looks["eager"]["params"]) for v in looks.values()),
     "The three trainings end with the same parameters, to the bit (aot_eager computes with eager's aten ops).",
 )
+for label, v in looks.items():  # which grey took the time, and what the profiler recorded where no node ran
+    split, step, blanks = v["accumulate_split"], v["row"]["end"], v["blanks"]
+    handing, other = (100 * split[key] / step for key in ("handing over", "other"))
+    whose = "theirs" if handing > other else "the others'"
+    recorded = ", ".join(sorted({name for *_, names in blanks for name in names})) or "nothing"
+    widest = 100 * max((end - start for start, end, _ in blanks), default=0) / step
+    lesson.say(
+        f"{label}: the {split['count'][0]} AccumulateGrad nodes where a bucket was handed over took {handing:.1f} % of "
+        f"the step in all, the other {split['count'][1]} nodes {other:.1f} %, so most of the grey is {whose}. Widest "
+        f"blank inside the backward: {widest:.1f} % of the step; the profiler recorded {recorded} in the blanks on the "
+        "nodes' thread."
+    )
 
 # %% [markdown]
 # ## The pieces and the buckets
 #
 # Each piece records one gradient node, `CompiledFunctionBackward`, and the parameters whose gradients it produces
-# hang off it (their `AccumulateGrad` nodes). The cell walks autograd's nodes back from the output of one more
-# forward of the run compiled with the cut and lists the pieces in the order the backward pass runs them,
-# then that run's buckets (`ddp`'s `bucket_plan`, rebuilt at the second step's forward in the order the first
-# step's gradients arrived on rank 0), each with its parameters in the forward's order.
+# hang off it (their `AccumulateGrad` nodes). The cell lists the pieces of one more forward of the run compiled with
+# the cut, in the order the backward pass runs them, then that run's buckets (rebuilt at the second step's forward in
+# the order the first step's gradients arrived on rank 0), each with its parameters in the forward's order.
 #
-# Dynamo decides the cut when it compiles (the first step): it cuts only if torch's DDP's class attribute
-# `_active_ddp_module` is set then (torch's DDP sets it around the call of its module), reading the bucket cap from it;
-# it caps piece 0 apart, at torch's global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`, whatever the bucket cap.
-# While its module runs compiled, minddp's `ddp`, given a `bucket_cap_mb`, sets `_active_ddp_module` to a stand-in
-# holding its bucket cap and that global to the bucket cap, restoring both after (`compat.ddp_optimizer_caps`): so piece
-# 0 closes at the bucket cap, as bucket 0 does.
+# Dynamo cuts when it compiles (the first step), and only if torch's DDP's class attribute `_active_ddp_module` is set
+# then (torch's DDP sets it around the call of its module); it reads the bucket cap from it and caps piece 0 apart, at
+# the global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs, minddp's `ddp`, given a
+# `bucket_cap_mb`, sets the attribute to a stand-in holding its bucket cap and the global to the bucket cap
+# (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as bucket 0 does.
 #
-# A bucket that a piece fills is handed over before the next piece's backward begins: when a piece's
-# backward ends, its parameters' `AccumulateGrad` nodes and the next piece's
-# gradient node are all ready to run, and autograd's queue of ready nodes runs first the node of highest *sequence
-# number* (the forward numbers the nodes it records in order); an `AccumulateGrad` node's is set to the largest
-# there is (NOTE [ Sequence Number] in torch's `torch/csrc/autograd/node.h`).
+# A bucket that a piece fills is handed over before the next piece's backward begins: when a piece's backward ends, its
+# parameters' `AccumulateGrad` nodes and the next piece's gradient node are all ready to run, and autograd's queue of
+# ready nodes runs first the node of highest *sequence number* (the forward numbers the nodes it records in order); an
+# `AccumulateGrad` node's is set to the largest there is (`torch/csrc/autograd/node.h`).
 
 
 # %%
@@ -241,11 +245,11 @@ lesson.claim(
 #
 # Write `my_handed_over_after(pieces, cap)`: `pieces` lists pieces in the order the backward pass runs them, each as its
 # gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes (`CAP` above is in MiB), every
-# bucket's, the first included. Pieces and gradients are any sizes, empty and 0 bytes too, not only those a cut at
-# `cap` makes, so a bucket can take gradients from several pieces. Fill the buckets in arrival order, as `ddp` plans
-# them from its second step on (a bucket closes at the first gradient that takes it to the cap or past it; the
-# gradients left at the end make one last bucket) and return, for each bucket, the index of the piece after whose
-# backward it is handed over. `check_handover` names the usual mistakes, or shows a case where yours differs. On this
+# bucket's, the first included. Pieces and gradients are any sizes, empty and 0 bytes too, not only those a cut at `cap`
+# makes, so a bucket can take gradients from several pieces (as in `ddp`'s first step at 0.5 MiB, below). Fill the
+# buckets in arrival order, as `ddp` plans them from its second step on (a bucket closes at the first gradient that
+# takes it to the cap or past it; the gradients left at the end make one last bucket) and return, for each bucket, the
+# index of the piece after whose backward it is handed over. `check_handover` names the usual mistakes. On this
 # notebook's step, four pieces of two 1 MiB gradients at `cap = 2 * 2**20`, the answer is `[0, 1, 2, 3]`.
 
 # %%
@@ -260,8 +264,7 @@ def my_handed_over_after(pieces, cap):
 check_handover(my_handed_over_after)
 
 # %% [markdown]
-# Stuck? The model answer (`minddp.exercises.solutions.handed_over_after`) and the checker's verdict on it are in
-# the collapsed cell below: click to show them.
+# Stuck? The model answer and the checker's verdict on it are in the collapsed cell below: click to show them.
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true}
 from minddp.exercises import solutions
@@ -273,15 +276,15 @@ print(check_handover(solutions.handed_over_after))
 # %% [markdown]
 # ## `torch.compile(wrapper)`: graph breaks
 #
-# The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. A graph break is a place inside
-# a graph Dynamo has begun where it stops the graph, runs Python, and starts a new one. Both wrappers have Dynamo
-# compile their module apart by marking a wrapper function for Dynamo to skip with `recursive=False`: Dynamo skips
-# that function's own code, not the code it calls. torch's DDP marks
-# `_inside_ddp_forward`, which sets `_active_ddp_module`; Dynamo traces the rest of its `forward` and breaks the graph
-# at that call and at a call it cannot trace. minddp's `ddp` marks its whole `forward`
-# (`torch.compiler.disable(forward, recursive=False)`, `minddp/runtime/compiling.py`), so Dynamo begins no graph in
-# it and counts no break there. Dynamo's cut into pieces is no graph break: in the next section `ddp`'s graph is cut
-# into pieces, with none.
+# The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. A graph break is a place inside a
+# graph Dynamo has begun where it stops the graph, runs Python, and starts a new one. Both wrappers have Dynamo compile
+# their module apart by marking a wrapper function for Dynamo to skip with `recursive=False`: Dynamo skips that
+# function's own code, not the code it calls. torch's DDP marks `_inside_ddp_forward`, which sets `_active_ddp_module`;
+# Dynamo traces the rest of its `forward` and breaks the graph at that call and at a call it cannot trace. minddp's
+# `ddp` marks its whole `forward` (`torch.compiler.disable(forward, recursive=False)`), so Dynamo begins no graph in it
+# and counts no break there. The counts are Dynamo's counter, which can count more breaks than the calls it names; the
+# claims read them only as 0 or not. Dynamo's cut into pieces is no graph break (the next section shows pieces with
+# none).
 
 
 # %%
@@ -305,8 +308,8 @@ reasons = {
 counts = {label: sum(by_reason.values()) for label, by_reason in reasons.items()}
 lesson.say(
     f"Graph breaks in one training step of MLP(depth=2), wrappers at bucket_cap_mb={CAP:g}: {ALONE} {counts[ALONE]}, "
-    f"{OURS} {counts[OURS]}; {THEIRS} breaks the graph at these calls (Dynamo's reason in brackets): "
-    + lesson_09.untraced_calls(reasons[THEIRS])
+    f"{OURS} {counts[OURS]}, {THEIRS} {counts[THEIRS]}, at {len(reasons[THEIRS])} calls (Dynamo's reason in "
+    "brackets, then its count): " + lesson_09.untraced_calls(reasons[THEIRS])
 )
 lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
 lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {ALONE} does not.")
@@ -314,16 +317,17 @@ lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {
 # %% [markdown]
 # ## A bucket cap of 0.5 MiB
 #
-# Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: its first training step
-# against eager `ddp`'s, the step's buckets and graph breaks, then the pieces of one more forward; or the refusal. A
-# first step's buckets follow torch's first-iteration plan (`minddp/ddp/plan.py`): with `find_unused_parameters` off, as
-# here, one bucket per dtype and device. With torch's DDP and the cut on (the default), Dynamo caps the first piece at
-# `_DEFAULT_FIRST_BUCKET_BYTES`, above this bucket cap, and asserts ("First bucket"). minddp's first step there hands
-# over its one bucket, which holds both pieces' gradients, only after the last piece.
+# Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: what its first training
+# step gave, then the pieces of one more forward; or the refusal. A first step's buckets follow torch's first-iteration
+# plan: with `find_unused_parameters` off, as here, one bucket per dtype and device. With torch's DDP and the cut on
+# (the default), Dynamo caps the first piece at `_DEFAULT_FIRST_BUCKET_BYTES`, above this bucket cap, and asserts
+# ("First bucket").
 
 
 # %%
 # %%distributed
+from minddp.exercises import solutions
+
 SMALL = 0.5  # MiB
 torch_first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's piece 0 under torch's DDP
 
@@ -365,22 +369,28 @@ lesson.claim(
     f"bucket of both layers (a first step's plan), with no graph break; one more forward runs one compiled piece per "
     f"1 MiB layer: each piece closes at the layer that takes it past the {SMALL:g} MiB cap.",
 )
+size = nodes.parameter_bytes(reference)
+small_pieces = [[size["layers.1.weight"]], [size["layers.0.weight"]]]  # the pieces above, in bytes
+first_step = solutions.handed_over_after(small_pieces, sum(size.values()))  # one bucket: a cap of all the bytes
+when = "the last piece, so no bucket was handed over before" if first_step == [1] else "a piece before"
+lesson.say(
+    f"In the exercise's terms, that first step's one bucket is pieces {small_pieces} at a cap of all their bytes "
+    f"({sum(size.values())}): {first_step}, handed over after {when} the backward ended."
+)
 
 # %% [markdown]
 # ## What to take away
 #
-# * The model compiled, then wrapped (nanoGPT's pattern): minddp's `ddp` has Dynamo cut the graph into pieces, and
-#   here, as in eager, a gradient node ran after each bucket but the last was handed over, so those buckets'
-#   `all_reduce`s could run while gradients were still computed; without the cut, none ran after any
-#   bucket.
+# * The model compiled, then wrapped (nanoGPT's pattern): with the cut, as in eager, a gradient node ran after the
+#   hand-over of each bucket but the last, so those buckets' `all_reduce`s could run while gradients were still
+#   computed; without it, after none.
 #
-# * `torch.compile(wrapper)`: both wrappers have Dynamo skip wrapper code and compile the module;
-#   torch's DDP skips a call inside its traced `forward` and makes a call Dynamo cannot trace, both counted as
-#   graph breaks; `ddp` skips its whole `forward`, which adds none.
+# * `torch.compile(wrapper)`: torch's DDP adds graph breaks, at a call it marks for Dynamo to skip inside its traced
+#   `forward` and at one Dynamo cannot trace; `ddp`, which has Dynamo skip its whole `forward`, adds none.
 #
-# * At a bucket cap of 0.5 MiB, with the cut on (the default), torch's DDP (the torch installed here) does not
-#   compile: Dynamo's cap for its first piece is above the bucket cap, and Dynamo asserts. minddp's `ddp`, which
-#   sets that cap to the bucket cap, compiles there with both patterns, and its first step trains to eager's bits.
+# * At a bucket cap of 0.5 MiB, with the cut on (the default), torch's DDP does not compile: Dynamo's cap for its first
+#   piece is above the bucket cap. minddp's `ddp`, which sets that cap to the bucket cap, compiles there with both
+#   patterns and trains its first step to eager's bits.
 
 # %%
 # %dist_shutdown

@@ -567,6 +567,30 @@ def test_a_last_bucket_kept_by_its_bytes_is_named():
     assert "(pieces [[8], [0]], cap 8: [0, 1])" in verdict.line, verdict.line
 
 
+def test_the_natural_answer_with_both_last_bucket_mistakes_has_both_named():
+    # read 18-b 7: the code hint's walk, with `if total:` and the loop's last index, is wrong on an empty last piece
+    # and on a zero-byte gradient left at the end; the verdict named the first only, the second after a rerun
+    verdict = check_handover(last_bucket_at_the_loop_variable)
+    assert not verdict.ok and "two mistakes" in verdict.line, verdict.line
+    assert "the last bucket was given the last piece" in verdict.line, verdict.line
+    assert "(pieces [[4], [], [2], []], cap 8: [2])" in verdict.line, verdict.line
+    assert "the last bucket was kept only when its bytes were not 0" in verdict.line, verdict.line
+    assert "(pieces [[8], [0]], cap 8: [0, 1])" in verdict.line, verdict.line
+
+    # the first mistake alone (a last bucket kept when any gradient is left) is named alone
+    def last_piece_only(pieces, cap):
+        out, total, left = [], 0, False
+        for i, piece in enumerate(pieces):
+            for size in piece:
+                total, left = total + size, True
+                if total >= cap:
+                    out, total, left = out + [i], 0, False
+        return out + [len(pieces) - 1] * left
+
+    one = check_handover(last_piece_only).line
+    assert "two mistakes" not in one and "the last bucket was given the last piece" in one, one
+
+
 def test_an_unwritten_a_raising_a_mistyped_and_an_unknown_answer_are_told_apart():
     def unwritten(pieces, cap):
         raise NotImplementedError

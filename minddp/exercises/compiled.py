@@ -10,9 +10,10 @@ on every case of :data:`CASES` and compared with the model answer
 (:data:`MISTAKES`) on every case without an empty piece or a zero-byte gradient (:data:`PLAIN`) is named by it,
 one that matches two of them made together (:data:`PAIRS`) by both, one right but for a last bucket given the last
 piece where that piece is empty by that (:data:`LAST_PIECE`), one that drops the empty pieces by that
-(:data:`EMPTY_DROPPED`), one that drops a last bucket of zero bytes by that (:data:`ZERO_BYTES`), any other by its
-first case that differs. A few pairs give the same answer as one mistake alone on every input (never past with
-strictly past, say): they are named by that one, which says what the answer does.
+(:data:`EMPTY_DROPPED`), one that drops a last bucket of zero bytes by that (:data:`ZERO_BYTES`), one that drops a
+zero-byte last bucket and makes the mistake of :data:`LAST_PIECE` or :data:`EMPTY_DROPPED` too by both, any
+other by its first case that differs. A few pairs give the same answer as one mistake alone on every input (never
+past with strictly past, say): they are named by that one, which says what the answer does.
 
 Example (pure Python, no ranks)::
 
@@ -301,6 +302,17 @@ def _empty_pieces_dropped(pieces, cap):
     return solutions.handed_over_after([p for p in pieces if p], cap)
 
 
+def _bytes_kept(rule):
+    """``rule`` with its last bucket kept only when its bytes are not 0 (:data:`ZERO_BYTES`): where the gradients
+    left at the end have 0 bytes, its answer without that last bucket's entry."""
+
+    def kept(pieces, cap):
+        got = rule(pieces, cap)
+        return got[:-1] if len(_walk(pieces, cap)) < len(solutions.handed_over_after(pieces, cap)) else got
+
+    return kept
+
+
 def _never_past_next_gradient(pieces, cap):
     """A bucket closed before the gradient that would take it past the cap, given that gradient's piece."""
     after, filled, i = [], 0, 0
@@ -446,16 +458,21 @@ def check_handover(fn) -> Verdict:
     def matches(wrong, cases=PLAIN) -> bool:  # by default on the cases without an empty piece or zero bytes
         return all(answers[k] == wrong(*CASES[k]) for k in cases)
 
-    if matches(solutions.handed_over_after):  # wrong only where a piece is empty
-        if matches(_last_bucket_at_the_last_piece, NONZERO):
-            k = next(k for k, (a, r) in enumerate(zip(answers, right)) if a != r)
-            return Verdict(False, f"✗ {name}: {LAST_PIECE} (pieces {CASES[k][0]}, cap {CASES[k][1]}: {right[k]})")
-        if matches(_empty_pieces_dropped, NONZERO):
-            k = next(k for k, (a, r) in enumerate(zip(answers, right)) if a != r)
-            return Verdict(False, f"✗ {name}: {EMPTY_DROPPED} (pieces {CASES[k][0]}, cap {CASES[k][1]}: {right[k]})")
-        if matches(_walk, range(len(CASES))):  # the walk keeps a last bucket by its bytes
-            k = next(k for k, (a, r) in enumerate(zip(answers, right)) if a != r)
-            return Verdict(False, f"✗ {name}: {ZERO_BYTES} (pieces {CASES[k][0]}, cap {CASES[k][1]}: {right[k]})")
+    def shown(cases) -> str:  # the first of ``cases`` where the answer differs, with the right answer
+        k = next(k for k in cases if answers[k] != right[k])
+        return f"(pieces {CASES[k][0]}, cap {CASES[k][1]}: {right[k]})"
+
+    everywhere, zero = range(len(CASES)), [k for k in range(len(CASES)) if k not in NONZERO]
+    if matches(solutions.handed_over_after):  # wrong only where a piece is empty or a gradient has 0 bytes
+        for rule, says in ((_last_bucket_at_the_last_piece, LAST_PIECE), (_empty_pieces_dropped, EMPTY_DROPPED)):
+            if matches(_bytes_kept(rule), everywhere):  # that mistake and ZERO_BYTES together: both named
+                return Verdict(
+                    False, f"✗ {name}: two mistakes: {says} {shown(NONZERO)}; and {ZERO_BYTES} {shown(zero)}"
+                )
+            if matches(rule, NONZERO):
+                return Verdict(False, f"✗ {name}: {says} {shown(everywhere)}")
+        if matches(_walk, everywhere):  # the walk keeps a last bucket by its bytes
+            return Verdict(False, f"✗ {name}: {ZERO_BYTES} {shown(everywhere)}")
     for mistake, (wrong, says) in MISTAKES.items():
         if matches(wrong):
             return Verdict(False, f"✗ {name}: {says}")

@@ -46,10 +46,10 @@ def flat(model) -> torch.Tensor:
 def untraced_calls(reasons: dict) -> str:
     """The calls at which Dynamo broke a graph, in a line: ``reasons`` is Dynamo's counter of graph-break reasons
     (its ``counters["graph_break"]``: reason -> breaks); each reason as the call it names (``Class.method``), then
-    Dynamo's reason in brief (the reason's first line).
+    Dynamo's reason in brief (the reason's first line), then its count.
 
     >>> untraced_calls({"Unsupported method call\\n  Explanation: ... method `log` of class `Logger`": 1, "Other": 2})
-    'Logger.log (Unsupported method call), Other'
+    'Logger.log (Unsupported method call) 1, Other 2'
     """
 
     def call(reason: str) -> str:
@@ -59,7 +59,7 @@ def untraced_calls(reasons: dict) -> str:
             return brief
         return f"{f'{named[2]}.{named[1]}' if named[2] else named[1]} ({brief})"
 
-    return ", ".join(call(reason) for reason in reasons)
+    return ", ".join(f"{call(reason)} {count}" for reason, count in reasons.items())
 
 
 def compile_at(wrapper, model, model_first: bool, batch, loss_fn, cap: float, backend: str, reference) -> str:
