@@ -36,7 +36,7 @@
 #    below);
 # 5. **should_commit**: the members vote yes or no, and the attempt is **committed** on every member or
 #    on none. Only a commit steps the optimizer (`on_commit` below is `optimizer.step`); every attempt ends
-#    by dropping its gradients (`after_attempt`). An attempt that saw a failure (a no, or a member lost before voting) is
+#    by dropping its gradients (`after_attempt` below is `drop_gradients`). An attempt that saw a failure (a no, or a member lost before voting) is
 #    **discarded**, and its step tried again.
 #
 # The words this notebook uses:
