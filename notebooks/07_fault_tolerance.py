@@ -22,26 +22,22 @@
 # *The Llama 3 Herd of Models*, Meta, 2024, arXiv:2407.21783, section 3.3.4), and each one costs the work
 # since that checkpoint plus a restart. The `ft` **rung** (a rung above notebook 03's ladder, in `minddp/ft/`, after
 # torchft, PyTorch's fault-tolerance library) keeps training instead: it runs the ladder's `ddp` stage
-# inside the phases below. Each try at a step (an **attempt**) goes through them (phases 2 and 3 only in
-# the attempts that need them):
+# inside the phases below. Each try at a step (an **attempt**) goes through them (phases 2 and 3 only when
+# needed):
 #
-# 1. a **quorum**: before each attempt, a small coordinator (the *lighthouse*, a process of its own)
-#    answers who trains it, the attempt's **members**, and which step: the largest any member asked to train;
+# 1. a **quorum**: before each attempt, a coordinator (the *lighthouse*, a process of its own) answers who
+#    trains it, the attempt's **members**, and which step: the largest any member asked to train;
 # 2. a new **group** (the processes a collective runs among, as in notebooks 01-04) at the run's first
 #    quorum, and whenever the members changed or the last attempt at a step was discarded (a group that
 #    saw a failure may be broken);
 # 3. a process that comes back is **healed**: it receives the trained state from a peer, over the group,
 #    no file (the parameters, the optimizer's state, and the count of steps committed);
-# 4. **the work** (`work` below, commented "the step"): the members split the step's whole global batch among themselves (the task's split: the
-#    exercise below);
+# 4. **the work** (`work` below): the members split the step's global batch among themselves (the exercise
+#    below);
 # 5. **should_commit**: the members vote yes or no, and the attempt is **committed** on every member or
-#    on none (only a commit steps the optimizer: `on_commit`, below, is `optimizer.step`). An attempt that saw
-#    a failure (a no, or a member lost before voting) is **discarded**, and its step tried again.
-#
-# torchft trains in **replica groups**, each one copy of the model, maybe several processes; here each is
-# one process. Phases 4 and 5 differ from torchft's: its `DistributedSampler` gives each replica group a
-# fixed share of the data, and its `should_commit` is agreed within a replica group, where here the
-# lighthouse decides for every member.
+#    on none. Only a commit steps the optimizer (`on_commit` below is `optimizer.step`); every attempt ends
+#    by dropping its gradients (`after_attempt` below is `drop_gradients`). An attempt that saw a failure (a no, or a member lost before voting) is
+#    **discarded**, and its step tried again.
 #
 # The words this notebook uses:
 #
@@ -50,12 +46,10 @@
 #   1, in step 4);
 # * a process's **rank** is its index among the attempt's members (its rank in the group built for them),
 #   and the **world** is their number: after slot 1 is lost, slots 0 and 2 are ranks 0 and 1 of world 2;
-# * a quorum's **tag** names its group: a new tag when a new group is built (phase 2); otherwise the
-#   quorum keeps the last one's tag and group;
+# * a quorum's **tag** names its group: a new tag when a new group is built (phase 2), else the last one's;
 # * a **holder** is a process that holds the trained state: a member of the newest committed step.
 #
-# The cell below prints the lines of the rung and of the lighthouse that run these phases (*live*,
-# in the lighthouse's lines, is defined with the run's settings below).
+# The cell below prints the rung's and the lighthouse's lines for these phases (*live* is defined below).
 
 # %%
 from minddp.notebook import lesson_07
@@ -66,35 +60,33 @@ lesson_07.print_phase_lines()
 # ## A run with two faults
 #
 # The cell below starts a lighthouse and a training process in each of three slots and trains 14 steps of
-# a toy task (`ToyTask`: a small MLP regression, 12 rows per global batch, AdamW, and a 10 ms pause per
-# step standing in for compute); its groups run on gloo, torch's CPU backend. The settings:
+# a toy task (`ToyTask`: an MLP regression, 12 rows per global batch, AdamW, and a 10 ms pause per
+# step standing in for compute) on gloo, torch's CPU backend. The settings:
 #
-# * `world_size=3`: the number of slots, for the whole run (torch's `world_size` is each attempt's world);
+# * `world_size=3`: the number of slots (torch's `world_size` is each attempt's world);
 # * `faults`: `kill@4:1`, slot 1 SIGKILLs itself in step 4 after its forward, before its all_reduce;
 #   `raise@11:2`, slot 2's comm hook (the function that averages the gradients with an all_reduce, as in
-#   notebook 04) raises in step 11, before it starts its all_reduce (slot 2's process stays);
+#   notebook 04) raises in step 11, before its all_reduce (slot 2's process stays);
 # * `hang_s=5.0`, the **hang bound**: the group's collective timeout, and how long a slot may be
-#   **silent** (its heartbeat, its quorum requests and its votes all unchanged) before the lighthouse
-#   evicts it (its process ended and started again), unless it is the last holder, which is waited for.
+#   **silent** (its heartbeat, its quorum requests and its votes all unchanged) and still be live.
 #   The **heartbeat** is a count that a thread, started once the process's model and optimizer are built, just
-#   before its first request, writes every 50 ms, `BEAT_S`, to the
-#   lighthouse's **store** (torch's `TCPStore`, a key-value store over TCP), where the processes also post
-#   their requests and votes and read the answers. A slot is **live** from its first heartbeat until it has
-#   been silent for the hang bound, its process has finished its last step, or the launcher has recorded its process's exit. The
-#   lighthouse answers a quorum once every live slot has asked (every slot, at the run's first quorum and
-#   at the first attempt of a step in `full_world_at`);
+#   before its first request, writes every 50 ms, `BEAT_S`, to the lighthouse's **store** (torch's
+#   `TCPStore`, a key-value store over TCP), where the processes also post their requests and votes and read
+#   the answers. A slot is **live** from its first heartbeat until it has been silent for the hang bound, its
+#   process has finished its last step, or the launcher has recorded its process's exit. The lighthouse
+#   answers a quorum once every live slot has asked (every slot, at the run's first quorum and at the first
+#   attempt of a step in `full_world_at`);
 # * `full_world_at=(9,)`: step 9's first quorum waits for all three slots, scripted so that slot 1 is back
 #   before step 11's raise;
 # * `restart_after_steps=1`: the launcher starts a killed slot again only after a step was committed
 #   without it;
 # * `digests=True`: every member records a sha256 of its parameters and optimizer state just before each
-#   attempt's work (its *before* digest), and again after each discarded attempt (checked further down).
+#   attempt's work (its *before* digest), and again after each discarded attempt.
 #
-# `run.report()` gives one line per fault: its **recovery**, seconds from the fault (the moment the faulting
-# process stamped just before it killed itself or raised, `FaultPlan.fire`) to the first commit of its step or a
-# later one (that step and its world in brackets), the attempts discarded until then, and,
-# for a fault that ended a process, its **rejoin**, seconds from the fault to the quorum that takes the
-# slot's new process back (the state is sent just after it).
+# `run.report()` gives one line per fault: its **recovery**, from the fault (the moment the faulting process
+# stamped just before it killed itself or raised) to the first commit of its step or a later one (that step
+# and its world in brackets), the attempts discarded until then, and, for a fault that ended a process, its
+# **rejoin**, from the fault to the quorum that takes the slot's new process back.
 
 # %%
 from minddp.ft import ToyTask, launch_ft, parse_faults
@@ -117,14 +109,14 @@ for line in run.report():
 
 # %% [markdown]
 # How each fault is noticed: a kill through its connections, which close as the kernel ends its process;
-# a raise through the raising process dropping its group, which closes its
-# connections. Each member that caught an error votes no, and the attempt is discarded. The next quorum
-# waits for every live slot to ask: the survivors after they vote, and slot 1, live until the launcher records
-# its process's exit, which it does after a fixed wait (`EXIT_WAIT_S`) once it has found the process ended.
+# a raise through the raising process dropping its group, which closes its connections. Each member that
+# caught an error votes no, and the attempt is discarded. The next quorum waits until every live slot has
+# asked: the survivors ask after they vote, and slot 1 stays live until the launcher records its process's
+# exit, a fixed wait (`EXIT_WAIT_S`) after finding the process ended.
 #
-# The cell below prints each fault's recovery, as a share of the hang bound (neither fault waited for it), and
-# its moments in ms from the fault, in order. Its `✓` lines are **claims**: `lesson.claim`
-# checks each on the run shown, and the cell fails if one does not hold.
+# The cell below prints each fault's recovery, its share of the hang bound, its moments from the fault, and
+# then the two recoveries part by part. Its `✓` lines are **claims**: `lesson.claim` checks each on the run
+# shown, and the cell fails if one does not hold.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -145,8 +137,8 @@ lesson_07.print_recoveries(run, kill, raised, hang_s)
 
 
 # %% [markdown]
-# The kill also ended slot 1's process: its **rejoin** (the report's first line) ends at the quorum that
-# took a new process in slot 1 back. The cell prints what each side did from the kill to that quorum.
+# The kill also ended slot 1's process. The cell below splits its rejoin into parts, each with its share
+# of the rejoin, and sets the kill's recovery against the new process's start-up.
 
 # %%
 lesson.claim(
@@ -157,33 +149,29 @@ lesson.claim(
 lesson_07.print_rejoin(run, kill)
 
 # %% [markdown]
-# Slots 0 and 2 trained on at world 2, then waited at step 9 (the scripted `full_world_at`). They ask for a step's quorum as
-# soon as they have committed the step before, so their time from their last commit to the quorum (the last line above) is the lighthouse
-# waiting for the new process alone.
+# Slots 0 and 2 trained on at world 2, then waited at step 9 (the scripted `full_world_at`). They ask for
+# a step's quorum as soon as they have committed the step before, so their time from their last commit to
+# the quorum is the lighthouse waiting for the new process alone.
 #
-# Each fault's attempt was discarded and its step trained again (the `x` columns of the timeline below),
-# and only slot 1's process was started again.
-#
-# The run's timeline: one column per attempt, in order, and one row per slot; under them the step, the
-# world and each new group; then what each mark means. The columns count attempts, not time.
+# The run's timeline: one column per attempt, in order (the columns count attempts, not time), and one row
+# per slot; under them the step, the world and each new group; then what each mark means.
 
 # %%
 print(run.timeline())
 
 # %% [markdown]
-# What the timeline shows (the cell below checks the members, step 4's votes, the heal and the new groups):
+# What the timeline shows (the cell below checks it):
 #
-# * in step 4 slot 1 died: the survivors' all_reduce failed (printed below: minddp's label, then
-#   gloo's, naming a closed connection a reset or a close by the peer), they voted no, and the attempt was discarded on both (`x`). Step 4
-#   was then trained again and committed by slots 0 and 2 alone, ranks 0 and 1 of a new group of 2;
+# * in step 4 slot 1 died: the survivors' all_reduce failed (printed below: minddp's label, then gloo's,
+#   which names a closed connection a reset or a close by the peer), they voted no, and the attempt was
+#   discarded (`x`). Step 4 was then trained again and committed by slots 0 and 2 alone, ranks 0 and 1 of a
+#   new group of 2;
 # * the launcher started slot 1 again: a new process, freshly initialised, with no step committed. It
-#   asked to train step 0 while its peers asked for a later step, so it was healed: it received the
-#   trained state from a peer, then trained that step with them
-#   (`H`), and from then on at world 3;
+#   asked to train step 0 while its peers asked for a later step, so it was healed, then trained that step
+#   with them (`H`), and from then on at world 3;
 # * in step 11 slot 2's comm hook raised before its all_reduce: slot 2's process stayed, dropped its group
-#   and voted no. Slots 0 and 1's all_reduce failed too, though no process died (printed below, in
-#   the order caught). The attempt was discarded on every member, and step 11 was tried again by a new
-#   group of the same three slots.
+#   and voted no. Slots 0 and 1's all_reduce failed too, though no process died. The attempt was discarded
+#   on every member, and step 11 was tried again by a new group of the same three slots.
 
 # %%
 from minddp.notebook.lesson_07 import attempts, heals, in_a_new_group
@@ -226,11 +214,11 @@ lesson.claim(
 
 # %% [markdown]
 # Three more properties (`consistency` in `minddp/ft/report.py`) of the parameters and the optimizer's
-# state (AdamW's moments and its step count per parameter): the slots end equal (those
-# tensors and the rung's count of steps committed, compared by value); every member of an attempt started
-# it from the same bytes (their *before* digests, healed processes included); and a discarded attempt
-# changed nothing (each member's before digest against its digest after the discard). A killed process
-# records nothing for the attempt it died in, so the checks cover the members that recorded a digest.
+# state (AdamW's moments and its step count per parameter): the slots end equal (those tensors and the
+# count of steps committed, compared by value); every member of an attempt started it from the same bytes
+# (their *before* digests, healed processes included); and a discarded attempt changed nothing (each
+# member's before digest against its digest after the discard). A killed process records nothing for the
+# attempt it died in, so the checks cover the members that recorded a digest.
 
 # %%
 from minddp.ft import consistency
@@ -253,19 +241,21 @@ lesson.claim(
 # ## Your turn: split the batch among the ranks of now
 #
 # Before each forward, the rung asks the task for this process's share of the step's global batch with
-# `shard(batch, rank, world)`, the process's rank and world as defined above. After a process is lost the
-# survivors must train its rows too. Write that split: given the step's batch `(x, y)` (one row of `x` per
-# example, its target in `y`), return this rank's rows as two values, `(x[rows], y[rows])`, so that each of the batch's B rows goes to exactly one of the `world` ranks and no rank takes more than ceil(B / world)
-# (a step lasts as long as its busiest rank), whatever `world` and B are. Split by the `rank` and `world`
-# you are given: the checker also calls your function outside any group, and refuses one that reads the group's
-# `dist.get_rank()` or `dist.get_world_size()`, or the environment, where the launcher's `RANK` is the slot.
+# `shard(batch, rank, world)`. After a process is lost the survivors must train its rows too. Write that
+# split: given the step's batch `(x, y)` (one row of `x` per example, its target in `y`), return this
+# rank's rows, `(x[rows], y[rows])`, so that each of the batch's B rows goes to exactly one of the `world`
+# ranks and no rank takes more than ceil(B / world) (a step lasts as long as its busiest rank), whatever
+# `world` and B are. Split by the `rank` and `world` you are given: the checker refuses a function that
+# reads the group's `dist.get_rank()` or `dist.get_world_size()`, or the environment, where the launcher's
+# `RANK` is the slot.
 #
 # `check_shard` first calls your function, in this process, for each rank of worlds 3, 2 and 1 on a 10-row
-# batch, and names a split whose busiest rank takes more than ceil(B / world). Then it trains it on the `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3, on
-# batches of 10 rows) and compares the parameters with a single process trained on each step's whole batch
-# (both with plain SGD); where they differ, it names the rows no rank trained, or two did, and at which
-# world. Where they match, it checks both rules on batches of 1 to 12 rows at worlds 3, 2 and 1. As it
-# stands `my_shard` raises `NotImplementedError`, and the checker says so.
+# batch, and names a split whose busiest rank takes more than ceil(B / world). Then it trains it on the
+# `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3) and compares the parameters with a
+# single process trained on each step's whole batch (both with plain SGD); where they differ, it names the
+# rows no rank trained, or two did, and at which world. Where they match, it checks both rules on batches
+# of 1 to 12 rows at worlds 3, 2 and 1. As it stands `my_shard` raises `NotImplementedError`, and the
+# checker says so.
 
 # %%
 from minddp.exercises import check_shard
@@ -299,8 +289,8 @@ show_source(solutions.ft_shard)
 # 2. Kill two slots in consecutive steps (`kill@4:1,kill@5:2`) and read the world sizes on the timeline.
 #    What would happen with `kill@4:0,kill@4:1,kill@4:2`, and why can this design not heal that?
 # 3. Suppose a split used 3, the run's first world, in place of `world`, whatever the world now: of a
-#    global batch of `B` rows, rank `r` takes rows `r·B // 3` up to, not including, `(r+1)·B // 3`. Which rows would a step at world 2 skip, and which of
-#    the three checks above (slots equal, the same bytes at each attempt's start, a discard changes
+#    global batch of `B` rows, rank `r` takes rows `r·B // 3` up to, not including, `(r+1)·B // 3`. Which
+#    rows would a step at world 2 skip, and which of the three checks above (slots equal, the same bytes at each attempt's start, a discard changes
 #    nothing) would still pass?
 #
 # Model answers, each hidden under its number (click to open it); the two cells after them run questions 2
@@ -311,11 +301,12 @@ show_source(solutions.ft_shard)
 # A killed process's connections end with it, so its peers' all_reduce fails without waiting for the
 # group's timeout, and the launcher records its exit. A frozen process (`SIGSTOP`) keeps its sockets open
 # and says nothing: its peers wait in their all_reduce until the group's timeout (`hang_s`), and the
-# slot stops being live once it has been silent for `hang_s` (the lighthouse then evicts it). Both waits start
-# at about the freeze, so they run together; the next quorum does not wait for a slot no longer live. Prediction: a little over `hang_s`, then the next quorum and step 4 trained again, as after the
-# kill (`docs/fault-tolerance.md`'s benchmark, its `stop` row). Halving
-# `hang_s` about halves it, and makes a live process that goes unscheduled that long (a heavily loaded
-# machine) likelier to be evicted by mistake: the bound trades recovery time against false alarms.
+# slot stops being live once it has been silent for `hang_s`. Both waits start at about the freeze, so they
+# run together; the next quorum does not wait for a slot no longer live. Prediction: a little over
+# `hang_s`, then the next quorum and step 4 trained again, as after the kill (`docs/fault-tolerance.md`'s
+# benchmark, its `stop` row). Halving `hang_s` about halves it, and makes a live process that goes
+# unscheduled that long (a heavily loaded machine) likelier to be taken for frozen: the bound trades
+# recovery time against false alarms.
 #
 # </details>
 #

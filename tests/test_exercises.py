@@ -897,6 +897,22 @@ def test_the_shard_exercise_names_each_wrong_split_from_one_run_through_a_lost_r
     assert "times the tolerance" in verdicts[len(SHARD_ANSWERS)].line  # how far over it, beside a right split's
 
 
+def test_the_shard_exercise_pass_names_both_rules_it_checked():
+    """Notebook 07: a ✓ verdict says what was checked where the run does not go: every row to exactly one rank, and
+    no rank over ceil(B / world) rows (:func:`lost_rank.busiest_problem`), not the first rule alone. The verdict is
+    built here from a run that matched its single process (the same parameters), so no processes start."""
+    from types import SimpleNamespace
+
+    from minddp.ft import ToyTask
+
+    params = {"w": torch.zeros(2)}
+    task = SimpleNamespace(global_batch=ToyTask(global_batch=lost_rank.ROWS).global_batch)
+    committed = [(0, 3), (1, 3), (2, 2), (3, 2), (4, 3), (5, 3)]  # (step, world) as check_shards passes them
+    v = lost_rank.verdict(solutions.ft_shard, params, params, committed, task, SimpleNamespace(entries=[]), True)
+    assert v.ok and "worlds 3 → 2 → 3" in v.line, v.line
+    assert "each row goes to exactly one rank, and no rank takes more than ceil(B / world)" in v.line, v.line
+
+
 SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
     (  # named as the WORLD_SIZE it reads, not as a RANK it does not read
         wrong.shard_world_from_the_environment,

@@ -5,7 +5,7 @@ One training process's loop (:class:`FaultTolerantTrainer`), each idea in its ow
 1. **quorum**: ask the coordinator (:mod:`minddp.ft.coordinator`) who trains step ``s``;
 2. **a new group at the new world size** when the quorum's tag changed, the ``ddp`` stage wrapped on it;
 3. **heal**: a member at an older step receives the live state from the first member at the newest step;
-4. **the step**: this member's shard of the step's global batch (the survivors split a lost process's rows);
+4. **the work**: this member's shard of the step's global batch (the survivors split a lost process's rows);
 5. **should_commit**: the optimizer steps only if every member's step went through; a discarded step
    leaves parameters and optimizer state as they were, and the next quorum tries it again.
 
@@ -62,9 +62,12 @@ class FaultTolerantTrainer:
         self.model = task.build_model()
         t, compiler = time.time(), compat.compiler_imported()
         self.optimizer = task.build_optimizer(self.model)
-        # what building it cost this process: seconds, and whether torch imported its compiler (Dynamo) meanwhile
-        # (a process's first optimizer does), which the processes' server has not imported
-        self.optimizer_built = (time.time() - t, not compiler and compat.compiler_imported())
+        first = time.time() - t
+        t = time.time()
+        task.build_optimizer(self.model)  # a second one, dropped: what a build costs once the first has run
+        # what building it cost this process: seconds, whether torch imported its compiler (Dynamo) meanwhile (a
+        # process's first optimizer does; the processes' server has not imported it), and a second build's seconds
+        self.optimizer_built = (first, not compiler and compat.compiler_imported(), time.time() - t)
         self.step = 0  # committed steps so far: the next step to train
         self.group_tag = None  # the quorum this process's group was built for
         self.ddp = None
@@ -125,7 +128,7 @@ class FaultTolerantTrainer:
                     entry["healed"] = self.rebuild_group(quorum)  # 2. the new world, 3. heal
                 entry["before"] = self.state_digest()
                 entry["t_work"] = time.time()  # the group built, any heal and the digest done
-                value = work(quorum, entry)  # 4. the step
+                value = work(quorum, entry)  # 4. the work
                 entry["t_worked"] = time.time()  # (before the vote)
                 ok = True
             except Exception as exc:  # noqa: BLE001 - any failure of this attempt: vote no, try again
@@ -225,7 +228,7 @@ class FaultTolerantTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
 
-    # -- 4. the step -----------------------------------------------------------------------------------
+    # -- 4. the work -----------------------------------------------------------------------------------
 
     def forward_backward(self, quorum: Quorum, entry: dict) -> float:
         """This member's shard of the global batch; backward averages the gradients over the group."""

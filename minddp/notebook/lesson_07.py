@@ -6,8 +6,9 @@ it defines no measure of its own. The notebook keeps its claims in its cells; th
 
 * :func:`print_phase_lines`: the lines of the rung and of the lighthouse that run each phase of an attempt;
 * :func:`print_recoveries`: each fault's recovery, its share of the hang bound, and its moments from the fault,
-  then the kill set against the raise;
-* :func:`print_rejoin`: what each side did from a kill to the quorum that took the slot's new process back;
+  then the kill set against the raise, part by part;
+* :func:`print_rejoin`: the parts of a kill's rejoin, what the survivors did meanwhile, and the kill's recovery set
+  against the new process's start-up;
 
 and three readers of the members' entries (one per member and attempt) for the cells' claims: :func:`attempts`,
 :func:`in_a_new_group`, :func:`heals`.
@@ -39,6 +40,8 @@ RUNG_LINES = [
     ("after a failure", "until_committed", "self.drop_group()"),
     ("phase 5", "until_committed", "committed = self.coordinator.should_commit("),
     ("on a commit", "until_committed", " on_commit()"),
+    ("after every attempt", "until_committed", " after_attempt()"),
+    ("after every attempt", "drop_gradients", "zero_grad("),
 ]
 #: the same, in the lighthouse (:class:`Lighthouse`)
 LIGHTHOUSE_LINES = [
@@ -72,14 +75,14 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms, and its share of the hang bound, then its moments in ms from the fault,
     in order: another member's all_reduce failed; the members of the next quorum had all asked for it; for the
     kill, the launcher found the process ended and recorded its exit (after its fixed wait, ``EXIT_WAIT_S``),
-    which that quorum needs too; the next quorum; the commit. Then one sentence setting the kill against the
-    raise: their recoveries, when another member's all_reduce failed, and how long the next quorum came after
-    its members had all asked (for the kill, also after the exit record, which it waits for)."""
+    which that quorum needs too; the next quorum; the commit. Then the kill's recovery set against the raise's,
+    part by part between those moments (the parts add up to each recovery), and the largest part of the
+    difference named."""
     parts = {}
     for o in (kill, raised):
-        recovery, quorum, asked = ms(o.recovery_s), ms(o.quorum_s), ms(asked_s(run, o))
+        recovery, quorum, asked, error = ms(o.recovery_s), ms(o.quorum_s), ms(asked_s(run, o)), ms(peer_error_s(run, o))
         moments = [
-            (ms(peer_error_s(run, o)), "another member's all_reduce failed"),
+            (error, "another member's all_reduce failed"),
             (asked, "the next quorum's members had all asked for it"),
             (quorum, "the next quorum came"),
             (recovery, f"step {o.committed_step} was committed, trained again in a new group"),
@@ -92,43 +95,69 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
                     f"the launcher recorded its exit (after a fixed wait, EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms)",
                 ),
             ]
-        line = (
+        print(
             f"{o.fault}: recovery {recovery} ms, {o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s); "
             f"from the {o.fault.kind}: "
             + ", ".join(f"at {t} ms {what}" for t, what in sorted(moments, key=lambda m: m[0]))
         )
-        parts[o.fault.kind] = (recovery, moments[0][0], quorum - asked)
-        print(line)
-    (kr, ke, kq), (rr, re_, rq) = parts[kill.fault.kind], parts[raised.fault.kind]
-    waited = "waiting for the exit record" if ms(kill.exit_s) > ms(asked_s(run, kill)) else "the exit record already in"
+        parts[o.fault.kind] = (error, asked - error, quorum - asked, recovery - quorum)
+    waited = "it waited for the exit record" if ms(kill.exit_s) > ms(asked_s(run, kill)) else "the exit record first"
+    spans = [
+        ("the fault", "another member's failed all_reduce"),
+        ("that failure", "the next quorum's members all asking"),
+        ("their requests", f"the quorum (the kill's: {waited})"),
+        ("the quorum", "the commit (a new group, the step trained again)"),
+    ]
+    k, r = parts[kill.fault.kind], parts[raised.fault.kind]
+    rows = [(f"from {a} to {b}", x, y, x - y) for (a, b), x, y in zip(spans, k, r)]
+    print("The kill's recovery against the raise's, part by part (kill, raise, difference, in ms):")
+    for name, x, y, d in rows + [("in all", sum(k), sum(r), sum(k) - sum(r))]:
+        print(f"  {name}: {x}, {y}, {d:+d}")
+    total = sum(k) - sum(r)
+    name, _, _, d = max(rows, key=lambda row: row[3] if total >= 0 else -row[3])
     print(
-        f"The kill's recovery was {'longer' if kr > rr else 'not longer'} than the raise's ({kr} against {rr} ms): "
-        f"another member's all_reduce failed {'later' if ke > re_ else 'no later'} ({ke} against {re_} ms from the "
-        f"fault), and the next quorum came {kq} ms after its members had all asked ({waited}), against {rq} ms"
+        f"The kill's recovery was {abs(total)} ms {'longer' if total >= 0 else 'shorter'} than the raise's; the "
+        f"largest part of that is {name.split(' (')[0]}, {abs(d)} ms"
     )
 
 
 def print_rejoin(run, o) -> None:
-    """For a kill ``o``: the rejoin; the new process's start, its first quorum request (and how long it took to
-    build its optimizer, and whether torch imported its compiler meanwhile) and the quorum; the survivors' last
-    commit before it."""
+    """For a kill ``o``: the rejoin, split in the parts that add up to it, each with its share of the rejoin: until
+    the launcher started the slot's new process; that process's start-up to its first quorum request (and in it,
+    building its first optimizer, whether torch imported its compiler meanwhile, and what a second build cost); from
+    that request to the quorum. Then the survivors' last commit before it, and the kill's recovery set against the
+    new process's start-up."""
     slot, step = o.fault.slot, o.fault.step
     others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
     last_step, last = o.last_commit
     rejoin, start, asked = ms(o.rejoin_s), ms(o.restart_s), ms(first_request_s(run, o))
-    built_s, compiler = run.results[slot]["optimizer_built"]  # the slot's last process: the new one
-    print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill")
+    built_s, compiler, again_s = run.results[slot]["optimizer_built"]  # the slot's last process: the new one
+    startup = asked - start
+
+    def share(t_ms: int) -> str:
+        return f"{t_ms / rejoin:.0%} of the rejoin"
+
+    once = again_s * 10 <= built_s
+    most = ", most of it the new process's own start-up" if startup * 2 > rejoin else ""
+    print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill{most}:")
+    print(f"  {start} ms ({share(start)}) until the launcher started the new process")
     print(
-        f"  slot {slot}'s new process: started {start} ms after the kill; asked for its first quorum "
-        f"{asked - start} ms after its start, {ms(built_s)} ms of them ({built_s / o.rejoin_s:.0%} of the rejoin) "
-        "building its optimizer"
-        + (f" (torch imported its compiler, {compat.COMPILER_MODULE}, meanwhile)" if compiler else "")
-        + f"; taken back {rejoin - asked} ms after asking"
+        f"  {startup} ms ({share(startup)}) the new process's start-up, to its first quorum request; in it, "
+        f"{ms(built_s)} ms ({share(ms(built_s))}) building its first optimizer"
+        + (f", during which torch imported its compiler ({compat.COMPILER_MODULE})" if compiler else "")
+        + f"; a second one took {again_s * 1000:.1f} ms"
+        + (": the first build's cost is paid once per process" if once else "")
     )
+    print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
     print(
-        f"  slots {' and '.join(others)}: committed steps {step}-{last_step} at world {len(others)}, "
+        f"slots {' and '.join(others)}: committed steps {step}-{last_step} at world {len(others)}, "
         f"the last {ms(last)} ms after the kill; "
         f"then {rejoin - ms(last)} ms to the quorum of step {o.healed_at}"
+    )
+    recovery = ms(o.recovery_s)
+    print(
+        f"The kill's recovery, {recovery} ms, was {recovery / startup:.0%} of the new process's start-up "
+        f"({startup} ms); a restart from a checkpoint pays a start-up too, and the steps since the checkpoint"
     )
 
 
