@@ -16,20 +16,19 @@
 # %% [markdown]
 # # 08 · When data parallelism goes wrong: `MINDDP_DEBUG=1`
 #
-# A data-parallel script can be wrong in ways a single process never is, and torch's DDP says little
-# about them. We break DDP on purpose, nine bugs in six sections, and run each bug (at least) three
-# ways on the two ranks:
+# A data-parallel script can be wrong in ways a single process never is. We break DDP on purpose,
+# nine bugs in six sections, and run each bug (at least) three ways on the two ranks:
 #
 # 1. **torch**, debug mode *paused* (nothing checked, `minddp.debug.disable()`): what torch's DDP says
 #    (or `torch.distributed`, for the script's own collectives). Unlike in a real job, where all share
 #    the *default group* (the process group the ranks started with), here the script's own collectives
 #    run on a new group, `short` (*the short group*), and torch's DDP on `group`, with torch's default
-#    timeout (the set-up cell prints both timeouts): a rank waiting on `group` is released when a
+#    timeout (the set-up cell prints both): a rank waiting on `group` is released when a
 #    failing rank destroys its groups;
-# 2. **minddp in debug mode**: minddp's DDP for the model's bugs, and for the script's own collectives
-#    (on the default group, in this run and the fix) the *collective check* (sections 4 and 5). It raises a `DebugError` on every rank at the first check that
-#    sees the bug (for section 3's bug, a `DebugWarning`, and training goes on), naming the cause, the
-#    tensor or call, the rank(s), the step, and the fix;
+# 2. **minddp in debug mode**: its DDP checks each step, and the *collective check* (sections 4 and 5)
+#    every collective, the script's own (here on the default group) included. A `DebugError` is raised
+#    on every rank at the first check that sees the bug (for section 3's bug, a `DebugWarning`, and
+#    training goes on), naming the cause, the tensor or call, the rank(s), the step, and the fix;
 # 3. **the fix**: the script corrected, in debug mode, which then says nothing.
 #
 # Steps count from 0: "after step 1" is after the second step.
@@ -49,7 +48,7 @@
 # the DDP object; `model.module` is the `Net` it wraps), and its own
 # batches of 6 examples (its shard). They run each script three ways:
 #
-# * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised (an excerpt; gloo's guess at a cause cut),
+# * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised (an excerpt),
 #   in which step if in `train()`'s loop (`torch_step`), and after how long from the script's start
 #   (`torch_took`), or "raised nothing". `torch_drifts`, for sections 1 and 2: whether the
 #   replicas' parameters differ at the end;
@@ -103,8 +102,8 @@ lesson.say(f"The short group's timeout is {WAIT_S} s; group's, torch's default, 
 # DDP keeps the replicas equal by starting them equal and giving each the same averaged gradient.
 # Anything that changes a parameter on some ranks only breaks that: here rank 1 nudges one weight
 # after step 1. In debug mode, before each forward whose backward will average the gradients (the
-# *forward check*), every rank all-gathers one small row of integers: the parameters'
-# `requires_grad` flags, then their fingerprints (checksums of their 16-bit words; docs/debugging.md gives them):
+# *forward check*), every rank all-gathers a row of integers: the parameters'
+# `requires_grad` flags, then their fingerprints (checksums of their 16-bit words):
 # `int64[8]` for `Net()`'s 4 parameter tensors. On a mismatch the first differing tensor is compared
 # in full, and every rank stops. The fix: change parameters the same way on every
 # rank (here: not at all).
@@ -133,11 +132,11 @@ fixed(drifting_loop, "without the edit", edit=False)
 # ## 2. Gradients that were never averaged
 #
 # DDP averages the gradients of a backward whose forward went through the wrapper. Call the module
-# itself (`model.module(x)`, or a submodule of it) and backward leaves each rank its own gradient; the
+# itself (`model.module(x)`, or a submodule) and backward leaves each rank its own gradient; the
 # optimizer then steps each replica its own way. Before each `optimizer.step()` the *step check*
 # all-gathers another row, `int64[17]` for `Net()`: one integer of notes, then four groups of one per parameter:
 # whether it has a gradient, that gradient's fingerprint, whether this step's backward computed one,
-# and the local gradient's fingerprint (before averaging). It finds gradients that differ across ranks. The fix: call the wrapper.
+# and the local gradient's fingerprint (before averaging). The fix: call the wrapper.
 
 
 # %%
@@ -215,16 +214,16 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # A script's own collectives must match across ranks too: the same op, shape and dtype, in the same
 # order. Here rank 0 logs two metrics and rank 1 one. Under torch, gloo pairs an all_reduce of 2
 # values with one of 1 and the ranks wait until a timeout, here the short group's. In debug mode the
-# *collective check* compares every `torch.distributed` collective across ranks: both ranks stop, naming each rank's call and its place. The fix: the
-# same metrics on every rank.
+# *collective check* stops both ranks, naming each rank's call and its place. The fix: the same
+# metrics on every rank.
 #
-# The message numbers the call: *collective #K* counts from 0 every collective on the default group
-# that debug mode has checked, so the two ranks' K-th calls are the ones compared, K including calls no cell
-# spells out (the wrappers', their checks', the helpers'). A call is written as op(dtype[shape], ...), with its
-# reduce op if any; an all_gather's lists the output (the number of ranks × the input's shape), then the input. A call minddp makes is placed at the script's line that led to it (the
-# step check's at the `optimizer.step()`). Then the step: `(step 0)` for a call made in a wrapper's step (from its
-# forward to its `optimizer.step()`), `(after step S)` for a script's own call made after the last step
-# a wrapper took (here section 3's last, its loop's step 3).
+# Debug mode numbers each rank's collectives on the default group from 0 (*collective #K*) and compares
+# the ranks' calls of the same number; the lines "rank R's collectives, numbered" list this run's. A call
+# is written as op(dtype[shape], ...), with its reduce op if any; an all_gather's lists the output (the
+# number of ranks × the input's shape), then the input. A call minddp makes is placed at the script's
+# line that led to it. Then the step: `(step 0)` for a call made in a wrapper's step (from its forward
+# to its `optimizer.step()`), `(after step S)` for a script's own call made after the last step a
+# wrapper took (here section 3's step 3).
 
 # %%
 # %%distributed
@@ -236,7 +235,7 @@ lesson.claim(
     and any("Timed out" in s and took >= WAIT_S for s, took in zip(raised, torch_took)),
     f"under torch no rank's all_reduce completed: each failed, at least one at the short group's {WAIT_S} s timeout",
 )
-minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)), "mismatched collectives")
+minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)), "mismatched collectives", numbered=True)
 metrics = torch.tensor([0.5, 0.9], device=device)
 with quiet() as said:
     dist.all_reduce(metrics)
@@ -268,7 +267,7 @@ lesson.claim(
     "Timed out" in raised[0] and torch_took[0] >= WAIT_S and raised[1] == "raised nothing",
     f"under torch here rank 0 waited until the short group's {WAIT_S} s timeout; rank 1 stepped on, raising nothing",
 )
-minddp_says(lambda: log_loss(*build()), "mismatched collectives")
+minddp_says(lambda: log_loss(*build()), "mismatched collectives", numbered=True)
 fixed(log_loss, "the loss logged on every rank", everywhere=True)
 
 # %% [markdown]
@@ -276,9 +275,9 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 #
 # Rank 1 has one batch fewer. It leaves its loop and waits at the script's final barrier, while rank
 # 0 starts a step whose collectives rank 1 will never make. Under torch rank 1 fails at the short
-# group's timeout, and when it destroys its groups, rank 0's step fails with gloo's "Connection
-# closed by peer" (or "reset by peer"); neither says which rank ran out, or when. The collective check pairs rank 1's barrier with rank
-# 0's next forward check: rank 1 has left its loop. The cell's fix is
+# group's timeout, and when it destroys its groups, rank 0's step fails with gloo's error that its
+# partner is gone; neither says which rank ran out, or when. The collective check pairs rank 1's
+# barrier with rank 0's next forward check: rank 1 has left its loop. The cell's fix is
 # the wrapper's `join()` around the loop, the barrier after it: a rank that has run out makes the others' remaining collectives, and once
 # every rank has left its loop, each takes the parameters of the last to leave (rank 0, here).
 
@@ -300,7 +299,7 @@ lesson.claim(
     f"under torch rank 1 failed at the short group's {WAIT_S} s timeout, and rank 0 with an error saying its "
     "partner is gone",
 )
-minddp_says(lambda: uneven(*build()), "uneven inputs: rank 1 left the training loop after step 2")
+minddp_says(lambda: uneven(*build()), "uneven inputs: rank 1 left the training loop after step 2", numbered=True)
 model, optimizer = build()
 stepped = 0
 with quiet() as said:
@@ -369,51 +368,31 @@ lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, not
 
 
 # %% [markdown]
-# `find_unused_parameters=True`, torch's advice, does not fix this bug. The next cell runs it a fourth way, under
-# torch's DDP beside `own`, an unwrapped copy of the module: no error; rank 1's `head.weight` gradient
-# is averaged with rank 0's zeros, which halves it, while rank 0, whose `head` is frozen, does not step it, so the replicas end apart. `cpp_warnings()`
-# catches the warnings torch's C++ code writes to stderr.
+# `find_unused_parameters=True`, torch's advice, does not fix this bug. The next cell runs
+# `freeze_on_rank_0` with it under torch: no error, but rank 0, whose `head` is frozen, does not step
+# it while rank 1 does, so the replicas end apart. `cpp_warnings()` catches the warnings torch's C++
+# code writes to stderr.
 
 
 # %%
 # %%distributed
-def fourth_run(group, short):
-    torch.manual_seed(0)
-    model, own = Net().to(device), Net().to(device)
-    own.load_state_dict(model.state_dict())
-    model = TorchDDP(model, process_group=group, find_unused_parameters=True)
-    if rank == 0:
-        model.module.head.requires_grad_(False)  # the bug
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    x, y = batch(0)
-    nn.functional.mse_loss(own(x), y).backward()
-    nn.functional.mse_loss(model(x), y).backward()
-    share = (model.module.head.weight.grad.norm() / own.head.weight.grad.norm()).item()
-    optimizer.step()
-    optimizer.zero_grad()
-    train(model, optimizer, steps=1)  # the second step, on the same batch
-    kept = all(torch.equal(a, b) for a, b in zip(model.module.head.parameters(), own.head.parameters()))  # own: 0 steps
-    runs.append((model, share, kept))
+def advised(group, short):
+    models.append(freeze_on_rank_0(lambda m: TorchDDP(m, process_group=group, find_unused_parameters=True)))
 
 
-runs = []
+models = []
 with cpp_warnings() as warned:
-    raised = torch_does(fourth_run)
-((model, share, kept),) = runs
-shares, kept, warnings_of = zip(*each_rank((share, kept, warned)))
+    raised = torch_does(advised)
+model = models[0]
+torch.manual_seed(0)
+moved = each_rank(not torch.equal(model.module.head.weight, Net().to(device).head.weight))  # Net(): head as built
 gap, where = apart_at(model)
-# Rank 1's two head gradients (through the wrapper, and the copy's) are float32 sums of the same 6 rows' products,
-# at worst in another order: apart by ~6 roundings (6 × 6e-8 relative) at most, far inside 1e-5; halving is exact.
 lesson.claim(
-    raised == ["raised nothing"] * world_size
-    and abs(shares[1] - 0.5) < 1e-5
-    and kept == (True, False)
-    and gap > 0
-    and where.startswith("head."),
-    f"with find_unused_parameters=True torch's DDP raised nothing; in step 0 the norm of rank 1's head.weight "
-    f"gradient was {shares[1]:.3f} × the unwrapped copy's; rank 0's head kept its initial values while rank 1's moved, and the "
-    f"replicas' parameters ended apart by up to {gap:.1e}, the largest gap in head",
+    raised == ["raised nothing"] * world_size and moved == [False, True] and gap > 0 and where.startswith("head."),
+    "with find_unused_parameters=True torch's DDP raised nothing; rank 0's head.weight kept its initial values "
+    f"while rank 1's moved, and the replicas' parameters ended apart by up to {gap:.1e}, the largest gap in {where}",
 )
+warnings_of = each_rank(warned)
 for r, heard in enumerate(warnings_of):
     lesson.say(f"torch's C++ code, rank {r}: " + (" | ".join(heard) or "no warning"))
 lesson.claim(
@@ -427,10 +406,10 @@ lesson.claim(
 )
 
 # %% [markdown]
-# A branch (`extra`) taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
-# *is* the fix; debug mode's step check finds it (a gradient present on some ranks only). Averaging
-# zeros in is right here: a rank that did not take the branch has a true gradient of zero for it, and
-# every rank steps the branch with the same average. Under torch the ranks swap roles: rank 1 raises
+# A branch (`extra`) taken on rank 0 only is the other bug, and here `find_unused_parameters=True`,
+# which averages zeros in for a rank that did not use a parameter, *is* the fix: a rank that did not
+# take the branch has a true gradient of zero for it. Debug mode's step check finds the bug (a
+# gradient present on some ranks only). Under torch the ranks swap roles: rank 1 raises
 # (indices 4 and 5: `extra.weight`, `extra.bias`), and rank 0 fails, still in step 0.
 
 # %%

@@ -323,6 +323,7 @@ def risks() -> dict:
     out["a group made after one was destroyed"] = group_after_one_destroyed()
     out["a forward that raised"] = after_a_forward_that_raised()
     out["two wrappers"] = two_wrappers()
+    out["recorded"] = recorded_calls()
     out |= {("class:" + stage, kind): outcome(kind, "class:" + stage) for stage, kind in BY_CLASS}
     out |= {("slow link", fragments): slow_link_rungs(fragments) for fragments in ("same", "rank 1: one")}
     minddp.debug.disable()
@@ -464,6 +465,24 @@ def two_wrappers() -> str:
     return "nothing said"
 
 
+def recorded_calls() -> dict:
+    """Three collectives on the default group inside ``recorded()``, the third of another shape on each rank, and
+    one on a group of its own: the calls recorded, and the number the mismatch finding gives the third."""
+    other = dist.new_group([0, 1])
+    with collective_check.recorded() as calls:
+        dist.all_reduce(torch.ones(1))
+        dist.all_reduce(torch.ones(1), group=other)  # another group's: not in the default group's record
+        dist.broadcast(torch.ones(3), src=0)
+        try:
+            dist.all_reduce(torch.ones(2 if dist.get_rank() == 0 else 1))
+            said = "nothing said"
+        except minddp.debug.DebugError as exc:
+            said = str(exc)
+    dist.all_reduce(torch.ones(1))  # after the block: not recorded
+    dist.destroy_process_group(other)
+    return {"calls": [(call.seq, call.op) for call in calls], "said": said}
+
+
 def slow_link_rungs(fragments: str) -> dict:
     """LocalSGD then streaming DiLoCo (H = 4, two fragments, τ = 1; rank 1 one fragment if ``fragments`` says so), each
     rank on its own batches: what debug mode says (their replicas differ between syncs by design)."""
@@ -525,6 +544,14 @@ def test_two_threads_on_two_groups_in_another_order_on_each_rank_both_finish(ris
 def test_a_group_made_after_a_destroyed_one_counts_its_collectives_from_zero(risky):
     for r in risky:
         assert r["a group made after one was destroyed"] == {"total": 2.0, "error": None, "finished": True}, r
+
+
+def test_recorded_holds_the_block_s_calls_of_its_group_numbered_as_a_finding_numbers_them(risky):
+    for r in risky:
+        seqs, ops = zip(*r["recorded"]["calls"])
+        assert ops == ("all_reduce", "broadcast", "all_reduce"), r["recorded"]
+        assert list(seqs) == list(range(seqs[0], seqs[0] + 3)), r["recorded"]  # consecutive: none of the group missed
+        assert f"collective #{seqs[-1]} differs across ranks (another shape)" in r["recorded"]["said"], r["recorded"]
 
 
 def test_a_forward_that_raised_leaves_the_next_calls_said_where_they_are_made(risky):

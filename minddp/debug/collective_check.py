@@ -112,6 +112,7 @@ _local = threading.local()
 _latest: list = [None, None]  # the watch that last began a step here (a weak reference, for other threads), its step
 _registry = threading.Lock()  # guards _channels and install(), never held while waiting
 _channels: dict[str, "_Channel"] = {}  # by group name: a destroyed group's channel is dropped with it
+_recorders: list[tuple[str, list]] = []  # (group name, its calls) for each open :func:`recorded` block
 _exit_reason: list[str] = []
 
 
@@ -180,6 +181,25 @@ def relabel(label: str | None) -> str | None:
     before = getattr(_local, "label", None)
     _local.label = label
     return before
+
+
+@contextlib.contextmanager
+def recorded(group=None):
+    """Yields a list that holds, after the block, each call of ``group`` (default: the default group) this rank
+    checked in it, in order, its ``seq`` the number a finding gives it (``collective #K``).
+
+    >>> with recorded() as calls:
+    ...     _ = dist.all_reduce(torch.ones(1))
+    >>> calls    # one rank: a one-rank group's calls are not checked
+    []
+    """
+    calls: list[Call] = []
+    entry = ((dist.group.WORLD if group is None else group).group_name, calls)
+    _recorders.append(entry)
+    try:
+        yield calls
+    finally:
+        _recorders.remove(entry)
 
 
 def install() -> None:
@@ -262,6 +282,9 @@ def check(call: Call, group) -> None:
     with channel.lock:
         call.seq = channel.seq
         channel.seq += 1
+        for name, calls in _recorders:
+            if name == channel.name:
+                calls.append(call)
         channel.post(call)
         everyone = channel.gather(call)
     if any(_key(c) != _key(call) for c in everyone.values()):

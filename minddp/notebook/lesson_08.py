@@ -34,6 +34,7 @@ from torch.distributed.constants import default_pg_timeout
 
 import minddp.debug
 from minddp.ddp import DistributedDataParallel
+from minddp.debug import collective_check
 from minddp.notebook import lesson
 from minddp.runtime.device import current_device
 from minddp.runtime.launch import peer_gone
@@ -205,20 +206,50 @@ def torch_drifts(script) -> None:
 
 
 def minddp_says(
-    script, cause: str | tuple[str, ...], verdict: str = "debug mode stopped every rank", also=True
+    script,
+    cause: str | tuple[str, ...],
+    verdict: str = "debug mode stopped every rank",
+    also=True,
+    numbered: bool = False,
 ) -> None:
     """Run ``script()`` in debug mode; print the ``DebugError`` rank 0 raised, alone, then whether the others raised
     the same finding (:func:`say_each`), and claim every rank raised one that contains ``cause`` (each of them, if
-    several) and that ``also`` holds."""
+    several) and that ``also`` holds. ``numbered``: then print, for each rank, the run's collectives on the default
+    group as the finding numbers them (:func:`numbering`)."""
     causes = (cause,) if isinstance(cause, str) else cause
-    try:
-        script()
-    except minddp.debug.DebugError as finding:
-        line = f"{type(finding).__name__}: {finding}"
-    else:
-        line = None
+    with collective_check.recorded() as calls:
+        try:
+            script()
+        except minddp.debug.DebugError as finding:
+            line = f"{type(finding).__name__}: {finding}"
+        else:
+            line = None
     everyone = say_each(line, "raised")
     lesson.claim(also and all(line is not None and all(c in line for c in causes) for line in everyone), verdict)
+    if numbered:
+        for r, said in enumerate(each_rank(numbering(calls))):
+            lesson.say(f"rank {r}'s collectives, numbered: {said}")
+
+
+def numbering(calls: list) -> str:
+    """The numbers debug mode gave ``calls`` (one run's, :func:`~minddp.debug.collective_check.recorded`), in
+    stretches: those before the run, the wrapper's calls before its first forward check ("building the wrapper"),
+    then the wrapper's by step, and the script's own by op."""
+    if not calls:
+        return "none in this run"
+    parts = [(0, calls[0].seq - 1, "before this run")] if calls[0].seq else []
+    built = False
+    for call in calls:
+        built = built or "forward check" in call.where
+        if not call.ours:
+            what = f"the script's {call.op}"
+        else:
+            what = f"the wrapper's step {call.step}" if built else "building the wrapper"
+        if parts and parts[-1][2] == what and parts[-1][1] == call.seq - 1:
+            parts[-1] = (parts[-1][0], call.seq, what)
+        else:
+            parts.append((call.seq, call.seq, what))
+    return "; ".join(f"#{a}{f'–#{b}' if b > a else ''} {what}" for a, b, what in parts)
 
 
 def say_each(line: str | None, how: str) -> list:
