@@ -26,24 +26,20 @@
 #   instead (the other tensors go uncompressed), with *error feedback*: each rank keeps a
 #   tensor per bucket that it adds to that bucket's gradient on the next step.
 #
-# A **rank** is one of the training processes; PowerSGD's **matrix rank**
-# (`matrix_approximation_rank`) is the number of columns of `P` and `Q`, the directions kept per gradient
-# matrix; r stands for it here (not 01's r, a rank's index).
+# A **rank** is one of the training processes; PowerSGD's **matrix rank** r (`matrix_approximation_rank`; not
+# 01's r, a rank's index) is the number of columns of `P` and `Q`.
 #
-# Each hook trains the workload of notebooks 02 to 06, in `03_build_up`'s `bucket-async` stage, from the same
-# start on the same batches. A bucket closes at the first gradient that brings it to the printed bucket size
-# (torch's `bucket_cap_mb`) or past it. For each hook we read:
+# Each hook trains the workload of notebooks 02 to 06 in `03_build_up`'s `bucket-async` stage, from the same
+# start on the same batches. For each hook we read:
 #
 # * the all_reduces a step and their *payload*, counted by the hook's traffic meter: the bytes the step's
-#   all_reduces reduce (numel × element size), not the bytes a rank sends, which around a ring of n ranks are 2(n − 1)/n of the payload (equal at n = 2);
-# * the *relative gradient error* `‖ĝ − g‖ / ‖g‖`:
-#   how far the hook's average `ĝ` is from the *reference average* `g`, the float32 average of the same step's
-#   gradients, computed by plain averaging's own division and sum (so plain averaging scores 0, a hook handing
-#   back zeros 1) in an extra all_reduce before the hook's, not counted as traffic.
+#   all_reduces reduce (numel × element size), not the bytes a rank sends (2(n − 1)/n of it, on a ring of n ranks);
+# * the *relative gradient error* `‖ĝ − g‖ / ‖g‖`: how far the hook's average `ĝ` is from the *reference
+#   average* `g`, the float32 average of the same step's gradients by plain averaging's own division and sum, in
+#   an extra all_reduce before the hook's, not counted as traffic. Plain averaging scores 0; a hook handing back
+#   zeros would score 1.
 #
-# Sizes are binary (a KiB is 2¹⁰ bytes, a MiB 2²⁰).
-#
-# Then the all_reduces of all but bf16 are priced on the `1gbit` link of `minddp.comm.link` and plain averaging's and PowerSGD's on other links.
+# Sizes are binary (a KiB is 2¹⁰ bytes, a MiB 2²⁰). Then the last step's all_reduces are priced on modelled links.
 
 # %%
 # %load_ext minddp.notebook
@@ -74,13 +70,11 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # %% [markdown]
 # ## Payload and gradient error
 #
-# All_reduces, payload and error are the last step's. `bucket-async` syncs once per optimizer
-# step (02's *sync*): the backwards of every micro-batch but the last run inside `no_sync()` and send
-# nothing; each bucket is sent once, in the last one's backward or before `optimizer.step()`.
+# The table is each hook's last step. `bucket-async` sends each bucket once a step (02's *sync*), in the last
+# micro-batch's backward or before `optimizer.step()`. ‖g‖ is the norm of that trainee's reference average.
 #
-# The cell after the table holds fp16's and bf16's gradient error against a bound on rounding alone, a worst
-# case (`minddp.comm.measure.rounding_bound`). PowerSGD's error is read by step below. Value i
-# of the average is off by at most
+# The cell after it holds fp16's and bf16's error against a worst-case bound on rounding alone
+# (`minddp.comm.measure.rounding_bound`): value i of the average is off by at most
 #
 # `b_i = γ(u) · a_i + (n + 1) · tiny · eps / 2 + γ(2⁻²⁴) · a_i`, γ(u) = (n + 1) u / (1 − (n + 1) u)
 #
@@ -88,8 +82,8 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # * u = eps / 2: the most a rounding is off, relative to its result; eps = `torch.finfo(dtype).eps`, float16's
 #   2⁻¹⁰, bfloat16's 2⁻⁷;
 # * a_i: the ranks' mean magnitude of value i;
-# * tiny · eps / 2: the most a rounding is off below the format's smallest normal value, tiny =
-#   `torch.finfo(dtype).tiny`;
+# * tiny · eps / 2: the most a rounding is off below the format's smallest normal value, tiny
+#   (`torch.finfo(dtype).tiny`), where a value *underflows*: it keeps fewer digits, or becomes 0;
 # * γ(2⁻²⁴) · a_i: float32's rounding (u = 2⁻²⁴) of the reference average.
 #
 # The bound is ‖b‖ / ‖g‖.
@@ -109,9 +103,17 @@ for name, t in trainees.items():
         "payload KiB": last["bytes"] / 1024,
         "payload vs plain averaging": last["bytes"] / plain_avg.metered[-1]["bytes"],
         "relative error": f"{last['relative_error']:.1e}",  # as text: 0 and above 1 in one format
+        "‖g‖": last["norm"],  # the trainee's own reference average's norm
     }
 table = pd.DataFrame.from_dict(rows, orient="index")  # by rows: the counts stay integers
-table.round({"payload KiB": 1, "payload vs plain averaging": 4})
+lesson.say(table.round({"payload KiB": 1, "payload vs plain averaging": 4, "‖g‖": 2}).to_string())
+psgd = trainees["powersgd"].metered
+first = HOOKS["powersgd"]["start_powerSGD_iter"] + 1  # its first compressing step
+lesson.say(
+    f"PowerSGD's {psgd[-1]['relative_error']:.1e} is not its compression's error alone: by error feedback, step "
+    f"{STEPS}'s ĝ also carries what step {STEPS - 1}'s compression left out, so it is meant to differ from step {STEPS}'s g. "
+    f"Its compression's error alone is step {first}'s, its first compressing step: {psgd[first - 1]['relative_error']:.2f}."
+)
 
 # %%
 # %%rank 0
@@ -134,20 +136,30 @@ lesson.claim(
     == table.loc["plain averaging", "all_reduces"],
     "fp16 and bf16's payload is exactly half of plain averaging's, in as many all_reduces: 2 bytes a value instead of 4.",
 )
+# the tiny term alone: the bound were every value to underflow, ‖b‖ with every a_i = 0
+underflow = (
+    rounding_bound(torch.float16, world_size, 0.0, 0.0, trainees["fp16"].metered[-1]["magnitudes"]["values"])
+    / trainees["fp16"].metered[-1]["norm"]
+)
 lesson.claim(
     all(err[name] <= bound[name] for name in dtypes),
-    f"Their relative gradient errors on the last step stay within that step's worst-case bounds on rounding alone, also "
-    f"relative to ‖g‖: {bound['fp16']:.1e} for float16 and {bound['bf16']:.1e} for bfloat16.",
+    f"Their relative gradient errors on the last step stay within that step's worst-case bounds on rounding alone: "
+    f"{bound['fp16']:.1e} for float16 (its tiny term alone, underflow's allowance: {underflow:.1e}) and "
+    f"{bound['bf16']:.1e} for bfloat16.",
 )
 # a rank's |value i| is at most the ranks' sum of |value i|, n · a_i, so at most n times the a_i's norm
-largest = max(world_size * trainees[name].metered[-1]["magnitudes"]["magnitude_sq"] ** 0.5 for name in dtypes)
+cast = {
+    k: max(world_size * trainees[name].metered[k - 1]["magnitudes"]["magnitude_sq"] ** 0.5 for name in dtypes)
+    for k in range(1, STEPS + 1)
+}
+top = max(cast, key=cast.get)  # the step whose bound is the largest
 f16, b16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
 lesson.claim(
-    largest < f16.max and err["fp16"] < err["bf16"],
-    f"In either trainee no gradient value a rank cast on that step exceeds {largest:.2g} (n times the a_i's norm), "
-    f"below float16's largest value, {f16.max:.0f} (bfloat16's, like float32's, is about {b16.max:.1e}), so none "
-    f"overflows float16; bfloat16, whose eps is {b16.eps / f16.eps:.0f} times float16's, has the larger error for "
-    "as many bytes.",
+    cast[top] < f16.max and err["fp16"] < err["bf16"],
+    f"On none of the {STEPS} steps did either trainee cast a gradient value above {cast[top]:.2g} (step {top}'s n "
+    f"times the a_i's norm, the largest), below float16's largest value, {f16.max:.0f} (bfloat16's, like "
+    f"float32's, is about {b16.max:.1e}), so none overflowed float16; bfloat16, whose eps is "
+    f"{b16.eps / f16.eps:.0f} times float16's, has the larger error for as many bytes.",
 )
 
 # %% [markdown]
@@ -173,10 +185,6 @@ lesson.claim(
 # h × 1 matrix, and a matrix is compressed only when its h · w values exceed `min_compression_rate`, 2 as in
 # torch, times the (h + w) · r values of its factors, so a vector never is); one for all its P factors and one
 # for all its Q factors, if it compresses any matrix.
-#
-# Only the first compressing step's relative error is compression's alone; later, ĝ also differs from g by
-# what was fed back. g is each trainee's own: once PowerSGD's ĝ differs from g, its weights and next g differ
-# from plain averaging's.
 
 # %%
 # %%rank 0
@@ -198,14 +206,15 @@ assert all(w["calls"] == plain_calls and w["bytes"] / 1024 == plain_kib for w in
 buckets = lesson.buckets_of(plain_trainee.model)
 last = steps.iloc[-1]
 early, late = steps.iloc[:start_iter], steps.iloc[start_iter:]
-# plain averaging through PowerSGD's first steps is allreduce_hook itself: the same division and sum as the
-# reference average it is compared with, so its error is 0 up to float32's rounding of one sum
+# plain averaging, and PowerSGD's first steps, are allreduce_hook itself: the same division and sum of the same
+# values as the reference average (on 2 ranks, one addition, whose order cannot matter), so exactly 0
 lesson.claim(
     (early["PowerSGD all_reduces"] == plain_calls).all()
     and (early["PowerSGD payload KiB"] == plain_kib).all()
-    and all(w["relative_error"] < 1e-6 for w in psgd_trainee.metered[:start_iter]),
+    and all(w["relative_error"] == 0 for w in psgd_trainee.metered[:start_iter] + plain_trainee.metered),
     f"For the first {start_iter} steps PowerSGD is plain averaging (start_powerSGD_iter={start_iter}): the same "
-    f"{plain_calls} all_reduces and {plain_kib:.0f} KiB of payload, and the reference average to within 1e-6 (relative).",
+    f"{plain_calls} all_reduces and {plain_kib:.0f} KiB of payload, and a relative error of exactly 0, as plain "
+    "averaging's on every step.",
 )
 # a bucket makes at most 3 all_reduces (P and Q only if it compresses a matrix; the uncompressed tensors' only if it
 # holds any): 3 × buckets in all means 3 in every bucket
@@ -221,8 +230,17 @@ fed_back = steps.loc[first, "relative error"] * steps.loc[first, "‖g‖"]
 lesson.say(
     f"Those carry {last['PowerSGD payload KiB'] / plain_kib:.4f} of plain averaging's payload. Step {second}'s "
     f"relative error compares step {second}'s ĝ with step {second}'s g alone, while what the ranks added by error "
-    f"feedback averages step {first}'s g − ĝ, of norm {fed_back:.1f}, {fed_back / steps.loc[second, '‖g‖']:.1f} "
-    f"times step {second}'s ‖g‖: the error counts that too, not only step {second}'s compression."
+    f"feedback, averaged over them, is step {first}'s g − ĝ, of norm {fed_back:.1f}, "
+    f"{fed_back / steps.loc[second, '‖g‖']:.1f} times step {second}'s ‖g‖: the error counts that too, not only "
+    f"step {second}'s compression."
+)
+# g is each trainee's own: the same weights and batches give the same g, to float32's rounding of the backward
+same = (steps["‖g‖"] - steps["plain averaging ‖g‖"]).abs() <= 1e-6 * steps["plain averaging ‖g‖"]
+lesson.claim(
+    same.loc[:first].all() and not same.loc[second:].any(),
+    f"‖g‖ is each trainee's own: PowerSGD's equals plain averaging's (to 1e-6 of it) up to step {first}, taken at "
+    f"the weights both had reached alike; from step {second} it is {steps.loc[second, '‖g‖']:.2f} against "
+    f"{steps.loc[second, 'plain averaging ‖g‖']:.2f}, as PowerSGD's step-{first} update, made from its ĝ, differed.",
 )
 steps.round({"PowerSGD payload KiB": 1, "relative error": 2, "‖g‖": 2, "plain averaging ‖g‖": 2})
 
@@ -237,8 +255,8 @@ steps.round({"PowerSGD payload KiB": 1, "relative error": 2, "‖g‖": 2, "plai
 #
 # `c · 2(n − 1) α + 2(n − 1)/n · S β`
 #
-# (a count c, not 01's C), whatever each one's size. The cell prices each hook's last step, its all_reduces and payload
-# in the first table, so on `1gbit` (bf16's are fp16's): its *link ms*, 01's *link time*, modelled, not timed.
+# (a count c, not 01's C), whatever each one's size. The cell prices each hook's last step (the first table's
+# all_reduces and payload; bf16's are fp16's) on `1gbit`: its *link ms*, 01's *link time*, modelled, not timed.
 
 # %%
 # %%rank 0
@@ -262,11 +280,12 @@ lesson.claim(
     f"{fixed['fp16']:.1f}) / 2 + {fixed['fp16']:.1f}, where {fixed['fp16']:.1f} ms is the fixed cost of the "
     f"{sent['fp16'][0]} messages each of these two hooks makes ({per_message:.2f} ms a message).",
 )
+link_share, pay_share = link_ms_of["powersgd"] / link_ms_of["allreduce"], sent["powersgd"][1] / sent["allreduce"][1]
 lesson.say(
     f"PowerSGD's {sent['powersgd'][0]} messages take {link_ms_of['powersgd']:.1f} ms of link time, "
-    f"{fixed['powersgd']:.1f} ms ({fixed['powersgd'] / link_ms_of['powersgd']:.0%}) of it their fixed cost: its link "
-    f"time is {link_ms_of['powersgd'] / link_ms_of['allreduce']:.3f} of plain averaging's, its payload "
-    f"{sent['powersgd'][1] / sent['allreduce'][1]:.4f}."
+    f"{fixed['powersgd']:.1f} ms ({fixed['powersgd'] / link_ms_of['powersgd']:.0%}) of it their fixed cost, which "
+    f"does not shrink with the bytes: its link time is {link_ms_of['powersgd'] / link_ms_of['allreduce']:.3f} of "
+    f"plain averaging's, {link_share / pay_share:.1f} times its payload's share, {pay_share:.4f}."
 )
 
 # %% [markdown]
@@ -282,15 +301,12 @@ lesson.say(
 # * **ranks**: it is the shorter below `n* = (S − S′) / ((c′ − c) α B)`: around a ring every message's α
 #   is paid 2(n − 1) times, while the bytes each rank sends, 2(n − 1)/n · S, stay under 2S whatever n.
 #
-# The cell prices plain averaging's and PowerSGD's last steps on every preset link of
-# `minddp.comm.link.PRESETS` but `loopback`. A preset is a pair α, B (the table's first two columns, in µs and
-# Gbit/s), not a measured network; `home` stands for a home broadband line's upload, `wan` for two cloud regions a
-# continent apart. Bandwidths are decimal
-# (a Gbit/s is 1.25 × 10⁸ bytes/s). The cell's figure draws both hooks' link time against the bandwidth at
-# `1gbit`'s α: as B grows each line falls towards its messages' fixed cost, c · 2(n − 1) α, and the two lines cross
-# at 1gbit's B* (each preset's own is in the table). Each preset is named beside its circle; its triangle is at
-# the same bandwidth. At its own α a marker sits c · 2(n − 1) (α − 1gbit's α) off its line, three times as
-# much for PowerSGD.
+# The cell prices both hooks' last steps on every preset link of `minddp.comm.link.PRESETS` but `loopback`: a
+# pair α, B (the table's first two columns, in µs and decimal Gbit/s, 1.25 × 10⁸ bytes/s), not a measured
+# network; `home` stands for a home broadband line's upload, `wan` for two cloud regions a continent apart. The
+# figure draws both link times against B at `1gbit`'s α: each line falls towards its messages' fixed cost,
+# c · 2(n − 1) α, and the two cross at 1gbit's B*. Each preset is named beside its circle, its triangle at the
+# same B; at its own α a marker sits c · 2(n − 1) (α − 1gbit's α) off its line, three times as much for PowerSGD.
 
 # %%
 # %%rank 0
@@ -317,10 +333,12 @@ lesson.claim(
 per_msg = {nm: spec.seconds("all_reduce", 0, n) * 1e3 for nm, spec in lesson_04.presets().items()}  # 2(n − 1) α, ms
 slower = wins.index[~faster]  # where PowerSGD's link time is the longer
 if len(slower):
-    lesson.say(
-        f"On {' and '.join(slower)}, PowerSGD's {c2} messages' fixed cost is all of its link time but "
-        + " and ".join(f"{wins.loc[nm, 'PowerSGD, link ms'] - c2 * per_msg[nm]:.3f}" for nm in slower)
-        + " ms."
+    lesson.claim(
+        all(c2 * per_msg[nm] > wins.loc[nm, "plain averaging, link ms"] for nm in slower),
+        f"On {' and '.join(slower)}, the fixed cost of PowerSGD's {c2} messages alone, "
+        + " and ".join(f"{c2 * per_msg[nm]:.3f}" for nm in slower)
+        + f" ms, exceeds plain averaging's whole link time: there the bytes it saves take less time than its "
+        f"{c2 - c} extra messages' fixed cost.",
     )
 tie = LinkSpec("B*", crossover(LINK.latency), LINK.latency)
 tied = [lesson_04.link_ms(sent[h], tie, n) for h in ("powersgd", "allreduce")]
@@ -350,25 +368,24 @@ wins.round(3)
 #
 # minddp's hooks (`minddp.comm.default_hooks`, `minddp.comm.powerSGD_hook`) are registered with
 # `register_comm_hook(state, hook)` as in torch. minddp's PowerSGD hook waits inside itself for the P factors'
-# all_reduce and, where the bucket has any, the uncompressed tensors', where torch's hook chains that work on a
-# Future; what that wait costs a step is not shown. A hook that needs no second collective has no reason to wait.
+# all_reduce (and the uncompressed tensors', if any), where torch's chains that work on a Future: backward stands
+# still for that wait, once a bucket, for a time not measured here. The exercise's hook has nothing to wait for.
 #
 # ## Your turn: an fp16 hook
 #
 # Write `my_fp16_hook` in the cell below (torch's is `fp16_compress_hook`): cast the bucket's flat gradient to
 # `float16`, divide it by the world size before the sum, start the all_reduce with `async_op=True`, and hand back
 # a Future whose value is the average as one `float32` tensor of the bucket's size. `check_hook` first calls your
-# hook on a bucket of known gradients (a Future? of one tensor of the right size and dtype? the average? how far
-# off, against the float16 `rounding_bound` above? how many bytes? does it return before its all_reduce is waited
-# for? do gradients whose float16 sum would overflow come back finite?), then trains its own small test model
-# with it for 3 steps in the `bucket-async` stage, where its ranks' parameters must stay equal, and prints the
-# largest absolute difference between its parameters and those of torch's DDP with torch's `fp16_compress_hook`,
-# unjudged: a hook that casts and divides in another order may differ more and still pass. A hook that passes
-# on 2 ranks is checked again on 3, where a world size written as a number (`/ 2`) no longer gives the average.
-# The error and bound it prints are for its test bucket, not the workload's.
+# hook on a bucket of known gradients (a Future of one float32 tensor of its size? the average, within the float16
+# `rounding_bound` above? 2 bytes a value? returned before its all_reduce is waited for? finite where the float16
+# sum would overflow?), then trains a small test model with it for 3 steps in `bucket-async`, where its ranks'
+# parameters must stay equal, and prints, unjudged, the largest difference from torch's DDP with torch's hook: a
+# hook that casts and divides in another order may differ more and still pass. A hook that passes on 2 ranks is
+# checked again on 3, where `/ 2` no longer gives the average. The error and bound it prints are its test
+# bucket's, not the workload's.
 #
-# Your hook runs on the checker's ranks with this kernel's names, and `world_size`, `rank` and `n` are not among
-# them: ask `dist.get_world_size(process_group)`.
+# Your hook runs on the checker's ranks with this kernel's names, which do not include `world_size`, `rank` or `n`:
+# ask `dist.get_world_size(process_group)`.
 
 # %%
 import torch

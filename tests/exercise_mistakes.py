@@ -1283,6 +1283,15 @@ def hook_divides_into_a_new_tensor(process_group, bucket):
     return fut.then(lambda f: f.value()[0].to(torch.float32))
 
 
+def hook_divides_the_original_buffer(process_group, bucket):
+    """Makes the float16 copy, then divides the float32 buffer instead of it: the copy, undivided, is summed."""
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.float16)
+    buffer.div_(dist.get_world_size())
+    fut = dist.all_reduce(compressed, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].to(torch.float32))
+
+
 def hook_divided_twice(process_group, bucket):
     """Divides by the world size before the sum and again after it: half the average on 2 ranks."""
     compressed = bucket.buffer().to(torch.float16).div_(dist.get_world_size())

@@ -669,6 +669,11 @@ def test_a_rank_that_hangs_is_named_within_the_timeout():
 HOOK_MISTAKES = [
     (wrong.hook_sum_only, "forgot the division"),
     (wrong.hook_divides_into_a_new_tensor, ("forgot the division", "t / world_size makes one")),
+    # learner read 04 (round 18) 9: dividing the float32 buffer after the copy was told "forgot the division"
+    (
+        wrong.hook_divides_the_original_buffer,
+        "it divided the bucket's float32 buffer, but the all_reduce sent the float16 copy made before that division",
+    ),
     (wrong.hook_divided_twice, "your hook divided by the world size twice: its average is 1/2 of the true one"),
     (wrong.hook_bfloat16, "your hook sent bfloat16, not float16"),
     # right on the check's 2 ranks: named by the second check, on 3

@@ -1182,6 +1182,12 @@ def _hook_finding(f: dict, report: dict) -> str:
         )
     if kind == "ranks_differ":
         return "the ranks got different results from your hook: every rank must end with the same average"
+    if kind == "summed" and f.get("buffer_divided"):  # learner read 04 (round 18) 9
+        return (
+            "your hook returns the sum over ranks, not the average: it divided the bucket's float32 buffer, but "
+            "the all_reduce sent the float16 copy made before that division; divide the copy you send, "
+            "buffer.to(torch.float16).div_(world_size)"
+        )
     if kind == "summed":
         return (
             "your hook returns the sum over ranks, not the average: divide by the world size (forgot the division; "

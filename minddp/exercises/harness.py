@@ -1371,14 +1371,16 @@ def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
             probes = {}
             for who, fn in (("reference", solutions.HOOKS[like]), ("yours", hook)):
                 progress.phase = "calling your hook on one bucket" if who == "yours" else "calling the model answer"
-                fut, value, sent, blocked = call_hook(fn, values)
+                fut, value, sent, blocked, left = call_hook(fn, values)
                 probes[who] = probe_result(fut, value, exact, *sent, local=values)
                 probes[who]["blocked"] = blocked
+                # the bucket's own float32 buffer divided by the world size (a division that missed the copy sent)
+                probes[who]["buffer_divided"] = world > 1 and bool(torch.allclose(left, values / world, rtol=1e-6))
                 if world > 1 and probes[who]["tensor"] is not None:  # the same on every rank: code, not data
                     progress.phase = (
                         f"calling {'your hook' if who == 'yours' else 'the model answer'} on large gradients"
                     )
-                    _, value, _, _ = call_hook(fn, big)
+                    _, value, _, _, _ = call_hook(fn, big)
                     probes[who]["overflow"] = (
                         int((~torch.isfinite(value.float())).sum()) if value.shape == big.shape else 0
                     )
@@ -1404,15 +1406,16 @@ def call_hook(fn, values: torch.Tensor):
     """Step 1 of the hook check: ``fn(None, bucket)`` on a bucket of ``values``, its Future waited for.
 
     Returns the Future (or whatever the hook returned), its value, what it sent
-    (bytes, dtypes) and whether the hook *blocked*: waited for a collective
+    (bytes, dtypes), whether the hook *blocked*: waited for a collective
     it had started before it returned (:class:`Events`: the order of events,
     not a clock): ``None`` if it did not, else ``"done"`` or ``"pending"``, as its
-    Future was when it returned.
+    Future was when it returned; and the bucket's own buffer as the hook left it.
     """
     from minddp.comm.grad_bucket import GradBucket
 
     param = nn.Parameter(torch.zeros(values.numel(), device="cpu"))  # the checker runs on the CPU
-    bucket = GradBucket(0, values.clone(), [param], is_last=True)
+    buffer = values.clone()  # the bucket's own: kept, to see what the hook did to it
+    bucket = GradBucket(0, buffer, [param], is_last=True)
     events = Events()
     with live.profiler() as prof, SentBytes() as sent, events.recording():
         fut = fn(None, bucket)
@@ -1429,6 +1432,7 @@ def call_hook(fn, values: torch.Tensor):
         value,
         (max(sent.nbytes, live.backend_bytes(prof)), sent.dtypes),
         ("done" if done else "pending") if blocked else None,
+        buffer,
     )
 
 
@@ -1527,7 +1531,7 @@ def hook_finding(mine: dict, reference: dict, world: int, bound: float) -> dict 
     error = mine["relative_error"]
     # a sum is off from the average by world − 1 times the average: far beyond any rounding (world > 1)
     if mine["summed_error"] < 0.01 and world > 1:
-        return {"kind": "summed", "error": error}
+        return {"kind": "summed", "error": error, "buffer_divided": mine.get("buffer_divided", False)}
     # divided twice: off from the average by 1 − 1/world of it, as far beyond rounding (world > 1)
     if mine.get("twice_error", 1.0) < 0.01 and world > 1:
         return {"kind": "divided_twice", "error": error}
