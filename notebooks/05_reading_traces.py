@@ -16,15 +16,15 @@
 # %% [markdown]
 # # 05 · Reading traces
 #
-# Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev). This notebook
-# profiles one step of each stage of the DDP ladder that keeps a whole replica on every rank (`03_build_up`:
-# `simple` to `bucket-async`, and `ddp`; the sharded rungs are in `06_sharding`), torch's DDP and `single`
-# (each rank trains alone), with gloo over the machine's loopback interface. It reads the traces with `minddp.analysis` the way the blog this
-# course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
+# Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev). This notebook profiles
+# one step of each stage of the DDP ladder that keeps a whole replica on every rank (`03_build_up`: `simple` to
+# `bucket-async`, and `ddp`; the sharded rungs are in `06_sharding`), torch's DDP and `single` (each rank trains
+# alone), with gloo over the machine's loopback interface. It reads the traces with `minddp.analysis` the way the
+# blog this course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
 # https://blog.underfit.ai/ddp-profiled) reads its GPU traces with HolisticTraceAnalysis (HTA), but with its own
-# measures from CPU events (`docs/analysis.md`); this notebook sets none of its numbers beside the blog's. First
-# the measures (none says which stage is faster), then **one step of each stage on one time axis**, then the
-# blog's six stages over an emulated 1 Gbit/s link (the *link run*).
+# measures from CPU events (`docs/analysis.md`); this notebook sets none of its numbers beside the blog's. First the
+# measures (none says which stage is faster), then **one step of each stage on one time axis**, then the blog's six
+# stages over an emulated 1 Gbit/s link (the *link run*).
 #
 # k is `03_build_up`'s number of micro-batches a step. A *message* is one whole all_reduce call of gradients (a
 # bucket's or a parameter's); a *sync* is one round of messages that carries every gradient once.
@@ -41,7 +41,7 @@ from minddp.notebook import lesson
 
 RUN = lesson.trace_dir("05_reading_traces")
 if rank == 0:
-    shutil.rmtree(RUN, ignore_errors=True)  # a fresh run folder: the analysis refuses mixed runs
+    shutil.rmtree(RUN, ignore_errors=True)  # analyze_run refuses a folder that holds two runs' traces
 dist.barrier()
 ddp_ladder = [s for s in STAGES if s not in SHARDED_OPTIMIZER + SHARDED_GRADIENTS]  # the sharded rungs: 06
 profiled = ["single", *ddp_ladder, "torch"]
@@ -89,33 +89,32 @@ lesson.say(
 # end after the training thread that needed it has gone on. A range's length is how long it was open, not how
 # long its bytes took. `single` has nothing in flight and is not in the table.
 #
-# Two more terms:
+# More terms:
 #
 # * the *finish*: minddp's `finish_gradient_synchronization()`, which the training loop calls after every
 #   backward (torch's DDP has none; `ddp`'s finds its work done when `loss.backward()` returns). `simple`
 #   syncs in it after every micro-batch, `ga` once a step;
-# * the *parameter check* (`minddp.stages.checks`, for teaching): once a sync, before its first
+# * the *parameter check* (`minddp.stages.checks`): once a sync, before its first
 #   message, `simple` to `bucket-async` check that both ranks' forwards used the same parameters, with one small
 #   all_gather (one byte per parameter tensor): at the start of the finish in `simple` and `ga`, in the first
 #   gradient's hook in `hook` to `bucket-async`. It is a collective, not a message; `ddp` and torch's DDP run
-#   none.
+#   none;
+# * the *blocking* stages (`simple`, `ga`, `hook`, `bucket`) send each message only once the training thread has
+#   the one before it back: `simple` and `ga` after a backward, `hook` and `bucket` inside the step's last
+#   backward. The *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send theirs during the
+#   step's last backward and need them back only after its last gradient: `ddp` and torch's DDP before
+#   `loss.backward()` returns, `hook-async` and `bucket-async` in the finish. In all but `simple` the step's
+#   first k−1 backwards send nothing: one sync a step.
 #
 # The table's last column is the part of non-compute inside the parameter checks' ranges, summed over a step's
 # checks (`simple`'s k, one in `ga` to `bucket-async`): a long part in the check is time its range was held
-# open (the caveat). The *blocking* stages (`simple`, `ga`, `hook`, `bucket`) send
-# each message only once the training thread has the one before it back: `simple` and `ga` after a backward,
-# `hook` and `bucket` inside the step's last backward. The *asynchronous* ones (`hook-async`, `bucket-async`,
-# `ddp`, torch's DDP) send theirs during the step's last backward and need them back only after its last
-# gradient: `ddp` and torch's DDP before `loss.backward()` returns, `hook-async` and `bucket-async` in the
-# finish. In all but `simple` the step's first k−1 backwards send nothing: one sync a step.
+# open (the caveat).
 #
 # What the table does not show (the trace shows when a range was open, not why):
 #
 # * whether a difference between two rows would hold on a re-run: each row is one step, the stages profiled
 #   one after another on a shared machine;
 # * why two rows differ, or whether the other rank or a core held a range open;
-# * where a row's non-compute lies: an asynchronous stage's can lie inside its last backward as well as after
-#   it;
 # * what a blocking stage's threads computed in the time its overlap counts.
 
 # %%
@@ -133,8 +132,8 @@ lesson.say(f"k = {lesson.SETTINGS.grad_accum} micro-batches a step.")
 display(shares)
 
 # %% [markdown]
-# Under the table, the first claim checks the definitions' arithmetic on the unrounded values; the second holds
-# by construction (both stages plan their buckets with `minddp.stages.bucket_plan`).
+# The first two claims hold by construction (the definitions' arithmetic, on unrounded values; both bucket stages
+# plan with `minddp.stages.bucket_plan`); the third, and the line after it, are this run's.
 
 # %%
 tied = (zero["non_compute_time_us"] - (1 - zero["comm_comp_overlap_pctg"] / 100) * zero["comm_time_per_step_us"]).abs()
@@ -148,17 +147,28 @@ lesson.claim(
     sizes["bucket"] == sizes["bucket-async"],
     f"bucket and bucket-async send the same {len(sizes['bucket'])} messages (the same sizes).",
 )
+blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
+ov = zero["comm_comp_overlap_pctg"]
+lesson.claim(
+    ov[asynchronous].min() > ov[blocking].max(),
+    f"Overlap: {ov[asynchronous].min():.1f}–{ov[asynchronous].max():.1f} % in the asynchronous stages, "
+    f"{ov[blocking].min():.1f}–{ov[blocking].max():.1f} % in the blocking ones, each asynchronous stage's above each "
+    "blocking stage's: compute ran beside more of the time in flight in every stage that waits only after its last "
+    "gradient than in any that waits for each message.",
+)
+messages = lesson_05.rank0(result.buckets).groupby("stage").size()
+lesson.say(lesson_05.checks_order(shares, messages, "hook", "bucket"))
 
 # %% [markdown]
-# One row per profiled stage, one axis in ms from the start of the profiled step (rank 0); `single` sends
-# nothing. Neither a row's length nor a band's says which stage is faster: each row is one step, and the same
-# work takes different times from row to row (the line under the next table). In each row:
+# One row per profiled stage, one axis in ms from the start of the profiled step. Neither a row's length nor a
+# band's says which stage is faster: each row is one step, and the same work takes different times from row to row
+# (the line under the next table). In each row:
 #
 # * the forward (pale) and backward (darker) band of each micro-batch: *forward* from the micro-batch's start
 #   to its first *autograd node* (the forward, and what the stage does around it),
 #   *backward* from the first to the last autograd node (an `autograd::engine::evaluate_function` event:
-#   one gradient function's run), whatever the threads did in it (the gradients, and all that the hooks do
-#   inside those nodes, the check and `hook`'s and `bucket`'s messages included);
+#   one gradient function's run), whatever the threads did in it (the gradients and all the hooks do inside
+#   those nodes: the check, `hook`'s and `bucket`'s messages);
 # * a tick (the legend's "handed to the wire") when a message was *handed over*: for minddp's stages the start
 #   of its `minddp.bucket_launch` range (its comm hook's), for torch's DDP the reducer's `c10d::allreduce_` call;
 # * an orange bar while the message's gloo all_reduce range was open, held open included. Ranges open at once
@@ -178,7 +188,7 @@ fig = draw_steps(rows, title=f"One step of each stage, on one time axis: run {re
 lesson_05.show(fig, RUN / "one_step_each_stage.png")
 
 # %% [markdown]
-# The messages behind the plot (rank 0): how many were handed over (ticks), and how many during a backward.
+# The plot's messages: how many were handed over (ticks), and how many during a backward.
 
 # %%
 anatomy = lesson_05.anatomy(result, zero.index)
@@ -198,10 +208,9 @@ lesson.say(
 )
 
 # %% [markdown]
-# One stage's buckets (`bucket-async`, rank 0): `order`, the bucket's place in the
-# sending order; `MiB`, its gradients' size. The profiling cell's "buckets of 4 MiB" is the size
-# at which a bucket closes: parameters join it until it holds 4 MiB or more, so a bucket can be a little over
-# 4 MiB, and the last holds what is left:
+# One stage's buckets (`bucket-async`): `order`, the bucket's place in the sending order; `MiB`, its gradients'
+# size. A bucket closes once its parameters hold 4 MiB or more (the profiling cell's "buckets of 4 MiB"), so one
+# can be a little over 4 MiB; the last holds what is left:
 
 # %%
 buckets = lesson_05.rank0(result.buckets)
@@ -210,7 +219,7 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 
 # %% [markdown]
 # The same analysis from a shell, with an HTML report: `python -m minddp.analyze traces/notebooks/05_reading_traces
-# --report` (your machine's last run, not the saved outputs').
+# --report` (your last run's traces).
 
 # %% [markdown]
 # ## The link run
@@ -220,9 +229,8 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 # link, which carries its messages one at a time, in order, each from when its hook gives it to the link, after
 # its tick (or once the link is free, if later); the real all_reduce runs beside the modeled transfer, and the
 # link delivers a message once both are done and every earlier one is delivered. The parameter check does not go
-# through the link.
-# The two runs were taken at different moments on a shared machine; neither's times, nor their order, carry over
-# to the other. Three measures of the link run only, each of rank 0:
+# through the link. The two runs were taken at different moments; neither's times or order carry over to the
+# other. Three measures of the link run only:
 #
 # * **link time**: what rank 0's messages of a step take on the modeled link, from their sizes alone
 #   (`metrics.link_time`): 2(n−1)·α + 2(n−1)/n·m·β for a message of m bytes, added up, with n ranks and the
@@ -234,8 +242,7 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 #   so waited is not non-compute, even of one run;
 # * **exposed**: the part of that union during which rank 0's link carried a transfer; link time − exposed is
 #   the link's work while rank 0 waited for no message (a blocking stage's too: the link starts a message before
-#   the `wait()`); waited − exposed, the waits' part in which it carried nothing,
-#   held by something else.
+#   the `wait()`); waited − exposed, the waits' part in which it carried nothing, held by something else.
 
 # %%
 from minddp.comm.link import parse_link
@@ -246,9 +253,7 @@ on_link = lesson_05.link_table(linked, link)
 display(on_link)
 
 # %% [markdown]
-# The three claims hold by construction: accumulation divides the messages and the link time by k; `hook` hands
-# every message over during a backward; buckets cut only the link time's fixed costs. The printed line is one
-# step each, not claimed.
+# The three claims hold by construction; the lines after them are one step each, not claimed.
 
 # %%
 per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, how many during a backward, link time (ms)
@@ -279,3 +284,5 @@ lesson.claim(
 )
 blocking = ["simple", "ga", "hook", "bucket"]
 lesson.say(lesson_05.exposed_share(on_link, blocking, ["hook-async", "bucket-async"]))
+lesson.say(lesson_05.idle_share(on_link, "simple"))
+lesson.say(lesson_05.bucket_pairs(on_link, [("hook", "bucket"), ("hook-async", "bucket-async")]))

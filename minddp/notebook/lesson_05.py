@@ -184,3 +184,85 @@ def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[s
         f"Exposed, as a share of the link time: {low.max():.1f} % at most in {names} ({low.idxmax()}'s), "
         f"{high.min():.1f} % at least in the blocking stages ({high.idxmin()}'s): {verdict}."
     )
+
+
+def checks_order(shares: pd.DataFrame, messages: pd.Series, a: str, b: str) -> str:
+    """A line to print: stages ``a`` and ``b``'s non-compute with and without its part in the parameter checks
+    (``shares``' printed columns, ms), their message counts, and which of the two has more each way; one profiled
+    step, not claimed.
+
+    >>> t = pd.DataFrame({"non-compute (ms)": [40.0, 30.0], "of it, in the checks (ms)": [20.0, 1.0]}, index=["h", "b"])
+    >>> print(checks_order(t, pd.Series({"h": 66, "b": 5}), "h", "b"))  # doctest: +NORMALIZE_WHITESPACE
+    Non-compute, h (66 messages) against b (5): 40.0 against 30.0 ms; without its part in the checks, 20.0 against
+    29.0 ms: h's is more with the checks, b's without: the part in the checks decides which is more here, and
+    outside the checks the stage with fewer messages has more.
+    """
+    nc, chk = shares["non-compute (ms)"], shares["of it, in the checks (ms)"]
+    out = (nc - chk).round(1)
+    more_with = a if nc[a] > nc[b] else b
+    more_without = a if out[a] > out[b] else b
+    if more_with == more_without:
+        verdict = f"{more_with}'s is more either way"
+    else:
+        verdict = (
+            f"{more_with}'s is more with the checks, {more_without}'s without: the part in the checks decides which "
+            "is more here"
+        )
+        fewer = a if messages[a] < messages[b] else b
+        if messages[a] != messages[b] and more_without == fewer:
+            verdict += ", and outside the checks the stage with fewer messages has more"
+    return (
+        f"Non-compute, {a} ({messages[a]} messages) against {b} ({messages[b]}): {nc[a]:.1f} against {nc[b]:.1f} ms; "
+        f"without its part in the checks, {out[a]:.1f} against {out[b]:.1f} ms: {verdict}."
+    )
+
+
+def idle_share(table: pd.DataFrame, stage: str) -> str:
+    """A line to print: the stage's waited − exposed (``table``'s printed columns) as a share of its waited, and
+    whether any of its wait had rank 0's link carrying nothing; one profiled step, not claimed.
+
+    >>> t = pd.DataFrame({"waited (ms)": [60.0], "waited − exposed (ms)": [20.0]}, index=["s"])
+    >>> print(idle_share(t, "s"))  # doctest: +NORMALIZE_WHITESPACE
+    s: waited − exposed is 20.0 of its 60.0 ms waited (33 %): for part of its wait rank 0's link carried nothing,
+    so its wait was not all the link's.
+    """
+    w, r = table.loc[stage, "waited (ms)"], table.loc[stage, "waited − exposed (ms)"]
+    if w <= 0:
+        return f"{stage}: no wait."
+    words = (
+        "for part of its wait rank 0's link carried nothing, so its wait was not all the link's"
+        if r > 0
+        else "its link carried a transfer through all of its wait"
+    )
+    return f"{stage}: waited − exposed is {r:.1f} of its {w:.1f} ms waited ({100 * r / w:.0f} %): {words}."
+
+
+def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
+    """A line to print: for each (one message a parameter, buckets) pair of stages, waited, exposed and waited −
+    exposed (``table``'s printed columns), and which of the last two changed more, in words (less or more of
+    which kind of wait); one profiled step each, not claimed.
+
+    >>> t = pd.DataFrame({"waited (ms)": [9.0, 5.0, 0.0, 6.0], "exposed (ms)": [4.0, 4.5, 0.0, 5.9]},
+    ...                  index=["h", "b", "ha", "ba"])
+    >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
+    >>> print(bucket_pairs(t, [("h", "b"), ("ha", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
+    From one message a parameter to buckets, in this step: h → b, waited 9.0 → 5.0 ms (exposed 4.0 → 4.5, waited −
+    exposed 5.0 → 0.5): with buckets, less waiting while rank 0's link carried nothing; ha → ba, waited 0.0 → 6.0
+    ms (exposed 0.0 → 5.9, waited − exposed 0.0 → 0.1): with buckets, more waiting while rank 0's link carried a
+    transfer.
+    """
+    w, e, r = "waited (ms)", "exposed (ms)", "waited − exposed (ms)"
+    parts = []
+    for a, b in pairs:
+        de, dr = table.loc[b, e] - table.loc[a, e], table.loc[b, r] - table.loc[a, r]
+        big, what = (dr, "nothing") if abs(dr) >= abs(de) else (de, "a transfer")
+        words = (
+            "no change"
+            if big == 0
+            else f"with buckets, {'less' if big < 0 else 'more'} waiting while rank 0's link carried {what}"
+        )
+        parts.append(
+            f"{a} → {b}, waited {table.loc[a, w]:.1f} → {table.loc[b, w]:.1f} ms (exposed {table.loc[a, e]:.1f} → "
+            f"{table.loc[b, e]:.1f}, waited − exposed {table.loc[a, r]:.1f} → {table.loc[b, r]:.1f}): {words}"
+        )
+    return f"From one message a parameter to buckets, in this step: {'; '.join(parts)}."
