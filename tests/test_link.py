@@ -189,6 +189,19 @@ def _traced(tmp_path, link: Link, body) -> tuple[int, list[dict], dict, dict]:
     return placed, events, markers, handed
 
 
+def _sends(link: Link, n: int, gap_s: float = 0.0):
+    """A body for _traced: ``n`` messages of 1000 bytes whose real collective is already done, ``gap_s`` apart."""
+
+    def body():
+        for _ in range(n):
+            done = torch.futures.Future()
+            done.set_result(None)
+            link.carry(done, 1000, world=2).wait()
+            time.sleep(gap_s)
+
+    return body
+
+
 def test_a_late_marker_does_not_move_the_other_messages_off_their_hand_over(tmp_path, monkeypatch):
     """annotate_trace maps the link's clock onto the trace's by each message's marker, recorded just after the
     hand-over's time was read: each marker - hand-over difference is the clocks' offset plus a delay >= 0. One
@@ -203,14 +216,7 @@ def test_a_late_marker_does_not_move_the_other_messages_off_their_hand_over(tmp_
 
     monkeypatch.setattr(torch.profiler, "record_function", held_back)
     link = Link(LinkSpec("fast", bandwidth=1e12, latency=0.0))
-
-    def send_two():
-        for _ in range(2):
-            done = torch.futures.Future()
-            done.set_result(None)
-            link.carry(done, 1000, world=2).wait()
-
-    count, _, markers, placed = _traced(tmp_path, link, send_two)
+    count, _, markers, placed = _traced(tmp_path, link, _sends(link, 2))
     assert count == 2
     assert sorted(placed) == sorted(markers) == [0, 1]
     # 1 us: the trace's clock is the CPU's counter mapped linearly onto wall time by torch; a rate error of
@@ -245,15 +251,7 @@ def test_a_late_first_or_last_marker_is_placed_by_its_neighbours(tmp_path, monke
     monkeypatch.setattr(link_module, "time", types.SimpleNamespace(perf_counter=counter, sleep=time.sleep))
     monkeypatch.setattr(torch.profiler, "record_function", held_back)
     link = Link(LinkSpec("fast", bandwidth=1e12, latency=0.0))
-
-    def send_five():
-        for _ in range(5):
-            done = torch.futures.Future()
-            done.set_result(None)
-            link.carry(done, 1000, world=2).wait()
-            time.sleep(0.001)
-
-    count, events, markers, placed = _traced(tmp_path, link, send_five)
+    count, events, markers, placed = _traced(tmp_path, link, _sends(link, 5, gap_s=0.001))
     true = {int(e["name"][6:]): e["ts"] for e in events if e["name"].startswith("clock#")}
     assert count == 5 and sorted(placed) == sorted(true) == list(range(5))
     assert markers[0] - true[0] >= 50e3 and markers[4] - true[4] >= 50e3  # the two markers were held back
