@@ -129,7 +129,7 @@ lesson.say(
 # (and for fsdp's replicated tensors). `zero2` keeps the whole parameters too (its shards are views into
 # them); `fsdp` keeps only the shards and its replicated tensors.
 # `minddp.sharding.memory.Probe` measures one step of each stage from the tensors the rank holds:
-# parameters, gradients just before the update, optimizer state just after, the activations (the most
+# parameters and gradients just before the update, optimizer state just after, the activations (the most
 # bytes autograd saved for the backward during one micro-batch's forward, leaving out saved tensors that
 # lie in a parameter's storage or, for fsdp, a gathered unit's), and fsdp's *gathered units* at their
 # peak: the full parameters it has gathered and the buffers its all-gathers receive into.
@@ -149,7 +149,7 @@ for name, t in trainees.items():
     memory[name] = probe.result()
 
 # %% [markdown]
-# The table sets each stage's measured model state (parameters + gradients + optimizer state: no
+# The *memory table* sets each stage's measured model state (parameters + gradients + optimizer state: no
 # activations, no gathered units) beside its formula, for `Ψ` float32 parameter values (elements) with
 # Adam on n ranks: each value costs 4 bytes of parameter, 4 of gradient and
 # 8 of Adam's two moments, and each rung divides one more of the three among the ranks: DDP `16Ψ`;
@@ -177,13 +177,15 @@ for name, got in memory.items():
 table = pd.DataFrame(rows).T
 off = {s: v - formula_bytes(s, memory[s]["psi"], world, memory[s]["replicated"]) for s, v in state_of.items()}
 tensors = sum(p.requires_grad for p in trainees["ddp"].model.module.parameters())
+act_ratio = table.loc["fsdp", "activations MiB"] / table.loc["fsdp", "model state MiB"]
 lesson.say(
     f"Ψ = {memory['ddp']['psi']:,} trainable parameter values (elements) in {tensors} parameter tensors. Rank 0's "
     f"model state at the update: ddp {table.loc['ddp', 'model state MiB']:.1f} MiB, "
     + ", ".join(f"{s} {table.loc[s, 'model state MiB']:.1f} MiB" for s in STAGES[1:])
     + f"; fsdp's gathered units peak at {table.loc['fsdp', 'gathered units (peak) MiB']:.1f} MiB. fsdp's "
-    f"activations are {table.loc['fsdp', 'activations MiB'] / table.loc['fsdp', 'model state MiB']:.1f} times its "
-    "model state."
+    f"activations are {act_ratio:.1f} times its model state: with its model state sharded, it holds "
+    + ("more" if act_ratio > 1 else "fewer")
+    + " bytes of activations than of model state."
 )
 # AdamW keeps a step count beside its two moments: a float32 scalar per parameter tensor it steps (a shard is one)
 lesson.claim(
@@ -209,23 +211,24 @@ lesson.claim(
     + " on rank 0 after the step. Nor does any column count the buffers the collectives send from and receive "
     "into, except fsdp's all-gathers' (in its gathered units).",
 )
-# zero2's all-gathers, one per gradient bucket, all started at once in every step after the first (ZeRO-2 part 4):
-# each receives world × (its bucket's padded chunks) values, all held until the first module waits for its bucket
+# zero2's all-gathers, one per gradient bucket, all started at once in the first forward after a sync (ZeRO-2
+# part 4): each receives world × (its bucket's padded chunks) values; padding adds < n elements per tensor (< 0.1 %)
 z2 = trainees["zero2"].model
 received = sum(world * chunk_size(p.numel(), world) * p.element_size() for b in z2.buckets for p in b)
 lesson.claim(
-    received > memory["fsdp"]["gathered"],
-    f"zero2 gathers nothing in the memory step, its first; in every later step it starts all {len(z2.buckets)} of "
-    f"its buckets' all-gathers at once, into receive buffers of {lesson.mib(received)} in all (worked out from its "
-    f"buckets, not measured), {received / memory['fsdp']['gathered']:.1f} times fsdp's gathered units at their peak.",
+    abs(received - model_bytes) < 1e-3 * model_bytes,
+    f"zero2's first forward after a sync starts all {len(z2.buckets)} of its buckets' all-gathers at once (ZeRO-2, "
+    f"part 4 below), into receive buffers of {lesson.mib(received)} in all (worked out from its buckets, not "
+    "measured, and in no column): room for the whole model's parameters a second time, beside the whole ones it "
+    "keeps.",
 )
 table.round(3).astype(object).where(table.notna(), "–")
 
 # %% [markdown]
-# The gradients column is what rank 0 holds at the update: until the last backward's reduce-scatters,
-# zero2 and fsdp hold whole gradients, as ddp does. Every stage runs the same forward on the same
-# batch: sharding saves model state, not activations, which for fsdp here exceed its model state. The
-# columns are measured at different moments; no cell measures the most a rank holds at once.
+# The gradients column is measured at the update, after the last backward's reduce-scatters; no cell
+# measures the gradients held before them. Every stage runs the same forward on the same batch:
+# sharding saves model state, not activations. The columns are measured at different moments; no cell
+# measures the most a rank holds at once.
 #
 # ## bf16 compute with fp32 master weights
 #
@@ -281,18 +284,19 @@ for (dtype, where), b in sorted(probe.activations_by.items(), key=lambda kv: -kv
         still[where] = still.get(where, 0) + b
     elif dtype != "bfloat16":
         other[dtype] = other.get(dtype, 0) + b
+norm32 = sum(b for m, b in still.items() if m.endswith("RMSNorm"))  # saved in fp32 by the RMSNorms
+rest = f16["activations"] - low - norm32  # the other fp32 bytes and the other dtypes
+rest_dtypes = ["float32"] * any(not m.endswith("RMSNorm") for m in still) + list(other)
 lesson.claim(
     2 * f16["gathered"] == f32["gathered"]
     and abs(f16["activations"] + low - f32["activations"]) < 1e-3 * f32["activations"],
     f"Its gathered units hold half the bytes, {lesson.mib(f16['gathered'])} against {lesson.mib(f32['gathered'])} at "
     f"their peak; its activations {lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}, "
     f"{f16['activations'] / f32['activations']:.2f} times, not half: {low / 2**20:.2f} MiB of them are saved in "
-    f"bf16, {sum(still.values()) / 2**20:.2f} MiB still in fp32 (by module: "
-    + ", ".join(f"{m} {b / 2**20:.2f} MiB" for m, b in still.items())
-    + ("; an RMSNorm computes in fp32 whatever its input's dtype" if "LlamaRMSNorm" in still else "")
-    + ")"
-    + "".join(f", {b / 1024:.1f} KiB in {d}" for d, b in other.items())
-    + f". Twice the bf16 bytes plus the rest come to fp32 fsdp's {lesson.mib(f32['activations'])}.",
+    f"bf16, {norm32 / 2**20:.2f} MiB in fp32 by the RMSNorms, which compute in fp32 whatever their input's dtype, "
+    f"and the remaining {rest / 2**20:.2f} MiB ({rest / f16['activations']:.1%} of them) by other modules, in "
+    f"{' and '.join(rest_dtypes) or 'no dtype'}, not broken down here. Twice the bf16 "
+    f"bytes plus the rest come to fp32 fsdp's {lesson.mib(f32['activations'])}.",
 )
 
 # %% [markdown]
@@ -391,19 +395,21 @@ formulas.round(2)
 # in rank order, the last ranks' shorter or empty; rank `r` keeps the
 # optimizer state of chunk `r` of each. (An optimizer that is not element-wise needs whole tensors: one
 # rank then owns each, `owned_whole` below; AdamW is element-wise.) The updated chunks are all-gathered
-# in buckets of their own, each of at most `BUCKET_CAP_MB` of full parameters, not the stage's
-# 4 MiB gradient buckets:
+# in buckets of their own (`BUCKET_CAP_MB`, printed), not the stage's 4 MiB gradient buckets:
 
 # %%
 # %%distributed
+from minddp.sharding.zero1 import BUCKET_CAP_MB
+
 zero = trainees["zero1"].optimizer
 name, p = next((n, p) for n, p in trainees["zero1"].model.module.named_parameters() if p.dim() == 2)
 start, end = zero.ranges[zero.index[id(p)]][rank]
 print(f"rank {rank}: chunk {rank} of {name} is its elements {start:,} to {end - 1:,}, of {p.numel():,}")
 whole_owned = sum(zero.owned_whole(p) for p in zero.params)
 lesson.say(
-    f"Parameter tensors one rank owns whole: {whole_owned} of {len(zero.params)}. All-gather buckets: "
-    f"{len(zero.buckets)}, for the whole model's {lesson.mib(model_bytes)}."
+    f"Parameter tensors one rank owns whole: {whole_owned} of {len(zero.params)}. All-gather buckets of at most "
+    f"BUCKET_CAP_MB = {BUCKET_CAP_MB:g} MiB of full parameters: {len(zero.buckets)}, for the whole model's "
+    f"{lesson.mib(model_bytes)}" + (", which fits in one." if len(zero.buckets) == 1 else ".")
 )
 
 # %% [markdown]
@@ -431,9 +437,9 @@ show_source(ZeroRedundancyOptimizer.step)
 #    and handed to a reduce-scatter instead of the all_reduce; the whole gradients are dropped;
 # 3. that piece holds, back to back, this rank's chunk of each averaged gradient; each becomes
 #    its shard's `.grad` (or is added to it): the optimizer updates the shards only;
-# 4. in the next forward, `gather_parameters` starts each gradient bucket's all-gather of the updated shards at
-#    once, before the first module runs; each module waits for its own bucket's just before it runs (forward
-#    pre-hooks).
+# 4. in the first forward after a sync (`self.stale`), `gather_parameters` starts each gradient bucket's
+#    all-gather of the updated shards at once, before the first module runs; each module waits for its own
+#    bucket's just before it runs (forward pre-hooks).
 #
 # The cell prints the line that does each part, then part 2's reduce-scatter hook; `Wire.of(state)`
 # makes the hook's state a `Wire`, minddp's wrapper of a process group through which comm hooks send.
@@ -449,7 +455,11 @@ parts = [  # (part, method, a text that the line doing it holds)
     ("part 2", "__init__", "self.comm_hook = reduce_scatter_hook"),
     ("part 2", "_send_bucket", "flat = pack_rank_major("),
     ("part 3", "_write_back", "shard.grad = chunk"),
+    ("part 4", "__init__", "self.stale = False"),
+    ("part 4", "finish_gradient_synchronization", "self.stale = True"),
+    ("part 4", "forward", "if self.stale:"),
     ("part 4", "forward", "self.gather_parameters("),
+    ("part 4", "gather_parameters", "self.stale = False"),
     ("part 4", "__init__", "register_forward_pre_hook(lambda m, args, b=buckets"),
 ]
 print(key_lines(Zero2DDP, parts) + "\n")
@@ -484,8 +494,8 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 #
 # The bytes given do not show what a reduce-scatter spares against an all_reduce. The four stages now
 # send through minddp's ring, plugged into each stage's `Wire` as its transport; the profiler records
-# each message gloo sends with the tensor it carried. The table is what rank 0 sent in one step, by the
-# collective the message served. fsdp's all_gather column is bytes sent over the step, not the memory
+# each message gloo sends with the tensor it carried. The *ring table* is what rank 0 sent in one step, by
+# the collective the message served. fsdp's all_gather column is bytes sent over the step, not the memory
 # table's gathered units, held at one moment. Bytes *sent* are not
 # bytes *given*: a ring all_reduce sends `2(n − 1)/n` of the bytes it is given, the same number at these
 # n = 2 ranks only:
@@ -583,7 +593,8 @@ lesson.claim(
     f"{lesson.mib(memory['fsdp']['gathered'])} gathered at once (the memory table's column), twice the largest "
     "unit's full parameters: one unit's full parameters and one received buffer at once, the unit's own while it "
     "is unpacked or, after it, the next unit's prefetched one. "
-    f"The whole model's parameters: {lesson.mib(memory['ddp']['parameters'])}.",
+    f"That is {memory['fsdp']['gathered'] / memory['ddp']['parameters']:.0%} of the whole model's "
+    f"{lesson.mib(memory['ddp']['parameters'])} of parameters, which zero2 and ddp hold whole (the memory table).",
 )
 f = looks["fsdp"]
 lesson.claim(
