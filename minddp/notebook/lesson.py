@@ -492,10 +492,12 @@ def link_end_in_words(stage: str, w: dict, look: dict) -> str:
     said += f"; its thread reached its first wait {lag:.1f} ms after backward ended"
     if left <= 0:
         return said + f", after the link was done, and stood through {w['exposed_ms']:.0f} ms of its time (exposed)"
-    said += f" and stood through {w['exposed_ms']:.0f} ms of the {left:.1f} ms of link time still to run (exposed)"
-    if left - w["exposed_ms"] >= 0.05:  # the finish loop waits for one message, writes it back, then waits again
-        said += ", the rest between its waits, while it wrote back the averages already in"
-    return said
+    if left - w["exposed_ms"] < 0.05:  # to the printed 0.1 ms
+        return said + f" and stood through all {left:.1f} ms of link time still to run (exposed)"
+    return said + (  # the finish loop waits for one message, writes it back, then waits for the next
+        f" and stood through {w['exposed_ms']:.1f} ms of the {left:.1f} ms of link time still to run (exposed), the "
+        "rest between its waits, while it wrote back the averages already in"
+    )
 
 
 def than(bucketed: float, per_gradient: float) -> str:

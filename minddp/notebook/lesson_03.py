@@ -67,20 +67,22 @@ def say_check(
         else f"rank 0's {'are each' if len(spans) > 1 else 'is'} under one pixel of the picture, {pixel_ms:.1f} ms, "
         "so no hatched mark shows"
         if wide == 0
-        else f"{wide} of rank 0's {len(spans)} are wide enough to show, hatched"
+        else f"{wide} of rank 0's {len(spans)} {'is' if wide == 1 else 'are'} wide enough to show, hatched"
     )
-    gap = on_ranks[long] - on_ranks[short]
+    gap = round(on_ranks[long]) - round(on_ranks[short])  # of the whole ms printed, so that the sum adds up
     said = f"{stage}'s check held {ranks} ({seen}). Its all_gather returns only once both ranks have joined it, "
-    if round(gap) == 0:
+    if gap == 0:
         said += "and here the ranks' times differ by less than 1 ms."
     else:
         said += (
             f"so rank {long}, there first, stood {gap:.0f} ms longer, waiting for rank {short}"
             if len(spans) == 1
             else f"so rank {long} stood {gap:.0f} ms longer at them in all, waiting for rank {short}"
-        ) + (
-            (f", inside its {step_ms:.0f} ms step" if long == 0 else "")
-            + f": {'more' if gap > waited_ms else 'less'} than the {waited_ms:.0f} ms {stage} waited for its messages."
+        ) + (  # rank 0's step and waits are the ones printed above: set only rank 0's stand against them
+            f", inside its {step_ms:.0f} ms step: {'more' if gap > round(waited_ms) else 'less'} than the "
+            f"{waited_ms:.0f} ms it waited for its messages."
+            if long == 0
+            else "."
         )
     say(said)
 
