@@ -75,6 +75,7 @@
 # %%
 # %%distributed
 from minddp.comm.link import parse_link
+from minddp.analysis.timeline import PIXELS, axis_end
 from minddp.notebook import lesson, lesson_03
 
 LINK, looks, k = parse_link("1gbit"), {}, lesson.SETTINGS.grad_accum
@@ -85,6 +86,13 @@ def meet(stage, before=None):
     looks[stage] = lesson.Trainee(stage, link=LINK).look()
     looks[stage]["row"]["checks"] = looks[stage]["check_spans"]  # drawn hatched red: the thread stood there too
     lesson.say_look(looks, stage)
+    if stage in lesson_03.CHECKED:  # each rank's own time at the parameters-used check, against one pixel
+        shown = [looks[s]["row"] for s in (before, stage) if s]
+        on_ranks = lesson_03.checks_on_ranks(looks, [stage])[stage]
+        px = axis_end(shown) / PIXELS
+        lesson_03.say_check(
+            stage, on_ranks, looks[stage]["waited_ms"], looks[stage]["check_spans"], px, looks[stage]["row"]["end"]
+        )
     lesson.picture(looks, stage, before, title=f"{stage}" + (f" (below) and {before} (faded)" if before else ""))
 
 
@@ -200,12 +208,11 @@ lesson.claim(
     v["calls_in_backward"] == 0 == v["waits_in_backward"],
     "Like simple, it sends and waits only after a backward is over.",
 )
-lesson_03.say_check("ga", lesson_03.checks_on_ranks(looks, ["ga"])["ga"], v["waited_ms"])  # each rank's own time
 
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, with the thread's waits for them
 # (red); the micro-batches before it run straight on into each other. Just before the burst ga runs
-# the parameters-used check, in finish (hatched; its width is said above).
+# the parameters-used check, in finish (its time is said above).
 #
 # ### Your turn: `ga`
 #
@@ -287,7 +294,7 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: the messages and the waits have moved into the last backward, which stops at
-# every gradient until its all_reduce is back (each stop a red wait); the hatched check opens it.
+# every gradient until its all_reduce is back (each stop a red wait); the check opens it (hatched where wide enough).
 #
 # ### Your turn: `hook`
 #
@@ -358,7 +365,7 @@ lesson.claim(
 # %% [markdown]
 # What to look for: messages on the wire while the backward goes on, and no wait for a message inside
 # it. The thread waits for the messages only in finish, after the backward. No message leaves before the parameters-used check at its first gradient ends
-# (hatched, where wide enough to draw).
+# (hatched, where wide enough).
 #
 # ### Your turn: `hook-async`
 #
@@ -796,6 +803,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
             "calls": v["calls"],
             "backward_ms": lesson.backward_less_check(v),
             "in_backward": v["calls_in_backward"] > 0,  # sent from a grad hook
+            "waits_in_backward": v["waits_in_backward"],  # hook and bucket: their backward holds their waits
         }
     lesson_03.say_met(name, {s: blog_runs[name, s] for s in RUN[name]}, blog_buckets)
 
@@ -816,6 +824,14 @@ one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3  #
 # the step-time model on the link with the ratios of 4 × T4: the bare network, scaled as above, at that link's cap
 t4_link = blog_links["4 × T4"]
 on_t4 = [plan_costs(cp, s, c, t4_link, world_size) for s, c in (("bucket-async", caps["4 × T4"]), ("hook-async", None))]
+lesson_03.say_hook_backward(
+    {
+        "on this notebook's link": tuple(lesson.backward_less_check(looks[s]) for s in ("hook-async", "bucket-async")),
+        "with the ratios of 4 × T4": (t4["hook-async"]["backward_ms"], t4["bucket-async"]["backward_ms"]),
+        "with those of 1024 ranks": (far["hook-async"]["backward_ms"], far["bucket-async"]["backward_ms"]),
+    },
+    {n: (r["hook-async"]["calls"], r["bucket-async"]["calls"]) for n, r in (("1", looks), ("4", t4), ("1024", far))},
+)
 lesson_03.say_bucket_lesson(model, per_gradient, on_t4, t4, far, one_far, 1e3 * sized_from["1024 ranks"])
 
 # %% [markdown]

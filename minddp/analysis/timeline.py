@@ -54,21 +54,30 @@ COLORS = {
 }
 
 
+#: About the axis's width in pixels: a span shorter than ``axis_end(rows) / PIXELS`` is under a pixel wide.
+PIXELS = 500
+
+
+def axis_end(rows: list[dict]) -> float:
+    """The right end (ms) of the time axis :func:`draw_steps` draws ``rows`` on."""
+    return max([0.0, *(r.get("end", 0.0) for r in rows), *(e for r in rows for _, e in r.get("messages", []))])
+
+
 def draw_steps(rows: list[dict], ax=None, title: str | None = None, width: float = 10.0):
     """Draw each row (module doc) on one axis, top to bottom; returns the figure."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(width, 0.6 + 0.62 * len(rows)))
-    right = max([0.0, *(r.get("end", 0.0) for r in rows), *(e for r in rows for _, e in r.get("messages", []))])
+    right = axis_end(rows)
     for y, row in enumerate(rows):
         alpha, stage = 0.3 if row.get("faded") else 1.0, row.get("stage", row["label"])
 
         def bars(key, y0, h, color, row=row, y=y, alpha=alpha, stage=stage, **kw):
             spans = [(s, max(e - s, 0.0)) for s, e in row.get(key, [])]
-            if sum(w for _, w in spans) < right / 500:  # under a pixel wide in all: drawn, but not in the legend
+            if sum(w for _, w in spans) < right / PIXELS:  # under a pixel wide in all: drawn, but not in the legend
                 kw["label"] = "_" + kw.get("label", "")
-            if not any(w >= right / 500 for _, w in spans):  # each under a pixel: an edge would hide the fill's colour
+            if not any(w >= right / PIXELS for _, w in spans):  # each under a pixel: an edge would hide the fill
                 kw["linewidth"] = 0
             if spans:
                 ax.broken_barh(spans, (y + y0, h), facecolors=color, alpha=alpha, **kw).set_gid(f"{key}:{stage}")

@@ -486,11 +486,17 @@ def link_end_in_words(stage: str, w: dict, look: dict) -> str:
             f"{_before_after(w['tail_end_ms'])})"
         )
     lag = wait_after_backward(look["row"])
-    return said + (
-        f"; its thread reached its first wait {lag:.1f} ms after backward ended and stood through "
-        f"{w['exposed_ms']:.0f} ms of the link's time (exposed)"
-        if lag is not None
-        else f"; its thread waited {look['waited_ms']:.0f} ms in all for its messages"
+    if lag is None:
+        return said + f"; its thread waited {look['waited_ms']:.0f} ms in all for its messages"
+    left = w["end_ms"] - lag  # the link's time still to run when the thread reached its first wait
+    said += f"; its thread reached its first wait {lag:.1f} ms after backward ended"
+    if left <= 0:
+        return said + f", after the link was done, and stood through {w['exposed_ms']:.0f} ms of its time (exposed)"
+    if left - w["exposed_ms"] < 0.05:  # to the printed 0.1 ms
+        return said + f" and stood through all {left:.1f} ms of link time still to run (exposed)"
+    return said + (  # the finish loop waits for one message, writes it back, then waits for the next
+        f" and stood through {w['exposed_ms']:.1f} ms of the {left:.1f} ms of link time still to run (exposed), the "
+        "rest between its waits, while it wrote back the averages already in"
     )
 
 

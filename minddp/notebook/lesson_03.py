@@ -17,6 +17,9 @@ import torch.distributed as dist
 from minddp.notebook import lesson
 from minddp.notebook.lesson import backward_less_check, say
 
+#: The stages whose parameters-used check 03 reports, rank by rank (the ladder from simple; single sends nothing).
+CHECKED = ("simple", "ga", "hook", "hook-async", "bucket", "bucket-async")
+
 
 def say_spread(looks: dict) -> None:
     """How much the same network's last backward (less the check) varied between these steps, over the stages
@@ -44,18 +47,44 @@ def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
     return {s: [r[s] for r in everyone] for s in mine}
 
 
-def say_check(stage: str, on_ranks: list[float], waited_ms: float) -> None:
+def say_check(
+    stage: str, on_ranks: list[float], waited_ms: float, spans: list, pixel_ms: float, step_ms: float
+) -> None:
     """The time the parameters-used check held each rank in one step of ``stage`` (:func:`checks_on_ranks`), in
-    words: its all_gather returns only once every rank has joined it, so the difference is the earlier rank's wait."""
+    words: its all_gather returns only once every rank has joined it, so the difference is the earlier rank's wait.
+    ``spans``: rank 0's checks (ms); ``pixel_ms``: one pixel of rank 0's picture (a mark under it does not show);
+    ``step_ms``: rank 0's step. Call on every rank; rank 0 says it."""
     order = sorted(range(len(on_ranks)), key=on_ranks.__getitem__)
     long, short = order[-1], order[0]
     ranks = " and ".join(f"rank {r} {ms:.0f} ms" for r, ms in enumerate(on_ranks))
-    say(
-        f"{stage}'s check held {ranks} (the picture's hatched mark is rank 0's). Its all_gather returns only once "
-        f"both ranks have joined it, so rank {long}, there first, stood {on_ranks[long] - on_ranks[short]:.0f} ms "
-        f"longer, waiting for rank {short}: {'more' if on_ranks[long] - on_ranks[short] > waited_ms else 'less'} "
-        f"than the {waited_ms:.0f} ms {stage} waited for its messages."
+    wide = sum(e - s >= pixel_ms for s, e in spans)
+    if len(spans) > 1:
+        ranks += f", over {len(spans)} checks"
+    seen = (
+        f"rank 0's {'checks are' if len(spans) > 1 else 'check is'} the picture's hatched "
+        f"mark{'s' if len(spans) > 1 else ''}"
+        if wide == len(spans)
+        else f"rank 0's {'are each' if len(spans) > 1 else 'is'} under one pixel of the picture, {pixel_ms:.1f} ms, "
+        "so no hatched mark shows"
+        if wide == 0
+        else f"{wide} of rank 0's {len(spans)} {'is' if wide == 1 else 'are'} wide enough to show, hatched"
     )
+    gap = round(on_ranks[long]) - round(on_ranks[short])  # of the whole ms printed, so that the sum adds up
+    said = f"{stage}'s check held {ranks} ({seen}). Its all_gather returns only once both ranks have joined it, "
+    if gap == 0:
+        said += "and here the ranks' times differ by less than 1 ms."
+    else:
+        said += (
+            f"so rank {long}, there first, stood {gap:.0f} ms longer, waiting for rank {short}"
+            if len(spans) == 1
+            else f"so rank {long} stood {gap:.0f} ms longer at them in all, waiting for rank {short}"
+        ) + (  # rank 0's step and waits are the ones printed above: set only rank 0's stand against them
+            f", inside its {step_ms:.0f} ms step: {'more' if gap > round(waited_ms) else 'less'} than the "
+            f"{waited_ms:.0f} ms it waited for its messages."
+            if long == 0
+            else "."
+        )
+    say(said)
 
 
 def look_table(looks: dict, checks: dict[str, list[float]]):
@@ -274,16 +303,20 @@ def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
             + "."
         )
         sized, parts = sized_ms[name], []
-        apart = max(max(r["backward_ms"], sized) / min(r["backward_ms"], sized) for r in runs.values())
+        bare = {s: r for s, r in runs.items() if not r["waits_in_backward"]}  # a backward of compute, no wait in it
+        apart = max(max(r["backward_ms"], sized) / min(r["backward_ms"], sized) for r in bare.values())
         for where, group in (("from a grad hook", True), ("after backward", False)):
-            times = {s: r["backward_ms"] / sized_ms[name] for s, r in runs.items() if r["in_backward"] == group}
+            times = {s: r["backward_ms"] / sized_ms[name] for s, r in bare.items() if r["in_backward"] == group}
             if times:
                 lo, hi = min(times.values()), max(times.values())
                 span = f"{lo:.1f}" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f} to {hi:.1f}"
                 parts.append(f"those that send {where} ({', '.join(times)}) {span} times")
+        held = [s for s in runs if s not in bare]
         say(
-            f"Against the {sized_ms[name]:.0f} ms backward the link of {name} was sized from, the rungs' own backwards "
-            f"ran: {'; '.join(parts)}. On a rung whose backward ran r times that one, one sync's bytes took 1/r of "
+            f"Against the {sized_ms[name]:.0f} ms backward the link of {name} was sized from, the backwards that hold "
+            f"no wait for a message ran: {'; '.join(parts)}"
+            + (" (" + " and ".join(f"{s}'s" for s in held) + " hold their waits too, so are left out)" if held else "")
+            + ". On a rung whose backward ran r times that one, one sync's bytes took 1/r of "
             "the setting's share of its own backward: these steps keep the setting's ratios only to within "
             f"{apart:.1f} times."
         )
@@ -292,6 +325,27 @@ def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
             f"bucket-async's backward, {t4['bucket-async']['backward_ms']:.0f} ms on both links, is the same whole ms "
             "by chance: two networks, two steps."
         )
+
+
+def say_hook_backward(backwards: dict, calls: dict) -> None:
+    """hook-async's backward (less the check) against bucket-async's on each link (``backwards``: link -> (hook-async
+    ms, bucket-async ms); ``calls``: link -> (hook-async's comm-hook calls, bucket-async's)), in words, with the one
+    cost the step-time model leaves out that runs inside hook-async's backward once per gradient tensor."""
+    longer = [name for name, (h, b) in backwards.items() if h > b]
+    said = ", ".join(f"{h:.0f} against {b:.0f} ms {name}" for name, (h, b) in backwards.items())
+    how_many = f"all {len(backwards)}" if len(longer) == len(backwards) else f"{len(longer)} of the {len(backwards)}"
+    say(
+        f"hook-async's backward (less the check) ran longer than bucket-async's on {how_many} links: {said}."
+        + (
+            " Inside it run its comm-hook calls, one per gradient tensor, against bucket-async's one per bucket ("
+            + ", ".join(f"{h} against {b}" for h, b in calls.values())
+            + "): a cost of each message (item 1 of the trade) that the step-time model leaves out; one step each "
+            "cannot say how much of the difference it is. A longer backward also gives the link longer to run "
+            "beside it."
+            if longer
+            else ""
+        )
+    )
 
 
 def _side(measured: float, model: float) -> str:
@@ -330,7 +384,8 @@ def say_bucket_lesson(
         f"{'one message per gradient' if first == 'hook-async' else 'buckets'} leave"
         f"{'s' if first == 'hook-async' else ''} less: {first} {by_model[first]:.1f} ms against "
         f"{second}'s {by_model[second]:.1f} ms, at that link's cap of {b4.cap_mb:.2f} MiB (one step each "
-        f"on that link: {t4[first]['end_ms']:.1f} ms against {t4[second]['end_ms']:.1f} ms, "
+        f"on that link, with backwards (less the check) of {t4[first]['backward_ms']:.0f} ms and "
+        f"{t4[second]['backward_ms']:.0f} ms: {t4[first]['end_ms']:.1f} ms against {t4[second]['end_ms']:.1f} ms, "
         + (
             f"both {sides[first]} the model's"
             if sides[first] == sides[second]
