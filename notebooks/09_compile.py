@@ -119,23 +119,24 @@ lesson.say(
 # ## One step of each run, each row from its forward's start
 #
 # Each row is one run's third step on rank 0, from its forward's start to the black line where its optimizer step ends,
-# scaled to that step: the forward (pale, the loss's included), gradient nodes (blue), `AccumulateGrad` nodes (grey), a
-# tick where the reducer's hook calls `all_reduce` on a bucket, and the optimizer step (green). The hook runs in every
-# `AccumulateGrad` node; in the one where a bucket is handed over it first copies the bucket's gradients into its
-# buffer, then makes that call, which starts the collective on gloo's threads. After the last grey, the reducer's
-# end-of-backward callback (it waits for the `all_reduce`s, then writes the averaged gradients back) runs undrawn.
+# scaled to that step: pale up to the first gradient node (the forward, the loss's included, and the backward pass's
+# start), gradient nodes (blue), `AccumulateGrad` nodes (grey), a tick where the reducer's hook calls `all_reduce` on a
+# bucket, and the optimizer step (green). The hook runs in every `AccumulateGrad` node; in the one where a bucket is
+# handed over it copies the bucket's gradients into its buffer, scales it by one over the number of ranks, then makes
+# that call, which starts the collective (a sum) on gloo's threads. After the last grey,
+# the reducer's end-of-backward callback (not drawn) waits for each bucket's `all_reduce` in turn and copies its buffer
+# (now the average) back into the gradients.
 #
 # What to look for: with the cut, as in eager, a gradient node ran after each tick but the last; without it, after
 # none (every tick comes after the last blue).
 #
-# Count pieces and buckets in the claims and row labels, not in the bars (blue is several nodes per layer in eager, one
-# per piece with the cut): nodes run back to back may draw as one stretch or split by a white line, and a node narrower
-# than a pixel as a sliver or nothing. The cell prints which grey nodes took the time.
+# Count pieces and buckets in the claims and row labels, not in the bars (blue is the loss's nodes, then several nodes
+# per layer in eager or one per piece with the cut): nodes run back to back may draw as one stretch or split by a white
+# line, and a node narrower than a pixel as a sliver or nothing. The cell prints, in ms, what the grey after each tick
+# and the blank after the last grey hold.
 #
 # Read the figure for the order of events, not for lengths: each row is one step of two ranks whose threads, gloo's
-# included, share this machine's cores, so a bar can hold time a thread waits for a core. So can a blank inside the
-# backward, where no node ran: the cell prints what the profiler recorded in such blanks; where nothing, the thread was
-# in autograd's engine between two nodes (code it does not record) or waiting for a core.
+# included, share this machine's cores, so a bar or a blank can hold time a thread waits for a core.
 
 # %%
 # %%distributed
@@ -164,17 +165,18 @@ lesson.claim(
     all(torch.equal(v["params"], looks["eager"]["params"]) for v in looks.values()),
     "The three trainings end with the same parameters, to the bit (aot_eager computes with eager's aten ops).",
 )
-for label, v in looks.items():  # which grey took the time, and what the profiler recorded where no node ran
-    split, step, blanks = v["accumulate_split"], v["row"]["end"], v["blanks"]
-    handing, other = (100 * split[key] / step for key in ("handing over", "other"))
-    whose = "theirs" if handing > other else "the others'"
-    recorded = ", ".join(sorted({name for *_, names in blanks for name in names})) or "nothing"
-    widest = 100 * max((end - start for start, end, _ in blanks), default=0) / step
+for label, v in looks.items():  # what the grey after each tick and the blank after the last grey hold, in ms
+    hand = v["handing"]
+    share = "most" if hand["in_call"] > hand["after_tick"] / 2 else "less than half"
+    reduced = (
+        f"the last all_reduce ended on gloo's threads {v['reduced_in_it']:.1f} ms into it"
+        if v["reduced_in_it"] > 0
+        else "every all_reduce had ended on gloo's threads before it"
+    )
     lesson.say(
-        f"{label}: the {split['count'][0]} AccumulateGrad nodes where a bucket was handed over took {handing:.1f} % of "
-        f"the step in all, the other {split['count'][1]} nodes {other:.1f} %, so most of the grey is {whose}. Widest "
-        f"blank inside the backward: {widest:.1f} % of the step; the profiler recorded {recorded} in the blanks on the "
-        "nodes' thread."
+        f"{label}, a step of {v['row']['end']:.1f} ms: its {hand['count']} hand-over nodes ran "
+        f"{hand['after_tick']:.1f} ms after their ticks, {share} of it inside the all_reduce calls ({hand['in_call']:.1f} ms); from the last "
+        f"grey to the backward's return (the callback) {v['after_backward']:.1f} ms, and {reduced}."
     )
 
 # %% [markdown]
@@ -246,10 +248,10 @@ lesson.claim(
 # Write `my_handed_over_after(pieces, cap)`: `pieces` lists pieces in the order the backward pass runs them, each as its
 # gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes (`CAP` above is in MiB), every
 # bucket's, the first included. Pieces and gradients are any sizes, empty and 0 bytes too, not only those a cut at `cap`
-# makes, so a bucket can take gradients from several pieces (as in `ddp`'s first step at 0.5 MiB, below). Fill the
-# buckets in arrival order, as `ddp` plans them from its second step on (a bucket closes at the first gradient that
-# takes it to the cap or past it; the gradients left at the end make one last bucket) and return, for each bucket, the
-# index of the piece after whose backward it is handed over. `check_handover` names the usual mistakes. On this
+# makes, so a bucket can take gradients from several pieces. Fill the buckets in arrival order, as `ddp` plans them from
+# its second step on (a bucket closes at the first gradient that takes it to the cap or past it; the gradients left at
+# the end make one last bucket) and return, for each bucket, the index of the piece after whose backward it is handed
+# over. `check_handover` names the usual mistakes. On this
 # notebook's step, four pieces of two 1 MiB gradients at `cap = 2 * 2**20`, the answer is `[0, 1, 2, 3]`.
 
 # %%
@@ -326,8 +328,6 @@ lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {
 
 # %%
 # %%distributed
-from minddp.exercises import solutions
-
 SMALL = 0.5  # MiB
 torch_first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's piece 0 under torch's DDP
 
@@ -368,14 +368,6 @@ lesson.claim(
     f"minddp's ddp trains its first step there, with either pattern, to the bits of eager ddp's first step, in one "
     f"bucket of both layers (a first step's plan), with no graph break; one more forward runs one compiled piece per "
     f"1 MiB layer: each piece closes at the layer that takes it past the {SMALL:g} MiB cap.",
-)
-size = nodes.parameter_bytes(reference)
-small_pieces = [[size["layers.1.weight"]], [size["layers.0.weight"]]]  # the pieces above, in bytes
-first_step = solutions.handed_over_after(small_pieces, sum(size.values()))  # one bucket: a cap of all the bytes
-when = "the last piece, so no bucket was handed over before" if first_step == [1] else "a piece before"
-lesson.say(
-    f"In the exercise's terms, that first step's one bucket is pieces {small_pieces} at a cap of all their bytes "
-    f"({sum(size.values())}): {first_step}, handed over after {when} the backward ended."
 )
 
 # %% [markdown]

@@ -54,9 +54,11 @@ def node_view(prof) -> dict:
     * ``inside_accumulate``: for each handover, whether it fell inside an ``AccumulateGrad`` node's range;
     * ``pieces_run``: how many compiled pieces' gradient nodes ran; ``pieces_ended_at_handover`` and
       ``pieces_begun_at_handover``: for each handover, how many of them had ended, and begun, by then;
-    * ``accumulate_split``: the ``AccumulateGrad`` nodes' time (ms), those a handover fell in (``"handing over"``)
-      and the ``"other"`` ones, and ``"count"``, how many of each;
-    * ``blanks``: the stretches inside the backward where no node ran (:func:`_blanks`).
+    * ``handing``: the ``AccumulateGrad`` nodes a handover fell in: ``"count"``, ``"after_tick"`` (ms from each
+      one's handover to its end, summed) and ``"in_call"`` (ms inside the ``c10d::allreduce_`` calls, summed);
+    * ``after_backward``: ms from the last node's end to the end of ``minddp.forward_backward`` (where the
+      reducer's end-of-backward callback runs), and ``reduced_in_it``: ms of that until the last
+      ``gloo:all_reduce``/``nccl:all_reduce`` range ended (0 if it ended before).
     """
     events = compat.profiler_events(prof)
     view = live.step_view(prof)
@@ -78,37 +80,24 @@ def node_view(prof) -> dict:
     view["pieces_ended_at_handover"] = [sum(e.time_range.end <= t for e in pieces) for t in handovers]
     view["pieces_begun_at_handover"] = [sum(e.time_range.start <= t for e in pieces) for t in handovers]
     view["row"].update(backward=ms(nodes), accumulate=ms(accumulate), finish=[], messages=[])
-    handing = [e for e in accumulate if any(e.time_range.start <= t <= e.time_range.end for t in handovers)]
-    view["accumulate_split"] = {  # the AccumulateGrad nodes' time, those that handed a bucket over apart
-        "handing over": sum(e.time_range.end - e.time_range.start for e in handing) / 1e3,
-        "other": sum(e.time_range.end - e.time_range.start for e in accumulate if e not in handing) / 1e3,
-        "count": (len(handing), len(accumulate) - len(handing)),
-    }
-    view["blanks"] = _blanks(events, ran, t0)
-    return view
-
-
-def _blanks(events, ran, t0) -> list[tuple[float, float, list[str]]]:
-    """The stretches inside the backward (from its first node's start to its last node's end) where no node ran,
-    each as (start, end) in ms since ``t0``, with the names of the ranges the profiler recorded beginning in it on
-    the thread that ran the nodes."""
-    if not ran:
-        return []
-    thread = ran[0].thread
-    spans = sorted((e.time_range.start, e.time_range.end) for e in ran)
-    blanks, reached = [], spans[0][1]
-    for start, end in spans[1:]:
-        if start > reached:
-            blanks.append((reached, start))
-        reached = max(reached, end)
-    return [
-        (
-            (s - t0) / 1e3,
-            (e - t0) / 1e3,
-            [x.name for x in events if x.thread == thread and s < x.time_range.start < e],
+    calls = [e for e in events if e.name == live.CALL]
+    handing = [(e, t) for e in accumulate for t in handovers if e.time_range.start <= t <= e.time_range.end]
+    view["handing"] = {
+        "count": len(handing),
+        "after_tick": sum(e.time_range.end - t for e, t in handing) / 1e3,
+        "in_call": sum(
+            c.time_range.end - c.time_range.start
+            for c in calls
+            if any(e.time_range.start <= c.time_range.start <= e.time_range.end for e, _ in handing)
         )
-        for s, e in blanks
-    ]
+        / 1e3,
+    }
+    last_node = max((e.time_range.end for e in ran), default=t0)
+    returned = max(e.time_range.end for e in events if e.name == "minddp.forward_backward")
+    reduced = max((e.time_range.end for e in events if e.name in live.BACKEND_RANGES), default=last_node)
+    view["after_backward"] = (returned - last_node) / 1e3
+    view["reduced_in_it"] = max(0.0, min(reduced, returned) - last_node) / 1e3
+    return view
 
 
 def bucket_names(ddp) -> list[list[str]]:
