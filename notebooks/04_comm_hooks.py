@@ -229,11 +229,11 @@ first, second = late.index[:2]  # its first two compressing steps
 # step's relative error times its ‖g‖, and the second step compresses g plus it
 fed_back = steps.loc[first, "relative error"] * steps.loc[first, "‖g‖"]
 lesson.say(
-    f"Those carry {last['PowerSGD payload KiB'] / plain_kib:.4f} of plain averaging's payload. Step {first}'s relative "
-    f"error, {steps.loc[first, 'relative error']:.2f}, has no error feedback in it but computes its P from a random Q: it "
-    f"is that one step's, not the hook's in general. Step {second}'s "
-    f"relative error compares step {second}'s ĝ with step {second}'s g alone, while what the ranks added by error "
-    f"feedback, averaged over them, is step {first}'s g − ĝ, of norm {fed_back:.1f}, "
+    f"Those carry {last['PowerSGD payload KiB'] / plain_kib:.4f} of plain averaging's payload. Step {first}'s "
+    f"relative error, {steps.loc[first, 'relative error']:.2f}, has no error feedback in it but computes its P from "
+    f"a random Q: it is that one step's, not the hook's in general. Step {second}'s relative error compares step "
+    f"{second}'s ĝ with step {second}'s g alone, while what the ranks added by error feedback, averaged over them, "
+    f"is step {first}'s g − ĝ, of norm {fed_back:.1f}, "
     f"{fed_back / steps.loc[second, '‖g‖']:.1f} times step {second}'s ‖g‖: the error counts that too, not only "
     f"step {second}'s compression."
 )
