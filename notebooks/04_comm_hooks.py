@@ -308,7 +308,7 @@ lesson.say(
 #   is paid 2(n − 1) times, while the bytes each rank sends, 2(n − 1)/n · S, stay under 2S whatever n.
 #
 # The cell prices both hooks' last steps on every preset link of `minddp.comm.link.PRESETS` but `loopback`: a
-# pair α, B (the table's first two columns: α in µs, B in Gbit/s, 1 Gbit/s being 1.25 × 10⁸ bytes/s), not a
+# pair α, B (the table's first two columns: α in µs, B in Gbit/s, a Gbit/s being 1.25 × 10⁸ bytes/s), not a
 # measured network; `home` stands for a home broadband line's upload, `wan` for two cloud regions a continent apart. The
 # figure draws both link times against B at `1gbit`'s α: each line falls towards c fixed costs,
 # c · 2(n − 1) α, and the two cross at 1gbit's B*. Each preset is named beside its circle, its triangle at the
