@@ -57,21 +57,24 @@ HOOKS = {
     "powersgd": {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2},
 }
 STEPS = 4  # 2 of plain averaging (PowerSGD's start) and 2 that compress
+# warmup=0: no step is taken while building, so step 1 below is each trainee's first and the steps count from it
 trainees = {
     name: lesson.Trainee("bucket-async", hook=name, powersgd_options=options, measure_error=True, warmup=0)
     for name, options in HOOKS.items()
 }
 start = trainees["allreduce"].flat_parameters()  # every trainee starts from the same seeded weights
 assert all(torch.equal(t.flat_parameters(), start) for t in trainees.values())
-lesson.race(trainees, rounds=STEPS)  # the hooks take turns, one step each
+for _ in range(STEPS):  # the hooks take turns, one step each
+    for t in trainees.values():
+        t.step()
 lesson.say(lesson.describe())
 lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 
 # %% [markdown]
 # ## Payload and gradient error
 #
-# The table is each hook's last step. `bucket-async` sends each bucket once a step (02's *sync*), in the last
-# micro-batch's backward or before `optimizer.step()`. ‖g‖ is the norm of that trainee's reference average.
+# The table is each hook's last step. `bucket-async` sends each bucket once a step (02's *sync*). ‖g‖ is the norm
+# of that trainee's reference average.
 #
 # The cell after it holds fp16's and bf16's error against a worst-case bound on rounding alone
 # (`minddp.comm.measure.rounding_bound`): value i of the average is off by at most
@@ -107,16 +110,18 @@ for name, t in trainees.items():
     }
 table = pd.DataFrame.from_dict(rows, orient="index")  # by rows: the counts stay integers
 lesson.say(table.round({"payload KiB": 1, "payload vs plain averaging": 4, "‖g‖": 2}).to_string())
-psgd = trainees["powersgd"].metered
-first = HOOKS["powersgd"]["start_powerSGD_iter"] + 1  # its first compressing step
+psgd_last = trainees["powersgd"].metered[-1]["relative_error"]
 lesson.say(
-    f"PowerSGD's {psgd[-1]['relative_error']:.1e} is not its compression's error alone: by error feedback, step "
-    f"{STEPS}'s ĝ also carries what step {STEPS - 1}'s compression left out, so it is meant to differ from step {STEPS}'s g. "
-    f"Its compression's error alone is step {first}'s, its first compressing step: {psgd[first - 1]['relative_error']:.2f}."
+    f"PowerSGD's {psgd_last:.1e} puts its step-{STEPS} ĝ "
+    + ("further from g than" if psgd_last > 1 else "nearer g than" if psgd_last < 1 else "as far from g as")
+    + f" a hook handing back zeros (1): by error feedback that ĝ also carries what step {STEPS - 1}'s compression "
+    "left out (next section), so one step's relative error cannot rank PowerSGD against the other hooks."
 )
 
 # %%
 # %%rank 0
+import math
+
 import torch
 
 from minddp.comm.measure import rounding_bound
@@ -136,15 +141,10 @@ lesson.claim(
     == table.loc["plain averaging", "all_reduces"],
     "fp16 and bf16's payload is exactly half of plain averaging's, in as many all_reduces: 2 bytes a value instead of 4.",
 )
-# the tiny term alone: the bound were every value to underflow, ‖b‖ with every a_i = 0
-underflow = (
-    rounding_bound(torch.float16, world_size, 0.0, 0.0, trainees["fp16"].metered[-1]["magnitudes"]["values"])
-    / trainees["fp16"].metered[-1]["norm"]
-)
 lesson.claim(
     all(err[name] <= bound[name] for name in dtypes),
     f"Their relative gradient errors on the last step stay within that step's worst-case bounds on rounding alone: "
-    f"{bound['fp16']:.1e} for float16 (its tiny term alone, underflow's allowance: {underflow:.1e}) and "
+    f"{bound['fp16']:.1e} for float16 and "
     f"{bound['bf16']:.1e} for bfloat16.",
 )
 # a rank's |value i| is at most the ranks' sum of |value i|, n · a_i, so at most n times the a_i's norm
@@ -153,10 +153,11 @@ cast = {
     for k in range(1, STEPS + 1)
 }
 top = max(cast, key=cast.get)  # the step whose bound is the largest
+cast_up = math.ceil(cast[top] * 10) / 10  # printed rounded up: still a bound
 f16, b16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
 lesson.claim(
     cast[top] < f16.max and err["fp16"] < err["bf16"],
-    f"On none of the {STEPS} steps did either trainee cast a gradient value above {cast[top]:.2g} (step {top}'s n "
+    f"On none of the {STEPS} steps did either trainee cast a gradient value above {cast_up:.1f} (step {top}'s n "
     f"times the a_i's norm, the largest), below float16's largest value, {f16.max:.0f} (bfloat16's, like "
     f"float32's, is about {b16.max:.1e}), so none overflowed float16; bfloat16, whose eps is "
     f"{b16.eps / f16.eps:.0f} times float16's, has the larger error for as many bytes.",
@@ -228,9 +229,11 @@ first, second = late.index[:2]  # its first two compressing steps
 # step's relative error times its ‖g‖, and the second step compresses g plus it
 fed_back = steps.loc[first, "relative error"] * steps.loc[first, "‖g‖"]
 lesson.say(
-    f"Those carry {last['PowerSGD payload KiB'] / plain_kib:.4f} of plain averaging's payload. Step {second}'s "
-    f"relative error compares step {second}'s ĝ with step {second}'s g alone, while what the ranks added by error "
-    f"feedback, averaged over them, is step {first}'s g − ĝ, of norm {fed_back:.1f}, "
+    f"Those carry {last['PowerSGD payload KiB'] / plain_kib:.4f} of plain averaging's payload. Step {first}'s "
+    f"relative error, {steps.loc[first, 'relative error']:.2f}, has no error feedback in it but computes its P from "
+    f"a random Q: it is that one step's, not the hook's in general. Step {second}'s relative error compares step "
+    f"{second}'s ĝ with step {second}'s g alone, while what the ranks added by error feedback, averaged over them, "
+    f"is step {first}'s g − ĝ, of norm {fed_back:.1f}, "
     f"{fed_back / steps.loc[second, '‖g‖']:.1f} times step {second}'s ‖g‖: the error counts that too, not only "
     f"step {second}'s compression."
 )
@@ -247,11 +250,11 @@ steps.round({"PowerSGD payload KiB": 1, "relative error": 2, "‖g‖": 2, "plai
 # %% [markdown]
 # ## Over a link: from bytes to link time
 #
-# The notation is 01's: a *message* is one all_reduce, α the fixed cost of one *hop* (a point-to-point send; an
-# all_reduce around a ring makes 2(n − 1) of them, so a message's fixed cost is 2(n − 1) α), β the time per byte
-# (1 / B, B the link's bandwidth in bytes/s). A link carries one message at a time, each for its α-β time,
-# `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of m bytes on n ranks. So c all_reduces of S bytes of payload
-# in all take
+# The notation is 01's: a *message* is one all_reduce, α a *hop*'s cost whatever its size (a hop: a point-to-point
+# send; an all_reduce around a ring makes 2(n − 1) of them, so a message's *fixed cost* is 2(n − 1) α), β the
+# time per byte (1 / B, B the link's bandwidth in bytes/s). A link carries one message at a time, each for its
+# α-β time, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of m bytes on n ranks. So c all_reduces of S bytes
+# of payload in all take
 #
 # `c · 2(n − 1) α + 2(n − 1)/n · S β`
 #
@@ -264,27 +267,30 @@ from minddp.comm.link import parse_link
 
 LINK = parse_link("1gbit")
 n = world_size
-sent = {
+reduced = {
     h: (trainees[h].metered[-1]["calls"], trainees[h].metered[-1]["bytes"]) for h in ("allreduce", "fp16", "powersgd")
 }
-link_ms_of = {h: lesson_04.link_ms(sent[h], LINK, n) for h in sent}
+link_ms_of = {h: lesson_04.link_ms(reduced[h], LINK, n) for h in reduced}
 per_message = LINK.seconds("all_reduce", 0, n) * 1e3  # 2(n − 1) α: a message's fixed cost, ms
-fixed = {h: sent[h][0] * per_message for h in sent}
+fixed = {h: reduced[h][0] * per_message for h in reduced}
 lesson.say(f"The link: {LINK.describe()}.")
 lesson.claim(
     fixed["fp16"] == fixed["allreduce"]
     and abs(link_ms_of["fp16"] - fixed["fp16"] - (link_ms_of["allreduce"] - fixed["allreduce"]) / 2)
     < 1e-9 * link_ms_of["allreduce"],
-    f"On it, half the bytes halve all but the messages' fixed cost: fp16 takes {link_ms_of['fp16']:.1f} ms "
+    f"On it, half the bytes halve all but the messages' fixed costs: fp16 takes {link_ms_of['fp16']:.1f} ms "
     f"against plain averaging's {link_ms_of['allreduce']:.1f} ms, that is ({link_ms_of['allreduce']:.1f} − "
-    f"{fixed['fp16']:.1f}) / 2 + {fixed['fp16']:.1f}, where {fixed['fp16']:.1f} ms is the fixed cost of the "
-    f"{sent['fp16'][0]} messages each of these two hooks makes ({per_message:.2f} ms a message).",
+    f"{fixed['fp16']:.1f}) / 2 + {fixed['fp16']:.1f}, where {fixed['fp16']:.1f} ms is the sum of the fixed costs "
+    f"of the {reduced['fp16'][0]} messages each of these two hooks makes, {per_message:.2f} ms each.",
 )
-link_share, pay_share = link_ms_of["powersgd"] / link_ms_of["allreduce"], sent["powersgd"][1] / sent["allreduce"][1]
+link_share, pay_share = (
+    link_ms_of["powersgd"] / link_ms_of["allreduce"],
+    reduced["powersgd"][1] / reduced["allreduce"][1],
+)
 lesson.say(
-    f"PowerSGD's {sent['powersgd'][0]} messages take {link_ms_of['powersgd']:.1f} ms of link time, "
-    f"{fixed['powersgd']:.1f} ms ({fixed['powersgd'] / link_ms_of['powersgd']:.0%}) of it their fixed cost, which "
-    f"does not shrink with the bytes: its link time is {link_ms_of['powersgd'] / link_ms_of['allreduce']:.3f} of "
+    f"PowerSGD's {reduced['powersgd'][0]} messages take {link_ms_of['powersgd']:.1f} ms of link time, "
+    f"{fixed['powersgd']:.1f} ms ({fixed['powersgd'] / link_ms_of['powersgd']:.0%}) of it their fixed costs, which "
+    f"do not shrink with the bytes: its link time is {link_ms_of['powersgd'] / link_ms_of['allreduce']:.3f} of "
     f"plain averaging's, {link_share / pay_share:.1f} times its payload's share, {pay_share:.4f}."
 )
 
@@ -296,15 +302,15 @@ lesson.say(
 # all take less link time exactly when `2(n − 1)/n · (S − S′) β > 2(n − 1)(c′ − c) α`:
 #
 # * **bandwidth**: PowerSGD's link time is the shorter below `B* = (S − S′) / (n (c′ − c) α)` bytes/s, plain
-#   averaging's above it, where the bytes PowerSGD saves cost less than its extra messages' fixed cost; the
+#   averaging's above it, where the bytes PowerSGD saves cost less than its extra messages' fixed costs; the
 #   larger α, the lower B*;
 # * **ranks**: it is the shorter below `n* = (S − S′) / ((c′ − c) α B)`: around a ring every message's α
 #   is paid 2(n − 1) times, while the bytes each rank sends, 2(n − 1)/n · S, stay under 2S whatever n.
 #
 # The cell prices both hooks' last steps on every preset link of `minddp.comm.link.PRESETS` but `loopback`: a
-# pair α, B (the table's first two columns, in µs and decimal Gbit/s, 1.25 × 10⁸ bytes/s), not a measured
-# network; `home` stands for a home broadband line's upload, `wan` for two cloud regions a continent apart. The
-# figure draws both link times against B at `1gbit`'s α: each line falls towards its messages' fixed cost,
+# pair α, B (the table's first two columns: α in µs, B in Gbit/s, a Gbit/s being 1.25 × 10⁸ bytes/s), not a
+# measured network; `home` stands for a home broadband line's upload, `wan` for two cloud regions a continent apart. The
+# figure draws both link times against B at `1gbit`'s α: each line falls towards c fixed costs,
 # c · 2(n − 1) α, and the two cross at 1gbit's B*. Each preset is named beside its circle, its triangle at the
 # same B; at its own α a marker sits c · 2(n − 1) (α − 1gbit's α) off its line, three times as much for PowerSGD.
 
@@ -314,8 +320,8 @@ import math
 
 from minddp.comm.link import GBIT, LinkSpec
 
-c, S = sent["allreduce"]
-c2, S2 = sent["powersgd"]
+c, S = reduced["allreduce"]
+c2, S2 = reduced["powersgd"]
 
 
 def crossover(alpha):
@@ -323,7 +329,7 @@ def crossover(alpha):
 
 
 n_star = (S - S2) / ((c2 - c) * LINK.latency * LINK.bandwidth)  # ranks, at the notebook's link
-wins = lesson_04.preset_table(sent, n, crossover)  # each preset's α, B, both hooks' link ms, B*
+wins = lesson_04.preset_table(reduced, n, crossover)  # each preset's α, B, both hooks' link ms, B*
 faster = wins["PowerSGD, link ms"] < wins["plain averaging, link ms"]
 lesson.claim(
     all(faster[nm] == (spec.bandwidth < crossover(spec.latency)) for nm, spec in lesson_04.presets().items()),
@@ -335,13 +341,13 @@ slower = wins.index[~faster]  # where PowerSGD's link time is the longer
 if len(slower):
     lesson.claim(
         all(c2 * per_msg[nm] > wins.loc[nm, "plain averaging, link ms"] for nm in slower),
-        f"On {' and '.join(slower)}, the fixed cost of PowerSGD's {c2} messages alone, "
+        f"On {' and '.join(slower)}, the fixed costs of PowerSGD's {c2} messages alone, "
         + " and ".join(f"{c2 * per_msg[nm]:.3f}" for nm in slower)
-        + f" ms, exceeds plain averaging's whole link time: there the bytes it saves take less time than its "
-        f"{c2 - c} extra messages' fixed cost.",
+        + f" ms, exceed plain averaging's whole link time: there the bytes it saves take less time than its "
+        f"{c2 - c} extra messages' fixed costs.",
     )
 tie = LinkSpec("B*", crossover(LINK.latency), LINK.latency)
-tied = [lesson_04.link_ms(sent[h], tie, n) for h in ("powersgd", "allreduce")]
+tied = [lesson_04.link_ms(reduced[h], tie, n) for h in ("powersgd", "allreduce")]
 lesson.claim(
     abs(tied[0] - tied[1]) < 1e-9 * tied[1],
     f"At {LINK.name}'s α = {LINK.latency * 1e6:g} µs and n = {n} ranks the two tie at B* = "
@@ -349,14 +355,15 @@ lesson.claim(
 )
 below, above = math.floor(n_star), math.floor(n_star) + 1  # the link's own prices on either side of n*
 shorter = [
-    lesson_04.link_ms(sent["powersgd"], LINK, k) < lesson_04.link_ms(sent["allreduce"], LINK, k) for k in (below, above)
+    lesson_04.link_ms(reduced["powersgd"], LINK, k) < lesson_04.link_ms(reduced["allreduce"], LINK, k)
+    for k in (below, above)
 ]
 lesson.claim(
     shorter == [True, False],
     f"The same all_reduces and payload, from these {n}-rank steps, priced on {LINK.name} as if on more ranks: "
     f"PowerSGD's take less link time on {below} ranks and not on {above}, either side of n* = {n_star:.1f}.",
 )
-lesson_04.link_figure(sent, n, LINK, crossover)
+lesson_04.link_figure(reduced, n, LINK, crossover)
 wins.round(3)
 
 # %% [markdown]

@@ -2,8 +2,8 @@
 messages against bytes (each preset's link time, the table, the figure), so that the section's cell shows its
 two formulas, B* and n*, and what it claims of them.
 
-``sent``, below, is one step of a hook: ``(calls, payload bytes)`` of its all_reduces, from its traffic meter
-(``trainee.metered[-1]``).
+``reduced``, below, is what one step of a hook's all_reduces reduce: ``(calls, payload bytes)``, from its traffic
+meter (``trainee.metered[-1]``); the payload, not the bytes a rank sends.
 """
 
 from __future__ import annotations
@@ -12,19 +12,19 @@ from __future__ import annotations
 NAMES = {"allreduce": "plain averaging", "fp16": "fp16", "bf16": "bf16", "powersgd": "PowerSGD"}
 
 
-def link_ms(sent: tuple[int, int], spec, n: int) -> float:
-    """The link time of one step's all_reduces ``sent`` (``(calls, payload bytes)``) on the link ``spec`` (a
+def link_ms(reduced: tuple[int, int], spec, n: int) -> float:
+    """The link time of one step's all_reduces ``reduced`` (``(calls, payload bytes)``) on the link ``spec`` (a
     :class:`~minddp.comm.link.LinkSpec`) and ``n`` ranks, ms: each message's α-β time, added (the link carries one
     at a time). That time is a fixed cost plus a price per byte, so the sum needs only the count and the bytes in
     all: ``calls`` fixed costs and the price of ``bytes``."""
-    calls, nbytes = sent
+    calls, nbytes = reduced
     fixed = spec.seconds("all_reduce", 0, n)
     return (calls * fixed + spec.seconds("all_reduce", nbytes, n) - fixed) * 1e3
 
 
-def preset_table(sent: dict, n: int, crossover):
+def preset_table(reduced: dict, n: int, crossover):
     """One row per preset link (loopback left out): its α and bandwidth, each hook's link time for its step
-    ``sent[hook]`` (``allreduce`` and ``powersgd``), and ``crossover(α)``, B* in bytes/s, in Gbit/s."""
+    ``reduced[hook]`` (``allreduce`` and ``powersgd``), and ``crossover(α)``, B* in bytes/s, in Gbit/s."""
     import pandas as pd
 
     from minddp.comm.link import GBIT
@@ -34,7 +34,7 @@ def preset_table(sent: dict, n: int, crossover):
             name: {
                 "α per hop (µs)": spec.latency * 1e6,
                 "bandwidth (Gbit/s)": spec.bandwidth / GBIT,
-                **{f"{NAMES[h]}, link ms": link_ms(sent[h], spec, n) for h in ("allreduce", "powersgd")},
+                **{f"{NAMES[h]}, link ms": link_ms(reduced[h], spec, n) for h in ("allreduce", "powersgd")},
                 f"B* at n = {n} (Gbit/s)": crossover(spec.latency) / GBIT,
             }
             for name, spec in presets().items()
@@ -66,7 +66,7 @@ def presets() -> dict:
     return {name: spec for name, spec in PRESETS.items() if name != "loopback"}
 
 
-def link_figure(sent: dict, n: int, link, crossover):
+def link_figure(reduced: dict, n: int, link, crossover):
     """Plain averaging's and PowerSGD's link time per step against the bandwidth, 0.01 Gbit/s to 10 Tbit/s: a line
     each at ``link``'s α, a grey line at its B* (``crossover(α)``, bytes/s), and each preset as a marker at its
     own α and bandwidth, in its hook's colour, named beside its circle."""
@@ -82,7 +82,7 @@ def link_figure(sent: dict, n: int, link, crossover):
     for hook, color in colors.items():
         ax.plot(
             [bw / GBIT for bw in bandwidths],
-            [link_ms(sent[hook], LinkSpec("", bw, alpha), n) for bw in bandwidths],
+            [link_ms(reduced[hook], LinkSpec("", bw, alpha), n) for bw in bandwidths],
             color=color,
             label=f"{NAMES[hook]}, {link.name}'s α = {alpha * 1e6:g} µs",
         )
@@ -93,7 +93,7 @@ def link_figure(sent: dict, n: int, link, crossover):
     for hook, marker, size in (("allreduce", "o", 90), ("powersgd", "^", 30)):
         ax.scatter(
             [spec.bandwidth / GBIT for spec in links.values()],
-            [link_ms(sent[hook], spec, n) for spec in links.values()],
+            [link_ms(reduced[hook], spec, n) for spec in links.values()],
             marker=marker,
             s=size,
             facecolors="none",
@@ -104,7 +104,7 @@ def link_figure(sent: dict, n: int, link, crossover):
     for name, spec in links.items():  # the name by the preset's own markers, not above the lines' α
         ax.annotate(
             name,
-            (spec.bandwidth / GBIT, link_ms(sent["allreduce"], spec, n)),
+            (spec.bandwidth / GBIT, link_ms(reduced["allreduce"], spec, n)),
             xytext=(7, 2),
             textcoords="offset points",
             fontsize=7,
