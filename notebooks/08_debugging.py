@@ -25,7 +25,7 @@
 #    run on a new group, `short` (*the short group*), and torch's DDP on `group`, with torch's default
 #    timeout (the set-up cell prints both): a rank waiting on `group` is released when a
 #    failing rank destroys its groups;
-# 2. **minddp in debug mode**: its DDP checks each step, and the *collective check* (sections 4 and 5)
+# 2. **minddp in debug mode**: its DDP checks each step, and the *collective check*
 #    every collective, the script's own (here on the default group) included. A `DebugError` is raised
 #    on every rank at the first check that sees the bug (for section 3's bug, a `DebugWarning`, and
 #    training goes on), naming the cause, the tensor or call, the rank(s), the step, and the fix;
@@ -50,8 +50,9 @@
 #
 # * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised (an excerpt),
 #   in which step if in `train()`'s loop (`torch_step`), and after how long from the script's start
-#   (`torch_took`), or "raised nothing". `torch_drifts`, for sections 1 and 2: whether the
-#   replicas' parameters differ at the end;
+#   (`torch_took`), or "raised nothing". `torch_drifts`: whether the
+#   replicas' parameters differ at the end. `peer_gone(s)`: whether error `s` says "closed by peer",
+#   "reset by peer" or "Broken pipe" (its partner's process is gone);
 # * `minddp_says`: the `DebugError` debug mode raised, checked on every rank (`say_each` prints rank 0's
 #   line, then whether each other rank said the same);
 # * `fixed`: the corrected script in debug mode; its ✓ line checks that nothing is said (`quiet()`
@@ -68,6 +69,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import minddp.debug
 from minddp import DistributedDataParallel
+from minddp.debug.collective_check import recorded
 from minddp.notebook import lesson
 from minddp.notebook.lesson_08 import (
     DEFAULT_WAIT_S,
@@ -218,7 +220,10 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # metrics on every rank.
 #
 # Debug mode numbers each rank's collectives on the default group from 0 (*collective #K*) and compares
-# the ranks' calls of the same number; the lines "rank R's collectives, numbered" list this run's. A call
+# the ranks' calls of the same number; the lines "collectives, numbered" list this run's, rank 0's, then
+# where rank 1's part from them. The wrapper's own calls each step: the forward check, an all_reduce per
+# *bucket* (gradients averaged in one collective), the *plan check* (the ranks compare which parameters
+# each bucket holds and the order the buckets were sent in), the step check. A call
 # is written as op(dtype[shape], ...), with its reduce op if any; an all_gather's lists the output (the
 # number of ranks × the input's shape), then the input. A call minddp makes is placed at the script's
 # line that led to it. Then the step: `(step 0)` for a call made in a wrapper's step (from its forward
@@ -247,7 +252,7 @@ lesson.claim(
 # %% [markdown]
 # A collective made on some ranks only is the same bug one call later: rank 0's all_reduce of its
 # loss pairs with rank 1's next collective on that group. In debug mode that is the step check's
-# all_gather, on the default group; under torch here, none, as rank 1 makes no other call on the
+# all_gather, on the default group; under torch, none, as rank 1 makes no other call on the
 # short group. The fix: log on every rank.
 
 
@@ -277,7 +282,7 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # 0 starts a step whose collectives rank 1 will never make. Under torch rank 1 fails at the short
 # group's timeout, and when it destroys its groups, rank 0's step fails with gloo's error that its
 # partner is gone; neither says which rank ran out, or when. The collective check pairs rank 1's
-# barrier with rank 0's next forward check: rank 1 has left its loop. The cell's fix is
+# barrier with rank 0's next forward check: rank 1 has left its loop. The fix:
 # the wrapper's `join()` around the loop, the barrier after it: a rank that has run out makes the others' remaining collectives, and once
 # every rank has left its loop, each takes the parameters of the last to leave (rank 0, here).
 
@@ -302,7 +307,7 @@ lesson.claim(
 minddp_says(lambda: uneven(*build()), "uneven inputs: rank 1 left the training loop after step 2", numbered=True)
 model, optimizer = build()
 stepped = 0
-with quiet() as said:
+with quiet() as said, recorded() as calls:
     with model.join():
         for step in range(4 if rank == 0 else 3):
             x, y = batch(step)
@@ -313,11 +318,17 @@ with quiet() as said:
         left = nn.utils.parameters_to_vector(model.parameters()).detach()  # as this rank leaves its loop
     dist.barrier()  # the script's final barrier, outside the join: every rank has left its loop
 dist.broadcast(left, src=0)  # rank 0's
-steps = each_rank(stepped)
+steps, compared = each_rank(stepped), each_rank(len(calls))
+watched = each_rank(sum("minddp debug's" in call.where for call in calls))  # the forward and step checks' calls
 lesson.claim(
     not said and steps == [4, 3] and torch.equal(nn.utils.parameters_to_vector(model.parameters()), left),
-    f"the fix: under model.join() rank 0 took {steps[0]} steps and rank 1 {steps[1]}, then both passed the barrier; nothing is said and both "
-    "ranks end with the parameters rank 0 had when it left its loop",
+    f"the fix: under model.join() rank 0 took {steps[0]} steps and rank 1 {steps[1]}, then both passed the barrier; "
+    "nothing is said and both ranks end with the parameters rank 0 had when it left its loop",
+)
+lesson.claim(
+    watched == [0, 0] and compared[0] == compared[1] > 0,
+    f"under join() the forward and step checks pause (none of the run's {compared[0]} collectives is theirs); the "
+    f"collective check compared all {compared[0]} on both ranks and found them matched",
 )
 
 # %% [markdown]
@@ -328,7 +339,7 @@ lesson.claim(
 # send. Under torch's DDP, rank 0 raises, naming by index the parameters that
 # received no gradient (counting from 0 in the set-up cell's list: 2 and 3 are `head.weight` and
 # `head.bias`) and suggesting `find_unused_parameters=True`, and destroys its groups, so rank 1 fails
-# too, still in step 0: its averaging waits for rank 0's gradients. Debug mode compares `requires_grad` across ranks in the forward check. The fix: freeze the
+# too, still in step 0: its averaging waits for rank 0's gradients. The fix: freeze the
 # layer on every rank, before wrapping.
 
 
@@ -442,11 +453,8 @@ lesson.claim(
 #
 # minddp's `DistributedDataParallel` built while debug mode is on has three things one built while it
 # is paused lacks: a *watch* (the object that runs the wrapper's forward and step checks), the
-# `DebugReducer` (the *reducer* averages the gradients in *buckets*, groups of parameters sent in one collective; this one sends each through
-# `torch.distributed`, checked) and the *plan check*
-# (`check_consistency`: each step, the ranks compare which parameters each bucket holds and the order the buckets were sent in).
-# In the next cell they change no parameter: on each rank, 5 correct steps end with the same bits
-# paused or on.
+# `DebugReducer` (the *reducer* averages the gradients; this one sends each bucket through
+# `torch.distributed`, checked) and the plan check (`check_consistency`).
 
 
 # %%

@@ -214,8 +214,8 @@ def minddp_says(
 ) -> None:
     """Run ``script()`` in debug mode; print the ``DebugError`` rank 0 raised, alone, then whether the others raised
     the same finding (:func:`say_each`), and claim every rank raised one that contains ``cause`` (each of them, if
-    several) and that ``also`` holds. ``numbered``: then print, for each rank, the run's collectives on the default
-    group as the finding numbers them (:func:`numbering`)."""
+    several) and that ``also`` holds. ``numbered``: then print rank 0's collectives of the run on the default group as
+    the finding numbers them (:func:`numbering`), and each other rank's where they part from rank 0's."""
     causes = (cause,) if isinstance(cause, str) else cause
     with collective_check.recorded() as calls:
         try:
@@ -227,29 +227,77 @@ def minddp_says(
     everyone = say_each(line, "raised")
     lesson.claim(also and all(line is not None and all(c in line for c in causes) for line in everyone), verdict)
     if numbered:
-        for r, said in enumerate(each_rank(numbering(calls))):
-            lesson.say(f"rank {r}'s collectives, numbered: {said}")
+        everyone = each_rank(stretches(calls))
+        lesson.say(f"rank 0's collectives, numbered: {numbering(everyone[0])}")
+        for r, mine in enumerate(everyone[1:], start=1):
+            same = 0  # the stretches this rank shares with rank 0, from the first
+            while same < min(len(mine), len(everyone[0])) and mine[same] == everyone[0][same]:
+                same += 1
+            if mine == everyone[0]:
+                lesson.say(f"rank {r}'s collectives, numbered: as rank 0's")
+            else:
+                head = f"as rank 0's to #{mine[same - 1][1]}, then " if same else ""
+                lesson.say(f"rank {r}'s collectives, numbered: {head}{numbering(mine[same:])}")
 
 
-def numbering(calls: list) -> str:
-    """The numbers debug mode gave ``calls`` (one run's, :func:`~minddp.debug.collective_check.recorded`), in
-    stretches: those before the run, the wrapper's calls before its first forward check ("building the wrapper"),
-    then the wrapper's by step, and the script's own by op."""
+#: What a wrapper's own call is, from minddp's label for it (and its op, if given): the name :func:`numbering` prints.
+_PARTS = [
+    ("check_same_model", None, "the ranks' models compared"),
+    ("minddp's broadcast", "broadcast", "parameter broadcast from rank 0"),
+    ("forward check", None, "forward check"),
+    ("step check", None, "step check"),
+    ("full comparison", None, "full comparison"),
+    ("DDP's bucket", "all_gather_object", "the ranks' DDP settings compared (once)"),
+    ("DDP's end of backward", "all_gather_object", "plan check"),
+    ("DistributedDataParallel's forward", "broadcast", "the buckets' order agreed (once)"),
+]
+
+
+def _part(call) -> str:
+    if (bucket := re.search(r"DDP's bucket (\d+)", call.where)) and call.op == "all_reduce":
+        return f"bucket {bucket[1]}'s all_reduce"
+    return next((name for label, op, name in _PARTS if label in call.where and op in (None, call.op)), call.op)
+
+
+def stretches(calls: list) -> list[tuple[int, int, str, list[str]]]:
+    """``calls`` (one run's, :func:`~minddp.debug.collective_check.recorded`) in stretches ``(first, last, what,
+    parts)``: those before the run, the wrapper's calls before its first forward check ("building the wrapper"),
+    then the wrapper's own by step, and each of the script's own with its step as a finding says it; ``parts``
+    names each of a stretch's calls (:data:`_PARTS`)."""
     if not calls:
-        return "none in this run"
-    parts = [(0, calls[0].seq - 1, "before this run")] if calls[0].seq else []
+        return []
+    parts = [(0, calls[0].seq - 1, "before this run", [])] if calls[0].seq else []
     built = False
     for call in calls:
         built = built or "forward check" in call.where
         if not call.ours:
-            what = f"the script's {call.op}"
-        else:
-            what = f"the wrapper's step {call.step}" if built else "building the wrapper"
+            step = "" if call.step is None else f" ({'after ' if call.after else ''}step {call.step})"
+            parts.append((call.seq, call.seq, f"the script's {call.op}{step}", []))
+            continue
+        what = f"the wrapper's own calls in step {call.step}" if built else "building the wrapper"
         if parts and parts[-1][2] == what and parts[-1][1] == call.seq - 1:
-            parts[-1] = (parts[-1][0], call.seq, what)
+            parts[-1] = (parts[-1][0], call.seq, what, parts[-1][3] + [_part(call)])
         else:
-            parts.append((call.seq, call.seq, what))
-    return "; ".join(f"#{a}{f'–#{b}' if b > a else ''} {what}" for a, b, what in parts)
+            parts.append((call.seq, call.seq, what, [_part(call)]))
+    return parts
+
+
+def numbering(stretched: list) -> str:
+    """:func:`stretches` as a line: each stretch's numbers, what it is, and its calls' names (a run of one name
+    counted)."""
+    if not stretched:
+        return "none in this run"
+    said = []
+    for a, b, what, parts in stretched:
+        runs: list[list] = []
+        for name in parts:
+            if runs and runs[-1][0] == name:
+                runs[-1][1] += 1
+            else:
+                runs.append([name, 1])
+        named = ", ".join(name if n == 1 else f"{n} × {name}" for name, n in runs)
+        said.append(f"#{a}{f'–#{b}' if b > a else ''} {what}" + (f" ({named})" if named else ""))
+    return "; ".join(said)
 
 
 def say_each(line: str | None, how: str) -> list:
