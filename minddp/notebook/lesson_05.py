@@ -290,37 +290,32 @@ def idle_shares(table: pd.DataFrame) -> str:
 
 def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
     """A line to print: for each (one message a parameter, buckets) pair of stages, waited, exposed and waited −
-    exposed (``table``'s printed columns), each change, and both changes of kind of wait in words, with exposed's
-    share of waited; one profiled step each, not claimed.
+    exposed (``table``'s printed columns), and in words how much each kind of wait changed, and waited in all; one
+    profiled step each, not claimed.
 
     >>> t = pd.DataFrame({"waited (ms)": [9.0, 5.0, 4.0, 6.0], "exposed (ms)": [4.0, 4.0, 0.0, 5.9]},
     ...                  index=["h", "b", "ha", "ba"])
     >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
     >>> print(bucket_pairs(t, [("h", "b"), ("ha", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
-    From one message a parameter to buckets, in this step: h → b, waited 9.0 → 5.0 ms (4.0 less): exposed 4.0 →
-    4.0 (no change), waited − exposed 5.0 → 1.0 (4.0 less); with buckets rank 0 waited less while its link carried
-    nothing, as long while it carried a transfer (exposed 44 → 80 % of waited). ha → ba, waited 4.0 → 6.0 ms (2.0
-    more): exposed 0.0 → 5.9 (5.9 more), waited − exposed 4.0 → 0.1 (3.9 less); with buckets rank 0 waited less
-    while its link carried nothing, more while it carried a transfer (exposed 0 → 98 % of waited).
+    From one message a parameter to buckets, in this step: h → b, waited 9.0 → 5.0 ms, exposed 4.0 → 4.0, waited −
+    exposed 5.0 → 1.0: with buckets rank 0 waited 4.0 ms less while its link carried nothing and as long while it
+    carried a transfer, 4.0 ms less in all. ha → ba, waited 4.0 → 6.0 ms, exposed 0.0 → 5.9, waited − exposed 4.0 →
+    0.1: with buckets rank 0 waited 3.9 ms less while its link carried nothing and 5.9 ms more while it carried a
+    transfer, 2.0 ms more in all.
     """
     w, e, r = "waited (ms)", "exposed (ms)", "waited − exposed (ms)"
 
     def change(x, y):
         d = round(y - x, 1)
-        return "no change" if d == 0 else f"{abs(d):.1f} {'less' if d < 0 else 'more'}"
-
-    def kind(x, y):
-        d = round(y - x, 1)
-        return "as long" if d == 0 else ("less" if d < 0 else "more")
+        return "as long" if d == 0 else f"{abs(d):.1f} ms {'less' if d < 0 else 'more'}"
 
     parts = []
     for a, b in pairs:
         (wa, ea, ra), (wb, eb, rb) = (table.loc[st, [w, e, r]] for st in (a, b))
-        share = " → ".join(f"{100 * x / y:.0f}" if y > 0 else "–" for x, y in ((ea, wa), (eb, wb)))
+        total = "as long in all" if round(wb - wa, 1) == 0 else f"{change(wa, wb)} in all"
         parts.append(
-            f"{a} → {b}, waited {wa:.1f} → {wb:.1f} ms ({change(wa, wb)}): exposed {ea:.1f} → {eb:.1f} "
-            f"({change(ea, eb)}), waited − exposed {ra:.1f} → {rb:.1f} ({change(ra, rb)}); with buckets rank 0 waited "
-            f"{kind(ra, rb)} while its link carried nothing, {kind(ea, eb)} while it carried a transfer (exposed "
-            f"{share} % of waited)"
+            f"{a} → {b}, waited {wa:.1f} → {wb:.1f} ms, exposed {ea:.1f} → {eb:.1f}, waited − exposed {ra:.1f} → "
+            f"{rb:.1f}: with buckets rank 0 waited {change(ra, rb)} while its link carried nothing and "
+            f"{change(ea, eb)} while it carried a transfer, {total}"
         )
     return f"From one message a parameter to buckets, in this step: {'. '.join(parts)}."
