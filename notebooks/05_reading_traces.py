@@ -96,9 +96,9 @@ lesson.say(
 #   syncs in it after every micro-batch, `ga` once a step;
 # * the *parameter check* (`minddp.stages.checks`): once a sync, before its first
 #   message, `simple` to `bucket-async` check that both ranks' forwards used the same parameters, with one small
-#   all_gather (one byte per parameter tensor): at the start of the finish in `simple` and `ga`, in the first
-#   gradient's hook in `hook` to `bucket-async`. It is a collective, not a message; `ddp` and torch's DDP run
-#   none;
+#   all_gather (one byte per parameter tensor): at the start of the finish in `simple` and `ga`, in `hook` to
+#   `bucket-async` in the first gradient's *hook* (the function autograd calls once a gradient is ready; these
+#   stages send from it). It is a collective, not a message; `ddp` and torch's DDP run none;
 # * the *blocking* stages (`simple`, `ga`, `hook`, `bucket`) send each message only once the training thread has
 #   the one before it back: `simple` and `ga` after a backward, `hook` and `bucket` inside the step's last
 #   backward. The *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send theirs during the
@@ -114,8 +114,7 @@ lesson.say(
 #
 # * whether a difference between two rows would hold on a re-run: each row is one step, the stages profiled
 #   one after another on a shared machine;
-# * why two rows differ, or whether the other rank or a core held a range open;
-# * what a blocking stage's threads computed in the time its overlap counts.
+# * why two rows differ, or whether the other rank or a core held a range open.
 
 # %%
 import pandas as pd
@@ -156,8 +155,8 @@ lesson.claim(
     "blocking stage's: compute ran beside more of the time in flight in every stage that waits only after its last "
     "gradient than in any that waits for each message.",
 )
-messages = lesson_05.rank0(result.buckets).groupby("stage").size()
-lesson.say(lesson_05.checks_order(shares, messages, "hook", "bucket"))
+parts = {st: lesson_05.in_flight_parts(RUN, st) for st in ("ddp", "torch")}
+lesson.say(lesson_05.held_open(shares, sizes, parts, "ddp", "torch"))
 
 # %% [markdown]
 # One row per profiled stage, one axis in ms from the start of the profiled step. Neither a row's length nor a
@@ -170,11 +169,12 @@ lesson.say(lesson_05.checks_order(shares, messages, "hook", "bucket"))
 #   one gradient function's run), whatever the threads did in it (the gradients and all the hooks do inside
 #   those nodes: the check, `hook`'s and `bucket`'s messages);
 # * a tick (the legend's "handed to the wire") when a message was *handed over*: for minddp's stages the start
-#   of its `minddp.bucket_launch` range (its comm hook's), for torch's DDP the reducer's `c10d::allreduce_` call;
+#   of its `minddp.bucket_launch` range, for torch's DDP the reducer's `c10d::allreduce_` call;
 # * an orange bar while the message's gloo all_reduce range was open, held open included. Ranges open at once
 #   (a blocking stage's too: the caveat) are drawn one above another, and each level's bars alternate two shades
-#   in the order they opened. The bars are part of the table's in flight, which also counts the check; a bar
-#   narrower than a pixel need not show, and one can run on into the optimizer step (the caveat);
+#   in the order they opened. The bars are part of the table's in flight, which also counts the check and the
+#   collectives the line above names; a bar narrower than a pixel need not show, and one can run on into the
+#   optimizer step (the caveat);
 # * the parameter check (hatched orange, over the upper half of the bands' height) while its all_gather range was
 #   open; a short one is too thin to see;
 # * the finish (purple) as a thin strip along the bands' lower edge; a short one is too narrow to see;
@@ -218,19 +218,19 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 (mine["numel"] * 4 / 2**20).round(3).to_frame("MiB")  # float32: 4 bytes a number
 
 # %% [markdown]
-# The same analysis from a shell, with an HTML report: `python -m minddp.analyze traces/notebooks/05_reading_traces
-# --report` (your last run's traces).
+# The same analysis from a shell, with an HTML report: `python -m minddp.analyze
+# traces/notebooks/05_reading_traces --report`.
 
 # %% [markdown]
 # ## The link run
 #
 # The profiling cell also profiled the blog's six stages (`simple` to `bucket-async`) with their gradients'
 # all_reduces over `03_build_up`'s **emulated 1 Gbit/s link** (`minddp.comm.link`). Each rank has its own
-# link, which carries its messages one at a time, in order, each from when its hook gives it to the link, after
-# its tick (or once the link is free, if later); the real all_reduce runs beside the modeled transfer, and the
-# link delivers a message once both are done and every earlier one is delivered. The parameter check does not go
-# through the link. The two runs were taken at different moments; neither's times or order carry over to the
-# other. Three measures of the link run only:
+# link, which carries its messages one at a time, in order, each from just after its tick (or once the link is
+# free, if later); the real all_reduce runs beside the modeled transfer, and the link delivers a message once both
+# are done and every earlier one is delivered. The parameter check does not go through the link. The two runs
+# were taken at different moments; neither's times or order carry over to the other. Three measures of the link
+# run only:
 #
 # * **link time**: what rank 0's messages of a step take on the modeled link, from their sizes alone
 #   (`metrics.link_time`): 2(n−1)·α + 2(n−1)/n·m·β for a message of m bytes, added up, with n ranks and the
@@ -266,8 +266,8 @@ lesson.claim(
 during = per["during a backward"]
 lesson.claim(
     during["ga"] == 0 and during["hook"] == sends["hook"],
-    f"The hooks move every message from after the backward into it (ga: {during['ga']} of {sends['ga']} handed over "
-    f"during a backward; hook: {during['hook']} of {sends['hook']}).",
+    f"Sending from the gradients' hooks moves every message from after the backward into it (ga: {during['ga']} of "
+    f"{sends['ga']} handed over during a backward; hook: {during['hook']} of {sends['hook']}).",
 )
 n = int(linked.summary["rank"].nunique())
 fewer, fixed = sends["hook-async"] - sends["bucket-async"], 2 * (n - 1) * link.latency * 1e3  # 2(n−1)·α, ms
@@ -284,5 +284,5 @@ lesson.claim(
 )
 blocking = ["simple", "ga", "hook", "bucket"]
 lesson.say(lesson_05.exposed_share(on_link, blocking, ["hook-async", "bucket-async"]))
-lesson.say(lesson_05.idle_share(on_link, "simple"))
+lesson.say(lesson_05.idle_shares(on_link))
 lesson.say(lesson_05.bucket_pairs(on_link, [("hook", "bucket"), ("hook-async", "bucket-async")]))

@@ -186,83 +186,136 @@ def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[s
     )
 
 
-def checks_order(shares: pd.DataFrame, messages: pd.Series, a: str, b: str) -> str:
-    """A line to print: stages ``a`` and ``b``'s non-compute with and without its part in the parameter checks
-    (``shares``' printed columns, ms), their message counts, and which of the two has more each way; one profiled
-    step, not claimed.
+def in_flight_parts(run: Path, stage: str) -> tuple[float, float, list[str]]:
+    """Rank 0's profiled step of ``stage``: its time in flight (ms) inside its gloo all_reduce ranges (the plot's
+    bars), the time in flight outside every all_reduce and all_gather range (ms), and the names of the gloo ranges of
+    the step that are neither (the collectives the plot does not draw, such as a broadcast)."""
+    from minddp.analysis import metrics
+    from minddp.analysis.cpu import families, rank_intervals
+    from minddp.analysis.events import load_stage
+    from minddp.analysis.steps import end_of
 
-    >>> t = pd.DataFrame({"non-compute (ms)": [40.0, 30.0], "of it, in the checks (ms)": [20.0, 1.0]}, index=["h", "b"])
-    >>> print(checks_order(t, pd.Series({"h": 66, "b": 5}), "h", "b"))  # doctest: +NORMALIZE_WHITESPACE
-    Non-compute, h (66 messages) against b (5): 40.0 against 30.0 ms; without its part in the checks, 20.0 against
-    29.0 ms: h's is more with the checks, b's without: the part in the checks decides which is more here, and
-    outside the checks the stage with fewer messages has more.
+    trace = load_stage(Path(run) / stage).ranks[0]
+    iv = rank_intervals(trace)
+    _, s0, s1 = iv.steps[-1]
+    reduces = [(e["ts"], end_of(e)) for e in iv.allreduces]
+    drawn_or_checks = reduces + [(e["ts"], end_of(e)) for e in iv.allgathers]
+    other = metrics.in_flight(iv.comm, [(s0, s1)]) - metrics.in_flight(drawn_or_checks, [(s0, s1)])
+    names = {
+        e["name"].split("(")[0]
+        for e in families(trace)["comm"]
+        if s0 <= e["ts"] <= s1 and not e["name"].startswith(("gloo:all_reduce", "gloo:all_gather"))
+    }
+    return metrics.in_flight(reduces, [(s0, s1)]) / 1e3, other / 1e3, sorted(names)
+
+
+#: What the collectives the plot does not draw carry, by gloo's range name (``minddp.ddp.DistributedDataParallel``
+#: broadcasts its buffers in the forward after a sync, as torch's DDP does).
+NOT_DRAWN = {"gloo:broadcast": "the model's buffers, broadcast in a forward"}
+
+
+def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict, a: str, b: str) -> str:
+    """A line to print: stages ``a`` and ``b``'s time in flight (``shares``' printed columns), split into their
+    messages' all_reduce ranges and other collectives (``parts``: stage -> :func:`in_flight_parts`), and, where both
+    send the same messages (``sizes``: stage -> sorted message sizes), how much longer the one's ranges were open
+    than the other's for the same bytes, as a share of its in flight; one profiled step, not claimed.
+
+    >>> t = pd.DataFrame({"in flight (ms)": [100.0, 20.0], "overlap (%)": [80.0, 20.0]}, index=["d", "t"])
+    >>> sizes = pd.Series({"d": [1, 2], "t": [1, 2]})
+    >>> print(held_open(t, sizes, {"d": (90.0, 10.0, ["gloo:broadcast"]), "t": (18.0, 2.0, ["gloo:broadcast"])},
+    ...                 "d", "t"))  # doctest: +NORMALIZE_WHITESPACE
+    d and t hand over the same 2 messages (the same sizes). Of d's 100.0 ms in flight, 90.0 are in its messages'
+    all_reduce ranges (the plot's bars) and 10.0 in gloo:broadcast ranges (the model's buffers, broadcast in a
+    forward), not drawn; of t's 20.0 ms, 18.0 and 2.0. For the same bytes d's ranges were open 72.0 ms longer than
+    t's, 72 % of d's in flight: time held open (the caveat), so d's overlap (80.0 %) is a share of time mostly held
+    open.
     """
-    nc, chk = shares["non-compute (ms)"], shares["of it, in the checks (ms)"]
-    out = (nc - chk).round(1)
-    more_with = a if nc[a] > nc[b] else b
-    more_without = a if out[a] > out[b] else b
-    if more_with == more_without:
-        verdict = f"{more_with}'s is more either way"
-    else:
-        verdict = (
-            f"{more_with}'s is more with the checks, {more_without}'s without: the part in the checks decides which "
-            "is more here"
-        )
-        fewer = a if messages[a] < messages[b] else b
-        if messages[a] != messages[b] and more_without == fewer:
-            verdict += ", and outside the checks the stage with fewer messages has more"
+    names = sorted(set(parts[a][2]) | set(parts[b][2]))
+    what = ", ".join(f"{n} ranges ({NOT_DRAWN[n]})" if n in NOT_DRAWN else f"{n} ranges" for n in names)
+    ms = {st: (shares.loc[st, "in flight (ms)"], round(parts[st][0], 1), round(parts[st][1], 1)) for st in (a, b)}
+    same = list(sizes[a]) == list(sizes[b])
+    head = (
+        f"{a} and {b} hand over the same {len(sizes[a])} messages (the same sizes)"
+        if same
+        else f"{a} and {b} hand over {len(sizes[a])} and {len(sizes[b])} messages, not of the same sizes"
+    )
+    line = (
+        f"{head}. Of {a}'s {ms[a][0]:.1f} ms in flight, {ms[a][1]:.1f} are in its messages' all_reduce ranges (the "
+        f"plot's bars) and {ms[a][2]:.1f} in {what or 'other collectives'}, not drawn; of {b}'s {ms[b][0]:.1f} ms, "
+        f"{ms[b][1]:.1f} and {ms[b][2]:.1f}."
+    )
+    if not same or ms[a][1] == ms[b][1]:
+        return line
+    hi, lo = (a, b) if ms[a][1] > ms[b][1] else (b, a)
+    longer = ms[hi][1] - ms[lo][1]
+    share = 100 * longer / ms[hi][0]
+    how = "mostly" if share > 50 else "partly"
     return (
-        f"Non-compute, {a} ({messages[a]} messages) against {b} ({messages[b]}): {nc[a]:.1f} against {nc[b]:.1f} ms; "
-        f"without its part in the checks, {out[a]:.1f} against {out[b]:.1f} ms: {verdict}."
+        f"{line} For the same bytes {hi}'s ranges were open {longer:.1f} ms longer than {lo}'s, {share:.0f} % of "
+        f"{hi}'s in flight: time held open (the caveat), so {hi}'s overlap ({shares.loc[hi, 'overlap (%)']:.1f} %) is "
+        f"a share of time {how} held open."
     )
 
 
-def idle_share(table: pd.DataFrame, stage: str) -> str:
-    """A line to print: the stage's waited − exposed (``table``'s printed columns) as a share of its waited, and
-    whether any of its wait had rank 0's link carrying nothing; one profiled step, not claimed.
+def idle_shares(table: pd.DataFrame) -> str:
+    """A line to print: waited − exposed as a share of waited (``table``'s printed columns), the least and the most
+    over the stages and whose, each said in words; one profiled step each, not claimed.
 
-    >>> t = pd.DataFrame({"waited (ms)": [60.0], "waited − exposed (ms)": [20.0]}, index=["s"])
-    >>> print(idle_share(t, "s"))  # doctest: +NORMALIZE_WHITESPACE
-    s: waited − exposed is 20.0 of its 60.0 ms waited (33 %): for part of its wait rank 0's link carried nothing,
-    so its wait was not all the link's.
+    >>> t = pd.DataFrame({"waited (ms)": [60.0, 40.0, 50.0], "waited − exposed (ms)": [20.0, 40.0, 0.0]},
+    ...                  index=["s", "h", "b"])
+    >>> print(idle_shares(t))  # doctest: +NORMALIZE_WHITESPACE
+    Waited − exposed as a share of waited: from 0 % (b's) to 100 % (h's). In h rank 0's link carried no transfer
+    at any moment of its wait: none of it was its work. In b rank 0's link carried a transfer through all of
+    its wait.
     """
-    w, r = table.loc[stage, "waited (ms)"], table.loc[stage, "waited − exposed (ms)"]
-    if w <= 0:
-        return f"{stage}: no wait."
-    words = (
-        "for part of its wait rank 0's link carried nothing, so its wait was not all the link's"
-        if r > 0
-        else "its link carried a transfer through all of its wait"
+    waited = table["waited (ms)"]
+    share = (100 * table["waited − exposed (ms)"] / waited)[waited > 0]
+    lo, hi = share.idxmin(), share.idxmax()
+
+    def words(st):
+        r, w = table.loc[st, "waited − exposed (ms)"], table.loc[st, "waited (ms)"]
+        if r >= w:
+            return f"In {st} rank 0's link carried no transfer at any moment of its wait: none of it was its work."
+        if r <= 0:
+            return f"In {st} rank 0's link carried a transfer through all of its wait."
+        if 2 * r < w:
+            return f"In {st} rank 0's link carried a transfer through all but {r:.1f} ms of its {w:.1f} ms wait."
+        return f"In {st} rank 0's link carried nothing for {r:.1f} of its {w:.1f} ms wait."
+
+    return (
+        f"Waited − exposed as a share of waited: from {share[lo]:.0f} % ({lo}'s) to {share[hi]:.0f} % ({hi}'s). "
+        f"{words(hi)} {words(lo)}"
     )
-    return f"{stage}: waited − exposed is {r:.1f} of its {w:.1f} ms waited ({100 * r / w:.0f} %): {words}."
 
 
 def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
     """A line to print: for each (one message a parameter, buckets) pair of stages, waited, exposed and waited −
-    exposed (``table``'s printed columns), and which of the last two changed more, in words (less or more of
-    which kind of wait); one profiled step each, not claimed.
+    exposed (``table``'s printed columns), and in words how much each kind of wait changed, and waited in all; one
+    profiled step each, not claimed.
 
-    >>> t = pd.DataFrame({"waited (ms)": [9.0, 5.0, 0.0, 6.0], "exposed (ms)": [4.0, 4.5, 0.0, 5.9]},
+    >>> t = pd.DataFrame({"waited (ms)": [9.0, 5.0, 4.0, 6.0], "exposed (ms)": [4.0, 4.0, 0.0, 5.9]},
     ...                  index=["h", "b", "ha", "ba"])
     >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
     >>> print(bucket_pairs(t, [("h", "b"), ("ha", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
-    From one message a parameter to buckets, in this step: h → b, waited 9.0 → 5.0 ms (exposed 4.0 → 4.5, waited −
-    exposed 5.0 → 0.5): with buckets, less waiting while rank 0's link carried nothing; ha → ba, waited 0.0 → 6.0
-    ms (exposed 0.0 → 5.9, waited − exposed 0.0 → 0.1): with buckets, more waiting while rank 0's link carried a
-    transfer.
+    From one message a parameter to buckets, in this step: h → b, waited 9.0 → 5.0 ms, exposed 4.0 → 4.0, waited −
+    exposed 5.0 → 1.0: with buckets rank 0 waited 4.0 ms less while its link carried nothing and as long while it
+    carried a transfer, 4.0 ms less in all. ha → ba, waited 4.0 → 6.0 ms, exposed 0.0 → 5.9, waited − exposed 4.0 →
+    0.1: with buckets rank 0 waited 3.9 ms less while its link carried nothing and 5.9 ms more while it carried a
+    transfer, 2.0 ms more in all.
     """
     w, e, r = "waited (ms)", "exposed (ms)", "waited − exposed (ms)"
+
+    def change(x, y):
+        d = round(y - x, 1)
+        return "as long" if d == 0 else f"{abs(d):.1f} ms {'less' if d < 0 else 'more'}"
+
     parts = []
     for a, b in pairs:
-        de, dr = table.loc[b, e] - table.loc[a, e], table.loc[b, r] - table.loc[a, r]
-        big, what = (dr, "nothing") if abs(dr) >= abs(de) else (de, "a transfer")
-        words = (
-            "no change"
-            if big == 0
-            else f"with buckets, {'less' if big < 0 else 'more'} waiting while rank 0's link carried {what}"
-        )
+        (wa, ea, ra), (wb, eb, rb) = (table.loc[st, [w, e, r]] for st in (a, b))
+        total = "as long in all" if round(wb - wa, 1) == 0 else f"{change(wa, wb)} in all"
         parts.append(
-            f"{a} → {b}, waited {table.loc[a, w]:.1f} → {table.loc[b, w]:.1f} ms (exposed {table.loc[a, e]:.1f} → "
-            f"{table.loc[b, e]:.1f}, waited − exposed {table.loc[a, r]:.1f} → {table.loc[b, r]:.1f}): {words}"
+            f"{a} → {b}, waited {wa:.1f} → {wb:.1f} ms, exposed {ea:.1f} → {eb:.1f}, waited − exposed {ra:.1f} → "
+            f"{rb:.1f}: with buckets rank 0 waited {change(ra, rb)} while its link carried nothing and "
+            f"{change(ea, eb)} while it carried a transfer, {total}"
         )
-    return f"From one message a parameter to buckets, in this step: {'; '.join(parts)}."
+    return f"From one message a parameter to buckets, in this step: {'. '.join(parts)}."
