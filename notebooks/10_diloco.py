@@ -119,7 +119,7 @@ lesson.claim(
 # optimizer, the outer one: SGD with lr 0.7 and Nesterov momentum 0.9 by default. Below, `diloco.py`'s own list
 # of what it does (items 1 to 3; 4 to 6 are streaming DiLoCo's), then the change from `local_sgd.py` for DiLoCo
 # not streamed (the whole model in one sync): `-` local SGD's lines (`average`: its averaged weights), `+`
-# diloco.py's (`grad`: one parameter's part of the averaged pseudo-gradient):
+# diloco.py's (`mean_pseudo`: the averaged pseudo-gradient, back from the same comm hook):
 
 # %%
 import inspect
@@ -128,7 +128,7 @@ from minddp.diloco import diloco
 
 doc = inspect.getdoc(diloco)
 print(doc[doc.index("1. **synced") : doc.index("With outer SGD")].rstrip())
-print(doc.split("``_apply``)::")[1].split("Example")[0].rstrip())
+print(doc.split("for streaming)::")[1].split("Example")[0].rstrip())
 
 # %% [markdown]
 # One run of local SGD and of DiLoCo (its default outer SGD) on the two ranks, DDP beside them, from the same start
@@ -144,8 +144,8 @@ runs = {name: train_config(name, task, seed=0, steps=300, batch=32, lr=3e-3, eva
         ("ddp", "local-sgd-h10", "diloco-h10")}  # fmt: skip
 for name, run in runs.items():
     lesson.say(
-        f"{name:>14}: expected loss {run['loss'][-1]:.4f} after 300 steps, {run['bytes'][-1] / 1e6:.2f} MB payload "
-        f"sent by each replica"
+        f"{name:>14}: expected loss {run['loss'][-1]:.4f} after 300 steps, {int(run['bytes'][-1]):>10,} bytes of "
+        f"payload sent by each replica"
     )
 ranked = sorted(runs, key=lambda name: runs[name]["loss"][-1])
 lesson.say(f"lowest expected loss first, after 300 steps: {', '.join(ranked)}")
@@ -166,7 +166,7 @@ lesson.claim(
 # A score is taken every 50 steps (at H = 10, every 5th sync). The figure draws the mean over the seeds of DDP and
 # the runs at H = 10 and 100 against the inner steps (left) and the payload each replica handed over (right), each
 # a staircase: the run's last score by that step or payload; `single` is the grey line at its final loss. The y
-# axes stop at 2.9 and 2.6 nats, so some early scores are off them.
+# axes stop at 2.9 and 2.6 nats; some early scores are off them.
 
 # %%
 import json
@@ -302,6 +302,15 @@ lesson.claim(
     f"{OUTER_DEFAULTS['momentum']} kept) makes DiLoCo end below local SGD: each one's lowest seed ends above local "
     "SGD's highest",
 )
+by_mean = min(("diloco-h100", *sweep), key=lambda n: statistics.mean(final(n)))  # the lowest mean of the lrs tried
+lowest = results["configs"][by_mean].get("outer_lr", OUTER_DEFAULTS["lr"])
+lesson.claim(
+    by_mean != "diloco-h100" and min(final("diloco-h100")) <= max(final(by_mean)),  # their seeds overlap
+    f"but the default lr {OUTER_DEFAULTS['lr']} is not the lowest of them by mean: lr {lowest:g} ends at "
+    f"{statistics.mean(final(by_mean)):.4f}, the default at {statistics.mean(final('diloco-h100')):.4f}, within the "
+    f"seeds' spread (lr {lowest:g}'s seeds {min(final(by_mean)):.4f} to {max(final(by_mean)):.4f}, the default's "
+    f"{min(final('diloco-h100')):.4f} to {max(final('diloco-h100')):.4f}): this sweep does not tell the two apart",
+)
 rare = [n for n in curves if n not in ("ddp", "single")]  # the file's runs that talk rarely, the lr sweep's too
 closest = min(rare, key=lambda n: statistics.mean(final(n)))
 streaming = results["configs"]["streaming-h100"]
@@ -386,13 +395,12 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # Below, one rank's inner steps 9 to 24 under the profiler, over an emulated link of 5 Mbit/s and 5 ms per hop:
 # H = 16, 2 fragments (turns of 8 steps: fragment 0's are steps 1 to 8 and 17 to 24, fragment 1's steps 9 to
 # 16), τ = 6, α = 0.5, on batches of 1024 chains (steps 1 to 8 run first, unprofiled). A message's time on the
-# link is the emulated link's model: 2 hops, each paying the latency, plus its bytes at the link's bandwidth, so
-# the fragment that holds the large weight takes longer.
+# link is modeled: 2 hops, each paying the latency, plus its bytes at the link's bandwidth.
 #
 # Each inner step is its forward (pale), backward (blue) and optimizer step (green), whose post-hook hands a
 # fragment's pseudo-gradient to the link (the tall tick) or waits for it and applies it (the triangle). The orange
 # bars are the messages' modeled transfers on the link, each from its tick and named by its fragment (the shade
-# alternates from one message to the next). White in the row is time in none of the three (the training thread's
+# alternating from message to message). White in the row is time in none of the three (the training thread's
 # own work, or time it did not run on this shared machine's cores): part of the time a message has to travel.
 
 # %%
@@ -471,12 +479,14 @@ lesson.claim(
     "events on the training thread)",
 )
 handed = [e for e in events if e.name.startswith("minddp.fragment_send")]  # in time order, as `sends`
+windows = []  # per message: (fragment, step handed over, step applied, ms on the link, ms of steps before the wait)
 for m, s, a, e in zip(link.log[-len(sends) :], sends, applies, handed):
     asked = link.waits[m["seq"]]  # when step a's post-hook called wait(), on the link's clock (s)
     on_link, before = (m["modeled_end"] - m["start"]) * 1e3, (asked - m["start"]) * 1e3
     waited = metrics.waited([(asked, max(asked, m["delivered"]))]) * 1e3
     left = round(on_link, 1) - round(before, 1)  # from the printed numbers, so that the printed sums hold
     tail = round(round(waited, 1) - left, 1)  # the real all_reduce's last part of the wait, as printed
+    windows.append((order[s].rpartition("#")[2], step_of(s), step_of(a), round(on_link, 1), round(before, 1), waited))
     lesson.say(
         f"fragment {order[s].rpartition('#')[2]} ({m['bytes'] / 1e3:.1f} kB), handed over in step {step_of(s)} (the "
         f"hand-over itself, its `minddp.fragment_send` range, {(e.time_range.end - e.time_range.start) / 1e3:.1f} ms "
@@ -494,6 +504,30 @@ for m, s, a, e in zip(link.log[-len(sends) :], sends, applies, handed):
                 else ""
             )
         )
+    )
+row = view["row"]  # one forward and one backward per profiled step, in order: steps WARM + 1 to WARM + H
+fb = {WARM + 1 + i: b[1] - f[0] for i, (f, b) in enumerate(zip(row["forward"], row["backward"]))}  # ms
+quick, slow = min(fb, key=fb.get), max(fb, key=fb.get)
+lesson.say(
+    f"every step's forward and backward do the same work (a batch of 1024 chains); in this run they took from "
+    f"{fb[quick]:.1f} ms (step {quick}) to {fb[slow]:.1f} ms (step {slow}), and in the τ = {TAU} steps after each tick "
+    + " and ".join(
+        f"{sum(fb[k] for k in range(s + 1, a + 1)):.1f} ms in all in steps {s + 1} to {a} (fragment {f}'s)"
+        for f, s, a, *_ in windows
+    )
+)
+for f, s, a, on_link, before, waited in windows:
+    if waited < 0.05:
+        continue
+    roomy = [(g, b) for g, _, _, _, b, _ in windows if g != f and b >= on_link]  # other windows it would fit in
+    lesson.say(
+        f"fragment {f} was waited for, yet its {on_link:.1f} ms on the link would have fitted in the "
+        + " and ".join(f"{b:.1f} ms from fragment {g}'s tick to its wait()" for g, b in roomy)
+        + ": whether the training thread waits depends on how long the τ steps take as well as on the message's "
+        "time on the link"
+        if roomy
+        else f"fragment {f} was waited for: its {on_link:.1f} ms on the link were longer than the time from any "
+        f"tick to its wait() in this run (the longest {max(w[4] for w in windows):.1f} ms)"
     )
 
 # %% [markdown]
@@ -530,7 +564,7 @@ print(check_fragment_schedule(solutions.fragment_to_send))
 #
 # Whether a replica waits is decided by a message's time on the link against the time of the steps it travels
 # during. The step-time model (`minddp.costmodel.slow_link`) replays one period of H inner steps on a link:
-# their compute as assumed (no white between steps, unlike the profiled run above), each fragment's message
+# their compute as assumed, every step alike (no white, unlike the profiled run above), each fragment's message
 # handed over when its schedule says and waited for at its turn's end. Its **compute utilisation** is Streaming
 # DiLoCo's measure: the share of the period a replica computes (DDP's period is its one step); it measures time,
 # not progress. Here for a model of SmolLM2-360M's size (fp32 pseudo-gradients and gradients, 1.44 GB, taken as
@@ -667,10 +701,11 @@ lesson.claim(
 # * In the bench (this task and model; outer momentum 0.9 in every DiLoCo run) DiLoCo not streamed ended behind
 #   local SGD in most seeds at H = 10 and in every seed at H = 50 and 100, and at H = 100 worse than one replica
 #   alone in every seed; local SGD ended below one replica alone at every H, in every seed. No outer lr tried at
-#   H = 100 (0.3 to 1) ends below local SGD. There the first sync takes DiLoCo at lr 1 (local SGD's but for the
-#   momentum) above the untrained start, and at the default 0.7 below local SGD; the default's mean rises at the
-#   second sync instead. Of the bench's runs that talk rarely, streaming DiLoCo (H = 100, 2 fragments, τ = 5,
-#   α = 0.5) ended closest to DDP; which of the last three helps was not separated.
+#   H = 100 (0.3 to 1) ends below local SGD; the default is not the lowest by mean, though within the seeds' spread.
+#   There the first sync takes DiLoCo at lr 1 (local SGD's but for the momentum) above the untrained start, and at
+#   the default 0.7 below local SGD; the default's mean rises at the second sync instead. Of the bench's runs that
+#   talk rarely, streaming DiLoCo (H = 100, 2 fragments, τ = 5, α = 0.5) ended closest to DDP; which of the last
+#   three helps was not separated.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it. The schedule is a
 #   function of the step alone, the same on every replica.

@@ -27,20 +27,21 @@ one large tensor makes them unequal) and each fragment still syncs once every H 
    went on training meanwhile: ``(1 − α)·synced + α·local`` (α = 0: the synced weights, the τ steps' progress on
    it dropped); the synced copy keeps the outer step's result, unmixed.
 
-The schedule, the signs and α's direction are torchft's (``torchft.local_sgd.DiLoCo``; the tests
-compare the parameters bit for bit): fragment 0 first, each sent at inner step H/K − τ of its turn,
-the outer step taken from the synced weights, ``synced.lerp_(local, α)``. Two deliberate
-differences: one outer optimizer may serve every fragment (only the fragment whose turn it is has a
-``.grad`` during its step, so the others keep their weights and state; torchft's DiLoCo would step
-them too with the inner gradients they still hold, so its users give one outer optimizer per fragment,
-which this class takes as well), and the synced weights stay on the parameters' device (torchft keeps
-them in host memory). The change, for plain DiLoCo (the whole model one fragment; how the pseudo-gradient
-reaches the comm hook and its average comes back, kept apart for streaming, is in ``_send`` and ``_apply``)::
+The schedule, the signs and α's direction are torchft's (``torchft.local_sgd.DiLoCo``; the tests compare the
+parameters bit for bit): fragment 0 first, each sent at inner step H/K − τ of its turn, the outer step taken from
+the synced weights, ``synced.lerp_(local, α)``. Two deliberate differences: one outer optimizer may serve every
+fragment (only the fragment whose turn it is has a ``.grad`` during its step, so the others keep their weights and
+state; torchft's DiLoCo would step them too with the inner gradients they still hold, so its users give one outer
+optimizer per fragment, which this class takes as well), and the synced weights stay on the parameters' device
+(torchft keeps them in host memory). The change, for plain DiLoCo (the whole model fragment 0, the last; send and
+wait apart, in ``_send`` and ``_apply``, for streaming)::
 
     -        bucket = GradBucket(0, torch.cat([p.detach().reshape(-1) for p in params]), params, is_last=True)
     +        pseudo = torch.cat([(s - p.detach()).reshape(-1) for p, s in zip(params, synced)])  # item 2
+    +        bucket = GradBucket(fragment, pseudo, params, is_last=fragment == len(self.fragments) - 1)
     -        average = send(self.comm_hook, self.comm_state, bucket).wait()
-             ...  # the comm hook averages pseudo over the replicas: mean_pseudo
+    +        self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # the same comm hook
+    +        mean_pseudo, self.in_flight = future.wait(), None  # in _apply: the kept Future waited for
     -        for param, mean in zip(params, average.split([p.numel() for p in params])):
     -            param.copy_(mean.view_as(param))
     +        for param, weights, grad in zip(params, synced, mean_pseudo.split([p.numel() for p in params])):
@@ -141,7 +142,7 @@ class DiLoCo(LocalSGD):
         """Steps 3, 5, 6: wait for the Future _send kept, the outer sync, mix with α."""
         sent, future = self.in_flight
         assert sent == fragment, f"fragment {sent} in flight at fragment {fragment}'s turn: the schedule is broken"
-        mean_pseudo, self.in_flight = future.wait(), None  # the averaged pseudo-gradient
+        mean_pseudo, self.in_flight = future.wait(), None  # in _apply: the kept Future waited for
         params, synced = self.fragments[fragment], self.synced[fragment]
         local = [p.detach().clone() for p in params] if self.alpha else []
         self._outer_sync(params, synced, mean_pseudo)  # item 3 (item 5: this fragment's alone)
