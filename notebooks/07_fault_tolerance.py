@@ -244,8 +244,8 @@ lesson.claim(
 # ranks and no rank takes more than ceil(B / world) (a step lasts as long as its busiest rank), whatever
 # `world` and B are. Split by the `rank` and `world` you are given: the checker calls your function outside
 # any group, so it refuses one that reads the group's `dist.get_rank()` or `dist.get_world_size()` (the
-# rank above only where the group is rebuilt at each quorum, as in this rung), or the environment, where
-# the launcher's `RANK` is the slot.
+# rank and world above only in a group rebuilt whenever the members change, as this rung's is), or the
+# environment, where the launcher's `RANK` is the slot.
 #
 # `check_shard` first calls your function, in this process, for each rank of worlds 3, 2 and 1 on a 10-row
 # batch, and names a split whose busiest rank takes more than ceil(B / world). Then it trains it on the
