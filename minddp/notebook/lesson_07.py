@@ -118,9 +118,14 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         print("The kill's recovery was as long as the raise's")
         return
     name, _, _, d = max(rows, key=lambda row: row[3] if total > 0 else -row[3])
+    # the parts of a difference can go both ways: the largest may exceed the whole
+    rest = abs(d) - abs(total)
+    more = f", more than the whole: the other parts together were {rest} ms shorter for the " + (
+        "kill" if total > 0 else "raise"
+    )
     print(
         f"The kill's recovery was {abs(total)} ms {'longer' if total > 0 else 'shorter'} than the raise's; the "
-        f"largest part of that is {name.split(' (')[0]}, {abs(d)} ms"
+        f"largest part of that is {name.split(' (')[0]}, {abs(d)} ms" + (more if rest > 0 else "")
     )
 
 
