@@ -299,10 +299,10 @@ show_source(solutions.ft_shard)
 # and says nothing: its peers wait in their all_reduce until the group's timeout (`hang_s`), and the
 # slot stops being live once it has been silent for `hang_s`. Both waits start at about the freeze, so they
 # run together; the next quorum does not wait for a slot no longer live. So the recovery is about
-# `hang_s`, and halving `hang_s` about halves it: the first cell below runs it at 2 s and 1 s (6 steps, no
-# restart, no 10 ms pause). A shorter bound also makes a live process that goes unscheduled that long (a
-# heavily loaded machine) likelier to be taken for frozen: the bound trades recovery time against false
-# alarms.
+# `hang_s`, and halving `hang_s` about halves it: the first cell below runs it at two hang bounds, one half
+# the other (6 steps, no restart, no 10 ms pause). A shorter bound also makes a live process that goes
+# unscheduled that long (a heavily loaded machine) likelier to be taken for frozen: the bound trades
+# recovery time against false alarms.
 #
 # </details>
 #
