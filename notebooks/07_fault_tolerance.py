@@ -93,13 +93,14 @@ from minddp.ft import ToyTask, launch_ft, parse_faults
 from minddp.notebook import lesson
 
 hang_s = 5.0  # the hang bound, in seconds
+full_world_at = (9,)
 run = launch_ft(
     ToyTask(compute_s=0.01),
     14,
     world_size=3,
     faults=parse_faults("kill@4:1,raise@11:2"),
     hang_s=hang_s,
-    full_world_at=(9,),
+    full_world_at=full_world_at,
     restart_after_steps=1,
     digests=True,
     run_timeout_s=300,
@@ -138,7 +139,7 @@ lesson_07.print_recoveries(run, kill, raised, hang_s)
 
 # %% [markdown]
 # The kill also ended slot 1's process. The cell below splits its rejoin into parts, each with its share
-# of the rejoin, and sets the kill's recovery against the new process's start-up.
+# of the rejoin, and says what the kill cost slots 0 and 2.
 
 # %%
 lesson.claim(
@@ -146,13 +147,9 @@ lesson.claim(
     f"the launcher started slot {kill.fault.slot}'s new process after step {kill.fault.step} was committed "
     "without it (restart_after_steps=1)",
 )
-lesson_07.print_rejoin(run, kill)
+lesson_07.print_rejoin(run, kill, full_world_at)
 
 # %% [markdown]
-# Slots 0 and 2 trained on at world 2, then waited at step 9 (the scripted `full_world_at`). They ask for
-# a step's quorum as soon as they have committed the step before, so their time from their last commit to
-# the quorum is the lighthouse waiting for the new process alone.
-#
 # The run's timeline: one column per attempt, in order (the columns count attempts, not time), and one row
 # per slot; under them the step, the world and each new group; then what each mark means.
 
@@ -245,9 +242,10 @@ lesson.claim(
 # split: given the step's batch `(x, y)` (one row of `x` per example, its target in `y`), return this
 # rank's rows, `(x[rows], y[rows])`, so that each of the batch's B rows goes to exactly one of the `world`
 # ranks and no rank takes more than ceil(B / world) (a step lasts as long as its busiest rank), whatever
-# `world` and B are. Split by the `rank` and `world` you are given: the checker refuses a function that
-# reads the group's `dist.get_rank()` or `dist.get_world_size()`, or the environment, where the launcher's
-# `RANK` is the slot.
+# `world` and B are. Split by the `rank` and `world` you are given: the checker calls your function outside
+# any group, so it refuses one that reads the group's `dist.get_rank()` or `dist.get_world_size()` (the
+# rank and world above only in a group rebuilt whenever the members change, as this rung's is), or the
+# environment, where the launcher's `RANK` is the slot.
 #
 # `check_shard` first calls your function, in this process, for each rank of worlds 3, 2 and 1 on a 10-row
 # batch, and names a split whose busiest rank takes more than ceil(B / world). Then it trains it on the
@@ -282,10 +280,8 @@ show_source(solutions.ft_shard)
 # %% [markdown]
 # ## More to try
 #
-# 1. Freeze a process instead of killing it: `stop@4:1`. Before running, predict the recovery (hint:
-#    nothing tells the others that a stopped process is gone; what bounds their wait?). Run it in a new
-#    cell (`launch_ft` as above, under another name than `run`) and compare with its report line. Then
-#    halve `hang_s`.
+# 1. Freeze a process instead of killing it: `stop@4:1`. Predict the recovery (hint: nothing tells the
+#    others that a stopped process is gone; what bounds their wait?), and what halving `hang_s` does to it.
 # 2. Kill two slots in consecutive steps (`kill@4:1,kill@5:2`) and read the world sizes on the timeline.
 #    What would happen with `kill@4:0,kill@4:1,kill@4:2`, and why can this design not heal that?
 # 3. Suppose a split used 3, the run's first world, in place of `world`, whatever the world now: of a
@@ -293,8 +289,8 @@ show_source(solutions.ft_shard)
 #    rows would a step at world 2 skip, and which of the three checks above (slots equal, the same bytes at each attempt's start, a discard changes
 #    nothing) would still pass?
 #
-# Model answers, each hidden under its number (click to open it); the two cells after them run questions 2
-# and 3.
+# Model answers, each hidden under its number (click to open it); the three cells after them run
+# questions 1, 2 and 3.
 #
 # <details><summary>1. A frozen process</summary>
 #
@@ -302,9 +298,9 @@ show_source(solutions.ft_shard)
 # group's timeout, and the launcher records its exit. A frozen process (`SIGSTOP`) keeps its sockets open
 # and says nothing: its peers wait in their all_reduce until the group's timeout (`hang_s`), and the
 # slot stops being live once it has been silent for `hang_s`. Both waits start at about the freeze, so they
-# run together; the next quorum does not wait for a slot no longer live. Prediction: a little over
-# `hang_s`, then the next quorum and step 4 trained again, as after the kill (`docs/fault-tolerance.md`'s
-# benchmark, its `stop` row). Halving `hang_s` about halves it, and makes a live process that goes
+# run together; the next quorum does not wait for a slot no longer live. So the recovery is about
+# `hang_s`, and halving `hang_s` about halves it: the first cell below runs it at two hang bounds, one half
+# the other (6 steps, no restart, no 10 ms pause). A shorter bound also makes a live process that goes
 # unscheduled that long (a heavily loaded machine) likelier to be taken for frozen: the bound trades
 # recovery time against false alarms.
 #
@@ -320,7 +316,7 @@ show_source(solutions.ft_shard)
 # Killing all three in the same step leaves no holder: in this design, as in torchft's, the trained state
 # lives only in the training processes. The processes started again would hold a fresh initialisation, so
 # minddp stops the run with one line rather than train the committed steps again (-9 in it is the exit
-# code of a process ended by signal 9, SIGKILL). The first cell below runs it with the main run's settings
+# code of a process ended by signal 9, SIGKILL). The second cell below runs it with the main run's settings
 # but 6 steps, no `full_world_at`, no digests and no 10 ms pause.
 #
 # </details>
@@ -332,10 +328,27 @@ show_source(solutions.ft_shard)
 # checker's run (B = 10, slot 1 killed). All three checks would still pass: each compares the processes
 # with each other or with themselves, never with the data, and every member steps from the same state with
 # the same averaged gradient, as if rows 6-9 had a gradient of zero. Only a comparison with a single
-# process on the whole batch shows rows 6-9 untrained: the second cell below runs this split in the
+# process on the whole batch shows rows 6-9 untrained: the third cell below runs this split in the
 # checker's run, where all three checks pass and that comparison fails.
 #
 # </details>
+
+# %%
+stops = {}  # question 1: the hang bound -> the recovery from a frozen process
+for bound in (2.0, 1.0):
+    stopped = launch_ft(
+        ToyTask(), 6, world_size=3, faults=parse_faults("stop@4:1"), hang_s=bound, restart=False, run_timeout_s=300
+    )
+    print(f"hang_s = {bound:g} s:", *stopped.report())
+    stops[bound] = fault_outcomes(stopped)[0].recovery_s
+lesson.claim(
+    all(0.9 * bound <= recovery <= 1.25 * bound for bound, recovery in stops.items()),
+    "each recovery from the freeze was about its hang bound (90% to 125% of it)",
+)
+lesson.claim(
+    0.4 <= stops[1.0] / stops[2.0] <= 0.6,
+    f"halving the hang bound took the recovery to {stops[1.0] / stops[2.0]:.0%} of what it was: about half",
+)
 
 # %%
 from minddp.ft.launch import FaultTolerantRunError

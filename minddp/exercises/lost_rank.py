@@ -182,7 +182,7 @@ def preflight(fn, batch) -> str | None:
             f"your shard reads torch.distributed.{' and '.join(f'{name}()' for name in read)}{through} (the process "
             "group's): split by the rank and world it is given, this rank's index among the members of this "
             "step's quorum and their number: the checker calls shard outside any group, and a group's rank is "
-            "that index only where the group is rebuilt at each quorum (as minddp's rung does)"
+            "that index only where the group is rebuilt whenever the members change (as minddp's rung does)"
         )
     keys: set[str] = set()
     read, through = reads(fn, os, ENVIRONMENT_READS, keys)

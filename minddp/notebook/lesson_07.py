@@ -7,8 +7,8 @@ it defines no measure of its own. The notebook keeps its claims in its cells; th
 * :func:`print_phase_lines`: the lines of the rung and of the lighthouse that run each phase of an attempt;
 * :func:`print_recoveries`: each fault's recovery, its share of the hang bound, and its moments from the fault,
   then the kill set against the raise, part by part;
-* :func:`print_rejoin`: the parts of a kill's rejoin, what the survivors did meanwhile, and the kill's recovery set
-  against the new process's start-up;
+* :func:`print_rejoin`: the parts of a kill's rejoin, what the survivors did meanwhile and what the kill cost them,
+  and the kill's recovery set against the new process's start-up;
 
 and three readers of the members' entries (one per member and attempt) for the cells' claims: :func:`attempts`,
 :func:`in_a_new_group`, :func:`heals`.
@@ -114,18 +114,27 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
     for name, x, y, d in rows + [("in all", sum(k), sum(r), sum(k) - sum(r))]:
         print(f"  {name}: {x}, {y}, {d:+d}")
     total = sum(k) - sum(r)
-    name, _, _, d = max(rows, key=lambda row: row[3] if total >= 0 else -row[3])
+    if total == 0:
+        print("The kill's recovery was as long as the raise's")
+        return
+    name, _, _, d = max(rows, key=lambda row: row[3] if total > 0 else -row[3])
+    # the parts of a difference can go both ways: the largest may exceed the whole
+    rest = abs(d) - abs(total)
+    more = f", more than the whole: the other parts together were {rest} ms shorter for the " + (
+        "kill" if total > 0 else "raise"
+    )
     print(
-        f"The kill's recovery was {abs(total)} ms {'longer' if total >= 0 else 'shorter'} than the raise's; the "
-        f"largest part of that is {name.split(' (')[0]}, {abs(d)} ms"
+        f"The kill's recovery was {abs(total)} ms {'longer' if total > 0 else 'shorter'} than the raise's; the "
+        f"largest part of that is {name.split(' (')[0]}, {abs(d)} ms" + (more if rest > 0 else "")
     )
 
 
-def print_rejoin(run, o) -> None:
+def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     """For a kill ``o``: the rejoin, split in the parts that add up to it, each with its share of the rejoin: until
     the launcher started the slot's new process; that process's start-up to its first quorum request (and in it,
     building its first optimizer, whether torch imported its compiler meanwhile, and what a second build cost); from
-    that request to the quorum. Then the survivors' last commit before it, and the kill's recovery set against the
+    that request to the quorum. Then what the survivors did meanwhile and what the kill cost them (whether they
+    waited for the start-up because the run's ``full_world_at`` scripted it), and the kill's recovery set against the
     new process's start-up."""
     slot, step = o.fault.slot, o.fault.step
     others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
@@ -149,15 +158,35 @@ def print_rejoin(run, o) -> None:
         + (": the first build's cost is paid once per process" if once else "")
     )
     print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
+    survivors = f"slots {' and '.join(others)}"
+    steps = f"step {step}" if last_step == step else f"steps {step}-{last_step}"
+    # they had committed the step before and asked before the new process did: the scripted quorum waited for it
+    scripted = o.healed_at in full_world_at and ms(last) < asked
     print(
-        f"slots {' and '.join(others)}: committed steps {step}-{last_step} at world {len(others)}, "
-        f"the last {ms(last)} ms after the kill; "
-        f"then {rejoin - ms(last)} ms to the quorum of step {o.healed_at}"
+        f"{survivors}: committed {steps} at world {len(others)}, the last {ms(last)} ms after the kill; then "
+        f"{rejoin - ms(last)} ms to step {o.healed_at}'s quorum"
+        + (
+            ", which waited for the new process (full_world_at: that step's first quorum waits for every slot)"
+            if scripted
+            else ""
+        )
     )
     recovery = ms(o.recovery_s)
     print(
-        f"The kill's recovery, {recovery} ms, was {recovery / startup:.0%} of the new process's start-up "
-        f"({startup} ms); a restart from a checkpoint pays a start-up too, and the steps since the checkpoint"
+        f"{survivors[0].upper()}{survivors[1:]} lost to the kill its recovery, {recovery} ms, and at the rejoin a new "
+        "group and the heal (phases 2 and 3)"
+        + (
+            f", not the rejoin's {rejoin} ms: their wait at step {o.healed_at} was the script's; unscripted, a quorum "
+            "waits only for live slots, and the new process is live from its first heartbeat, just before its first "
+            f"request, so they would have trained on at world {len(others)} until it asked"
+            if scripted
+            else ""
+        )
+    )
+    print(
+        f"The kill's recovery was {recovery / startup:.0%} of the new process's start-up ({startup} ms); a restart "
+        "from a checkpoint pays more than that start-up (its processes import torch; this one was forked from a "
+        "server that had already imported it) and trains again the steps since the checkpoint"
     )
 
 
