@@ -64,7 +64,8 @@ lesson_07.print_phase_lines()
 # step standing in for compute) on gloo, torch's CPU backend. The settings:
 #
 # * `world_size=3`: the number of slots (torch's `world_size` is each attempt's world);
-# * `faults`: `kill@4:1`, slot 1 SIGKILLs itself in step 4 after its forward, before its all_reduce;
+# * `faults`: `kill@4:1`, slot 1 kills itself with SIGKILL (a signal no process can catch or outlive) in step 4
+#   after its forward, before its all_reduce;
 #   `raise@11:2`, slot 2's comm hook (the function that averages the gradients with an all_reduce, as in
 #   notebook 04) raises in step 11, before its all_reduce (slot 2's process stays);
 # * `hang_s=5.0`, the **hang bound**: the group's collective timeout, and how long a slot may be
@@ -113,7 +114,7 @@ for line in run.report():
 # a raise through the raising process dropping its group, which closes its connections. Each member that
 # caught an error votes no, and the attempt is discarded. The next quorum waits until every live slot has
 # asked: the survivors ask after they vote, and slot 1 stays live until the launcher records its process's
-# exit, a fixed wait (`EXIT_WAIT_S`) after finding the process ended.
+# exit, a fixed wait (`EXIT_WAIT_S`, for a result still in flight) after finding the process ended.
 #
 # The cell below prints each fault's recovery, its share of the hang bound, its moments from the fault, and
 # then the two recoveries part by part. Its `✓` lines are **claims**: `lesson.claim` checks each on the run
@@ -139,7 +140,7 @@ lesson_07.print_recoveries(run, kill, raised, hang_s)
 
 # %% [markdown]
 # The kill also ended slot 1's process. The cell below splits its rejoin into parts, each with its share
-# of the rejoin, and says what the kill cost slots 0 and 2.
+# of the rejoin, and what slots 0 and 2 did meanwhile.
 
 # %%
 lesson.claim(
@@ -164,7 +165,7 @@ print(run.timeline())
 #   discarded (`x`). Step 4 was then trained again and committed by slots 0 and 2 alone, ranks 0 and 1 of a
 #   new group of 2;
 # * the launcher started slot 1 again: a new process, freshly initialised, with no step committed. It
-#   asked to train step 0 while its peers asked for a later step, so it was healed, then trained that step
+#   asked to train step 0 while its peers asked for a later step, so it was healed, then trained their step
 #   with them (`H`), and from then on at world 3;
 # * in step 11 slot 2's comm hook raised before its all_reduce: slot 2's process stayed, dropped its group
 #   and voted no. Slots 0 and 1's all_reduce failed too, though no process died. The attempt was discarded
@@ -241,11 +242,10 @@ lesson.claim(
 # `shard(batch, rank, world)`. After a process is lost the survivors must train its rows too. Write that
 # split: given the step's batch `(x, y)` (one row of `x` per example, its target in `y`), return this
 # rank's rows, `(x[rows], y[rows])`, so that each of the batch's B rows goes to exactly one of the `world`
-# ranks and no rank takes more than ceil(B / world) (a step lasts as long as its busiest rank), whatever
-# `world` and B are. Split by the `rank` and `world` you are given: the checker calls your function outside
-# any group, so it refuses one that reads the group's `dist.get_rank()` or `dist.get_world_size()` (the
-# rank and world above only in a group rebuilt whenever the members change, as this rung's is), or the
-# environment, where the launcher's `RANK` is the slot.
+# ranks and no rank takes more than ceil(B / world), whatever
+# `world` and B are. Split by the `rank` and `world` you are given. On this rung the group's
+# `dist.get_rank()` and `dist.get_world_size()` give the same numbers, but the checker calls your function
+# outside any group, so it refuses a split that reads them, or the environment (the launcher's `RANK` is the slot).
 #
 # `check_shard` first calls your function, in this process, for each rank of worlds 3, 2 and 1 on a 10-row
 # batch, and names a split whose busiest rank takes more than ceil(B / world). Then it trains it on the

@@ -7,8 +7,7 @@ it defines no measure of its own. The notebook keeps its claims in its cells; th
 * :func:`print_phase_lines`: the lines of the rung and of the lighthouse that run each phase of an attempt;
 * :func:`print_recoveries`: each fault's recovery, its share of the hang bound, and its moments from the fault,
   then the kill set against the raise, part by part;
-* :func:`print_rejoin`: the parts of a kill's rejoin, what the survivors did meanwhile and what the kill cost them,
-  and the kill's recovery set against the new process's start-up;
+* :func:`print_rejoin`: the parts of a kill's rejoin, and what the survivors did meanwhile;
 
 and three readers of the members' entries (one per member and attempt) for the cells' claims: :func:`attempts`,
 :func:`in_a_new_group`, :func:`heals`.
@@ -92,7 +91,8 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
                 (ms(o.seen_s), f"the launcher found slot {o.fault.slot}'s process ended"),
                 (
                     ms(o.exit_s),
-                    f"the launcher recorded its exit (after a fixed wait, EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms)",
+                    f"the launcher recorded slot {o.fault.slot}'s exit "
+                    f"(after a fixed wait, EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms)",
                 ),
             ]
         print(
@@ -127,15 +127,28 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         f"The kill's recovery was {abs(total)} ms {'longer' if total > 0 else 'shorter'} than the raise's; the "
         f"largest part of that is {name.split(' (')[0]}, {abs(d)} ms" + (more if rest > 0 else "")
     )
+    # of the kill's span from the requests to the quorum, the time the launcher spent in its fixed wait
+    asked, quorum = ms(asked_s(run, kill)), ms(kill.quorum_s)
+    in_wait = max(0, min(ms(kill.exit_s), quorum) - max(ms(kill.seen_s), asked))
+    if in_wait:
+        print(
+            f"In {in_wait} of the kill's {quorum - asked} ms from the requests to the quorum, the launcher was in its "
+            f"fixed wait (EXIT_WAIT_S, for a result the ended process may still have in flight): a setting of the "
+            f"launcher, not the time it took to notice the kill"
+        )
+    if k[0] != r[0]:
+        print(
+            f"The {'kill' if k[0] > r[0] else 'raise'} was also noticed later, by {abs(k[0] - r[0])} ms: the first "
+            "part (this notebook does not measure why)"
+        )
 
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     """For a kill ``o``: the rejoin, split in the parts that add up to it, each with its share of the rejoin: until
     the launcher started the slot's new process; that process's start-up to its first quorum request (and in it,
     building its first optimizer, whether torch imported its compiler meanwhile, and what a second build cost); from
-    that request to the quorum. Then what the survivors did meanwhile and what the kill cost them (whether they
-    waited for the start-up because the run's ``full_world_at`` scripted it), and the kill's recovery set against the
-    new process's start-up."""
+    that request to the quorum. Then what the survivors did meanwhile, and whether they waited for the start-up
+    because the run's ``full_world_at`` scripted it."""
     slot, step = o.fault.slot, o.fault.step
     others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
     last_step, last = o.last_commit
@@ -171,23 +184,12 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
             else ""
         )
     )
-    recovery = ms(o.recovery_s)
-    print(
-        f"{survivors[0].upper()}{survivors[1:]} lost to the kill its recovery, {recovery} ms, and at the rejoin a new "
-        "group and the heal (phases 2 and 3)"
-        + (
-            f", not the rejoin's {rejoin} ms: their wait at step {o.healed_at} was the script's; unscripted, a quorum "
-            "waits only for live slots, and the new process is live from its first heartbeat, just before its first "
-            f"request, so they would have trained on at world {len(others)} until it asked"
-            if scripted
-            else ""
+    if scripted:
+        print(
+            f"That wait was the script's: unscripted, a quorum waits only for live slots, and the new process is live "
+            f"from its first heartbeat, just before its first request, so {survivors} would have trained on at world "
+            f"{len(others)} until it asked"
         )
-    )
-    print(
-        f"The kill's recovery was {recovery / startup:.0%} of the new process's start-up ({startup} ms); a restart "
-        "from a checkpoint pays more than that start-up (its processes import torch; this one was forked from a "
-        "server that had already imported it) and trains again the steps since the checkpoint"
-    )
 
 
 def attempts(run, step: int, *, committed: bool) -> list[tuple[int, dict]]:
