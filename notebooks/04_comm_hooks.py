@@ -39,7 +39,8 @@
 #   an extra all_reduce before the hook's, not counted as traffic. Plain averaging scores 0; a hook handing back
 #   zeros would score 1.
 #
-# Sizes are binary (a KiB is 2¹⁰ bytes, a MiB 2²⁰). Then the last step's all_reduces are priced on modelled links.
+# Sizes are binary (a KiB is 2¹⁰ bytes, a MiB 2²⁰), link rates decimal (a Gbit/s is 10⁹ bits/s, a GB/s 10⁹
+# bytes/s). Then the last step's all_reduces are priced on modelled links.
 
 # %%
 # %load_ext minddp.notebook
@@ -157,9 +158,10 @@ cast_up = math.ceil(cast[top] * 10) / 10  # printed rounded up: still a bound
 f16, b16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
 lesson.claim(
     cast[top] < f16.max and err["fp16"] < err["bf16"],
-    f"On none of the {STEPS} steps did either trainee cast a gradient value above {cast_up:.1f} (step {top}'s n "
-    f"times the a_i's norm, the largest), below float16's largest value, {f16.max:.0f} (bfloat16's, like "
-    f"float32's, is about {b16.max:.1e}), so none overflowed float16; bfloat16, whose eps is "
+    f"No gradient value either trainee cast in its {STEPS} steps can exceed {cast_up:.1f} in magnitude, a bound, "
+    f"not a measured value: a rank's |value i| is at most the ranks' sum, n · a_i, so at most n times the norm of "
+    f"the a_i (largest on step {top}). float16's largest value is {f16.max:.0f} (bfloat16's, like float32's, "
+    f"about {b16.max:.1e}), so none overflowed float16; bfloat16, whose eps is "
     f"{b16.eps / f16.eps:.0f} times float16's, has the larger error for as many bytes.",
 )
 
@@ -237,6 +239,17 @@ lesson.say(
     f"{fed_back / steps.loc[second, '‖g‖']:.1f} times step {second}'s ‖g‖: the error counts that too, not only "
     f"step {second}'s compression."
 )
+fell = {  # step `second`'s ‖g‖ over step `first`'s, each trainee's own
+    col: steps.loc[second, col] / steps.loc[first, col] for col in ("‖g‖", "plain averaging ‖g‖")
+}
+lesson.say(
+    f"From step {first} to step {second} ‖g‖ went from {steps.loc[first, '‖g‖']:.2f} to "
+    f"{steps.loc[second, '‖g‖']:.2f} for PowerSGD ({fell['‖g‖']:.2f} of it) and from "
+    f"{steps.loc[first, 'plain averaging ‖g‖']:.2f} to {steps.loc[second, 'plain averaging ‖g‖']:.2f} for plain "
+    f"averaging ({fell['plain averaging ‖g‖']:.2f} of it)"
+    + (f": step {second}'s gradient is many times smaller than step {first}'s" if max(fell.values()) < 0.2 else "")
+    + (f"; every number of the first table is taken on step {second}." if second == steps.index[-1] else ".")
+)
 # g is each trainee's own: the same weights and batches give the same g, to float32's rounding of the backward
 same = (steps["‖g‖"] - steps["plain averaging ‖g‖"]).abs() <= 1e-6 * steps["plain averaging ‖g‖"]
 lesson.claim(
@@ -302,17 +315,16 @@ lesson.say(
 # all take less link time exactly when `2(n − 1)/n · (S − S′) β > 2(n − 1)(c′ − c) α`:
 #
 # * **bandwidth**: PowerSGD's link time is the shorter below `B* = (S − S′) / (n (c′ − c) α)` bytes/s, plain
-#   averaging's above it, where the bytes PowerSGD saves cost less than its extra messages' fixed costs; the
-#   larger α, the lower B*;
+#   averaging's above it, where the bytes PowerSGD saves cost less than its extra messages' fixed costs;
 # * **ranks**: it is the shorter below `n* = (S − S′) / ((c′ − c) α B)`: around a ring every message's α
 #   is paid 2(n − 1) times, while the bytes each rank sends, 2(n − 1)/n · S, stay under 2S whatever n.
 #
 # The cell prices both hooks' last steps on every preset link of `minddp.comm.link.PRESETS` but `loopback`: a
-# pair α, B (the table's first two columns: α in µs, B in Gbit/s, a Gbit/s being 1.25 × 10⁸ bytes/s), not a
+# pair α, B (the table's first two columns: α in µs, B in Gbit/s), not a
 # measured network; `home` stands for a home broadband line's upload, `wan` for two cloud regions a continent apart. The
 # figure draws both link times against B at `1gbit`'s α: each line falls towards c fixed costs,
 # c · 2(n − 1) α, and the two cross at 1gbit's B*. Each preset is named beside its circle, its triangle at the
-# same B; at its own α a marker sits c · 2(n − 1) (α − 1gbit's α) off its line, three times as much for PowerSGD.
+# same B; at its own α a marker's link ms differ from its line's by c · 2(n − 1) (α − 1gbit's α).
 
 # %%
 # %%rank 0
