@@ -249,11 +249,7 @@ _PARTS = [
     ("full comparison", None, "full comparison"),
     ("DDP's bucket", "all_gather_object", "the ranks' DDP settings compared (once)"),
     ("DDP's end of backward", "all_gather_object", "plan check"),
-    (
-        "DistributedDataParallel's forward",
-        "broadcast",
-        "the order rank 0's gradients were ready in, sent to every rank (once)",
-    ),
+    ("DistributedDataParallel's forward", "broadcast", "rank 0's gradient-ready order sent to every rank (once)"),
 ]
 
 
