@@ -91,8 +91,7 @@ if rank == 1:
 dist.all_reduce(t)
 
 # %% [markdown]
-# The ranks are still the same processes, `t` is still there, and collectives work again: after a
-# failed cell the runner has every rank leave its process group and join a fresh one.
+# The ranks are still the same processes, `t` is still there, and collectives work again.
 
 # %%
 # %%distributed
@@ -107,8 +106,7 @@ t
 
 # %% [markdown]
 # `%dist_status` names the ranks' backend and counts the *restarts*: the times the runner ended the
-# ranks and started fresh ones (their variables lost). The fresh process group after the failed cell
-# was not one.
+# ranks and started fresh ones (their variables lost). The failed cell was not one.
 
 # %%
 # %dist_status

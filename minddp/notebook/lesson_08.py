@@ -249,7 +249,7 @@ _PARTS = [
     ("full comparison", None, "full comparison"),
     ("DDP's bucket", "all_gather_object", "the ranks' DDP settings compared (once)"),
     ("DDP's end of backward", "all_gather_object", "plan check"),
-    ("DistributedDataParallel's forward", "broadcast", "the buckets' order agreed (once)"),
+    ("DistributedDataParallel's forward", "broadcast", "rank 0's gradient-ready order sent to every rank (once)"),
 ]
 
 
@@ -259,26 +259,32 @@ def _part(call) -> str:
     return next((name for label, op, name in _PARTS if label in call.where and op in (None, call.op)), call.op)
 
 
-def stretches(calls: list) -> list[tuple[int, int, str, list[str]]]:
+def stretches(calls: list) -> list[tuple[int, int, str, list[str], list[str]]]:
     """``calls`` (one run's, :func:`~minddp.debug.collective_check.recorded`) in stretches ``(first, last, what,
-    parts)``: those before the run, the wrapper's calls before its first forward check ("building the wrapper"),
-    then the wrapper's own by step, and each of the script's own with its step as a finding says it; ``parts``
-    names each of a stretch's calls (:data:`_PARTS`)."""
+    parts, texts)``: those before the run, the wrapper's calls before its first forward check ("building the
+    wrapper"), then the wrapper's own by step, and each of the script's own, written as op(dtype[shape], ...), with
+    its step as a finding says it; ``parts`` names each of a stretch's calls (:data:`_PARTS`) and ``texts`` holds
+    each one's op, dtypes and shapes, so two ranks' stretches are equal only if their calls are."""
     if not calls:
         return []
-    parts = [(0, calls[0].seq - 1, "before this run", [])] if calls[0].seq else []
+    parts = (
+        [(0, calls[0].seq - 1, "before this run (all earlier calls, the notebook's helpers' included)", [], [])]
+        if calls[0].seq
+        else []
+    )
     built = False
     for call in calls:
         built = built or "forward check" in call.where
         if not call.ours:
             step = "" if call.step is None else f" ({'after ' if call.after else ''}step {call.step})"
-            parts.append((call.seq, call.seq, f"the script's {call.op}{step}", []))
+            parts.append((call.seq, call.seq, f"the script's {call.text}{step}", [], [call.text]))
             continue
         what = f"the wrapper's own calls in step {call.step}" if built else "building the wrapper"
         if parts and parts[-1][2] == what and parts[-1][1] == call.seq - 1:
-            parts[-1] = (parts[-1][0], call.seq, what, parts[-1][3] + [_part(call)])
+            a, _, _, named, texts = parts[-1]
+            parts[-1] = (a, call.seq, what, named + [_part(call)], texts + [call.text])
         else:
-            parts.append((call.seq, call.seq, what, [_part(call)]))
+            parts.append((call.seq, call.seq, what, [_part(call)], [call.text]))
     return parts
 
 
@@ -288,7 +294,7 @@ def numbering(stretched: list) -> str:
     if not stretched:
         return "none in this run"
     said = []
-    for a, b, what, parts in stretched:
+    for a, b, what, parts, _ in stretched:
         runs: list[list] = []
         for name in parts:
             if runs and runs[-1][0] == name:
