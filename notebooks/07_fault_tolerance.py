@@ -298,9 +298,9 @@ show_source(solutions.ft_shard)
 # group's timeout, and the launcher records its exit. A frozen process (`SIGSTOP`) keeps its sockets open
 # and says nothing: its peers wait in their all_reduce until the group's timeout (`hang_s`), and the
 # slot stops being live once it has been silent for `hang_s`. Both waits start at about the freeze, so they
-# run together; the next quorum does not wait for a slot no longer live. So the recovery is about
-# `hang_s`, and halving `hang_s` about halves it: the first cell below runs it at two hang bounds, one half
-# the other (6 steps, no restart, no 10 ms pause). A shorter bound also makes a live process that goes
+# run together; the next quorum does not wait for a slot no longer live. So the recovery is a little over
+# `hang_s`, and halving `hang_s` shortens it by what the bound lost: the first cell below runs two bounds,
+# one half the other (6 steps, no restart, no 10 ms pause). A shorter bound also makes a live process that goes
 # unscheduled that long (a heavily loaded machine) likelier to be taken for frozen: the bound trades
 # recovery time against false alarms.
 #
@@ -341,13 +341,19 @@ for bound in (2.0, 1.0):
     )
     print(f"hang_s = {bound:g} s:", *stopped.report())
     stops[bound] = fault_outcomes(stopped)[0].recovery_s
+# what the mechanism bounds (the freeze is noticed hang_s after the last beat seen, BEAT_S before it or less, and
+# the quorum and the step's retry come after): each recovery within a factor of two of its bound, the shorter
+# bound's recovery the shorter; how close to the bound each came is this run's, printed, not claimed
 lesson.claim(
-    all(0.9 * bound <= recovery <= 1.25 * bound for bound, recovery in stops.items()),
-    "each recovery from the freeze was about its hang bound (90% to 125% of it)",
+    all(0.5 * bound <= recovery <= 2 * bound for bound, recovery in stops.items()) and stops[1.0] < stops[2.0],
+    "each recovery from the freeze was of the order of its hang bound (between half and twice it), and halving "
+    "the bound shortened it",
 )
-lesson.claim(
-    0.4 <= stops[1.0] / stops[2.0] <= 0.6,
-    f"halving the hang bound took the recovery to {stops[1.0] / stops[2.0]:.0%} of what it was: about half",
+lesson.say(
+    "Recoveries: "
+    + ", ".join(f"{r:.3f} s at hang_s = {b:g} s ({r / b:.0%} of it)" for b, r in stops.items())
+    + f"; halving the bound shortened the recovery by {stops[2.0] - stops[1.0]:.3f} s, against the bound's "
+    f"{2.0 - 1.0:g} s"
 )
 
 # %%
