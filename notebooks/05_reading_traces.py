@@ -155,8 +155,8 @@ lesson.claim(
     "blocking stage's: compute ran beside more of the time in flight in every stage that waits only after its last "
     "gradient than in any that waits for each message.",
 )
-parts = {st: lesson_05.in_flight_parts(RUN, st) for st in ("ddp", "torch")}
-lesson.say(lesson_05.held_open(shares, sizes, parts, "ddp", "torch"))
+parts = {st: lesson_05.in_flight_parts(RUN, st) for st in shares.index}
+lesson.say(lesson_05.held_open(shares, sizes, parts))
 
 # %% [markdown]
 # One row per profiled stage, one axis in ms from the start of the profiled step. Neither a row's length nor a
@@ -206,6 +206,7 @@ lesson.say(
     f"in them, {alone.min():.0f}–{alone.max():.0f} ms: a difference between two rows or two bands need not be the "
     "stages'."
 )
+lesson.say(lesson_05.band_non_compute(result, RUN, anatomy.index[anatomy["during a backward"] > 0]))
 
 # %% [markdown]
 # One stage's buckets (`bucket-async`): `order`, the bucket's place in the sending order; `MiB`, its gradients'
@@ -284,5 +285,5 @@ lesson.claim(
 )
 blocking = ["simple", "ga", "hook", "bucket"]
 lesson.say(lesson_05.exposed_share(on_link, blocking, ["hook-async", "bucket-async"]))
-lesson.say(lesson_05.idle_shares(on_link))
 lesson.say(lesson_05.bucket_pairs(on_link, [("hook", "bucket"), ("hook-async", "bucket-async")]))
+lesson.say(lesson_05.last_messages(linked, link, "hook-async", "bucket-async"))

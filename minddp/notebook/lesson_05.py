@@ -163,14 +163,15 @@ def link_messages(linked, link) -> pd.DataFrame:
 
 
 def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[str]) -> str:
-    """A line to print: the most of the ``asynchronous`` stages' exposed, as a share of the link time, against the
-    least of the ``blocking`` stages' (from ``table``'s printed columns, to 0.1 %, and whose), and whether each of
-    the first is below each of the second; one profiled step each, not claimed.
+    """A line to print: each of the ``asynchronous`` stages' exposed, as a share of the link time, against the least
+    of the ``blocking`` stages' (from ``table``'s printed columns, to 0.1 %, and whose), and whether each of the first
+    is below each of the second; one profiled step each, not claimed.
 
-    >>> t = pd.DataFrame({"link time (ms)": [10.0, 10.0], "exposed (ms)": [9.0, 1.0]}, index=["b", "a"])
-    >>> print(exposed_share(t, ["b"], ["a"]))  # doctest: +NORMALIZE_WHITESPACE
-    Exposed, as a share of the link time: 10.0 % at most in a (a's), 90.0 % at least in the blocking stages
-    (b's): rank 0 waited through less of the link's work in each of a than in each blocking stage.
+    >>> t = pd.DataFrame({"link time (ms)": [10.0, 10.0, 10.0], "exposed (ms)": [9.0, 1.0, 0.0]},
+    ...                  index=["b", "a", "c"])
+    >>> print(exposed_share(t, ["b"], ["a", "c"]))  # doctest: +NORMALIZE_WHITESPACE
+    Exposed, as a share of the link time: 10.0 % in a, 0.0 % in c, 90.0 % at least in the blocking stages (b's):
+    rank 0 waited through less of the link's work in each of a and c than in each blocking stage.
     """
     share = 100 * table["exposed (ms)"] / table["link time (ms)"]
     low, high = share[asynchronous], share[blocking]
@@ -180,9 +181,66 @@ def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[s
         if low.max() < high.min()
         else f"not each of {names} below each blocking stage"
     )
+    each = ", ".join(f"{low[st]:.1f} % in {st}" for st in asynchronous)
     return (
-        f"Exposed, as a share of the link time: {low.max():.1f} % at most in {names} ({low.idxmax()}'s), "
-        f"{high.min():.1f} % at least in the blocking stages ({high.idxmin()}'s): {verdict}."
+        f"Exposed, as a share of the link time: {each}, {high.min():.1f} % at least in the blocking stages "
+        f"({high.idxmin()}'s): {verdict}."
+    )
+
+
+def last_messages(linked, link, a: str, b: str) -> str:
+    """A line to print: the last message each of stages ``a`` (one message a parameter) and ``b`` (buckets) handed
+    over in the link run (rank 0's step), its size and its link time (:func:`link_ms`'s model, one message), each
+    stage's exposed (to 0.1 ms, as :func:`link_table`), and whether ``b``'s is more than that message alone takes on
+    the link; one step, not claimed."""
+    from minddp.analysis import metrics
+
+    sent, nbytes = rank0(linked.buckets), message_bytes(linked)
+    world = int(linked.summary["rank"].nunique())
+    waits = rank0(linked.per_step).groupby("stage")[["waited_us", "exposed_us"]].mean() / 1e3  # ms, as link_table
+    last = {}
+    for st in (a, b):
+        i = sent.loc[sent["stage"] == st, "ready_us"].idxmax()
+        last[st] = (nbytes[i] / 2**20, 1e3 * metrics.link_time(link, [("all_reduce", nbytes[i], world)]))
+    wa, wb = (round(waits.loc[st, "waited_us"], 1) for st in (a, b))
+    ea, eb = (round(waits.loc[st, "exposed_us"], 1) for st in (a, b))
+    head = f"Why rank 0 waited longer with buckets in {b} than in {a}: " if wb > wa else ""
+    body = (
+        f"a message is handed over only once its last gradient is ready, so each stage's last one only once "
+        f"the backward's last gradient is: {a}'s, {last[a][0]:.2f} MiB, takes {last[a][1]:.1f} ms on the link, "
+        f"{b}'s, a whole bucket of {last[b][0]:.2f} MiB, {last[b][1]:.1f} ms. While rank 0 waited, {b}'s link carried "
+        f"a transfer for {eb:.1f} ms (exposed)"
+    )
+    line = head + body if head else body[0].upper() + body[1:]
+    if eb > round(last[b][1], 1):
+        line += ", more than that bucket alone takes: earlier ones too"
+    return f"{line}; {a}'s for {ea:.1f} ms."
+
+
+def band_non_compute(result, run: Path, stages) -> str:
+    """A line to print: of ``stages``, the one with the longest backward band (rank 0's step), how much longer that
+    band is than ``single``'s longest, and how much of it is non-compute (``metrics.non_compute`` over the band),
+    as a share of that excess, in words; one profiled step, not claimed."""
+    from minddp.analysis import metrics
+
+    p = rank0(result.phases)
+    back = p[p["phase"] == "backward"].assign(ms=lambda f: (f["end_us"] - f["start_us"]) / 1e3)
+    alone = back.loc[back["stage"] == "single", "ms"].max()
+    mine = back[back["stage"].isin(list(stages))]
+    band = mine.loc[mine["ms"].idxmax()]
+    st = band["stage"]
+    iv, s0, _ = lesson.parameter_checks(run, st)
+    nc = metrics.non_compute([(s0 + band["start_us"], s0 + band["end_us"])], iv.compute, iv.comm) / 1e3
+    excess = round(band["ms"]) - round(alone)
+    if excess <= 0:
+        return f"{st}'s longest backward band, {band['ms']:.0f} ms, is no longer than single's longest."
+    share = 100 * round(nc) / excess
+    how = "most" if share > 50 else "part"
+    return (
+        f"{st}'s longest backward band, {band['ms']:.0f} ms, is {excess} ms longer than single's longest, and "
+        f"{nc:.0f} ms of it is non-compute (a gloo range open, no "
+        f"training thread inside an operator), {share:.0f} % of that excess: {how} of the band's excess is time "
+        f"{st}'s training threads ran no operator while its collectives were in flight."
     )
 
 
@@ -214,78 +272,78 @@ def in_flight_parts(run: Path, stage: str) -> tuple[float, float, list[str]]:
 NOT_DRAWN = {"gloo:broadcast": "the model's buffers, broadcast in a forward"}
 
 
-def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict, a: str, b: str) -> str:
-    """A line to print: stages ``a`` and ``b``'s time in flight (``shares``' printed columns), split into their
-    messages' all_reduce ranges and other collectives (``parts``: stage -> :func:`in_flight_parts`), and, where both
-    send the same messages (``sizes``: stage -> sorted message sizes), how much longer the one's ranges were open
-    than the other's for the same bytes, as a share of its in flight; one profiled step, not claimed.
+def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict) -> str:
+    """A line to print: for each group of stages that hand over the same messages (``sizes``: stage -> sorted
+    message sizes; ``parts``: stage -> :func:`in_flight_parts`), how long each one's all_reduce ranges were open
+    (to 0.1 ms), and how much longer than the group's shortest for the same bytes, as a share of its in flight
+    (``shares``' printed columns); then the collectives the plot does not draw; one profiled step, not claimed.
 
-    >>> t = pd.DataFrame({"in flight (ms)": [100.0, 20.0], "overlap (%)": [80.0, 20.0]}, index=["d", "t"])
-    >>> sizes = pd.Series({"d": [1, 2], "t": [1, 2]})
-    >>> print(held_open(t, sizes, {"d": (90.0, 10.0, ["gloo:broadcast"]), "t": (18.0, 2.0, ["gloo:broadcast"])},
-    ...                 "d", "t"))  # doctest: +NORMALIZE_WHITESPACE
-    d and t hand over the same 2 messages (the same sizes). Of d's 100.0 ms in flight, 90.0 are in its messages'
-    all_reduce ranges (the plot's bars) and 10.0 in gloo:broadcast ranges (the model's buffers, broadcast in a
-    forward), not drawn; of t's 20.0 ms, 18.0 and 2.0. For the same bytes d's ranges were open 72.0 ms longer than
-    t's, 72 % of d's in flight: time held open (the caveat), so d's overlap (80.0 %) is a share of time mostly held
-    open.
+    >>> t = pd.DataFrame({"in flight (ms)": [10.0, 40.0, 12.0], "overlap (%)": [0.0, 80.0, 5.0]},
+    ...                  index=["b", "ba", "d"])
+    >>> sizes = pd.Series({"b": [1, 2], "ba": [1, 2], "d": [1, 2]})
+    >>> parts = {"b": (9.0, 0.0, []), "ba": (30.0, 0.0, []), "d": (11.0, 1.0, ["gloo:broadcast"])}
+    >>> print(held_open(t, sizes, parts))  # doctest: +NORMALIZE_WHITESPACE
+    b, ba and d hand over the same 2 messages (the same sizes); their all_reduce ranges (the plot's bars) were
+    open 9.0, 30.0 and 11.0 ms in all. For the same bytes, the others' were open longer than b's (the shortest):
+    ba's by 21.0 ms, 52 % of its in flight; d's by 2.0 ms, 17 % of its in flight. That is time held open (the
+    caveat): more than half of ba's in flight, the time its overlap (80.0 %) is a share of; less than half of d's in
+    flight, the time its overlap (5.0 %) is a share of. Also in flight, not drawn: gloo:broadcast ranges (the model's
+    buffers, broadcast in a forward) in d.
     """
-    names = sorted(set(parts[a][2]) | set(parts[b][2]))
-    what = ", ".join(f"{n} ranges ({NOT_DRAWN[n]})" if n in NOT_DRAWN else f"{n} ranges" for n in names)
-    ms = {st: (shares.loc[st, "in flight (ms)"], round(parts[st][0], 1), round(parts[st][1], 1)) for st in (a, b)}
-    same = list(sizes[a]) == list(sizes[b])
-    head = (
-        f"{a} and {b} hand over the same {len(sizes[a])} messages (the same sizes)"
-        if same
-        else f"{a} and {b} hand over {len(sizes[a])} and {len(sizes[b])} messages, not of the same sizes"
-    )
-    line = (
-        f"{head}. Of {a}'s {ms[a][0]:.1f} ms in flight, {ms[a][1]:.1f} are in its messages' all_reduce ranges (the "
-        f"plot's bars) and {ms[a][2]:.1f} in {what or 'other collectives'}, not drawn; of {b}'s {ms[b][0]:.1f} ms, "
-        f"{ms[b][1]:.1f} and {ms[b][2]:.1f}."
-    )
-    if not same or ms[a][1] == ms[b][1]:
-        return line
-    hi, lo = (a, b) if ms[a][1] > ms[b][1] else (b, a)
-    longer = ms[hi][1] - ms[lo][1]
-    share = 100 * longer / ms[hi][0]
-    how = "mostly" if share > 50 else "partly"
-    return (
-        f"{line} For the same bytes {hi}'s ranges were open {longer:.1f} ms longer than {lo}'s, {share:.0f} % of "
-        f"{hi}'s in flight: time held open (the caveat), so {hi}'s overlap ({shares.loc[hi, 'overlap (%)']:.1f} %) is "
-        f"a share of time {how} held open."
-    )
 
+    def names(stages):
+        return ", ".join(stages[:-1]) + f" and {stages[-1]}" if len(stages) > 1 else stages[0]
 
-def idle_shares(table: pd.DataFrame) -> str:
-    """A line to print: waited − exposed as a share of waited (``table``'s printed columns), the least and the most
-    over the stages and whose, each said in words; one profiled step each, not claimed.
-
-    >>> t = pd.DataFrame({"waited (ms)": [60.0, 40.0, 50.0], "waited − exposed (ms)": [20.0, 40.0, 0.0]},
-    ...                  index=["s", "h", "b"])
-    >>> print(idle_shares(t))  # doctest: +NORMALIZE_WHITESPACE
-    Waited − exposed as a share of waited: from 0 % (b's) to 100 % (h's). In h rank 0's link carried no transfer
-    at any moment of its wait: none of it was its work. In b rank 0's link carried a transfer through all of
-    its wait.
-    """
-    waited = table["waited (ms)"]
-    share = (100 * table["waited − exposed (ms)"] / waited)[waited > 0]
-    lo, hi = share.idxmin(), share.idxmax()
-
-    def words(st):
-        r, w = table.loc[st, "waited − exposed (ms)"], table.loc[st, "waited (ms)"]
-        if r >= w:
-            return f"In {st} rank 0's link carried no transfer at any moment of its wait: none of it was its work."
-        if r <= 0:
-            return f"In {st} rank 0's link carried a transfer through all of its wait."
-        if 2 * r < w:
-            return f"In {st} rank 0's link carried a transfer through all but {r:.1f} ms of its {w:.1f} ms wait."
-        return f"In {st} rank 0's link carried nothing for {r:.1f} of its {w:.1f} ms wait."
-
-    return (
-        f"Waited − exposed as a share of waited: from {share[lo]:.0f} % ({lo}'s) to {share[hi]:.0f} % ({hi}'s). "
-        f"{words(hi)} {words(lo)}"
-    )
+    bars = {st: round(parts[st][0], 1) for st in parts}
+    groups: dict[tuple, list[str]] = {}
+    for st in parts:
+        groups.setdefault(tuple(sizes[st]), []).append(st)
+    lines = []
+    for size, group in groups.items():
+        if len(group) < 2:
+            continue
+        ref = min(group, key=lambda st: bars[st])
+        line = (
+            f"{names(group)} hand over the same {len(size)} messages (the same sizes); their all_reduce ranges (the "
+            f"plot's bars) were open {names([f'{bars[st]:.1f}' for st in group])} ms in all."
+        )
+        longer = {st: bars[st] - bars[ref] for st in group if st != ref and bars[st] > bars[ref]}
+        share = {st: 100 * d / shares.loc[st, "in flight (ms)"] for st, d in longer.items()}
+        if longer:
+            if len(longer) == 1:
+                (st, d), (_, pc) = *longer.items(), *share.items()
+                line += f" For the same bytes, {st}'s were open {d:.1f} ms longer than {ref}'s, {pc:.0f} % of its"
+                line += " in flight."
+            else:
+                each = "; ".join(
+                    f"{st}'s by {d:.1f} ms, {share[st]:.0f} % of its in flight" for st, d in longer.items()
+                )
+                line += f" For the same bytes, the others' were open longer than {ref}'s (the shortest): {each}."
+            said = []
+            for half, group_ in (
+                ("more", [st for st in longer if share[st] > 50]),
+                ("less", [st for st in longer if share[st] <= 50]),
+            ):
+                if group_:
+                    ovs = names([f"{shares.loc[st, 'overlap (%)']:.1f}" for st in group_])
+                    one, whose = len(group_) == 1, names([f"{st}'s" for st in group_])
+                    said.append(
+                        f"{half} than half of {whose} in flight, the time {'its overlap' if one else 'their overlaps'} "
+                        f"({ovs} %) {'is a share' if one else 'are shares'} of"
+                    )
+            line += f" That is time held open (the caveat): {'; '.join(said)}."
+        lines.append(line)
+    other: dict[str, list[str]] = {}
+    for st in parts:
+        for n in parts[st][2]:
+            other.setdefault(n, []).append(st)
+    if other:
+        what = "; ".join(
+            f"{n} ranges ({NOT_DRAWN[n]}) in {names(sts)}" if n in NOT_DRAWN else f"{n} ranges in {names(sts)}"
+            for n, sts in other.items()
+        )
+        lines.append(f"Also in flight, not drawn: {what}.")
+    return " ".join(lines)
 
 
 def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
