@@ -294,6 +294,11 @@ print(check_handover(solutions.handed_over_after))
 
 # %%
 # %%distributed
+import logging
+
+logging.getLogger("torch._dynamo").setLevel(logging.ERROR)  # no warning that it ignores torch DDP's profiler range
+
+
 def breaks(wrap) -> dict:
     """Dynamo's graph breaks in one training step of ``torch.compile(wrap(MLP(depth=2)))``: reason -> count."""
     torch._dynamo.reset()
