@@ -24,7 +24,7 @@
 # A bucket is *handed over* (the tick in the figure) when the reducer calls `all_reduce` on it, once its last gradient
 # is there and every earlier bucket has been handed over. A gradient node *ran after* a hand-over if it ends after it
 # (still running then, or begun later). A bucket's `all_reduce` can run while gradients are still computed only if a
-# gradient node ran after its hand-over; this notebook checks that order, not when the `all_reduce`s run.
+# gradient node ran after its hand-over; this notebook checks that order, not whether the `all_reduce`s did.
 #
 # nanoGPT's training script compiles the model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
 # `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph* (here the word means only Dynamo's),
@@ -122,9 +122,9 @@ lesson.say(
 # scaled to that step: pale up to the first gradient node (the forward, the loss's included, and the backward pass's
 # start), gradient nodes (blue), `AccumulateGrad` nodes (grey), a tick where the reducer's hook calls `all_reduce` on a
 # bucket, and the optimizer step (green). The hook runs in every `AccumulateGrad` node; in the one where a bucket is
-# handed over it copies the bucket's gradients into its buffer, scales it by one over the number of ranks, then makes
-# that call, which starts the collective (a sum) on gloo's threads. After the last grey,
-# the reducer's end-of-backward callback (not drawn) waits for each bucket's `all_reduce` in turn and copies its buffer
+# handed over (its *hand-over node*) it copies the bucket's gradients into its buffer, scales it by one over the number
+# of ranks, then makes that call, which starts the collective (a sum) on gloo's threads. After the last grey, the
+# reducer's end-of-backward callback (not drawn) waits for each bucket's `all_reduce` in turn and copies its buffer
 # (now the average) back into the gradients.
 #
 # What to look for: with the cut, as in eager, a gradient node ran after each tick but the last; without it, after
@@ -132,8 +132,7 @@ lesson.say(
 #
 # Count pieces and buckets in the claims and row labels, not in the bars (blue is the loss's nodes, then several nodes
 # per layer in eager or one per piece with the cut): nodes run back to back may draw as one stretch or split by a white
-# line, and a node narrower than a pixel as a sliver or nothing. The cell prints, in ms, what the grey after each tick
-# and the blank after the last grey hold.
+# line, and a node narrower than a pixel as a sliver or nothing.
 #
 # Read the figure for the order of events, not for lengths: each row is one step of two ranks whose threads, gloo's
 # included, share this machine's cores, so a bar or a blank can hold time a thread waits for a core.
@@ -165,19 +164,23 @@ lesson.claim(
     all(torch.equal(v["params"], looks["eager"]["params"]) for v in looks.values()),
     "The three trainings end with the same parameters, to the bit (aot_eager computes with eager's aten ops).",
 )
-for label, v in looks.items():  # what the grey after each tick and the blank after the last grey hold, in ms
+for label, v in looks.items():  # in words: the hand-over nodes after their ticks; when the last all_reduce ended
     hand = v["handing"]
-    share = "most" if hand["in_call"] > hand["after_tick"] / 2 else "less than half"
-    reduced = (
-        f"the last all_reduce ended on gloo's threads {v['reduced_in_it']:.1f} ms into it"
-        if v["reduced_in_it"] > 0
-        else "every all_reduce had ended on gloo's threads before it"
+    share = round(100 * hand["in_call"] / hand["after_tick"]) if hand["after_tick"] > 0 else None
+    split = (
+        f"its {hand['count']} hand-over nodes ended at their ticks"
+        if share is None
+        else f"{'most' if share > 50 else 'half or less'} ({share} %) of the time its {hand['count']} hand-over nodes "
+        "ran after their ticks, summed over them, was inside the all_reduce calls"
     )
-    lesson.say(
-        f"{label}, a step of {v['row']['end']:.1f} ms: its {hand['count']} hand-over nodes ran "
-        f"{hand['after_tick']:.1f} ms after their ticks, {share} of it inside the all_reduce calls ({hand['in_call']:.1f} ms); from the last "
-        f"grey to the backward's return (the callback) {v['after_backward']:.1f} ms, and {reduced}."
-    )
+    last = {
+        "in the nodes": "every all_reduce had ended on gloo's threads by the end of the last grey: the callback "
+        "waited for none",
+        "in the callback": "the last all_reduce ended on gloo's threads after the last grey, before the backward "
+        "returned: the callback waited for it",
+        "after the backward": "the last all_reduce's range on gloo's threads ended after the backward returned",
+    }[v["last_reduced"]]
+    lesson.say(f"{label}: {split}; {last}.")
 
 # %% [markdown]
 # ## The pieces and the buckets
@@ -291,6 +294,11 @@ print(check_handover(solutions.handed_over_after))
 
 # %%
 # %%distributed
+import logging
+
+logging.getLogger("torch._dynamo").setLevel(logging.ERROR)  # no warning that it ignores torch DDP's profiler range
+
+
 def breaks(wrap) -> dict:
     """Dynamo's graph breaks in one training step of ``torch.compile(wrap(MLP(depth=2)))``: reason -> count."""
     torch._dynamo.reset()

@@ -56,9 +56,9 @@ def node_view(prof) -> dict:
       ``pieces_begun_at_handover``: for each handover, how many of them had ended, and begun, by then;
     * ``handing``: the ``AccumulateGrad`` nodes a handover fell in: ``"count"``, ``"after_tick"`` (ms from each
       one's handover to its end, summed) and ``"in_call"`` (ms inside the ``c10d::allreduce_`` calls, summed);
-    * ``after_backward``: ms from the last node's end to the end of ``minddp.forward_backward`` (where the
-      reducer's end-of-backward callback runs), and ``reduced_in_it``: ms of that until the last
-      ``gloo:all_reduce``/``nccl:all_reduce`` range ended (0 if it ended before).
+    * ``last_reduced``: where the last ``gloo:all_reduce``/``nccl:all_reduce`` range ended, an order, not a
+      length: ``"in the nodes"`` (by the last node's end), ``"in the callback"`` (after it, by the end of
+      ``minddp.forward_backward``, where the reducer's end-of-backward callback runs) or ``"after the backward"``.
     """
     events = compat.profiler_events(prof)
     view = live.step_view(prof)
@@ -95,8 +95,9 @@ def node_view(prof) -> dict:
     last_node = max((e.time_range.end for e in ran), default=t0)
     returned = max(e.time_range.end for e in events if e.name == "minddp.forward_backward")
     reduced = max((e.time_range.end for e in events if e.name in live.BACKEND_RANGES), default=last_node)
-    view["after_backward"] = (returned - last_node) / 1e3
-    view["reduced_in_it"] = max(0.0, min(reduced, returned) - last_node) / 1e3
+    view["last_reduced"] = (
+        "in the nodes" if reduced <= last_node else "in the callback" if reduced <= returned else "after the backward"
+    )
     return view
 
 
@@ -140,7 +141,7 @@ def refusal(error: BaseException) -> str:
 
 #: the library's legend words (minddp.analysis.timeline) -> notebook 09's
 WORDS = {
-    "forward": "forward",
+    "forward": "before the first gradient node",
     "backward": "gradient nodes",
     "handed to the wire": "handed over",
 }
