@@ -342,7 +342,7 @@ def _model(h_model: float, b_model: float, b_at: str, first: str, h_ms: float) -
     m_first = "hook-async" if h_model < b_model else "bucket-async"
     return (
         f"; the step-time model says hook-async {h_model:.1f} ms against bucket-async's {b_model:.1f} ms{b_at}, "
-        + ("the same side" if m_first == first else "the other side")
+        + ("the same verdict" if m_first == first else "the opposite verdict")
         + f", its hook-async {abs(h_model - h_ms):.1f} ms {_side(h_model, h_ms)} the measured step's"
     )
 
@@ -397,7 +397,7 @@ def say_bucket_lesson(
     far_said += (
         f"; by the link's clock, hook-async's {h['messages']} fixed costs, {one_far_ms:.2f} ms each, take {fixed:.0f} "
         f"ms, so after the {sized_far_ms:.0f} ms backward the link was sized from its link would run on at least "
-        f"{bound:.0f} ms, "
+        f"{bound:.0f} ms (this step's own backward ran {h['backward_ms']:.0f} ms), "
         + (
             f"more than bucket-async's whole link time, {b['link_ms']:.0f} ms: buckets leave less"
             if bound > b["link_ms"]
