@@ -75,7 +75,6 @@
 # %%
 # %%distributed
 from minddp.comm.link import parse_link
-from minddp.analysis.timeline import PIXELS, axis_end
 from minddp.notebook import lesson, lesson_03
 
 LINK, looks, k = parse_link("1gbit"), {}, lesson.SETTINGS.grad_accum
@@ -86,12 +85,10 @@ def meet(stage, before=None):
     looks[stage] = lesson.Trainee(stage, link=LINK).look()
     looks[stage]["row"]["checks"] = looks[stage]["check_spans"]  # drawn hatched red: the thread stood there too
     lesson.say_look(looks, stage)
-    if stage in lesson_03.CHECKED:  # each rank's own time at the parameters-used check, against one pixel
-        shown = [looks[s]["row"] for s in (before, stage) if s]
+    if stage in lesson_03.CHECKED:  # each rank's own time at the parameters-used check
         on_ranks = lesson_03.checks_on_ranks(looks, [stage])[stage]
-        px = axis_end(shown) / PIXELS
         lesson_03.say_check(
-            stage, on_ranks, looks[stage]["waited_ms"], looks[stage]["check_spans"], px, looks[stage]["row"]["end"]
+            stage, on_ranks, looks[stage]["waited_ms"], looks[stage]["check_spans"], looks[stage]["row"]["end"]
         )
     lesson.picture(looks, stage, before, title=f"{stage}" + (f" (below) and {before} (faded)" if before else ""))
 
@@ -126,10 +123,10 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # backward (blue) of each micro-batch, then the optimizer (green); the black line is the end of the
 # step. The stages below add messages (orange on the wire, two shades alternating; a tick under the
 # row where each was handed to the wire), waits (red: the thread standing still until a message's
-# all_reduce returns), the parameters-used check (hatched red, the legend's *parameter check*: its
-# all_gather holds a rank until the other rank joins it) and `finish_gradient_synchronization()` (a
-# thin purple strip, the legend's *finish*). A legend names the marks drawn in any of its figure's rows, the
-# faded one's too, except those under a pixel wide.
+# all_reduce returns), the parameters-used check (hatched red over a band's top half, at times a
+# sliver; the legend's *parameter check*: its all_gather holds a rank until the other rank joins it) and `finish_gradient_synchronization()` (a
+# thin purple strip, the legend's *finish*). A legend names the marks drawn in its figure's rows, the
+# faded one's too, except those under 1/500 of the axis.
 
 # %%
 # %%distributed
@@ -160,8 +157,7 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: three bursts of messages, one after each backward, each waited for (red)
-# before the next micro-batch may start. A hatched mark is the parameters-used check (drawn where
-# wide enough): its width includes the rank's wait for the other rank to join it. A bar's length, here and below, the faded row's too, is one step's and
+# before the next micro-batch may start. A check's mark includes the rank's wait for the other rank to join it. A bar's length, here and below, the faded row's too, is one step's and
 # does not compare the stages' compute.
 #
 # ## `ga`: gradient accumulation, `no_sync()`
@@ -294,7 +290,7 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: the messages and the waits have moved into the last backward, which stops at
-# every gradient until its all_reduce is back (each stop a red wait); the check opens it (hatched where wide enough).
+# every gradient until its all_reduce is back (each stop a red wait); the check opens it.
 #
 # ### Your turn: `hook`
 #
@@ -364,8 +360,7 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: messages on the wire while the backward goes on, and no wait for a message inside
-# it. The thread waits for the messages only in finish, after the backward. No message leaves before the parameters-used check at its first gradient ends
-# (hatched, where wide enough).
+# it. The thread waits for the messages only in finish, after the backward. No message leaves before the parameters-used check at its first gradient ends.
 #
 # ### Your turn: `hook-async`
 #
@@ -601,7 +596,7 @@ lesson.picture(
     title="One step of every stage on one time axis, each message over the emulated 1 Gbit/s link (rank 0)",
 )
 ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
-lesson_03.say_spread(looks)  # how much the same network's backward varied between these steps
+spread = lesson_03.say_spread(looks)  # how much the same network's backward varied between these steps
 checks = lesson_03.checks_on_ranks(looks, ladder)  # each rank's own time at the check
 
 # %%
@@ -824,20 +819,23 @@ one_far = blog_links["1024 ranks"].seconds("all_reduce", 0, world_size) * 1e3  #
 # the step-time model on the link with the ratios of 4 × T4: the bare network, scaled as above, at that link's cap
 t4_link = blog_links["4 × T4"]
 on_t4 = [plan_costs(cp, s, c, t4_link, world_size) for s, c in (("bucket-async", caps["4 × T4"]), ("hook-async", None))]
-lesson_03.say_hook_backward(
-    {
-        "on this notebook's link": tuple(lesson.backward_less_check(looks[s]) for s in ("hook-async", "bucket-async")),
-        "with the ratios of 4 × T4": (t4["hook-async"]["backward_ms"], t4["bucket-async"]["backward_ms"]),
-        "with those of 1024 ranks": (far["hook-async"]["backward_ms"], far["bucket-async"]["backward_ms"]),
-    },
-    {n: (r["hook-async"]["calls"], r["bucket-async"]["calls"]) for n, r in (("1", looks), ("4", t4), ("1024", far))},
+lesson_03.say_bucket_lesson(
+    model,
+    per_gradient,
+    {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()},
+    on_the_link(looks["hook-async"]["row"])["end_ms"],
+    on_t4,
+    t4,
+    far,
+    one_far,
+    1e3 * sized_from["1024 ranks"],
+    spread,
 )
-lesson_03.say_bucket_lesson(model, per_gradient, on_t4, t4, far, one_far, 1e3 * sized_from["1024 ranks"])
 
 # %% [markdown]
 # **The bucket lesson in words.** Buckets pay the fixed cost, 2(n−1)·α, and the comm-hook call once
 # per bucket instead of once per gradient tensor; in return their first message leaves later and
-# their last can take longer on the link. Which side wins depends on the link.
+# their last can take longer on the link.
 
 # %%
 # %dist_shutdown

@@ -4,7 +4,8 @@ sweep's figure, built from the runs' values, so that each cell shows its point i
 Each function prints (or returns) words computed from the values it is handed, in the vocabulary of notebook 01
 and ``docs/analysis.md`` (link time, exposed, waited, overlap). Each stage's numbers come from one profiled step
 on cores shared with other work: the sentences rank the stages only by what is counted or modeled (calls, bytes,
-the link's times), never by a measured step's times (:func:`say_spread` says why).
+the link's times), and by a measured step's times only where the gap is larger than the spread of the same
+network's backward between steps (:func:`say_spread`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from minddp.notebook.lesson import backward_less_check, say
 CHECKED = ("simple", "ga", "hook", "hook-async", "bucket", "bucket-async")
 
 
-def say_spread(looks: dict) -> None:
+def say_spread(looks: dict) -> float:
     """How much the same network's last backward (less the check) varied between these steps, over the stages
-    whose last backward holds no wait for a message (torch's waits are not seen, so it is left out)."""
+    whose last backward holds no wait for a message (torch's waits are not seen, so it is left out), and the rule
+    the notebook keeps for one-step times: a gap ranks two stages only where it is larger than that spread.
+    Returns the spread (ms, this rank's)."""
     rows = {s: backward_less_check(v) for s, v in looks.items() if v.get("waits") and not v["waits_in_backward"]}
     rows |= {s: backward_less_check(v) for s, v in looks.items() if not v["calls"]}  # single: no message at all
     rows = {s: rows[s] for s in looks if s in rows}  # in the table's order
@@ -33,9 +36,11 @@ def say_spread(looks: dict) -> None:
         f"last backward, less the check, in {', '.join(list(rows)[:-1])} and {list(rows)[-1]} (the rows whose backward "
         "holds no wait for a message; torch's waits are not seen), took "
         f"from {rows[short]:.0f} ms ({short}) to {rows[long]:.0f} ms ({long}), {rows[long] / rows[short]:.1f} times "
-        "as long. So no one-step time here (last backward, step, exposed, waited, at the check) ranks the stages or "
-        "shows a cause; the calls, the bytes and the link time are counted or modeled."
+        f"as long. So a one-step time here (last backward, step, exposed, waited, at the check, link after backward) "
+        f"ranks two stages only where they differ by more than that spread, {rows[long] - rows[short]:.0f} ms, and "
+        "shows no cause; the calls, the bytes and the link time are counted or modeled."
     )
+    return rows[long] - rows[short]
 
 
 def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
@@ -47,30 +52,17 @@ def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
     return {s: [r[s] for r in everyone] for s in mine}
 
 
-def say_check(
-    stage: str, on_ranks: list[float], waited_ms: float, spans: list, pixel_ms: float, step_ms: float
-) -> None:
+def say_check(stage: str, on_ranks: list[float], waited_ms: float, spans: list, step_ms: float) -> None:
     """The time the parameters-used check held each rank in one step of ``stage`` (:func:`checks_on_ranks`), in
     words: its all_gather returns only once every rank has joined it, so the difference is the earlier rank's wait.
-    ``spans``: rank 0's checks (ms); ``pixel_ms``: one pixel of rank 0's picture (a mark under it does not show);
-    ``step_ms``: rank 0's step. Call on every rank; rank 0 says it."""
+    ``spans``: rank 0's checks (ms); ``step_ms``: rank 0's step. Call on every rank; rank 0 says it."""
     order = sorted(range(len(on_ranks)), key=on_ranks.__getitem__)
     long, short = order[-1], order[0]
     ranks = " and ".join(f"rank {r} {ms:.0f} ms" for r, ms in enumerate(on_ranks))
-    wide = sum(e - s >= pixel_ms for s, e in spans)
     if len(spans) > 1:
         ranks += f", over {len(spans)} checks"
-    seen = (
-        f"rank 0's {'checks are' if len(spans) > 1 else 'check is'} the picture's hatched "
-        f"mark{'s' if len(spans) > 1 else ''}"
-        if wide == len(spans)
-        else f"rank 0's {'are each' if len(spans) > 1 else 'is'} under one pixel of the picture, {pixel_ms:.1f} ms, "
-        "so no hatched mark shows"
-        if wide == 0
-        else f"{wide} of rank 0's {len(spans)} {'is' if wide == 1 else 'are'} wide enough to show, hatched"
-    )
     gap = round(on_ranks[long]) - round(on_ranks[short])  # of the whole ms printed, so that the sum adds up
-    said = f"{stage}'s check held {ranks} ({seen}). Its all_gather returns only once both ranks have joined it, "
+    said = f"{stage}'s check held {ranks}. Its all_gather returns only once both ranks have joined it, "
     if gap == 0:
         said += "and here the ranks' times differ by less than 1 ms."
     else:
@@ -296,9 +288,9 @@ def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
     whole-ms match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
         say(
-            f"Ratios of {name} (link time ms / exposed ms / backward less the check ms): "
-            + ", ".join(
-                f"{s} {r['link_ms']:.0f} / {r['exposed_ms']:.0f} / {r['backward_ms']:.0f}" for s, r in runs.items()
+            f"On the link with the ratios of {name}, each rung's link time, exposed and backward less the check: "
+            + "; ".join(
+                f"{s} {r['link_ms']:.0f}, {r['exposed_ms']:.0f} and {r['backward_ms']:.0f} ms" for s, r in runs.items()
             )
             + "."
         )
@@ -327,95 +319,108 @@ def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
         )
 
 
-def say_hook_backward(backwards: dict, calls: dict) -> None:
-    """hook-async's backward (less the check) against bucket-async's on each link (``backwards``: link -> (hook-async
-    ms, bucket-async ms); ``calls``: link -> (hook-async's comm-hook calls, bucket-async's)), in words, with the one
-    cost the step-time model leaves out that runs inside hook-async's backward once per gradient tensor."""
-    longer = [name for name, (h, b) in backwards.items() if h > b]
-    said = ", ".join(f"{h:.0f} against {b:.0f} ms {name}" for name, (h, b) in backwards.items())
-    how_many = f"all {len(backwards)}" if len(longer) == len(backwards) else f"{len(longer)} of the {len(backwards)}"
-    say(
-        f"hook-async's backward (less the check) ran longer than bucket-async's on {how_many} links: {said}."
-        + (
-            " Inside it run its comm-hook calls, one per gradient tensor, against bucket-async's one per bucket ("
-            + ", ".join(f"{h} against {b}" for h, b in calls.values())
-            + "): a cost of each message (item 1 of the trade) that the step-time model leaves out; one step each "
-            "cannot say how much of the difference it is. A longer backward also gives the link longer to run "
-            "beside it."
-            if longer
-            else ""
-        )
-    )
-
-
 def _side(measured: float, model: float) -> str:
     return "below" if measured < model else "above" if measured > model else "at"
 
 
+def _measured(link: str, h_ms: float, b_ms: float, b_at: str, spread_ms: float) -> tuple[str, str, bool]:
+    """One link's measured verdict in link after backward (one step each): the words, the side that left less, and
+    whether the gap is larger than the spread (:func:`say_spread`), the notebook's rule for ranking by one step."""
+    first = "hook-async" if h_ms < b_ms else "bucket-async"
+    ranks = abs(h_ms - b_ms) > spread_ms
+    words = (
+        f"{link}, measured (one step each): hook-async's link ran on {h_ms:.1f} ms past its backward's end, "
+        f"bucket-async's {b_ms:.1f} ms{b_at}, so {'one message per gradient' if first == 'hook-async' else 'buckets'} "
+        f"left less, by {abs(h_ms - b_ms):.1f} ms, "
+        + ("more than the spread, so the gap ranks them" if ranks else "within the spread, so it does not rank them")
+    )
+    return words, first, ranks
+
+
+def _model(h_model: float, b_model: float, b_at: str, first: str, h_ms: float) -> str:
+    """The step-time model's verdict on one link (ms), set against the measured one's side ``first``."""
+    m_first = "hook-async" if h_model < b_model else "bucket-async"
+    return (
+        f"; the step-time model says hook-async {h_model:.1f} ms against bucket-async's {b_model:.1f} ms{b_at}, "
+        + ("the same verdict" if m_first == first else "the opposite verdict")
+        + f", its hook-async {abs(h_model - h_ms):.1f} ms {_side(h_model, h_ms)} the measured step's"
+    )
+
+
 def say_bucket_lesson(
-    model: list, per_gradient, on_t4: tuple, t4: dict, far: dict, one_far_ms: float, sized_far_ms: float
+    model: list,
+    per_gradient,
+    swept_ends: dict,
+    h_end: float,
+    on_t4: tuple,
+    t4: dict,
+    far: dict,
+    one_far_ms: float,
+    sized_far_ms: float,
+    spread_ms: float,
 ):
-    """The bucket lesson's conclusion: the step-time model's verdict, in link after backward (the model times the
-    bare network, so it prices no comm-hook call), beside the measured steps' on the sized links. On this notebook's
-    link: the fixed costs the best cap on the grid saves against what its later sends add
-    (:func:`minddp.costmodel.buckets.plan_costs`); on the link with the ratios of 4 × T4: ``on_t4`` = (bucket-async
-    at that link's cap, one message per gradient), by ``plan_costs``, and ``t4``'s measured steps. With the ratios of
-    1024 ranks: hook-async's fixed costs (its messages × ``one_far_ms``, 2α on 2 ranks) against the backward that
-    link was sized from (``sized_far_ms``, the model's input): a link busy longer than that backward runs on past its
-    end by at least the difference, and bucket-async's link runs on past it by at most its link time; ``far``'s
-    one step of each, with its own backward, beside it."""
-    best = min(model, key=lambda c: c.after_backward)
-    saved = 1e3 * (per_gradient.fixed - best.fixed)
-    worse = 1e3 * (best.after_backward - per_gradient.after_backward)
-    here = (
-        f"one message per gradient leaves less: at {best.cap_mb:g} MiB, "
-        + ("the grid's smallest cap and its least" if best is model[0] else "the grid's least")
-        + f", buckets save "
-        f"{saved:.1f} ms of fixed costs and still leave {worse:.1f} ms more, because a bucket leaves only once its "
-        "last gradient is in"
-        if worse > 0
-        else f"buckets leave less: at {best.cap_mb:g} MiB, {-worse:.1f} ms less"
-    )
-    b4, h4 = on_t4
-    by_model = {"hook-async": 1e3 * h4.after_backward, "bucket-async": 1e3 * b4.after_backward}
-    first, second = sorted(by_model, key=by_model.get)  # the one that leaves less, by the model, first
-    sides = {s: _side(t4[s]["end_ms"], by_model[s]) for s in by_model}
-    t4_said = (
-        f"{'one message per gradient' if first == 'hook-async' else 'buckets'} leave"
-        f"{'s' if first == 'hook-async' else ''} less: {first} {by_model[first]:.1f} ms against "
-        f"{second}'s {by_model[second]:.1f} ms, at that link's cap of {b4.cap_mb:.2f} MiB (one step each "
-        f"on that link, with backwards (less the check) of {t4[first]['backward_ms']:.0f} ms and "
-        f"{t4[second]['backward_ms']:.0f} ms: {t4[first]['end_ms']:.1f} ms against {t4[second]['end_ms']:.1f} ms, "
+    """The bucket lesson's conclusion in link after backward, carried by the measured steps: on each link hook-async's
+    one step against bucket-async's (on this notebook's link: ``h_end`` against the least of ``swept_ends``, cap ->
+    ms), ranked only where the gap exceeds ``spread_ms`` (:func:`say_spread`); the step-time model's verdict beside
+    it (it replays the bare network with one backward for every stage, and prices no comm-hook call): ``model`` and
+    ``per_gradient`` on this link, ``on_t4`` = (bucket-async at that link's cap, hook-async) with the ratios of
+    4 × T4; with those of 1024 ranks, hook-async's fixed costs (its messages × ``one_far_ms``) against the backward
+    that link was sized from (``sized_far_ms``)."""
+    best_cap = min(swept_ends, key=swept_ends.get)
+    b_here = swept_ends[best_cap]
+    below = sum(v > h_end for v in swept_ends.values())
+    at_here = (
+        f" at its best cap run, {cap_name(best_cap)} (at "
         + (
-            f"both {sides[first]} the model's"
-            if sides[first] == sides[second]
-            else f"{first}'s {sides[first]} the model's, {second}'s {sides[second]}"
+            f"every one of the {len(swept_ends)}"
+            if below == len(swept_ends)
+            else f"{below or 'none'} of the {len(swept_ends)}"
         )
-        + f"; exposed {t4[first]['exposed_ms']:.0f} ms against {t4[second]['exposed_ms']:.0f} ms)"
+        + " caps run it left more than hook-async)"
     )
+    here, first_here, ranks_here = _measured("On this notebook's link", h_end, b_here, at_here, spread_ms)
+    best = min(model, key=lambda c: c.after_backward)
+    here += _model(
+        1e3 * per_gradient.after_backward, 1e3 * best.after_backward, f" at the model's best cap, {best.cap_mb:g} MiB",
+        first_here, h_end,
+    )  # fmt: skip
+    b4, h4 = on_t4
+    t4_said, first_t4, ranks_t4 = _measured(
+        "With the ratios of 4 × T4", t4["hook-async"]["end_ms"], t4["bucket-async"]["end_ms"],
+        f" at that link's cap of {b4.cap_mb:.2f} MiB", spread_ms,
+    )  # fmt: skip
+    t4_said += _model(1e3 * h4.after_backward, 1e3 * b4.after_backward, "", first_t4, t4["hook-async"]["end_ms"])
     h, b = far["hook-async"], far["bucket-async"]
+    far_said, first_far, ranks_far = _measured("With the ratios of 1024 ranks", h["end_ms"], b["end_ms"], "", spread_ms)
     fixed = h["messages"] * one_far_ms
-    costs = (
-        f"hook-async's {h['messages']} messages' fixed costs, {one_far_ms:.2f} ms each (2α on these 2 ranks), take "
-        f"{fixed:.0f} ms, {fixed / sized_far_ms:.1f} times the {sized_far_ms:.0f} ms backward the link was sized from"
-    )
     bound = fixed - sized_far_ms
-    fewer = "hook-async" if h["end_ms"] < b["end_ms"] else "bucket-async"
-    steps = (
-        f"In the one step of each run there, with backwards (less the check) of {h['backward_ms']:.0f} ms "
-        f"(hook-async) and {b['backward_ms']:.0f} ms (bucket-async) against that {sized_far_ms:.0f} ms, "
-        "hook-async's link ran on "
-        f"{h['end_ms']:.0f} ms past its backward's end and bucket-async's {b['end_ms']:.0f} ms: "
-        + ("buckets left less there too" if fewer == "bucket-async" else "one message per gradient left less there")
+    far_said += (
+        f"; by the link's clock, hook-async's {h['messages']} fixed costs, {one_far_ms:.2f} ms each, take {fixed:.0f} "
+        f"ms, so after the {sized_far_ms:.0f} ms backward the link was sized from its link would run on at least "
+        f"{bound:.0f} ms (this step's own backward ran {h['backward_ms']:.0f} ms), "
+        + (
+            f"more than bucket-async's whole link time, {b['link_ms']:.0f} ms: buckets leave less"
+            if bound > b["link_ms"]
+            else f"against bucket-async's whole link time, {b['link_ms']:.0f} ms"
+        )
     )
-    there = (
-        f"buckets leave less: {costs}, so after that backward its link would run on at least {bound:.0f} ms, more "
-        f"than bucket-async's whole link time, {b['link_ms']:.0f} ms (modeled). {steps}"
-        if bound > b["link_ms"]
-        else f"{costs}; bucket-async's link time is {b['link_ms']:.0f} ms (modeled). {steps}"
+    rule = (
+        f"The bucket lesson in link after backward; a gap ranks the two only where it is larger than the "
+        f"{spread_ms:.0f} ms the same network's backward varied between steps above. "
     )
-    say(
-        "The bucket lesson, the step-time model's verdict in link after backward (the model times the bare network, "
-        f"so it leaves out the comm-hook call each message costs): on this notebook's link {here}. With the ratios "
-        f"of 4 × T4, {t4_said}. With the ratios of 1024 ranks, {there}."
-    )
+    say(rule + ". ".join([here, t4_said, far_said]) + ".")
+    verdicts = {"on this notebook's link": (first_here, ranks_here), "with the ratios of 4 × T4": (first_t4, ranks_t4),
+                "with the ratios of 1024 ranks": (first_far, ranks_far)}  # fmt: skip
+    ranked = {n: f for n, (f, r) in verdicts.items() if r}
+    words = {"hook-async": "one message per gradient", "bucket-async": "buckets"}
+    if not ranked:
+        said = "no link's gap is larger than the spread, so these steps do not say which side wins"
+    else:
+        said = "; ".join(f"{n}, {words[f]} left less" for n, f in ranked.items()) + (
+            "" if len(ranked) == len(verdicts)
+            else " (" + ", ".join(n for n in verdicts if n not in ranked) + ": within the spread, not ranked)"
+        )  # fmt: skip
+        if len(set(ranked.values())) > 1:
+            said += ": which side wins depends on the link"
+    say(f"In words, by the measured steps of this run: {said}. Where the model and a measured step "
+        "disagree, the step carries the verdict for this run.")  # fmt: skip
