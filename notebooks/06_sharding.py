@@ -142,11 +142,12 @@ from minddp.sharding.memory import Probe, formula_bytes
 
 STAGES = ["ddp", "zero1", "zero2", "fsdp"]
 trainees = {s: lesson.Trainee(s, warmup=0) for s in STAGES}
-memory = {}
+memory, between = {}, {}
 for name, t in trainees.items():
     probe = Probe(t.model, t.model.module, t.optimizer)
     t.step()
     memory[name] = probe.result()
+    between[name] = probe.gradients_between  # the most gradient bytes held as a micro-batch's forward starts
 
 # %% [markdown]
 # The *memory table* sets each stage's measured model state (parameters + gradients + optimizer state: no
@@ -159,40 +160,54 @@ for name, t in trainees.items():
 # %%
 # %%rank 0
 import pandas as pd
-from minddp.sharding.shards import chunk_size
 
-rows, state_of = {}, {}
+rows = {}
 for name, got in memory.items():
-    state = state_of[name] = got["parameters"] + got["gradients"] + got["optimizer"]
-    formula = formula_bytes(name, got["psi"], world, got["replicated"])
     rows[name] = {
         "parameters MiB": got["parameters"] / 2**20,
         "gradients MiB": got["gradients"] / 2**20,
         "optimizer MiB": got["optimizer"] / 2**20,
-        "model state MiB": state / 2**20,
-        "formula MiB": formula / 2**20,
+        "model state MiB": (got["parameters"] + got["gradients"] + got["optimizer"]) / 2**20,
+        "formula MiB": formula_bytes(name, got["psi"], world, got["replicated"]) / 2**20,
         "activations MiB": got["activations"] / 2**20,
         "gathered units (peak) MiB": got["gathered"] / 2**20 if name == "fsdp" else None,  # fsdp's only
     }
 table = pd.DataFrame(rows).T
-off = {s: v - formula_bytes(s, memory[s]["psi"], world, memory[s]["replicated"]) for s, v in state_of.items()}
 tensors = sum(p.requires_grad for p in trainees["ddp"].model.module.parameters())
-act_ratio = table.loc["fsdp", "activations MiB"] / table.loc["fsdp", "model state MiB"]
 lesson.say(
     f"Ψ = {memory['ddp']['psi']:,} trainable parameter values (elements) in {tensors} parameter tensors. Rank 0's "
     f"model state at the update: ddp {table.loc['ddp', 'model state MiB']:.1f} MiB, "
     + ", ".join(f"{s} {table.loc[s, 'model state MiB']:.1f} MiB" for s in STAGES[1:])
-    + f"; fsdp's gathered units peak at {table.loc['fsdp', 'gathered units (peak) MiB']:.1f} MiB. fsdp's "
-    f"activations are {act_ratio:.1f} times its model state: with its model state sharded, it holds "
-    + ("more" if act_ratio > 1 else "fewer")
-    + " bytes of activations than of model state."
+    + f"; fsdp's gathered units peak at {table.loc['fsdp', 'gathered units (peak) MiB']:.1f} MiB."
 )
-# AdamW keeps a step count beside its two moments: a float32 scalar per parameter tensor it steps (a shard is one)
+# before the last backward's sync every gradient is accumulated whole (fsdp's in its units): 4 bytes a value
 lesson.claim(
-    all(b == 4 * tensors for b in off.values()),
+    all(between[s] == 4 * memory[s]["psi"] for s in STAGES)
+    and all(memory[s]["gradients"] < between[s] for s in ("zero2", "fsdp")),
+    "The gradients column is taken at the update, after the last backward's gradient collectives. Between the "
+    "first backward and the last every stage holds the whole gradients: the most gradient bytes each held as a "
+    "micro-batch's forward started in the memory step, "
+    + ", ".join(f"{s} {lesson.mib(between[s])}" for s in STAGES)
+    + f", what the {accum - 1} micro-batches before the last accumulated whole under no_sync(). So zero2 and "
+    "fsdp hold the smaller gradients of the column only from the last backward on.",
+)
+table.round(3).astype(object).where(table.notna(), "–")
+
+# %% [markdown]
+# Every stage runs the same forward on the same batch:
+# sharding saves model state, not activations. The columns are measured at different moments; no cell
+# measures the most a rank holds at once.
+
+# %%
+# %%rank 0
+from minddp.sharding.shards import chunk_size
+
+# AdamW keeps a step count beside its two moments: a float32 scalar per parameter tensor it steps (a shard is one)
+off = {s: table.loc[s, "model state MiB"] - table.loc[s, "formula MiB"] for s in STAGES}
+lesson.claim(
+    all(abs(b * 2**20 - 4 * tensors) < 1 for b in off.values()),
     f"On rank 0 each stage holds its formula's bytes plus the storage of AdamW's step counts, a 4-byte scalar per "
-    f"parameter tensor "
-    f"({tensors} × 4 = {4 * tensors} bytes), which the formulas leave out.",
+    f"parameter tensor ({tensors} × 4 = {4 * tensors} bytes), which the formulas leave out.",
 )
 names = {id(p): n for n, p in trainees["fsdp"].model.module.named_parameters()}
 left_whole = {id(p): p for _, _, p in trainees["fsdp"].model.replicated}
@@ -222,20 +237,13 @@ lesson.claim(
     "measured, and in no column): room for the whole model's parameters a second time, beside the whole ones it "
     "keeps.",
 )
-table.round(3).astype(object).where(table.notna(), "–")
 
 # %% [markdown]
-# The gradients column is measured at the update, after the last backward's reduce-scatters; no cell
-# measures the gradients held before them. Every stage runs the same forward on the same batch:
-# sharding saves model state, not activations. The columns are measured at different moments; no cell
-# measures the most a rank holds at once.
-#
 # ## bf16 compute with fp32 master weights
 #
 # Mixed-precision training casts the weights to 16 bits for the forward and backward (fp16 in the ZeRO paper, bf16
 # here) and keeps an fp32 copy of the weights, the *master weights*, for the optimizer. minddp's FSDP
-# computes in bf16 with `compute_dtype=torch.bfloat16`, as torch's `fully_shard` does with
-# `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`: the fp32 shards
+# computes in bf16 with `compute_dtype=torch.bfloat16`: the fp32 shards
 # *are* the master weights, cast to bf16 for each unit's gather. The cells below train it one step on
 # the memory step's micro-batches and set its model state, gathered units and activations beside fp32
 # fsdp's. The model's normalization layers are its *RMSNorms*.
@@ -255,7 +263,7 @@ memory["fsdp bf16"] = probe.result()
 
 # %% [markdown]
 # The figure draws rank 0's model state at the update, each stage's fp32 formula as a line, and fsdp
-# computing in bf16 as a fifth bar.
+# computing in bf16 as a fifth bar; the cell then says why its activations are not half fp32 fsdp's.
 
 # %%
 # %%rank 0
@@ -277,26 +285,20 @@ lesson.claim(
     f"shards are the master weights.",
 )
 # the same units gathered, 2 bytes a value instead of 4: exactly half
-low = sum(b for (dtype, _), b in probe.activations_by.items() if dtype == "bfloat16")  # probe: the bf16 run's
-still, other = {}, {}  # bytes saved in fp32 in the bf16 run by the class of the module that saved them; by dtype
-for (dtype, where), b in sorted(probe.activations_by.items(), key=lambda kv: -kv[1]):
-    if dtype == "float32":
-        still[where] = still.get(where, 0) + b
-    elif dtype != "bfloat16":
-        other[dtype] = other.get(dtype, 0) + b
-norm32 = sum(b for m, b in still.items() if m.endswith("RMSNorm"))  # saved in fp32 by the RMSNorms
-rest = f16["activations"] - low - norm32  # the other fp32 bytes and the other dtypes
-rest_dtypes = ["float32"] * any(not m.endswith("RMSNorm") for m in still) + list(other)
+by = probe.activations_by  # the bf16 run's saved bytes by (dtype, class of the module that saved them)
+low = sum(b for (dtype, _), b in by.items() if dtype == "bfloat16")
+norm32 = sum(b for (dtype, m), b in by.items() if dtype == "float32" and m.endswith("RMSNorm"))
+rest = f16["activations"] - low - norm32  # every other module's, in any other dtype
 lesson.claim(
     2 * f16["gathered"] == f32["gathered"]
     and abs(f16["activations"] + low - f32["activations"]) < 1e-3 * f32["activations"],
     f"Its gathered units hold half the bytes, {lesson.mib(f16['gathered'])} against {lesson.mib(f32['gathered'])} at "
-    f"their peak; its activations {lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}, "
-    f"{f16['activations'] / f32['activations']:.2f} times, not half: {low / 2**20:.2f} MiB of them are saved in "
+    f"their peak. Its activations are not half fp32 fsdp's, because the RMSNorms save theirs in fp32: "
+    f"{lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}, "
+    f"{f16['activations'] / f32['activations']:.2f} times; {low / 2**20:.2f} MiB of them are saved in "
     f"bf16, {norm32 / 2**20:.2f} MiB in fp32 by the RMSNorms, which compute in fp32 whatever their input's dtype, "
-    f"and the remaining {rest / 2**20:.2f} MiB ({rest / f16['activations']:.1%} of them) by other modules, in "
-    f"{' and '.join(rest_dtypes) or 'no dtype'}, not broken down here. Twice the bf16 "
-    f"bytes plus the rest come to fp32 fsdp's {lesson.mib(f32['activations'])}.",
+    f"and the remaining {rest / 2**20:.2f} MiB ({rest / f16['activations']:.1%} of them) by other modules. Twice "
+    f"the bf16 bytes plus the rest come to fp32 fsdp's {lesson.mib(f32['activations'])}.",
 )
 
 # %% [markdown]
@@ -707,13 +709,17 @@ lesson.say(
     )
     + "."
 )
-handed = {s: looks[s]["calls"] + looks[s]["gathers"] for s in STAGES}  # collectives in the gloo looks (cell 39's)
+handed = {s: looks[s]["calls"] + looks[s]["gathers"] for s in STAGES}  # collectives in the gloo looks (the figure's)
 lesson.claim(
     spared["fsdp"] > spared["zero2"] and total["fsdp"] > total["zero2"] and handed["fsdp"] > handed["zero2"],
     f"fsdp buys {spared['fsdp'] - spared['zero2']:.1f} MiB less model state at the update than zero2 with "
     f"{total['fsdp'] / total['zero2']:.1f} times its bytes sent on the ring and {handed['fsdp'] / handed['zero2']:.1f} "
     f"times its collectives handed over in the gloo looks ({handed['fsdp']} against {handed['zero2']}): at {accum} "
-    "micro-batches a step it gathers its units in every micro-batch, zero2 its buckets once a step.",
+    "micro-batches a step it gathers its units in every micro-batch, zero2 its buckets once a step. The count is a "
+    "cost of its own: in the α-β cost above each collective pays at least (n − 1) α whatever its size, and fsdp's "
+    f"{looks['fsdp']['gathers']} all-gathers sent {rings['fsdp']['sent']['all_gather'] / looks['fsdp']['gathers'] / 2**20:.2f} "
+    f"MiB each on average on the ring, zero2's {looks['zero2']['gathers']} sent "
+    f"{rings['zero2']['sent']['all_gather'] / looks['zero2']['gathers'] / 2**20:.2f} MiB each.",
 )
 lesson.claim(
     (trade.loc["zero2"] < trade.loc["zero1"]).all(),

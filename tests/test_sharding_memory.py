@@ -118,3 +118,44 @@ def test_activations_by_dtype_and_module_add_up_and_bf16_ones_are_half_their_fp3
         assert not any(d == "bfloat16" for d, _ in by32) and all(isinstance(m, str) and m for _, m in by16)
         low = sum(b for (d, _), b in by16.items() if d == "bfloat16")
         assert 0 < low and abs(a16 + low - a32) < 1e-3 * a32, (a32, a16, low)
+
+
+def gradients_between(model_name: str) -> dict:
+    """On every rank: each stage trains one step of two micro-batches under a Probe; what it held between them."""
+    import torch
+
+    from minddp.ladder import build_stage, make_optimizer, wrap
+    from minddp.ladder.loop import train_step
+    from minddp.sharding.fsdp import blocks_of
+    from minddp.sharding.memory import Probe
+    from minddp.train.models import build_model
+
+    g = torch.Generator().manual_seed(0)
+    batches = [
+        {"input_ids": torch.randint(1, 92, (4, 16), generator=g), "labels": torch.randint(0, 2, (4,), generator=g)}
+        for _ in range(2)
+    ]
+    out = {}
+    for stage in [*STAGES, "fsdp:bf16"]:
+        model = build_model(model_name, vocab_size=92, pad_token_id=0, seed=0)
+        if stage == "fsdp:bf16":  # its module holds bf16 casts of the replicated tensors during a forward
+            wrapped = build_stage("fsdp", model, compute_dtype=torch.bfloat16, shard=blocks_of(model))
+        else:
+            wrapped = wrap(stage, model)
+        optimizer = make_optimizer(stage.partition(":")[0], wrapped, torch.optim.AdamW, lr=1e-3)
+        probe = Probe(wrapped, model, optimizer)
+        train_step(wrapped, optimizer, batches, lambda m, b: m(**b).loss)
+        out[stage] = {**probe.result(), "between": probe.gradients_between}
+    return out
+
+
+def test_between_micro_batches_every_stage_holds_the_whole_gradients():
+    """Under no_sync the first micro-batch's gradients are accumulated whole, sharded only at the last backward's
+    sync: the oracle is the whole model's fp32 gradient bytes, 4Ψ (no padding: gradients are kept unpadded), fsdp
+    computing in bf16 too (its gradients are summed in its fp32 master dtype)."""
+    for per_stage in launch(gradients_between, "tiny-llama", world_size=2, backend="gloo", timeout_s=180):
+        for stage, m in per_stage.items():
+            assert m["between"] == 4 * m["psi"], (stage, m)
+        assert per_stage["zero2"]["gradients"] < per_stage["zero2"]["between"]
+        assert per_stage["fsdp"]["gradients"] < per_stage["fsdp"]["between"]
+        assert per_stage["fsdp:bf16"]["replicated"] > 0  # the tensors it casts for the forward

@@ -76,7 +76,9 @@ class Probe:
     saved-tensor hook, the optimizer's step pre- and post-hooks), and removes
     them after one step. ``activations_by``: the activations' bytes by
     (dtype, class of the innermost module running when the tensor was saved),
-    of the forward that saved the most.
+    of the forward that saved the most. ``gradients_between``: the most
+    gradient bytes held when a forward starts, what the earlier micro-batches'
+    backwards left (accumulated, unsynced, FSDP's in its units included).
     """
 
     def __init__(self, wrapped: nn.Module, module: nn.Module, optimizer: torch.optim.Optimizer):
@@ -88,6 +90,7 @@ class Probe:
         self.running: list[str] = []  # class names of the modules whose forward runs now, innermost last
         self.saved_by: dict[tuple[str, str], int] = {}  # this forward's saved bytes by (dtype, module class)
         self.activations_by: dict[tuple[str, str], int] = {}
+        self.gradients_between = 0
         self.handles = [
             optimizer.register_step_pre_hook(self._before_step),
             optimizer.register_step_post_hook(self._after_step),
@@ -157,7 +160,16 @@ class Probe:
         self._saved(tensor)
         return tensor
 
+    def _gradients_held(self) -> int:
+        if not self.fsdp:
+            return storage_bytes(p.grad for p in held_parameters(self.wrapped, self.module))
+        # FSDP: its own leaves (the module may hold bf16 casts during a forward), and its units' no_sync sums
+        fsdp = self.wrapped
+        leaves = [s for unit in fsdp.units for s in unit.shards] + [p for _, _, p in fsdp.replicated]
+        return storage_bytes([p.grad for p in leaves] + [g for unit in fsdp.units for g in unit.accumulated])
+
     def _forward_starts(self, module, args) -> None:
+        self.gradients_between = max(self.gradients_between, self._gradients_held())
         self.saved, self.saved_bytes, self.saved_by = set(), 0, {}  # activations of one forward, each forward anew
         # a saved tensor in a parameter's storage (a weight's transpose, say) is the parameter, not an activation
         self.param_storages = {t.untyped_storage().data_ptr() for t in held_parameters(self.wrapped, self.module)}
