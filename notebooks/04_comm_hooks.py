@@ -250,11 +250,15 @@ lesson.say(
     + (f": step {second}'s gradient is many times smaller than step {first}'s" if max(fell.values()) < 0.2 else "")
     + (f"; every number of the first table is taken on step {second}." if second == steps.index[-1] else ".")
 )
-# g is each trainee's own: the same weights and batches give the same g, to float32's rounding of the backward
-same = (steps["‖g‖"] - steps["plain averaging ‖g‖"]).abs() <= 1e-6 * steps["plain averaging ‖g‖"]
+# g is each trainee's own: the same weights and batches give the same g, to float32's rounding of the backward.
+# 1e-3: the two models' tensors lie at other addresses, and a CPU BLAS may then add a product's terms in another
+# order (a fresh-clone CI saw the two differ by more than 1e-6); a float32 sum of K terms in another order moves by
+# about √K·2⁻²⁴ of its magnitude, about 1e-4 for ‖g‖²'s 5 M squares, the longest sum here: 1e-3 is ten times
+# that, and far below the tens of percent by which step 4's differ once PowerSGD's update has moved the weights
+same = (steps["‖g‖"] - steps["plain averaging ‖g‖"]).abs() <= 1e-3 * steps["plain averaging ‖g‖"]
 lesson.claim(
     same.loc[:first].all() and not same.loc[second:].any(),
-    f"‖g‖ is each trainee's own: PowerSGD's equals plain averaging's (to 1e-6 of it) up to step {first}, taken at "
+    f"‖g‖ is each trainee's own: PowerSGD's equals plain averaging's (to 1e-3 of it) up to step {first}, taken at "
     f"the weights both had reached alike; from step {second} it is {steps.loc[second, '‖g‖']:.2f} against "
     f"{steps.loc[second, 'plain averaging ‖g‖']:.2f}, as PowerSGD's step-{first} update, made from its ĝ, differed.",
 )
