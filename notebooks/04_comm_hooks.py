@@ -250,17 +250,22 @@ lesson.say(
     + (f": step {second}'s gradient is many times smaller than step {first}'s" if max(fell.values()) < 0.2 else "")
     + (f"; every number of the first table is taken on step {second}." if second == steps.index[-1] else ".")
 )
-# g is each trainee's own: the same weights and batches give the same g, to float32's rounding of the backward.
-# 1e-3: the two models' tensors lie at other addresses, and a CPU BLAS may then add a product's terms in another
-# order (a fresh-clone CI saw the two differ by more than 1e-6); a float32 sum of K terms in another order moves by
-# about √K·2⁻²⁴ of its magnitude, about 1e-4 for ‖g‖²'s 5 M squares, the longest sum here: 1e-3 is ten times
-# that, and far below the tens of percent by which step 4's differ once PowerSGD's update has moved the weights
-same = (steps["‖g‖"] - steps["plain averaging ‖g‖"]).abs() <= 1e-3 * steps["plain averaging ‖g‖"]
+# g is each trainee's own. At step 1 both start from the same weights and batches: their ‖g‖ differ only by the
+# order in which a CPU BLAS may sum (the two models' tensors lie at other addresses; a fresh-clone CI saw more than
+# 1e-6): about √K·2⁻²⁴ of a sum of K terms, 1e-4 for ‖g‖²'s 5 M squares, so 1e-3. Later steps start from weights
+# the optimizer moved by those roundings too, so they are printed, not claimed; from step `second` the two differ
+# by tens of percent (a tenth is claimed), PowerSGD's step-`first` update having moved its weights elsewhere.
+rel = (steps["‖g‖"] - steps["plain averaging ‖g‖"]).abs() / steps["plain averaging ‖g‖"]
 lesson.claim(
-    same.loc[:first].all() and not same.loc[second:].any(),
-    f"‖g‖ is each trainee's own: PowerSGD's equals plain averaging's (to 1e-3 of it) up to step {first}, taken at "
-    f"the weights both had reached alike; from step {second} it is {steps.loc[second, '‖g‖']:.2f} against "
+    rel.iloc[0] <= 1e-3 and (rel.loc[second:] > 0.1).all(),
+    f"‖g‖ is each trainee's own: at step 1, from the same weights, PowerSGD's equals plain averaging's (to 1e-3 of "
+    f"it); from step {second} it is {steps.loc[second, '‖g‖']:.2f} against "
     f"{steps.loc[second, 'plain averaging ‖g‖']:.2f}, as PowerSGD's step-{first} update, made from its ĝ, differed.",
+)
+apart = rel.loc[2:first].max()
+lesson.say(
+    f"Steps 2 to {first}, after updates that were plain averaging's in both: ‖g‖ "
+    + (f"apart by at most {apart:.1e} of it." if apart > 0 else "equal to the bit in this run.")
 )
 steps.round({"PowerSGD payload KiB": 1, "relative error": 2, "‖g‖": 2, "plain averaging ‖g‖": 2})
 

@@ -341,19 +341,23 @@ for bound in (2.0, 1.0):
     )
     print(f"hang_s = {bound:g} s:", *stopped.report())
     stops[bound] = fault_outcomes(stopped)[0].recovery_s
-# what the mechanism bounds (the freeze is noticed hang_s after the last beat seen, BEAT_S before it or less, and
-# the quorum and the step's retry come after): each recovery within a factor of two of its bound, the shorter
-# bound's recovery the shorter; how close to the bound each came is this run's, printed, not claimed
+# what the mechanism guarantees: the freeze is noticed hang_s after the last beat seen, BEAT_S (50 ms) before it
+# or less, so no recovery is shorter than its bound less that (half the bound is claimed); how much longer each
+# took depends on how fast this machine forms the next quorum, so it is printed, not claimed
 lesson.claim(
-    all(0.5 * bound <= recovery <= 2 * bound for bound, recovery in stops.items()) and stops[1.0] < stops[2.0],
-    "each recovery from the freeze was of the order of its hang bound (between half and twice it), and halving "
-    "the bound shortened it",
+    all(recovery >= 0.5 * bound for bound, recovery in stops.items()),
+    "each recovery from the freeze took at least half its hang bound (the freeze is noticed only once the bound has "
+    "run out since the last beat seen)",
 )
+shorter = stops[2.0] - stops[1.0]
 lesson.say(
     "Recoveries: "
     + ", ".join(f"{r:.3f} s at hang_s = {b:g} s ({r / b:.0%} of it)" for b, r in stops.items())
-    + f"; halving the bound shortened the recovery by {stops[2.0] - stops[1.0]:.3f} s, against the bound's "
-    f"{2.0 - 1.0:g} s"
+    + (
+        f"; halving the bound shortened the recovery by {shorter:.3f} s, against the bound's {2.0 - 1.0:g} s"
+        if shorter > 0
+        else f"; halving the bound did not shorten the recovery here ({-shorter:.3f} s longer)"
+    )
 )
 
 # %%
