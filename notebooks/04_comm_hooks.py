@@ -115,8 +115,8 @@ psgd_last = trainees["powersgd"].metered[-1]["relative_error"]
 lesson.say(
     f"PowerSGD's {psgd_last:.1e} puts its step-{STEPS} ĝ "
     + ("further from g than" if psgd_last > 1 else "nearer g than" if psgd_last < 1 else "as far from g as")
-    + f" a hook handing back zeros (1): by error feedback that ĝ also carries what step {STEPS - 1}'s compression "
-    "left out (next section), so one step's relative error cannot rank PowerSGD against the other hooks."
+    + f" a hook handing back zeros (1): by error feedback that ĝ also carries part of what step {STEPS - 1}'s "
+    "compression left out (next section), so one step's relative error cannot rank PowerSGD against the other hooks."
 )
 
 # %%
@@ -227,17 +227,26 @@ lesson.claim(
     f"plain averaging makes {plain_calls}.",
 )
 first, second = late.index[:2]  # its first two compressing steps
-# what the ranks kept on the first, averaged over them, is g − ĝ there (the last point above): its norm is that
-# step's relative error times its ‖g‖, and the second step compresses g plus it
+# what the ranks kept on the first, averaged over them, is g − ĝ there (the last point above), e: its norm is that
+# step's relative error times its ‖g‖. The second step's ĝ is P Pᵀ (g + e) on each compressed matrix (and g on the
+# rest, where e averages to 0), so ĝ − g = P Pᵀ e − (g − P Pᵀ g): two parts at right angles (inside P's columns and
+# outside them), hence ‖P Pᵀ e‖, the part of e that ĝ carries, is at most ‖ĝ − g‖
 fed_back = steps.loc[first, "relative error"] * steps.loc[first, "‖g‖"]
+through = steps.loc[second, "relative error"] * steps.loc[second, "‖g‖"]  # ‖ĝ − g‖ on the second step
 lesson.say(
     f"Those carry {last['PowerSGD payload KiB'] / plain_kib:.4f} of plain averaging's payload. Step {first}'s "
     f"relative error, {steps.loc[first, 'relative error']:.2f}, has no error feedback in it but computes its P from "
     f"a random Q: it is that one step's, not the hook's in general. Step {second}'s relative error compares step "
     f"{second}'s ĝ with step {second}'s g alone, while what the ranks added by error feedback, averaged over them, "
-    f"is step {first}'s g − ĝ, of norm {fed_back:.1f}, "
-    f"{fed_back / steps.loc[second, '‖g‖']:.1f} times step {second}'s ‖g‖: the error counts that too, not only "
-    f"step {second}'s compression."
+    f"is step {first}'s g − ĝ, of norm {fed_back:.1f}, {fed_back / steps.loc[second, '‖g‖']:.1f} times step "
+    f"{second}'s ‖g‖. Of that, ĝ carries only the part in P's columns, at right angles to the part of g that ĝ "
+    f"leaves out, so no more than ‖ĝ − g‖ = {through:.2f} of it got through"
+    + (
+        f" ({through / fed_back:.0%} of {fed_back:.1f}, by norm)"
+        if through < fed_back
+        else f" (a bound no smaller than its {fed_back:.1f})"
+    )
+    + f"; step {second}'s error counts that part too, not only step {second}'s compression."
 )
 fell = {  # step `second`'s ‖g‖ over step `first`'s, each trainee's own
     col: steps.loc[second, col] / steps.loc[first, col] for col in ("‖g‖", "plain averaging ‖g‖")
@@ -274,9 +283,9 @@ steps.round({"PowerSGD payload KiB": 1, "relative error": 2, "‖g‖": 2, "plai
 #
 # The notation is 01's: a *message* is one all_reduce, α a *hop*'s cost whatever its size (a hop: a point-to-point
 # send; an all_reduce around a ring makes 2(n − 1) of them, so a message's *fixed cost* is 2(n − 1) α), β the
-# time per byte (1 / B, B the link's bandwidth in bytes/s). A link carries one message at a time, each for its
-# α-β time, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of m bytes on n ranks. So c all_reduces of S bytes
-# of payload in all take
+# time per byte (1 / B, B the link's bandwidth, in bytes/s in every formula). A link carries one message at a
+# time, each for its α-β time, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of m bytes on n ranks. So c
+# all_reduces of S bytes of payload in all take
 #
 # `c · 2(n − 1) α + 2(n − 1)/n · S β`
 #
@@ -329,11 +338,11 @@ lesson.say(
 #   is paid 2(n − 1) times, while the bytes each rank sends, 2(n − 1)/n · S, stay under 2S whatever n.
 #
 # The cell prices both hooks' last steps on every preset link of `minddp.comm.link.PRESETS` but `loopback`: a
-# pair α, B (the table's first two columns: α in µs, B in Gbit/s), not a
+# pair α, B (the table's first two columns, in µs and Gbit/s), not a
 # measured network; `home` stands for a home broadband line's upload, `wan` for two cloud regions a continent apart. The
-# figure draws both link times against B at `1gbit`'s α: each line falls towards c fixed costs,
-# c · 2(n − 1) α, and the two cross at 1gbit's B*. Each preset is named beside its circle, its triangle at the
-# same B; at its own α a marker's link ms differ from its line's by c · 2(n − 1) (α − 1gbit's α).
+# figure draws both link times against B at `1gbit`'s α: each line falls towards its hook's fixed costs (c or c′
+# times 2(n − 1) α), and the two cross at 1gbit's B*. Each preset is named beside its circle, its triangle at the
+# same B; at its own α a marker's link ms differ from its line's by its hook's c or c′ times 2(n − 1) (α − 1gbit's α).
 
 # %%
 # %%rank 0
@@ -382,15 +391,15 @@ shorter = [
 lesson.claim(
     shorter == [True, False],
     f"The same all_reduces and payload, from these {n}-rank steps, priced on {LINK.name} as if on more ranks: "
-    f"PowerSGD's take less link time on {below} ranks and not on {above}, either side of n* = {n_star:.1f}.",
+    f"PowerSGD's take less link time on {below} ranks and not on {above}, either side of n* = {n_star:.1f} "
+    f"(S, S′ in bytes, α = {LINK.latency:g} s, B = {LINK.bandwidth:.3g} bytes/s).",
 )
 lesson_04.link_figure(reduced, n, LINK, crossover)
 wins.round(3)
 
 # %% [markdown]
-# These numbers show PowerSGD's payload, relative error and link time. The loss it reaches, its compute, its
-# error feedback's memory and how its link time changes a step's time are not shown: nothing here tells whether
-# PowerSGD is worth using.
+# The loss PowerSGD reaches, its compute, its error feedback's memory and how its link time changes a step's time
+# are not shown: nothing here tells whether PowerSGD is worth using.
 #
 # ## torch compatibility
 #
