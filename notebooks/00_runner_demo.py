@@ -99,8 +99,9 @@ lesson.claim(os.getpid() == pid, "every rank is still the process it was at the 
 before = t.clone()
 dist.all_reduce(t)
 lesson.claim(
-    torch.equal(t, world_size * before),
-    f"the all_reduce works again: `t`, {before.tolist()} on every rank, is summed over the ranks",
+    torch.equal(before, total) and torch.equal(t, world_size * total),
+    f"the all_reduce works again: `t` held the sum above, {before.tolist()}, on every rank, and now holds the sum of "
+    f"the {world_size} ranks' copies, {t.tolist()}",
 )
 t
 

@@ -13,9 +13,19 @@ def _all_reduce(n: int, seq: int) -> Call:
 def test_calls_that_differ_only_in_shape_make_different_stretches():
     rank_0, rank_1 = stretches([_all_reduce(2, 141)]), stretches([_all_reduce(1, 141)])
     assert rank_0 != rank_1  # the listing compares what the collective check compares: op, dtypes and shapes
-    assert "all_reduce(float32[2], op=SUM) (after step 3)" in numbering(rank_0)
-    assert "all_reduce(float32[1], op=SUM) (after step 3)" in numbering(rank_1)
+    assert "all_reduce(float32[2], op=SUM) (after step 3 of a wrapper from before this run)" in numbering(rank_0)
+    assert "all_reduce(float32[1], op=SUM) (after step 3 of a wrapper from before this run)" in numbering(rank_1)
     assert numbering(rank_0).startswith("#0–#140 before this run")
+
+
+def test_a_step_is_said_to_be_an_earlier_wrappers_only_when_the_run_made_no_wrapper_call():
+    # notebook 08's section 4: a lone all_reduce after section 3's wrapper took its steps 0-3 said "(after step 3)",
+    # and a reader took step 3 for one of this cell's. Here a wrapper of this run makes a call first: its step.
+    check = Call("all_gather", [["tensor", "int64[8]"]], ["int64"], [[8]], seq=7, step=0)
+    check.where, check.ours = "<In [1], rank 0>:3 in minddp debug's forward check of DistributedDataParallel", True
+    listed = numbering(stretches([check, _all_reduce(2, 8)]))
+    assert listed.endswith("#8 the script's all_reduce(float32[2], op=SUM) (after step 3)")
+    assert "before this run)" not in listed
 
 
 def test_equal_calls_make_equal_stretches():

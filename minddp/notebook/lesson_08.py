@@ -263,7 +263,8 @@ def stretches(calls: list) -> list[tuple[int, int, str, list[str], list[str]]]:
     """``calls`` (one run's, :func:`~minddp.debug.collective_check.recorded`) in stretches ``(first, last, what,
     parts, texts)``: those before the run, the wrapper's calls before its first forward check ("building the
     wrapper"), then the wrapper's own by step, and each of the script's own, written as op(dtype[shape], ...), with
-    its step as a finding says it; ``parts`` names each of a stretch's calls (:data:`_PARTS`) and ``texts`` holds
+    its step as a finding says it (a step of a wrapper from before the run, when the run has made no wrapper's call
+    yet, said so); ``parts`` names each of a stretch's calls (:data:`_PARTS`) and ``texts`` holds
     each one's op, dtypes and shapes, so two ranks' stretches are equal only if their calls are."""
     if not calls:
         return []
@@ -272,13 +273,15 @@ def stretches(calls: list) -> list[tuple[int, int, str, list[str], list[str]]]:
         if calls[0].seq
         else []
     )
-    built = False
+    built = ours = False  # ours: a wrapper's call seen in this run (without one, a step is an earlier wrapper's)
     for call in calls:
         built = built or "forward check" in call.where
         if not call.ours:
-            step = "" if call.step is None else f" ({'after ' if call.after else ''}step {call.step})"
+            earlier = "" if ours else " of a wrapper from before this run"
+            step = "" if call.step is None else f" ({'after ' if call.after else ''}step {call.step}{earlier})"
             parts.append((call.seq, call.seq, f"the script's {call.text}{step}", [], [call.text]))
             continue
+        ours = True
         what = f"the wrapper's own calls in step {call.step}" if built else "building the wrapper"
         if parts and parts[-1][2] == what and parts[-1][1] == call.seq - 1:
             a, _, _, named, texts = parts[-1]
