@@ -230,7 +230,7 @@ def last_messages(linked, link, run: Path, a: str, b: str) -> str:
         f"{split(b, 'bucket')[1:]}; {split(a, 'message')}"
     )
     if rb > 0 or ra > 0:
-        body += " (earlier ones still on the link, which carries one message at a time, in order, when rank 0 began to wait)"
+        body += " (the link carries one message at a time, in order: earlier ones were still on it when rank 0 began to wait)"
     line = head + body if head else body[0].upper() + body[1:]
     return f"{line}."
 
@@ -309,8 +309,9 @@ def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict) -> str:
     and how much longer than the group's shortest for the same bytes, as a share of its in flight (``shares``'
     printed columns): time held open at least, since the shortest's can be held open too; where that is more than
     half of a stage's in flight, what its overlap is a share of; in words, that an overlap does not rank stages by
-    what compute hid of their bytes' time, with a pair of the same group where the higher overlap has the longer
-    non-compute, if there is one; then the collectives the plot does not draw; one profiled step, not claimed.
+    what compute hid of their bytes' time, with the pair of stages sending the same bytes a step where the higher
+    overlap has the longer non-compute by the most, if there is one; then the collectives the plot does not draw;
+    one profiled step, not claimed.
 
     >>> t = pd.DataFrame({"in flight (ms)": [10.0, 40.0, 12.0], "overlap (%)": [0.0, 80.0, 5.0],
     ...                   "non-compute (ms)": [10.0, 8.0, 9.0]}, index=["b", "ba", "d"])
@@ -326,8 +327,8 @@ def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict) -> str:
     gloo:broadcast ranges (the model's buffers, broadcast in a forward) in d.
     >>> t.loc["ba", "non-compute (ms)"] = 12.0
     >>> print(held_open(t, sizes, parts))  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
-    b, ba and d ... it does not rank stages by how much of their bytes' time compute hid: ba's 80.0 % against b's
-    0.0 %, with 12.0 against 10.0 ms non-compute. Also in flight, ...
+    b, ba and d ... it does not rank stages by how much of their bytes' time compute hid: with the same bytes a
+    step, ba's 80.0 % against d's 5.0 %, with 12.0 against 9.0 ms non-compute. Also in flight, ...
     """
 
     def names(stages):
@@ -338,11 +339,10 @@ def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict) -> str:
     groups: dict[tuple, list[str]] = {}
     for st in parts:
         groups.setdefault(tuple(sizes[st]), []).append(st)
-    lines, pairs = [], []
+    lines = []
     for size, group in groups.items():
         if len(group) < 2:
             continue
-        pairs += [(x, y) for x in group for y in group if ov[x] > ov[y] and nc[x] > nc[y]]
         ref = min(group, key=lambda st: bars[st])
         line = (
             f"{names(group)} send the same {len(size)} messages (the same sizes); their all_reduce ranges (the "
@@ -375,9 +375,14 @@ def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict) -> str:
         "An overlap is a share of the time ranges were open, held open included, so it does not rank stages by how "
         "much of their bytes' time compute hid"
     )
+    a_step = {st: sum(sizes[st]) for st in parts}  # the bytes a step, as numbers
+    pairs = [(x, y) for x in parts for y in parts if a_step[x] == a_step[y] and ov[x] > ov[y] and nc[x] > nc[y]]
     if pairs:
-        x, y = max(pairs, key=lambda p: ov[p[0]] - ov[p[1]])
-        said += f": {x}'s {ov[x]:.1f} % against {y}'s {ov[y]:.1f} %, with {nc[x]:.1f} against {nc[y]:.1f} ms non-compute"
+        x, y = max(pairs, key=lambda p: nc[p[0]] - nc[p[1]])
+        said += (
+            f": with the same bytes a step, {x}'s {ov[x]:.1f} % against {y}'s {ov[y]:.1f} %, with {nc[x]:.1f} against "
+            f"{nc[y]:.1f} ms non-compute"
+        )
     lines.append(said + ".")
     other: dict[str, list[str]] = {}
     for st in parts:
