@@ -164,9 +164,8 @@ parts = {st: lesson_05.in_flight_parts(RUN, st) for st in shares.index}
 lesson.say(lesson_05.held_open(shares, sizes, parts))
 
 # %% [markdown]
-# One row per profiled stage, one axis in ms from the start of the profiled step. Neither a row's length nor a
-# band's says which stage is faster: each row is one step, and the same work takes different times from row to row
-# (the line under the next table). In each row:
+# One row per profiled stage, one axis in ms from the start of the profiled step. Each row is one step; how much
+# the same work's time differs from row to row is printed under the next table. In each row:
 #
 # * the forward (pale) and backward (darker) band of each micro-batch: *forward* from the micro-batch's start
 #   to its first *autograd node* (the forward, and what the stage does around it),
@@ -200,16 +199,20 @@ anatomy = lesson_05.anatomy(result, zero.index)
 display(anatomy)
 
 # %%
-alone = lesson_05.bands_ms(result, "backward").loc["single"]  # single's backward bands, ms
-steps = lesson_05.phase_ms(result, "step")
-sending = steps.drop("single")
+alone = lesson_05.bands_ms(result, "backward").loc["single"].round()  # single's backward bands, ms
+steps, opt = lesson_05.phase_ms(result, "step"), lesson_05.phase_ms(result, "optimizer")
+sending, n = steps.drop("single"), int((steps.drop("single") < steps["single"]).sum())
+rank = {0: "shorter than each", len(sending): "longer than each"}.get(n, f"longer than {n}")
+ratio = {x: round(v.max()) / round(v.min()) for x, v in (("steps", steps), ("optimizer", opt), ("bands", alone))}
+ratio = {x: round(r, 1) for x, r in ratio.items()}  # as printed: from the printed ms, to 0.1 (as spread's)
+same = max(ratio["optimizer"], ratio["bands"])  # the same work's spread
 lesson.say(
     f"In one profiled step each, the step took {lesson_05.spread(steps)}, single's, which sends nothing, "
-    f"{steps['single']:.0f} ms (longer than {(sending < steps['single']).sum()} of the {len(sending)} stages' that "
-    f"send); the optimizer step, the same work in every row (`single` included: the same model, micro-batches and "
-    f"AdamW), {lesson_05.spread(lesson_05.phase_ms(result, 'optimizer'))}; single's backward bands, with no message "
-    f"in them, {alone.min():.0f}–{alone.max():.0f} ms: a difference between two rows or two bands need not be the "
-    "stages'."
+    f"{steps['single']:.0f} ms ({rank} of the {len(sending)} stages' that send); the optimizer step, the same work "
+    f"in every row (`single` included: the same model, micro-batches and AdamW), {lesson_05.spread(opt)}; single's "
+    f"backward bands, with no message in them, {alone.min():.0f}–{alone.max():.0f} ms ({ratio['bands']:.1f} ×): the "
+    f"same work took up to {same:.1f} × as long in one row or band as in another, so a difference no larger need "
+    f"not be the stages'; the steps' {ratio['steps']:.1f} × is {'larger' if ratio['steps'] > same else 'no larger'}."
 )
 lesson.say(lesson_05.band_non_compute(result, RUN, anatomy.index[anatomy["during a backward"] > 0]))
 
@@ -232,7 +235,7 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 #
 # The profiling cell also profiled the blog's six stages (`simple` to `bucket-async`) with their gradients'
 # all_reduces over `03_build_up`'s **emulated 1 Gbit/s link** (`minddp.comm.link`). Each rank has its own
-# link, which carries its messages one at a time, in order, each from just after its tick (or once the link is
+# link, which carries its messages one at a time, in order, each from just after its hand-over (or once the link is
 # free, if later); the real all_reduce runs beside the modeled transfer, and the link delivers a message once both
 # are done and every earlier one is delivered. The parameter check does not go through the link. The two runs
 # were taken at different moments; neither's times or order carry over to the other. Three measures of the link
@@ -291,4 +294,4 @@ lesson.claim(
 blocking = ["simple", "ga", "hook", "bucket"]
 lesson.say(lesson_05.exposed_share(on_link, blocking, ["hook-async", "bucket-async"]))
 lesson.say(lesson_05.bucket_pairs(on_link, [("hook", "bucket"), ("hook-async", "bucket-async")]))
-lesson.say(lesson_05.last_messages(linked, link, "hook-async", "bucket-async"))
+lesson.say(lesson_05.last_messages(linked, link, LINKED, "hook-async", "bucket-async"))

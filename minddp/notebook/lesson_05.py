@@ -188,59 +188,90 @@ def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[s
     )
 
 
-def last_messages(linked, link, a: str, b: str) -> str:
-    """A line to print: the last message each of stages ``a`` (one message a parameter) and ``b`` (buckets) handed
-    over in the link run (rank 0's step), its size and its link time (:func:`link_ms`'s model, one message), each
-    stage's exposed (to 0.1 ms, as :func:`link_table`), and whether ``b``'s is more than that message alone takes on
-    the link; one step, not claimed."""
+def last_messages(linked, link, run: Path, a: str, b: str) -> str:
+    """A line to print (``run``: the link run's folder): the last message each of stages ``a`` (one message a parameter) and ``b`` (buckets) handed
+    over in the link run (rank 0's step), its size and its link time (:func:`link_ms`'s model, one message), and each
+    stage's exposed (to 0.1 ms, as :func:`link_table`) split into that last message's transfer and earlier ones'
+    (the link carries one at a time, so the parts add up); headed by a "why" only where ``b``'s exposed is longer
+    than ``a``'s, the measure it names; one step, not claimed."""
     from minddp.analysis import metrics
 
     sent, nbytes = rank0(linked.buckets), message_bytes(linked)
     world = int(linked.summary["rank"].nunique())
-    waits = rank0(linked.per_step).groupby("stage")[["waited_us", "exposed_us"]].mean() / 1e3  # ms, as link_table
-    last = {}
+    waits = rank0(linked.per_step).groupby("stage")["exposed_us"].mean() / 1e3  # ms, as link_table
+    last, part = {}, {}
     for st in (a, b):
         i = sent.loc[sent["stage"] == st, "ready_us"].idxmax()
         last[st] = (nbytes[i] / 2**20, 1e3 * metrics.link_time(link, [("all_reduce", nbytes[i], world)]))
-    wa, wb = (round(waits.loc[st, "waited_us"], 1) for st in (a, b))
-    ea, eb = (round(waits.loc[st, "exposed_us"], 1) for st in (a, b))
-    head = f"Why rank 0 waited longer with buckets in {b} than in {a}: " if wb > wa else ""
+        iv, _, _ = lesson.parameter_checks(run, st)
+        window = [iv.steps[-1][1:]]
+        transfers = sorted(t for t in iv.link if window[0][0] <= t[0] <= window[0][1])  # in order: one at a time
+        exposed = round(waits[st], 1)
+        own = round(metrics.exposed(transfers[-1:], iv.waits, window) / 1e3, 1)
+        part[st] = (exposed, own, round(exposed - own, 1))
+    (ea, la, ra), (eb, lb, rb) = part[a], part[b]
+
+    def split(st, noun):
+        exposed, own, rest = part[st]
+        if rest > 0:
+            return f"{own:.1f} ms of {st}'s exposed was that {noun}'s transfer, {rest:.1f} ms earlier {noun}s'"
+        return f"all {exposed:.1f} ms of {st}'s exposed was that {noun}'s transfer" if exposed > 0 else f"{st}'s exposed is 0"
+
+    head = (
+        f"Why, with buckets, rank 0 waited longer while its link carried a transfer ({a} → {b}, exposed {ea:.1f} → "
+        f"{eb:.1f} ms): "
+        if eb > ea
+        else ""
+    )
     body = (
         f"a message is handed over only once its last gradient is ready, so each stage's last one only once "
         f"the backward's last gradient is: {a}'s, {last[a][0]:.2f} MiB, takes {last[a][1]:.1f} ms on the link, "
-        f"{b}'s, a whole bucket of {last[b][0]:.2f} MiB, {last[b][1]:.1f} ms. While rank 0 waited, {b}'s link carried "
-        f"a transfer for {eb:.1f} ms (exposed)"
+        f"{b}'s, the last bucket, {last[b][0]:.2f} MiB, {last[b][1]:.1f} ms. {split(b, 'bucket')[0].upper()}"
+        f"{split(b, 'bucket')[1:]}; {split(a, 'message')}"
     )
+    if rb > 0 or ra > 0:
+        body += " (the link carries one message at a time, in order: earlier ones were still on it when rank 0 began to wait)"
     line = head + body if head else body[0].upper() + body[1:]
-    if eb > round(last[b][1], 1):
-        line += ", more than that bucket alone takes: earlier ones too"
-    return f"{line}; {a}'s for {ea:.1f} ms."
+    return f"{line}."
 
 
 def band_non_compute(result, run: Path, stages) -> str:
     """A line to print: of ``stages``, the one with the longest backward band (rank 0's step), how much longer that
-    band is than ``single``'s longest, and how much of it is non-compute (``metrics.non_compute`` over the band),
-    as a share of that excess, in words; one profiled step, not claimed."""
+    band is than ``single``'s longest, how much of each of the two bands is not compute (no training thread inside
+    an operator), the difference as a share of the excess, and how much of the stage's is non-compute (a gloo range
+    open too, ``metrics.non_compute`` over the band); in words; one profiled step, not claimed."""
     from minddp.analysis import metrics
 
     p = rank0(result.phases)
     back = p[p["phase"] == "backward"].assign(ms=lambda f: (f["end_us"] - f["start_us"]) / 1e3)
-    alone = back.loc[back["stage"] == "single", "ms"].max()
+
+    def idle(stage, band):  # ms of the band (µs from the step's start) with no training thread inside an operator
+        iv, s0, _ = lesson.parameter_checks(run, stage)
+        window = [(s0 + band["start_us"], s0 + band["end_us"])]
+        return metrics.length(metrics.subtract(window, iv.compute)) / 1e3, iv, window
+
+    alone = back.loc[back.loc[back["stage"] == "single", "ms"].idxmax()]
     mine = back[back["stage"].isin(list(stages))]
     band = mine.loc[mine["ms"].idxmax()]
     st = band["stage"]
-    iv, s0, _ = lesson.parameter_checks(run, st)
-    nc = metrics.non_compute([(s0 + band["start_us"], s0 + band["end_us"])], iv.compute, iv.comm) / 1e3
-    excess = round(band["ms"]) - round(alone)
+    excess = round(band["ms"]) - round(alone["ms"])
     if excess <= 0:
         return f"{st}'s longest backward band, {band['ms']:.0f} ms, is no longer than single's longest."
-    share = 100 * round(nc) / excess
-    how = "most" if share > 50 else "part"
+    (off, iv, window), (off1, _, _) = idle(st, band), idle("single", alone)
+    nc = metrics.non_compute(window, iv.compute, iv.comm) / 1e3
+    more = round(off) - round(off1)
+    share = 100 * more / excess
+    how = f"{share:.0f} % of the excess: " + ("most" if share > 50 else "less than half")
     return (
-        f"{st}'s longest backward band, {band['ms']:.0f} ms, is {excess} ms longer than single's longest, and "
-        f"{nc:.0f} ms of it is non-compute (a gloo range open, no "
-        f"training thread inside an operator), {share:.0f} % of that excess: {how} of the band's excess is time "
-        f"{st}'s training threads ran no operator while its collectives were in flight."
+        f"{st}'s longest backward band, {band['ms']:.0f} ms, is {excess} ms longer than single's longest, "
+        f"{alone['ms']:.0f} ms. Not compute (no training thread inside an operator): {off:.0f} ms of {st}'s band "
+        f"({nc:.0f} ms of it non-compute, a gloo range open), {off1:.0f} ms of single's"
+        + (
+            f", {more} ms more, {how} of the band's excess, in this step, is time {st}'s training threads ran no "
+            "operator."
+            if more > 0
+            else f": none of the band's excess, in this step, is time {st}'s training threads ran no operator."
+        )
     )
 
 
@@ -273,27 +304,37 @@ NOT_DRAWN = {"gloo:broadcast": "the model's buffers, broadcast in a forward"}
 
 
 def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict) -> str:
-    """A line to print: for each group of stages that hand over the same messages (``sizes``: stage -> sorted
-    message sizes; ``parts``: stage -> :func:`in_flight_parts`), how long each one's all_reduce ranges were open
-    (to 0.1 ms), and how much longer than the group's shortest for the same bytes, as a share of its in flight
-    (``shares``' printed columns); then the collectives the plot does not draw; one profiled step, not claimed.
+    """A line to print: for each group of stages that send the same messages (``sizes``: stage -> sorted message
+    sizes; ``parts``: stage -> :func:`in_flight_parts`), how long each one's all_reduce ranges were open (to 0.1 ms),
+    and how much longer than the group's shortest for the same bytes, as a share of its in flight (``shares``'
+    printed columns): time held open at least, since the shortest's can be held open too; where that is more than
+    half of a stage's in flight, what its overlap is a share of; in words, that an overlap does not rank stages by
+    what compute hid of their bytes' time, with the pair of stages sending the same bytes a step where the higher
+    overlap has the longer non-compute by the most, if there is one; then the collectives the plot does not draw;
+    one profiled step, not claimed.
 
-    >>> t = pd.DataFrame({"in flight (ms)": [10.0, 40.0, 12.0], "overlap (%)": [0.0, 80.0, 5.0]},
-    ...                  index=["b", "ba", "d"])
+    >>> t = pd.DataFrame({"in flight (ms)": [10.0, 40.0, 12.0], "overlap (%)": [0.0, 80.0, 5.0],
+    ...                   "non-compute (ms)": [10.0, 8.0, 9.0]}, index=["b", "ba", "d"])
     >>> sizes = pd.Series({"b": [1, 2], "ba": [1, 2], "d": [1, 2]})
     >>> parts = {"b": (9.0, 0.0, []), "ba": (30.0, 0.0, []), "d": (11.0, 1.0, ["gloo:broadcast"])}
     >>> print(held_open(t, sizes, parts))  # doctest: +NORMALIZE_WHITESPACE
-    b, ba and d hand over the same 2 messages (the same sizes); their all_reduce ranges (the plot's bars) were
-    open 9.0, 30.0 and 11.0 ms in all. For the same bytes, the others' were open longer than b's (the shortest):
-    ba's by 21.0 ms, 52 % of its in flight; d's by 2.0 ms, 17 % of its in flight. That is time held open (the
-    caveat): more than half of ba's in flight, the time its overlap (80.0 %) is a share of; less than half of d's in
-    flight, the time its overlap (5.0 %) is a share of. Also in flight, not drawn: gloo:broadcast ranges (the model's
-    buffers, broadcast in a forward) in d.
+    b, ba and d send the same 2 messages (the same sizes); their all_reduce ranges (the orange bars of the plot
+    below) were open 9.0, 30.0 and 11.0 ms in all. For the same bytes, the others' were open longer than b's (the
+    shortest): ba's by 21.0 ms, 52 % of its in flight; d's by 2.0 ms, 17 % of its in flight. At least that much was
+    held open (the caveat; the shortest's ranges can be held open too): more than half of ba's in flight, the time
+    its overlap (80.0 %) is a share of. An overlap is a share of the time ranges were open, held open included, so
+    it does not rank stages by how much of their bytes' time compute hid. Also in flight, not drawn:
+    gloo:broadcast ranges (the model's buffers, broadcast in a forward) in d.
+    >>> t.loc["ba", "non-compute (ms)"] = 12.0
+    >>> print(held_open(t, sizes, parts))  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
+    b, ba and d ... it does not rank stages by how much of their bytes' time compute hid: with the same bytes a
+    step, ba's 80.0 % against d's 5.0 %, with 12.0 against 9.0 ms non-compute. Also in flight, ...
     """
 
     def names(stages):
         return ", ".join(stages[:-1]) + f" and {stages[-1]}" if len(stages) > 1 else stages[0]
 
+    ov, nc = shares["overlap (%)"], shares["non-compute (ms)"]
     bars = {st: round(parts[st][0], 1) for st in parts}
     groups: dict[tuple, list[str]] = {}
     for st in parts:
@@ -304,8 +345,8 @@ def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict) -> str:
             continue
         ref = min(group, key=lambda st: bars[st])
         line = (
-            f"{names(group)} hand over the same {len(size)} messages (the same sizes); their all_reduce ranges (the "
-            f"plot's bars) were open {names([f'{bars[st]:.1f}' for st in group])} ms in all."
+            f"{names(group)} send the same {len(size)} messages (the same sizes); their all_reduce ranges (the "
+            f"orange bars of the plot below) were open {names([f'{bars[st]:.1f}' for st in group])} ms in all."
         )
         longer = {st: bars[st] - bars[ref] for st in group if st != ref and bars[st] > bars[ref]}
         share = {st: 100 * d / shares.loc[st, "in flight (ms)"] for st, d in longer.items()}
@@ -319,20 +360,30 @@ def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict) -> str:
                     f"{st}'s by {d:.1f} ms, {share[st]:.0f} % of its in flight" for st, d in longer.items()
                 )
                 line += f" For the same bytes, the others' were open longer than {ref}'s (the shortest): {each}."
-            said = []
-            for half, group_ in (
-                ("more", [st for st in longer if share[st] > 50]),
-                ("less", [st for st in longer if share[st] <= 50]),
-            ):
-                if group_:
-                    ovs = names([f"{shares.loc[st, 'overlap (%)']:.1f}" for st in group_])
-                    one, whose = len(group_) == 1, names([f"{st}'s" for st in group_])
-                    said.append(
-                        f"{half} than half of {whose} in flight, the time {'its overlap' if one else 'their overlaps'} "
-                        f"({ovs} %) {'is a share' if one else 'are shares'} of"
-                    )
-            line += f" That is time held open (the caveat): {'; '.join(said)}."
+            line += " At least that much was held open (the caveat; the shortest's ranges can be held open too)"
+            over = [st for st in longer if share[st] > 50]
+            if over:
+                one, whose = len(over) == 1, names([f"{st}'s" for st in over])
+                ovs = names([f"{ov[st]:.1f}" for st in over])
+                line += (
+                    f": more than half of {whose} in flight, the time {'its overlap' if one else 'their overlaps'} "
+                    f"({ovs} %) {'is a share' if one else 'are shares'} of"
+                )
+            line += "."
         lines.append(line)
+    said = (
+        "An overlap is a share of the time ranges were open, held open included, so it does not rank stages by how "
+        "much of their bytes' time compute hid"
+    )
+    a_step = {st: sum(sizes[st]) for st in parts}  # the bytes a step, as numbers
+    pairs = [(x, y) for x in parts for y in parts if a_step[x] == a_step[y] and ov[x] > ov[y] and nc[x] > nc[y]]
+    if pairs:
+        x, y = max(pairs, key=lambda p: nc[p[0]] - nc[p[1]])
+        said += (
+            f": with the same bytes a step, {x}'s {ov[x]:.1f} % against {y}'s {ov[y]:.1f} %, with {nc[x]:.1f} against "
+            f"{nc[y]:.1f} ms non-compute"
+        )
+    lines.append(said + ".")
     other: dict[str, list[str]] = {}
     for st in parts:
         for n in parts[st][2]:
