@@ -596,6 +596,7 @@ print(key_lines(FullyShardedDataParallel, lines))
 # %%distributed
 fsdp = trainees["fsdp"].model
 unit_bytes = max(sum(u.numels) for u in fsdp.units) * 4  # one unit's full fp32 parameters
+holders = [s for s in STAGES if memory[s]["parameters"] == memory["ddp"]["parameters"]]  # ddp's parameter bytes
 # a unit's full parameters beside one unit's received buffer (padded by < n elements per tensor): within 0.1 %
 lesson.claim(
     abs(memory["fsdp"]["gathered"] - 2 * unit_bytes) < 1e-3 * unit_bytes,
@@ -606,7 +607,7 @@ lesson.claim(
     "is unpacked or, after it, the next unit's prefetched one. "
     f"That is {memory['fsdp']['gathered'] / memory['ddp']['parameters']:.0%} of the whole model's "
     f"{lesson.mib(memory['ddp']['parameters'])} of parameters, which "
-    + ", ".join(s for s in STAGES if memory[s]["parameters"] == memory["ddp"]["parameters"])
+    + (f"{', '.join(holders[:-1])} and {holders[-1]}" if len(holders) > 1 else holders[0])
     + " hold whole (the memory table).",
 )
 f = looks["fsdp"]
