@@ -1266,7 +1266,10 @@ OUTER_SYNC_MISTAKES = [  # each wrong idea, and the words its verdict must hold
     (wrong.outer_sync_averages_a_copy, "the tensor handed to p.grad is not the one all_reduce averaged"),
     (wrong.outer_sync_without_import_torch, "import torch in the cell that defines your function"),
     # learner read 14 (10-c #11): `g /= world_size`, as every %%distributed cell had it, got a bare NameError
-    (wrong.outer_sync_divides_by_world_size, "those are the %%distributed cells' own; ask dist.get_world_size()"),
+    (
+        wrong.outer_sync_divides_by_world_size,
+        "only on the notebook's own ranks, in its %%distributed cells; ask dist.get_world_size()",
+    ),
 ]
 
 
