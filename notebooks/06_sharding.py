@@ -184,18 +184,25 @@ lesson.say(
 lesson.claim(
     all(between[s] == 4 * memory[s]["psi"] for s in STAGES)
     and all(memory[s]["gradients"] < between[s] for s in ("zero2", "fsdp")),
-    "The gradients column is taken at the update, after the last backward's gradient collectives. Between the "
+    "The gradients column is taken at the update, after the last backward's sync. Between the "
     "first backward and the last every stage holds the whole gradients: the most gradient bytes each held as a "
     "micro-batch's forward started in the memory step, "
     + ", ".join(f"{s} {lesson.mib(between[s])}" for s in STAGES)
     + f", what the {accum - 1} micro-batches before the last accumulated whole under no_sync(). So zero2 and "
     "fsdp hold the smaller gradients of the column only from the last backward on.",
 )
+act = {s: memory[s]["activations"] for s in STAGES}
+cut = (table.loc["ddp", "model state MiB"] - table["model state MiB"]) * 2**20  # what each takes off ddp's
+lesson.claim(
+    len(set(act.values())) == 1 and cut.idxmax() == "fsdp" and act["fsdp"] > cut["fsdp"],
+    f"Every stage saves the same activations, {lesson.mib(act['fsdp'])}: sharding cuts model state, not "
+    f"activations, and here they are more than the most model state a stage takes off ddp's, fsdp's "
+    f"{lesson.mib(cut['fsdp'])}.",
+)
 table.round(3).astype(object).where(table.notna(), "–")
 
 # %% [markdown]
-# Every stage runs the same forward on the same batch:
-# sharding saves model state, not activations. The columns are measured at different moments; no cell
+# The columns are measured at different moments; no cell
 # measures the most a rank holds at once.
 
 # %%
@@ -288,17 +295,19 @@ lesson.claim(
 by = probe.activations_by  # the bf16 run's saved bytes by (dtype, class of the module that saved them)
 low = sum(b for (dtype, _), b in by.items() if dtype == "bfloat16")
 norm32 = sum(b for (dtype, m), b in by.items() if dtype == "float32" and m.endswith("RMSNorm"))
-rest = f16["activations"] - low - norm32  # every other module's, in any other dtype
+other = f16["activations"] - low  # every byte not saved in bf16, in any dtype, by any module
+# in fp32 the bytes saved in bf16 here are twice as many and the others the same: the others keep it above half
 lesson.claim(
     2 * f16["gathered"] == f32["gathered"]
-    and abs(f16["activations"] + low - f32["activations"]) < 1e-3 * f32["activations"],
+    and abs(2 * low + other - f32["activations"]) < 1e-3 * f32["activations"]
+    and norm32 > other / 2,
     f"Its gathered units hold half the bytes, {lesson.mib(f16['gathered'])} against {lesson.mib(f32['gathered'])} at "
-    f"their peak. Its activations are not half fp32 fsdp's, because the RMSNorms save theirs in fp32: "
-    f"{lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}, "
-    f"{f16['activations'] / f32['activations']:.2f} times; {low / 2**20:.2f} MiB of them are saved in "
-    f"bf16, {norm32 / 2**20:.2f} MiB in fp32 by the RMSNorms, which compute in fp32 whatever their input's dtype, "
-    f"and the remaining {rest / 2**20:.2f} MiB ({rest / f16['activations']:.1%} of them) by other modules. Twice "
-    f"the bf16 bytes plus the rest come to fp32 fsdp's {lesson.mib(f32['activations'])}.",
+    f"their peak. Its activations are {f16['activations'] / f32['activations']:.2f} times fp32 fsdp's "
+    f"({lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}), not half: {low / 2**20:.2f} MiB "
+    f"of them are saved in bf16 and {other / 2**20:.2f} MiB not, {norm32 / other:.0%} of those in fp32 by the "
+    f"RMSNorms. Twice the {low / 2**20:.2f} MiB plus the {other / 2**20:.2f} MiB come to fp32 fsdp's "
+    f"{lesson.mib(f32['activations'])}: the bytes not saved in bf16, most of them the RMSNorms', keep the "
+    "activations above half.",
 )
 
 # %% [markdown]
@@ -587,6 +596,7 @@ print(key_lines(FullyShardedDataParallel, lines))
 # %%distributed
 fsdp = trainees["fsdp"].model
 unit_bytes = max(sum(u.numels) for u in fsdp.units) * 4  # one unit's full fp32 parameters
+holders = [s for s in STAGES if memory[s]["parameters"] == memory["ddp"]["parameters"]]  # ddp's parameter bytes
 # a unit's full parameters beside one unit's received buffer (padded by < n elements per tensor): within 0.1 %
 lesson.claim(
     abs(memory["fsdp"]["gathered"] - 2 * unit_bytes) < 1e-3 * unit_bytes,
@@ -596,7 +606,9 @@ lesson.claim(
     "unit's full parameters: one unit's full parameters and one received buffer at once, the unit's own while it "
     "is unpacked or, after it, the next unit's prefetched one. "
     f"That is {memory['fsdp']['gathered'] / memory['ddp']['parameters']:.0%} of the whole model's "
-    f"{lesson.mib(memory['ddp']['parameters'])} of parameters, which zero2 and ddp hold whole (the memory table).",
+    f"{lesson.mib(memory['ddp']['parameters'])} of parameters, which "
+    + (f"{', '.join(holders[:-1])} and {holders[-1]}" if len(holders) > 1 else holders[0])
+    + " hold whole (the memory table).",
 )
 f = looks["fsdp"]
 lesson.claim(
@@ -715,11 +727,7 @@ lesson.claim(
     f"fsdp buys {spared['fsdp'] - spared['zero2']:.1f} MiB less model state at the update than zero2 with "
     f"{total['fsdp'] / total['zero2']:.1f} times its bytes sent on the ring and {handed['fsdp'] / handed['zero2']:.1f} "
     f"times its collectives handed over in the gloo looks ({handed['fsdp']} against {handed['zero2']}): at {accum} "
-    "micro-batches a step it gathers its units in every micro-batch, zero2 its buckets once a step. The count is a "
-    "cost of its own: in the α-β cost above each collective pays at least (n − 1) α whatever its size, and fsdp's "
-    f"{looks['fsdp']['gathers']} all-gathers sent {rings['fsdp']['sent']['all_gather'] / looks['fsdp']['gathers'] / 2**20:.2f} "
-    f"MiB each on average on the ring, zero2's {looks['zero2']['gathers']} sent "
-    f"{rings['zero2']['sent']['all_gather'] / looks['zero2']['gathers'] / 2**20:.2f} MiB each.",
+    "micro-batches a step it gathers its units in every micro-batch, zero2 its buckets once a step.",
 )
 lesson.claim(
     (trade.loc["zero2"] < trade.loc["zero1"]).all(),

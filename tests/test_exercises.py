@@ -700,7 +700,10 @@ HOOK_MISTAKES = [
     (wrong.hook_without_async_op, "dist.all_reduce returned None: without async_op=True it blocks"),
     (wrong.hook_then_on_the_work, "dist.all_reduce(..., async_op=True) returned a Work, not a Future: take its"),
     (wrong.hook_asks_the_state_its_size, "process_group, is None here: None means the default group"),
-    (wrong.hook_divides_by_world_size, "the kernel has no world_size or rank: those are the %%distributed cells' own"),
+    (
+        wrong.hook_divides_by_world_size,
+        "the kernel has no world_size: that name exists only on the notebook's own ranks",
+    ),
     # learner read 04-f 5: `/ n`, as notebook 04's cells divide, got a bare NameError
     (wrong.hook_divides_by_n, "the kernel has no n: the notebook's n = world_size was set on its own ranks"),
     (wrong.hook_not_compressed, "payload was 4 bytes per gradient value (float32), the model answer's 2"),
@@ -743,13 +746,17 @@ def test_a_rank_stopped_for_standing_still_is_named_with_the_phase_it_stood_in()
 def test_a_name_only_the_runners_ranks_have_gets_the_fix():
     # notebook 04's read: `/ world_size` in a hook defined in the kernel raised a bare NameError on the checker's ranks
     hint = checker._raise_hint("fp16", " in my_hook (line 3)", "name 'world_size' is not defined", None, 2)
-    assert "kernel has no world_size or rank" in hint and "dist.get_world_size(process_group)" in hint, hint
+    assert "kernel has no world_size" in hint and "dist.get_world_size(process_group)" in hint, hint
     hint = checker._raise_hint("simple", " in my_stage (line 3)", "name 'rank' is not defined", None, 2)
     assert "dist.get_rank()" in hint, hint
     # notebook 06's read: my_all_reduce(tensor, group) is asked for dist.get_world_size(group), which the harness
     # requires of it; the hint named the call without the group, which the harness then refuses
     hint = checker._raise_hint("halves", " in my_all_reduce (line 4)", "name 'world_size' is not defined", None, 2)
     assert "dist.get_world_size(group)" in hint and "dist.get_rank(group)" in hint, hint
+    # notebook 06's round-nineteen read: 06 calls the world size `world` (ring, world = ...) in its %%distributed
+    # cells, so `n = world` in my_all_reduce raised a NameError with no hint at all
+    hint = checker._raise_hint("halves", " in my_all_reduce (line 2)", "name 'world' is not defined", None, 2)
+    assert "kernel has no world:" in hint and "dist.get_world_size(group)" in hint, hint
 
 
 def test_a_passing_hook_verdict_names_each_number_it_prints():
@@ -1259,7 +1266,10 @@ OUTER_SYNC_MISTAKES = [  # each wrong idea, and the words its verdict must hold
     (wrong.outer_sync_averages_a_copy, "the tensor handed to p.grad is not the one all_reduce averaged"),
     (wrong.outer_sync_without_import_torch, "import torch in the cell that defines your function"),
     # learner read 14 (10-c #11): `g /= world_size`, as every %%distributed cell had it, got a bare NameError
-    (wrong.outer_sync_divides_by_world_size, "those are the %%distributed cells' own; ask dist.get_world_size()"),
+    (
+        wrong.outer_sync_divides_by_world_size,
+        "only on the notebook's own ranks, in its %%distributed cells; ask dist.get_world_size()",
+    ),
 ]
 
 

@@ -517,12 +517,15 @@ def _raise_hint(
             "notebook's n = world_size was set on its own ranks, in a %%rank cell; ask "
             "dist.get_world_size(process_group))"
         )
-    if re.search(r"name '(world_size|rank)' is not defined", message):  # the runner's names, on its ranks only
+    # world_size and rank are the runner's names, on its ranks only; world is the notebooks' own name for the world
+    # size, set in their %%distributed cells (06's `ring, world = ...`), so the kernel lacks it too
+    missing = re.search(r"name '(world_size|world|rank)' is not defined", message)
+    if missing:
         group = "process_group" if like in solutions.HOOKS else "group" if like == "halves" else ""  # the args' name
         return (
             " (your code runs on the checker's ranks with your notebook kernel's names, and the kernel has no "
-            f"world_size or rank: those are the %%distributed cells' own; ask dist.get_world_size({group}) "
-            f"and dist.get_rank({group}))"
+            f"{missing.group(1)}: that name exists only on the notebook's own ranks, in its %%distributed cells; ask "
+            f"dist.get_world_size({group}) and dist.get_rank({group}))"
         )
     if like in solutions.HOOKS and re.search(r"'NoneType' object has no attribute '(size|rank)'", message):
         return (
