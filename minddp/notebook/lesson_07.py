@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
 from minddp.ft.launch import EXIT_WAIT_S
-from minddp.ft.report import asked_s, first_request_s, peer_error_s
+from minddp.ft.report import asked_s, fault_outcomes, first_request_s, peer_error_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
 from minddp.runtime import compat
@@ -149,8 +149,9 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         )
     if k[0] != r[0]:
         print(
-            f"Another member's all_reduce also failed {abs(k[0] - r[0])} ms later after the "
-            f"{'kill' if k[0] > r[0] else 'raise'}: the first part (this notebook does not measure why)"
+            f"Another member's all_reduce failed {abs(k[0] - r[0])} ms later after the "
+            f"{'kill' if k[0] > r[0] else 'raise'} than after the {'raise' if k[0] > r[0] else 'kill'}: the first part "
+            "(this notebook does not measure why)"
         )
     d = rows[-1][3]
     if kill.world != raised.world and d:
@@ -205,17 +206,18 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     # before its first request: the survivors would have trained on at their pace at world len(others) until then
     pace = (last - o.recovery_s) / (last_step - step)  # seconds per committed step, after the fault's step's commit
     final = run.results[int(others[0])]["step"] - 1  # the run's last step
-    end = ms(last + (final - last_step) * pace)
-    pace_line = f"at their pace at world {len(others)} ({ms(pace)} ms a step)"
+    # the later faults' recoveries added whole (each holds its step's retry too: the estimate errs long)
+    later = [x for x in fault_outcomes(run) if x.fault.step > last_step and x.recovery_s is not None]
+    end = ms(last + (final - last_step) * pace + sum(x.recovery_s for x in later))
+    pace_line = f"at their pace at world {len(others)} ({ms(pace)} ms a step)" + "".join(
+        f", plus {x.fault}'s recovery ({ms(x.recovery_s)} ms)" for x in later
+    )
     if end < asked:
-        later = [str(f) for f in run.faults if f.step > last_step]
         print(
             f"Without that script, {pace_line}, {survivors} would have committed the run's last step, {final}, about "
             f"{end} ms after the kill, before the new process's first request ({asked} ms): steps {last_step + 1}-"
-            f"{final} would all have trained at world {len(others)}"
-            + (f" ({' and '.join(later)} too)" if later else "")
-            + f", and the run would have ended without slot {slot} (launch_ft ends a process still starting); here the "
-            f"script is what brought slot {slot} back"
+            f"{final} would all have trained at world {len(others)}, and the run would have ended without slot {slot} "
+            f"(launch_ft ends a process still starting); here the script is what brought slot {slot} back"
         )
     else:
         print(
