@@ -77,8 +77,8 @@ lesson_07.print_phase_lines()
 #   process has finished its last step, or the launcher has recorded its process's exit. The lighthouse
 #   answers a quorum once every live slot has asked (every slot, at the run's first quorum and at the first
 #   attempt of a step in `full_world_at`);
-# * `full_world_at=(9,)`: step 9's first quorum waits for all three slots, scripted so that slot 1 is back
-#   before step 11's raise;
+# * `full_world_at=(9,)`: step 9's first quorum waits for all three slots, a script that brings slot 1 back
+#   before step 11's raise (the rejoin's cell says whether it would be back without it);
 # * `restart_after_steps=1`: the launcher starts a killed slot again only after a step was committed
 #   without it;
 # * `digests=True`: every member records a sha256 of its parameters and optimizer state just before each
@@ -110,14 +110,14 @@ for line in run.report():
     print(line)
 
 # %% [markdown]
-# How each fault is noticed: a kill through its connections, which close as the kernel ends its process;
+# How the other members learn of each fault: a kill through its connections, which close as the kernel ends its process;
 # a raise through the raising process dropping its group, which closes its connections. Each member that
 # caught an error votes no, and the attempt is discarded. The next quorum waits until every live slot has
 # asked: the survivors ask after they vote, and slot 1 stays live until the launcher records its process's
 # exit, a fixed wait (`EXIT_WAIT_S`, for a result still in flight) after finding the process ended.
 #
-# The cell below prints each fault's recovery, its share of the hang bound, its moments from the fault, and
-# then the two recoveries part by part. Its `✓` lines are **claims**: `lesson.claim` checks each on the run
+# The cell below prints each fault's recovery, its moments from the fault, and the two recoveries part by
+# part. Its `✓` lines are **claims**: `lesson.claim` checks each on the run
 # shown, and the cell fails if one does not hold.
 
 # %%
@@ -139,8 +139,7 @@ lesson_07.print_recoveries(run, kill, raised, hang_s)
 
 
 # %% [markdown]
-# The kill also ended slot 1's process. The cell below splits its rejoin into parts, each with its share
-# of the rejoin, and what slots 0 and 2 did meanwhile.
+# The cell below splits the kill's rejoin into parts, and says what slots 0 and 2 did meanwhile.
 
 # %%
 lesson.claim(
@@ -341,13 +340,13 @@ for bound in (2.0, 1.0):
     )
     print(f"hang_s = {bound:g} s:", *stopped.report())
     stops[bound] = fault_outcomes(stopped)[0].recovery_s
-# what the mechanism guarantees: the freeze is noticed hang_s after the last beat seen, BEAT_S (50 ms) before it
-# or less, so no recovery is shorter than its bound less that (half the bound is claimed); how much longer each
-# took depends on how fast this machine forms the next quorum, so it is printed, not claimed
+# what the mechanism guarantees: the frozen slot stops being live hang_s after the last beat seen, BEAT_S (50 ms)
+# before it or less, so no recovery is shorter than its bound less that (half the bound is claimed); how much
+# longer each took depends on how fast this machine forms the next quorum, so it is printed, not claimed
 lesson.claim(
     all(recovery >= 0.5 * bound for bound, recovery in stops.items()),
-    "each recovery from the freeze took at least half its hang bound (the freeze is noticed only once the bound has "
-    "run out since the last beat seen)",
+    "each recovery from the freeze took at least half its hang bound (the frozen slot stays live until it has been "
+    "silent for the bound)",
 )
 shorter = stops[2.0] - stops[1.0]
 lesson.say(

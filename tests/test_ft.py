@@ -29,7 +29,7 @@ import torch
 from processes import CXX_LINE, fd_captured
 
 from minddp.ft import ToyTask, launch_ft, parse_faults
-from minddp.ft.launch import FaultTolerantRunError
+from minddp.ft.launch import FaultTolerantRunError, restart_at
 
 CHAOS = "kill@2:1,raise@5:2,stop@8:0,coord@11,kill@14:1,kill@15:2"
 CHAOS_STEPS = 19
@@ -355,6 +355,24 @@ def test_a_ranks_full_collection_walks_only_what_it_made_since_it_started(frozen
     assert len(counts) >= 3  # slot 0, slot 1 and slot 1 started again
     for frozen, walked in counts:
         assert walked < frozen, (frozen, walked)
+
+
+def test_a_killed_slot_waits_for_its_faults_step_to_be_committed_even_when_the_launchers_count_lags():
+    # The launcher counts commits from the coordinator's events; one can still be in the queue when the killed
+    # process's exit is handled. kill@4:1 with restart_after_steps=1 must still wait for step 4's commit (count 5),
+    # not for step 3's late event (count 4): notebook 07 claims the new process started after step 4 was committed.
+    import multiprocessing
+
+    from minddp.ft.faults import FaultPlan
+
+    plan = FaultPlan(parse_faults("kill@4:1,kill@9:1"), multiprocessing.get_context("spawn"))
+    plan.fired_at[0] = 1.0  # kill@4:1 fired (as plan.fire marks it); kill@9:1 not yet
+    assert restart_at(3, plan, 1, 1) == 5  # the count lags by one event: still after step 4
+    assert restart_at(4, plan, 1, 1) == 5  # the count up to date
+    assert restart_at(6, plan, 1, 2) == 8  # a count past the fault's step is the one kept
+    assert restart_at(3, plan, 2, 1) == 4  # slot 2 was ended by no fault: the launcher's count alone
+    plan.fired_at[1] = 2.0  # the new process killed in step 9
+    assert restart_at(7, plan, 1, 1) == 10
 
 
 @pytest.mark.parametrize("restart_after_steps", [0, 1])

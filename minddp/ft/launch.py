@@ -226,7 +226,7 @@ def launch_ft(
                             done[slot] = None
                             continue
                         del procs[slot]
-                        waiting[slot] = committed + restart_after_steps
+                        waiting[slot] = restart_at(committed, plan, slot, restart_after_steps)
                 for slot, after in list(waiting.items()):
                     if committed >= after:
                         del waiting[slot]
@@ -253,6 +253,26 @@ def launch_ft(
         time.time() - t_start,
         entries,
     )
+
+
+def restart_at(committed: int, plan: FaultPlan, slot: int, restart_after_steps: int) -> int:
+    """The launcher's count of committed steps at which ``slot``, found ended, is started again: ``restart_after_steps``
+    more than were committed when it died.
+
+    ``committed`` is the launcher's own count, read from the coordinator's events, which can lag behind the
+    coordinator (an event still in its queue); a process that a ``kill``/``stop`` fault ended died in the fault's
+    step, so every step before it was committed: the count is taken as at least that step.
+
+    >>> import multiprocessing
+    >>> from minddp.ft.faults import parse_faults
+    >>> plan = FaultPlan(parse_faults("kill@4:1"), multiprocessing.get_context("spawn"))
+    >>> plan.fired_at[0] = 1.0  # as plan.fire marks it
+    >>> restart_at(3, plan, 1, 1), restart_at(6, plan, 1, 1), restart_at(3, plan, 2, 1)
+    (5, 7, 4)
+    """
+    ended = [i for i, f in enumerate(plan.faults) if f.kind in ("kill", "stop") and f.slot == slot]
+    died_in = [plan.faults[i].step for i in ended if plan.when(i)]
+    return max([committed, *died_in]) + restart_after_steps
 
 
 def _start_lighthouse(ctx, port, world_size, hang_s, epoch, events, timeline, full_from, quiet, plan):

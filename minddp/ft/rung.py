@@ -62,12 +62,9 @@ class FaultTolerantTrainer:
         self.model = task.build_model()
         t, compiler = time.time(), compat.compiler_imported()
         self.optimizer = task.build_optimizer(self.model)
-        first = time.time() - t
-        t = time.time()
-        task.build_optimizer(self.model)  # a second one, dropped: what a build costs once the first has run
-        # what building it cost this process: seconds, whether torch imported its compiler (Dynamo) meanwhile (a
-        # process's first optimizer does; the processes' server has not imported it), and a second build's seconds
-        self.optimizer_built = (first, not compiler and compat.compiler_imported(), time.time() - t)
+        # what building it cost this process: seconds, and whether torch imported its compiler (Dynamo) meanwhile (a
+        # process's first optimizer does; the processes' server has not imported it)
+        self.optimizer_built = (time.time() - t, not compiler and compat.compiler_imported())
         self.step = 0  # committed steps so far: the next step to train
         self.group_tag = None  # the quorum this process's group was built for
         self.ddp = None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
 from minddp.ft.launch import EXIT_WAIT_S
-from minddp.ft.report import asked_s, first_request_s, peer_error_s
+from minddp.ft.report import asked_s, fault_outcomes, first_request_s, peer_error_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
 from minddp.runtime import compat
@@ -101,12 +101,23 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
             + ", ".join(f"at {t} ms {what}" for t, what in sorted(moments, key=lambda m: m[0]))
         )
         parts[o.fault.kind] = (error, asked - error, quorum - asked, recovery - quorum)
+    late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
+    if late:
+        print(
+            " and ".join(f"the {o.fault.kind}'s" for o in late).capitalize() + " recovery lasted the hang bound or more"
+        )
+    else:
+        print(
+            f"Both recoveries took {max(kill.recovery_s, raised.recovery_s) / hang_s:.1%} of the hang bound or less: "
+            "neither waited it out, since a kill and a raise close the faulting process's connections and the others' "
+            "all_reduce fails at that; a frozen process closes nothing, and its peers wait out the bound (question 1)"
+        )
     waited = "it waited for the exit record" if ms(kill.exit_s) > ms(asked_s(run, kill)) else "the exit record first"
     spans = [
         ("the fault", "another member's failed all_reduce"),
         ("that failure", "the next quorum's members all asking"),
         ("their requests", f"the quorum (the kill's: {waited})"),
-        ("the quorum", "the commit (a new group, the step trained again)"),
+        ("the quorum", f"the commit (the step trained again in a new group: world {kill.world}, {raised.world})"),
     ]
     k, r = parts[kill.fault.kind], parts[raised.fault.kind]
     rows = [(f"from {a} to {b}", x, y, x - y) for (a, b), x, y in zip(spans, k, r)]
@@ -134,32 +145,39 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         print(
             f"In {in_wait} of the kill's {quorum - asked} ms from the requests to the quorum, the launcher was in its "
             f"fixed wait (EXIT_WAIT_S, for a result the ended process may still have in flight): a setting of the "
-            f"launcher, not the time it took to notice the kill"
+            f"launcher, which only a fault that ends a process meets"
         )
     if k[0] != r[0]:
         print(
-            f"The {'kill' if k[0] > r[0] else 'raise'} was also noticed later, by {abs(k[0] - r[0])} ms: the first "
-            "part (this notebook does not measure why)"
+            f"Another member's all_reduce failed {abs(k[0] - r[0])} ms later after the "
+            f"{'kill' if k[0] > r[0] else 'raise'} than after the {'raise' if k[0] > r[0] else 'kill'}: the first part "
+            "(this notebook does not measure why)"
+        )
+    d = rows[-1][3]
+    if kill.world != raised.world and d:
+        print(
+            f"The last part is not the faults' alone: the kill's step was trained again at world {kill.world}, the "
+            f"raise's at world {raised.world}; it was {abs(d)} ms {'longer' if d > 0 else 'shorter'} for the kill "
+            "(this notebook does not measure how much of that the world explains)"
         )
 
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     """For a kill ``o``: the rejoin, split in the parts that add up to it, each with its share of the rejoin: until
     the launcher started the slot's new process; that process's start-up to its first quorum request (and in it,
-    building its first optimizer, whether torch imported its compiler meanwhile, and what a second build cost); from
-    that request to the quorum. Then what the survivors did meanwhile, and whether they waited for the start-up
-    because the run's ``full_world_at`` scripted it."""
+    building its first optimizer, and whether torch imported its compiler meanwhile); from that request to the quorum.
+    Then what the survivors did meanwhile, whether they waited for the start-up because the run's ``full_world_at``
+    scripted it, and, at their pace, where they would have been without the script when the new process asked."""
     slot, step = o.fault.slot, o.fault.step
     others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
     last_step, last = o.last_commit
     rejoin, start, asked = ms(o.rejoin_s), ms(o.restart_s), ms(first_request_s(run, o))
-    built_s, compiler, again_s = run.results[slot]["optimizer_built"]  # the slot's last process: the new one
+    built_s, compiler = run.results[slot]["optimizer_built"]  # the slot's last process: the new one
     startup = asked - start
 
     def share(t_ms: int) -> str:
         return f"{t_ms / rejoin:.0%} of the rejoin"
 
-    once = again_s * 10 <= built_s
     most = ", most of it the new process's own start-up" if startup * 2 > rejoin else ""
     print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill{most}:")
     print(f"  {start} ms ({share(start)}) until the launcher started the new process")
@@ -167,8 +185,6 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
         f"  {startup} ms ({share(startup)}) the new process's start-up, to its first quorum request; in it, "
         f"{ms(built_s)} ms ({share(ms(built_s))}) building its first optimizer"
         + (f", during which torch imported its compiler ({compat.COMPILER_MODULE})" if compiler else "")
-        + f"; a second one took {again_s * 1000:.1f} ms"
-        + (": the first build's cost is paid once per process" if once else "")
     )
     print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
     survivors = f"slots {' and '.join(others)}"
@@ -184,11 +200,29 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
             else ""
         )
     )
-    if scripted:
+    if not scripted or last_step == step:
+        return
+    # unscripted, a quorum waits only for live slots, and the new process is live from its first heartbeat, just
+    # before its first request: the survivors would have trained on at their pace at world len(others) until then
+    pace = (last - o.recovery_s) / (last_step - step)  # seconds per committed step, after the fault's step's commit
+    final = run.results[int(others[0])]["step"] - 1  # the run's last step
+    # the later faults' recoveries added whole (each holds its step's retry too: the estimate errs long)
+    later = [x for x in fault_outcomes(run) if x.fault.step > last_step and x.recovery_s is not None]
+    end = ms(last + (final - last_step) * pace + sum(x.recovery_s for x in later))
+    pace_line = f"at their pace at world {len(others)} ({ms(pace)} ms a step)" + "".join(
+        f", plus {x.fault}'s recovery ({ms(x.recovery_s)} ms)" for x in later
+    )
+    if end < asked:
         print(
-            f"That wait was the script's: unscripted, a quorum waits only for live slots, and the new process is live "
-            f"from its first heartbeat, just before its first request, so {survivors} would have trained on at world "
-            f"{len(others)} until it asked"
+            f"Without that script, {pace_line}, {survivors} would have committed the run's last step, {final}, about "
+            f"{end} ms after the kill, before the new process's first request ({asked} ms): steps {last_step + 1}-"
+            f"{final} would all have trained at world {len(others)}, and the run would have ended without slot {slot} "
+            f"(launch_ft ends a process still starting); here the script is what brought slot {slot} back"
+        )
+    else:
+        print(
+            f"Without that script, {pace_line}, {survivors} would have trained on at world {len(others)} until the "
+            f"new process's first request ({asked} ms), about {round((asked - ms(last)) / 1000 / pace)} steps more"
         )
 
 
