@@ -42,7 +42,7 @@
 # step of `ddp` in each of three runs, one row each: eager (not compiled), compiled without the cut
 # (`torch._dynamo.config.optimize_ddp = False`) and compiled with it. The model: an MLP of 1 MiB layers without biases
 # (eight; two after the exercise). The backend is `aot_eager`, which runs the graph with the *aten* operators an
-# uncompiled model calls, so all three trainings give the same bits.
+# uncompiled model calls.
 
 # %%
 # %load_ext minddp.notebook
@@ -50,6 +50,8 @@
 
 # %%
 # %%distributed
+import contextlib
+
 import torch._dynamo
 from torch import nn
 from torch._dynamo.utils import counters
@@ -90,15 +92,16 @@ def one_step(compiled: bool, cut: bool = True):
     torch._dynamo.config.optimize_ddp = cut
     model = MLP()
     ddp = DistributedDataParallel(torch.compile(model, backend=BACKEND) if compiled else model, bucket_cap_mb=CAP)
-    optimizer, data = torch.optim.SGD(model.parameters(), lr=0.01), batches()
-    train_step(ddp, optimizer, next(data), loss_fn)  # the first step compiles
-    train_step(ddp, optimizer, next(data), loss_fn)  # the second rebuilds the buckets: see "The pieces and the buckets"
-    with live.profiler() as prof:
-        train_step(ddp, optimizer, next(data), loss_fn)
+    optimizer, data, moved = torch.optim.SGD(model.parameters(), lr=0.01), batches(), []
+    for step in range(3):  # the first compiles; the second rebuilds the buckets ("The pieces and the buckets")
+        before = lesson_09.flat(model)
+        with live.profiler() if step == 2 else contextlib.nullcontext() as prof:  # the third is profiled
+            train_step(ddp, optimizer, next(data), loss_fn)
+        moved.append((lesson_09.flat(model) - before).abs().max().item())  # the step's largest move: lr·max|g|
     torch._dynamo.config.optimize_ddp = True
     view = nodes.node_view(prof)  # the step's row, and its autograd nodes against its handovers
     view["buckets"] = nodes.bucket_names(ddp)
-    view["params"] = lesson_09.flat(model)
+    view["params"], view["moved"] = lesson_09.flat(model), moved
     return ddp, view
 
 
@@ -122,10 +125,10 @@ lesson.say(
 # scaled to that step: pale up to the first gradient node (the forward, the loss's included, and the backward pass's
 # start), gradient nodes (blue), `AccumulateGrad` nodes (grey), a tick where the reducer's hook calls `all_reduce` on a
 # bucket, and the optimizer step (green). The hook runs in every `AccumulateGrad` node; in the one where a bucket is
-# handed over (its *hand-over node*) it copies the bucket's gradients into its buffer, scales it by one over the number
-# of ranks, then makes that call, which starts the collective (a sum) on gloo's threads. After the last grey, the
-# reducer's end-of-backward callback (not drawn) waits for each bucket's `all_reduce` in turn and copies its buffer
-# (now the average) back into the gradients.
+# handed over it copies the bucket's gradients into its buffer, scales it by one over the number
+# of ranks, then makes that call, which starts the collective (a sum) on gloo's threads. After the last grey, in the
+# blank before the green, the reducer's end-of-backward callback waits for each bucket's `all_reduce` in turn and copies
+# its buffer (now the average) back into the gradients.
 #
 # What to look for: with the cut, as in eager, a gradient node ran after each tick but the last; without it, after
 # none (every tick comes after the last blue).
@@ -135,7 +138,8 @@ lesson.say(
 # line, and a node narrower than a pixel as a sliver or nothing.
 #
 # Read the figure for the order of events, not for lengths: each row is one step of two ranks whose threads, gloo's
-# included, share this machine's cores, so a bar or a blank can hold time a thread waits for a core.
+# included, share this machine's cores, so a bar (a grey after its tick too) or a blank can hold time a thread waits
+# for a core.
 
 # %%
 # %%distributed
@@ -160,27 +164,14 @@ lesson.claim(
     all(all(v["inside_accumulate"]) for v in looks.values()),
     "In all three runs each bucket was handed over inside an AccumulateGrad node, where the reducer's hook runs.",
 )
-lesson.claim(
-    all(torch.equal(v["params"], looks["eager"]["params"]) for v in looks.values()),
-    "The three trainings end with the same parameters, to the bit (aot_eager computes with eager's aten ops).",
-)
-for label, v in looks.items():  # in words: the hand-over nodes after their ticks; when the last all_reduce ended
-    hand = v["handing"]
-    share = round(100 * hand["in_call"] / hand["after_tick"]) if hand["after_tick"] > 0 else None
-    split = (
-        f"its {hand['count']} hand-over nodes ended at their ticks"
-        if share is None
-        else f"{'most' if share > 50 else 'half or less'} ({share} %) of the time its {hand['count']} hand-over nodes "
-        "ran after their ticks, summed over them, was inside the all_reduce calls"
-    )
-    last = {
-        "in the nodes": "every all_reduce had ended on gloo's threads by the end of the last grey: the callback "
-        "waited for none",
-        "in the callback": "the last all_reduce ended on gloo's threads after the last grey, before the backward "
-        "returned: the callback waited for it",
-        "after the backward": "the last all_reduce's range on gloo's threads ended after the backward returned",
-    }[v["last_reduced"]]
-    lesson.say(f"{label}: {split}; {last}.")
+# aot_eager runs eager's aten ops, but a GEMM may reach BLAS in another layout and round its sums in another order:
+# rounding_bound says how far that can move the parameters (k: WIDTH-term sums in each of the DEPTH layers)
+eager = looks["eager"]
+apart = max((v["params"] - eager["params"]).abs().max().item() for v in looks.values())
+bound = lesson_09.rounding_bound(eager["moved"], eager["params"].abs().max().item(), k=DEPTH * WIDTH)
+near = "to the bit" if apart == 0 else f"to {apart:.1e}, within the {bound:.1e} that summing in another order allows"
+lesson.claim(apart <= bound, f"The three trainings end with the same parameters, {near}.")
+
 
 # %% [markdown]
 # ## The pieces and the buckets
@@ -340,43 +331,53 @@ SMALL = 0.5  # MiB
 torch_first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's piece 0 under torch's DDP
 
 reference = MLP(depth=2)  # eager ddp, one step on the same batch
+start = lesson_09.flat(reference)
 optimizer = torch.optim.SGD(reference.parameters(), lr=0.01)
 train_step(DistributedDataParallel(reference, bucket_cap_mb=SMALL), optimizer, next(batches()), loss_fn)
+moved = (lesson_09.flat(reference) - start).abs().max().item()  # the step's largest move: lr·max|g|
+# as in the figure's cell: how far summing in another order can move the parameters (WIDTH-term sums, 2 layers)
+bound = lesson_09.rounding_bound([moved], lesson_09.flat(reference).abs().max().item(), k=2 * WIDTH)
 
 wrappers = {"torch's DDP": torch.nn.parallel.DistributedDataParallel, "minddp's ddp": DistributedDataParallel}
 patterns = {"the model compiled, then wrapped": True, "torch.compile(wrapper)": False}
-outcomes = {  # one training step each, then one more forward: what happened, in a line
+outcomes = {  # one training step each, then one more forward: what happened, in a line; how far from eager ddp
     (who, pattern): lesson_09.compile_at(
         wrapper, MLP(depth=2), model_first, next(batches()), loss_fn, SMALL, BACKEND, lesson_09.flat(reference)
     )
     for who, wrapper in wrappers.items()
     for pattern, model_first in patterns.items()
 }
-for (who, pattern), outcome in outcomes.items():
-    lesson.say(f"{who}, {pattern}, bucket_cap_mb={SMALL:g}: {outcome}")
+for (who, pattern), (line, apart) in outcomes.items():
+    if apart is not None:  # it trained
+        line += "; its parameters equal eager ddp's " + ("to the bit" if apart == 0 else f"to {apart:.1e}")
+    lesson.say(f"{who}, {pattern}, bucket_cap_mb={SMALL:g}: {line}")
 refused = "AssertionError: First bucket"
 lesson.claim(
     torch_first > SMALL
     and all(
-        outcomes["torch's DDP", pattern].startswith(refused)
-        and "(raised in torch/_dynamo/" in outcomes["torch's DDP", pattern]
+        outcomes["torch's DDP", pattern][0].startswith(refused)
+        and "(raised in torch/_dynamo/" in outcomes["torch's DDP", pattern][0]
         for pattern in patterns
     ),
     f"With torch {torch.__version__} and the cut on, at a bucket cap of {SMALL:g} MiB torch's DDP does not compile, "
     f"with either pattern: Dynamo's cap for the first piece, {torch_first:g} MiB "
     "(torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), is larger than the bucket cap, and Dynamo asserts.",
 )
+ours = [outcomes["minddp's ddp", pattern] for pattern in patterns]
+worst = max(apart for _, apart in ours)
+near = "to the bit" if worst == 0 else f"to {worst:.1e}, within the {bound:.1e} that summing in another order allows"
 lesson.claim(
     all(
-        outcomes["minddp's ddp", pattern]
-        == "trained a step to eager ddp's bits; the step's 1 bucket: [layers.0.weight, layers.1.weight]; graph breaks: "
-        "0; one more forward's 2 pieces: [layers.1.weight], [layers.0.weight]"
-        for pattern in patterns
-    ),
-    f"minddp's ddp trains its first step there, with either pattern, to the bits of eager ddp's first step, in one "
+        line == "trained a step; the step's 1 bucket: [layers.0.weight, layers.1.weight]; graph breaks: 0; "
+        "one more forward's 2 pieces: [layers.1.weight], [layers.0.weight]"
+        for line, _ in ours
+    )
+    and worst <= bound,
+    f"minddp's ddp trains its first step there, with either pattern, to eager ddp's parameters ({near}), in one "
     f"bucket of both layers (a first step's plan), with no graph break; one more forward runs one compiled piece per "
     f"1 MiB layer: each piece closes at the layer that takes it past the {SMALL:g} MiB cap.",
 )
+
 
 # %% [markdown]
 # ## What to take away
@@ -390,7 +391,7 @@ lesson.claim(
 #
 # * At a bucket cap of 0.5 MiB, with the cut on (the default), torch's DDP does not compile: Dynamo's cap for its first
 #   piece is above the bucket cap. minddp's `ddp`, which sets that cap to the bucket cap, compiles there with both
-#   patterns and trains its first step to eager's bits.
+#   patterns and its first step ends where eager's does.
 
 # %%
 # %dist_shutdown

@@ -2,10 +2,11 @@
 
 :func:`compile_at` wraps a model in a DDP (torch's or minddp's), compiles it with either pattern (the model
 first, nanoGPT's, or ``torch.compile(wrapper)``), trains one step and says what happened: the refusal torch
-raised, or whether the step trained to eager's bits, its buckets, Dynamo's count of graph breaks and the compiled
-pieces of one more forward, each bucket and piece in brackets. :func:`flat` is the bit-for-bit comparison's
-vector; :func:`untraced_calls` says where Dynamo broke a graph, and why. The notebook keeps its claims in its cells;
-these only compute and print. The notebook's other plumbing (its step's autograd nodes, the figure) is
+raised, or the step's buckets, Dynamo's count of graph breaks and the compiled pieces of one more forward, each
+bucket and piece in brackets; with the line, how far the trained parameters lie from eager ddp's. :func:`flat` is
+that comparison's vector, :func:`rounding_bound` the distance a change in the order of a sum's rounding can
+explain; :func:`untraced_calls` says where Dynamo broke a graph, and why. The notebook keeps its claims in its
+cells; these only compute and print. The notebook's other plumbing (its step's autograd nodes, the figure) is
 :mod:`minddp.notebook.nodes`.
 
 Example (one rank here; notebook 09 runs it on every rank): two layers of 16 KiB, a cap below one layer, so
@@ -22,9 +23,14 @@ one compiled piece per layer::
     >>> eager = two_layers()
     >>> _ = train_step(DistributedDataParallel(eager, bucket_cap_mb=cap), torch.optim.SGD(eager.parameters(), lr=0.01),
     ...                batch, loss_fn)
-    >>> print(compile_at(DistributedDataParallel, two_layers(), True, batch, loss_fn, cap, "aot_eager", flat(eager)))
-    trained a step to eager ddp's bits; the step's 1 bucket: [0.weight, 1.weight]; graph breaks: 0;
+    >>> line, apart = compile_at(DistributedDataParallel, two_layers(), True, batch, loss_fn, cap, "aot_eager",
+    ...                          flat(eager))
+    >>> print(line)
+    trained a step; the step's 1 bucket: [0.weight, 1.weight]; graph breaks: 0;
     one more forward's 2 pieces: [1.weight], [0.weight]
+    >>> moved = (flat(eager) - flat(two_layers())).abs().max().item()  # the step's largest move, lr·max|g|
+    >>> apart <= rounding_bound([moved], flat(eager).abs().max().item(), k=2 * 64)
+    True
 """
 
 from __future__ import annotations
@@ -39,8 +45,24 @@ from minddp.runtime.compat import dynamo_reset, graph_breaks
 
 
 def flat(model) -> torch.Tensor:
-    """Every parameter of ``model`` in one vector, to compare two trainings bit for bit."""
+    """Every parameter of ``model`` in one vector, to compare two trainings."""
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def rounding_bound(moved: list[float], largest: float, k: int) -> float:
+    """How far apart two float32 SGD trainings of the same model on the same data may end when they differ only in
+    the order their sums round in (another BLAS layout of the same GEMM): ``moved`` holds each step's largest
+    parameter move (lr·max|g|), ``largest`` the largest |parameter|, ``k`` the terms behind a gradient (a
+    sum of ``width`` terms in each of ``depth`` layers: ``k = depth * width``).
+
+    Each add rounds by at most 2⁻²⁴ of its size, so reordering a sum of ``k`` terms moves a gradient by up to
+    about ``k``·2⁻²⁴ of the largest, and its step by that share of the step's move; the update ``p - lr·g`` then
+    rounds once more, by up to 2⁻²⁴·|p|. Summed over the steps:
+
+    >>> rounding_bound([1e-3, 1e-3], 0.5, k=2**10) == 2 * (2**10 * 2**-24 * 1e-3 + 2**-24 * 0.5)
+    True
+    """
+    return sum(k * 2**-24 * m + 2**-24 * largest for m in moved)
 
 
 def untraced_calls(reasons: dict) -> str:
@@ -62,15 +84,19 @@ def untraced_calls(reasons: dict) -> str:
     return ", ".join(f"{call(reason)} {count}" for reason, count in reasons.items())
 
 
-def compile_at(wrapper, model, model_first: bool, batch, loss_fn, cap: float, backend: str, reference) -> str:
+def compile_at(
+    wrapper, model, model_first: bool, batch, loss_fn, cap: float, backend: str, reference
+) -> tuple[str, float | None]:
     """One SGD training step (lr 0.01) of ``model`` in ``wrapper`` (a DDP class, given ``bucket_cap_mb=cap``),
     compiled with ``backend``: the model first, then wrapped (``model_first``), or ``torch.compile(wrapper)``.
 
-    Returns, in a line, what torch raised (:func:`~minddp.notebook.nodes.refusal`), or: whether the step trained
-    to the bits of ``reference`` (:func:`flat` of eager ddp after the same step), the step's buckets
-    (:func:`~minddp.notebook.nodes.bucket_names`), Dynamo's count of graph breaks in the step, then the compiled
-    pieces of one more forward (:func:`~minddp.notebook.nodes.compiled_pieces`; under ``no_sync()``, its backward
-    never runs), each as its parameters' names, in the order backward would run them."""
+    Returns a line and a distance. The line says what torch raised (:func:`~minddp.notebook.nodes.refusal`; the
+    distance is then ``None``), or the step's buckets (:func:`~minddp.notebook.nodes.bucket_names`), Dynamo's
+    count of graph breaks in the step, then the compiled pieces of one more forward
+    (:func:`~minddp.notebook.nodes.compiled_pieces`; under ``no_sync()``, its backward never runs), each as its
+    parameters' names, in the order backward would run them. The distance is the largest |difference| between
+    the trained parameters and ``reference`` (:func:`flat` of eager ddp after the same step), 0.0 when they
+    agree to the bit."""
     dynamo_reset()
     if model_first:
         wrapped = ddp = wrapper(torch.compile(model, backend=backend), bucket_cap_mb=cap)
@@ -80,16 +106,17 @@ def compile_at(wrapper, model, model_first: bool, batch, loss_fn, cap: float, ba
     try:
         train_step(wrapped, torch.optim.SGD(model.parameters(), lr=0.01), batch, loss_fn)
     except Exception as error:  # what torch raises, said in one line, with the file of torch's that raised it
-        return nodes.refusal(error)
-    bits = "to eager ddp's bits" if torch.equal(flat(model), reference) else "to bits that differ from eager's"
+        return nodes.refusal(error), None
+    apart = (flat(model) - reference).abs().max().item()
     step_buckets = nodes.bucket_names(ddp)  # a first step's plan
     breaks = graph_breaks()
     with wrapped.no_sync():  # a forward whose backward never runs, to walk its pieces
         pieces = nodes.compiled_pieces(wrapped(torch.randn_like(batch[0])), model)
-    return (
-        f"trained a step {bits}; the step's {_counted(step_buckets, 'bucket')}; graph breaks: {breaks}; "
+    line = (
+        f"trained a step; the step's {_counted(step_buckets, 'bucket')}; graph breaks: {breaks}; "
         f"one more forward's {_counted(pieces, 'piece')}"
     )
+    return line, apart
 
 
 def _counted(groups: list[list[str]], noun: str) -> str:

@@ -53,12 +53,7 @@ def node_view(prof) -> dict:
       running then, or began after: its range ends after the handover);
     * ``inside_accumulate``: for each handover, whether it fell inside an ``AccumulateGrad`` node's range;
     * ``pieces_run``: how many compiled pieces' gradient nodes ran; ``pieces_ended_at_handover`` and
-      ``pieces_begun_at_handover``: for each handover, how many of them had ended, and begun, by then;
-    * ``handing``: the ``AccumulateGrad`` nodes a handover fell in: ``"count"``, ``"after_tick"`` (ms from each
-      one's handover to its end, summed) and ``"in_call"`` (ms inside the ``c10d::allreduce_`` calls, summed);
-    * ``last_reduced``: where the last ``gloo:all_reduce``/``nccl:all_reduce`` range ended, an order, not a
-      length: ``"in the nodes"`` (by the last node's end), ``"in the callback"`` (after it, by the end of
-      ``minddp.forward_backward``, where the reducer's end-of-backward callback runs) or ``"after the backward"``.
+      ``pieces_begun_at_handover``: for each handover, how many of them had ended, and begun, by then.
     """
     events = compat.profiler_events(prof)
     view = live.step_view(prof)
@@ -80,24 +75,6 @@ def node_view(prof) -> dict:
     view["pieces_ended_at_handover"] = [sum(e.time_range.end <= t for e in pieces) for t in handovers]
     view["pieces_begun_at_handover"] = [sum(e.time_range.start <= t for e in pieces) for t in handovers]
     view["row"].update(backward=ms(nodes), accumulate=ms(accumulate), finish=[], messages=[])
-    calls = [e for e in events if e.name == live.CALL]
-    handing = [(e, t) for e in accumulate for t in handovers if e.time_range.start <= t <= e.time_range.end]
-    view["handing"] = {
-        "count": len(handing),
-        "after_tick": sum(e.time_range.end - t for e, t in handing) / 1e3,
-        "in_call": sum(
-            c.time_range.end - c.time_range.start
-            for c in calls
-            if any(e.time_range.start <= c.time_range.start <= e.time_range.end for e, _ in handing)
-        )
-        / 1e3,
-    }
-    last_node = max((e.time_range.end for e in ran), default=t0)
-    returned = max(e.time_range.end for e in events if e.name == "minddp.forward_backward")
-    reduced = max((e.time_range.end for e in events if e.name in live.BACKEND_RANGES), default=last_node)
-    view["last_reduced"] = (
-        "in the nodes" if reduced <= last_node else "in the callback" if reduced <= returned else "after the backward"
-    )
     return view
 
 
