@@ -189,11 +189,11 @@ def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[s
 
 
 def last_messages(linked, link, run: Path, a: str, b: str) -> str:
-    """A line to print (``run``: the link run's folder): the last message each of stages ``a`` (one message a parameter) and ``b`` (buckets) handed
-    over in the link run (rank 0's step), its size and its link time (:func:`link_ms`'s model, one message), and each
-    stage's exposed (to 0.1 ms, as :func:`link_table`) split into that last message's transfer and earlier ones'
-    (the link carries one at a time, so the parts add up); headed by a "why" only where ``b``'s exposed is longer
-    than ``a``'s, the measure it names; one step, not claimed."""
+    """A line to print (``run``: the link run's folder): the last message each of stages ``a`` (one message a
+    parameter) and ``b`` (buckets) handed over in the link run (rank 0's step), its size and its link time
+    (:func:`link_ms`'s model, one message), and each stage's exposed (to 0.1 ms, as :func:`link_table`) split into
+    that last message's transfer and earlier ones' (the link carries one at a time, so the parts add up); headed by
+    a "why" only where ``b``'s exposed is longer than ``a``'s, the measure it names; one step, not claimed."""
     from minddp.analysis import metrics
 
     sent, nbytes = rank0(linked.buckets), message_bytes(linked)
@@ -209,13 +209,15 @@ def last_messages(linked, link, run: Path, a: str, b: str) -> str:
         exposed = round(waits[st], 1)
         own = round(metrics.exposed(transfers[-1:], iv.waits, window) / 1e3, 1)
         part[st] = (exposed, own, round(exposed - own, 1))
-    (ea, la, ra), (eb, lb, rb) = part[a], part[b]
+    (ea, _, ra), (eb, _, rb) = part[a], part[b]
 
     def split(st, noun):
         exposed, own, rest = part[st]
         if rest > 0:
             return f"{own:.1f} ms of {st}'s exposed was that {noun}'s transfer, {rest:.1f} ms earlier {noun}s'"
-        return f"all {exposed:.1f} ms of {st}'s exposed was that {noun}'s transfer" if exposed > 0 else f"{st}'s exposed is 0"
+        if exposed > 0:
+            return f"all {exposed:.1f} ms of {st}'s exposed was that {noun}'s transfer"
+        return f"{st}'s exposed is 0"
 
     head = (
         f"Why, with buckets, rank 0 waited longer while its link carried a transfer ({a} → {b}, exposed {ea:.1f} → "
@@ -230,7 +232,10 @@ def last_messages(linked, link, run: Path, a: str, b: str) -> str:
         f"{split(b, 'bucket')[1:]}; {split(a, 'message')}"
     )
     if rb > 0 or ra > 0:
-        body += " (the link carries one message at a time, in order: earlier ones were still on it when rank 0 began to wait)"
+        body += (
+            " (the link carries one message at a time, in order: earlier ones were still on it when rank 0 began"
+            " to wait)"
+        )
     line = head + body if head else body[0].upper() + body[1:]
     return f"{line}."
 
