@@ -359,7 +359,7 @@ lesson.claim(
     "None of its waits begins inside a backward.",
 )
 lesson.say(
-    f"Its {v['waits']} waits, in finish, took {v['waited_ms']:.1f} ms in all"
+    f"Its {v['waits']} waits all came in finish, and it waited {v['waited_ms']:.1f} ms in all"
     + (": its messages were back by then, so its row has no red to see." if v["waited_ms"] < 0.5 else ".")
 )
 
