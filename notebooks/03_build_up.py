@@ -56,8 +56,8 @@
 # **Measures**, 01's. α, β (1/bandwidth), n and m as there; k is the micro-batches of a step. A *message* is one
 # all_reduce handed to the link (a gradient, or a bucket of them); its *fixed cost* is 2(n−1)·α. Over
 # the link's modeled transfers: *link time*, the step's messages' time on the link; *exposed*, the part
-# of it the training thread stood waiting through. A *wait* is one call of a message's `wait()`, at
-# times 0 ms long; *waited* is the
+# of it the training thread stood waiting through. A *wait* is one call of a message's `wait()`, which
+# may find it already back; *waited* is the
 # measured time the thread stood still for its messages: the exposed part and any waiting after the
 # link had delivered, which the link does not model. The parameters-used check's all_gather is
 # printed apart (*at the check*).
