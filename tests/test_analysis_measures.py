@@ -179,6 +179,29 @@ def test_a_live_step_over_a_link_measures_with_the_same_functions():
     assert (both["waited_ms"], both["exposed_ms"]) == pytest.approx((seen["waited_ms"], seen["exposed_ms"]))
 
 
+def test_a_wait_is_inside_a_backward_by_its_own_range_on_the_backwards_clock():
+    """Claims audit (round 19) entry 7: ``waits_in_backward`` reads each first wait's start off its
+    ``minddp.link_wait#<n>`` range (the training thread, the profiler's clock), not off ``perf_counter`` mapped
+    there through the send markers' median offset. Here the mapping is 1 ms off: it puts message 0's wait at
+    19.5 ms, inside the 0..20 ms backward, though its range starts at 20.5 ms, after the backward's last node;
+    message 1's range starts at 15 ms, inside it."""
+    from minddp.analysis.live import _on_link
+
+    def event(name, start_us):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start_us, end=start_us))
+
+    s = 1e-3
+    log = [{"seq": n, "kind": "all_reduce", "bytes": 4, "ranks": 2} for n in (0, 1)]
+    for m, at in zip(log, (5, 10)):
+        m.update(handed_over=at * s, start=at * s, modeled_end=(at + 1) * s, delivered=22 * s)
+    link = SimpleNamespace(log=log, waits={0: 19.5 * s, 1: 14 * s}, spec=SimpleNamespace(name="fake"),
+                           seconds=lambda *a: 1 * s)  # fmt: skip
+    events = [event("minddp.link_send#0", 5e3), event("minddp.link_send#1", 10e3)]
+    events += [event("minddp.link_wait#0", 20.5e3), event("minddp.link_wait#1", 15e3)]
+    seen = _on_link(events, link, {"sent": [], "waits": [], "messages": []}, 0.0, [(0.0, 20e3)])
+    assert (seen["waits"], seen["waits_in_backward"]) == (2, 1)
+
+
 def _other_nodes():
     """``(place, node)`` for every syntax node of every package module but metrics.py."""
     home = ROOT / "minddp" / "analysis" / "metrics.py"

@@ -1716,3 +1716,14 @@ def test_the_outer_sync_exercise_names_a_pseudo_gradient_divided_by_the_inner_st
     v = check_outer_sync(wrong.outer_sync_per_step_gradient, timeout_s=TIMEOUT)
     named = "the outer step's .grad was 1/10 of the averaged pseudo-gradient"
     assert not v.ok and named in v.line and "match none of the usual mistakes" not in v.line, v.line
+
+
+def test_a_forgotten_async_op_is_named_with_the_api_the_stage_uses():
+    """Learner read round 19 (03) finding 11: hook-async's finish waits on the Work (work.wait()); a stage that
+    forgot async_op=True keeps None and its .wait() raises. The hint names async_op=True and the Work's .wait(),
+    not .get_future(), which only a stage that calls .then on a Future needs."""
+    where = " in finish_gradient_synchronization (line 4)"
+    hint = checker._raise_hint("hook-async", where, "'NoneType' object has no attribute 'wait'", None, 2)
+    assert "async_op=True" in hint and ".wait()" in hint and "get_future" not in hint, hint
+    hint = checker._raise_hint("fp16", " in my_hook (line 3)", "'NoneType' object has no attribute 'then'", None, 2)
+    assert "async_op=True" in hint and ".get_future()" in hint, hint

@@ -159,7 +159,8 @@ def _on_link(events, link, row: dict, t0: float, backwards: list) -> dict:
     places it on the profiler's clock (the median offset, as
     :meth:`minddp.comm.link.Link.annotate_trace` does). A message is drawn from the
     start of its modeled transfer to its modeled end; a wait runs from the first
-    ``wait()`` on a message (``Link.waits``) to its delivery.
+    ``wait()`` on a message (``Link.waits``) to its delivery. Whether a wait began inside a backward is read off
+    its ``minddp.link_wait#<n>`` range instead, on the backward's own clock and thread.
     """
     import statistics
 
@@ -179,11 +180,17 @@ def _on_link(events, link, row: dict, t0: float, backwards: list) -> dict:
     row["sent"] = [at(m["handed_over"]) for m in log]
     waits = sorted((at(link.waits[m["seq"]]), at(m["delivered"])) for m in log if m["seq"] in link.waits)
     row["waits"] = [(s, e) for s, e in waits if e > s]
-    back = [((s - t0) / 1e3, (e - t0) / 1e3) for s, e in backwards]
+    # inside a backward: by the ``minddp.link_wait#<n>`` range each first wait() records on the training thread,
+    # on the profiler's clock like the backward's nodes, so program order decides (a wait inside a grad hook
+    # starts inside its node; one in finish or in an end-of-backward callback, after the last node's end)
+    begun = {
+        int(e.name.rpartition("#")[2]): e.time_range.start for e in events if e.name.startswith("minddp.link_wait#")
+    }
+    in_backward = [begun[m["seq"]] for m in log if m["seq"] in link.waits and m["seq"] in begun]
     return {
         "link_ms": 1e3 * metrics.link_time(link, [(m["kind"], m["bytes"], m["ranks"]) for m in log]),
         "waited_ms": metrics.waited(row["waits"]),
         "exposed_ms": metrics.exposed(row["messages"], row["waits"]),
         "waits": len(waits),
-        "waits_in_backward": sum(any(s <= w <= e for s, e in back) for w, _ in waits),
+        "waits_in_backward": sum(any(s <= w < e for s, e in backwards) for w in in_backward),
     }

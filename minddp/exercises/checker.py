@@ -476,10 +476,16 @@ def _raise_hint(
             "broadcast or a copy_ does: write rank 0's values under torch.no_grad(), with torch.no_grad(): "
             "dist.broadcast(tensor, src=0))"
         )
-    if re.search(r"'NoneType' object has no attribute '(get_future|then|wait|value)'", message):
+    if found := re.search(r"'NoneType' object has no attribute '(get_future|then|wait|value)'", message):
+        # a Work's .wait() is all a stage that waits in finish needs; only .then/.value belong to its Future
+        keep = (
+            "keep the Work it returns and call its .wait()"
+            if found[1] == "wait"
+            else ("take its Future with .get_future()")
+        )
         return (
             " (dist.all_reduce returned None: without async_op=True it blocks until the sum is done and returns "
-            "nothing; pass async_op=True and take its Future with .get_future())"
+            f"nothing; pass async_op=True and {keep})"
         )
     # the stage's forward ran the module but returned nothing: the checker's loss (cross_entropy) got None
     if re.search(r"argument 'input' \(position 1\) must be Tensor, not NoneType", message):

@@ -3,9 +3,8 @@ sweep's figure, built from the runs' values, so that each cell shows its point i
 
 Each function prints (or returns) words computed from the values it is handed, in the vocabulary of notebook 01
 and ``docs/analysis.md`` (link time, exposed, waited, overlap). Each stage's numbers come from one profiled step
-on cores shared with other work: the sentences rank the stages only by what is counted or modeled (calls, bytes,
-the link's times), and by a measured step's times only where the gap is larger than the spread of the same
-network's backward between steps (:func:`say_spread`).
+on cores shared with other work: the sentences rank the stages by what is counted or modeled (calls, bytes, the
+link's times); a measured step's times are said as that step's (:func:`say_spread`: how much they vary).
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ def say_spread(looks: dict) -> float:
         f"last backward, less the check, in {', '.join(list(rows)[:-1])} and {list(rows)[-1]} (the rows whose backward "
         "holds no wait for a message; torch's waits are not seen), took "
         f"from {rows[short]:.0f} ms ({short}) to {rows[long]:.0f} ms ({long}), {rows[long] / rows[short]:.1f} times "
-        f"as long. So a one-step time here (last backward, step, exposed, waited, at the check, link after backward) "
+        f"as long. So a one-step time here (last backward, step, exposed, waited, at the check) "
         f"ranks two stages only where they differ by more than that spread, {rows[long] - rows[short]:.0f} ms, and "
         "shows no cause; the calls, the bytes and the link time are counted or modeled."
     )
@@ -71,8 +70,13 @@ def say_check(stage: str, on_ranks: list[float], waited_ms: float, spans: list, 
             if len(spans) == 1
             else f"so rank {long} stood {gap:.0f} ms longer at them in all, waiting for rank {short}"
         ) + (  # rank 0's step and waits are the ones printed above: set only rank 0's stand against them
-            f", inside its {step_ms:.0f} ms step: {'more' if gap > round(waited_ms) else 'less'} than the "
-            f"{waited_ms:.0f} ms it waited for its messages."
+            f", inside its {step_ms:.0f} ms step"
+            + (
+                ", in which its waits for its messages took under 0.5 ms."
+                if round(waited_ms) == 0
+                else f": {'more' if gap > round(waited_ms) else 'less'} than the {waited_ms:.0f} ms it waited for "
+                "its messages."
+            )
             if long == 0
             else "."
         )
@@ -162,12 +166,17 @@ def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run
         + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient."
     )
     at = {c.cap_mb: c for c in model} | {None: default}
-    below = [c for c, v in swept.items() if c in at and on_the_link(v["row"])["end_ms"] < 1e3 * at[c].after_backward]
-    h_below = on_the_link(h["row"])["end_ms"] < 1e3 * per_gradient.after_backward
+    off = {  # of the one-decimal values the table prints, so that the difference adds up
+        c: round(on_the_link(v["row"])["end_ms"], 1) - round(1e3 * at[c].after_backward, 1)
+        for c, v in swept.items()
+        if c in at
+    }
+    far = max(off, key=lambda c: abs(off[c]))
+    said = " (the longest of these steps)" if far == long else " (the shortest of these steps)" if far == short else ""
     say(
-        f"Each step's own link after backward (its modeled transfers from its hand-overs, against its backward's "
-        f"end) was below the model's at {len(below)} of the {len(swept)} caps run"
-        + (", and for hook-async." if h_below else "; for hook-async it was not.")
+        f"The step furthest from the model is {cap_name(far)}'s: its own link after backward "
+        f"{abs(off[far]):.1f} ms {'below' if off[far] < 0 else 'above'} the model's; its backward ran "
+        f"{own[far]:.0f} ms{said}, the model's one backward {1e3 * this_run_s:.0f} ms."
     )
 
 
@@ -223,15 +232,15 @@ def sweep_table(swept: dict, model: list, default):
         v = swept.get(c)
         return {
             "link after backward, ms (one step)": on_the_link(v["row"])["end_ms"] if v else None,
-            "exposed, ms (one step)": v["exposed_ms"] if v else None,
-            "waited, ms (one step)": v["waited_ms"] if v else None,
+            "exposed, ms (one step)": round(v["exposed_ms"]) if v else None,  # rounded once, as look_table does
+            "waited, ms (one step)": round(v["waited_ms"]) if v else None,
             "backward less the check, ms (one step)": backward_less_check(v) if v else None,
         }
 
     table = pd.DataFrame({cap_name(c.cap_mb): c.row() | measured(c.cap_mb) for c in [*model, default]}).T
     table = table.infer_objects().round(1).astype({"buckets": int})
     whole = ["exposed, ms (one step)", "waited, ms (one step)"]  # whole ms, as every other table and line prints them
-    table[whole] = table[whole].round(0).astype("Int64")
+    table[whole] = table[whole].astype("Int64")
     return table.astype(object).where(table.notna(), "–")  # "–": a cap not run
 
 
@@ -319,108 +328,77 @@ def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
         )
 
 
-def _side(measured: float, model: float) -> str:
-    return "below" if measured < model else "above" if measured > model else "at"
+WORDS = {"hook-async": "one message per gradient", "bucket-async": "buckets"}
 
 
-def _measured(link: str, h_ms: float, b_ms: float, b_at: str, spread_ms: float) -> tuple[str, str, bool]:
-    """One link's measured verdict in link after backward (one step each): the words, the side that left less, and
-    whether the gap is larger than the spread (:func:`say_spread`), the notebook's rule for ranking by one step."""
-    first = "hook-async" if h_ms < b_ms else "bucket-async"
-    ranks = abs(h_ms - b_ms) > spread_ms
-    words = (
-        f"{link}, measured (one step each): hook-async's link ran on {h_ms:.1f} ms past its backward's end, "
-        f"bucket-async's {b_ms:.1f} ms{b_at}, so {'one message per gradient' if first == 'hook-async' else 'buckets'} "
-        f"left less, by {abs(h_ms - b_ms):.1f} ms, "
-        + ("more than the spread, so the gap ranks them" if ranks else "within the spread, so it does not rank them")
-    )
-    return words, first, ranks
+def _less(h_ms: float, b_ms: float) -> str | None:
+    """The side whose link after backward (ms, as printed: one decimal) is shorter; None for a tie."""
+    h, b = round(h_ms, 1), round(b_ms, 1)
+    return "hook-async" if h < b else "bucket-async" if b < h else None
 
 
-def _model(h_model: float, b_model: float, b_at: str, first: str, h_ms: float) -> str:
-    """The step-time model's verdict on one link (ms), set against the measured one's side ``first``."""
-    m_first = "hook-async" if h_model < b_model else "bucket-async"
-    return (
-        f"; the step-time model says hook-async {h_model:.1f} ms against bucket-async's {b_model:.1f} ms{b_at}, "
-        + ("the same verdict" if m_first == first else "the opposite verdict")
-        + f", its hook-async {abs(h_model - h_ms):.1f} ms {_side(h_model, h_ms)} the measured step's"
-    )
+def _both(step: str | None, model: str | None) -> str:
+    """A measured step's side and the step-time model's, in words."""
+    if step is None or model is None:
+        return "the step or the model has the two level, so this run does not rank them"
+    if step == model:
+        return f"{WORDS[step]} left less link after backward, in the step and in the model"
+    return f"the step ({WORDS[step]} left less) and the model ({WORDS[model]}) disagree, so this run does not rank them"
 
 
-def say_bucket_lesson(
-    model: list,
-    per_gradient,
-    swept_ends: dict,
-    h_end: float,
-    on_t4: tuple,
-    t4: dict,
-    far: dict,
-    one_far_ms: float,
-    sized_far_ms: float,
-    spread_ms: float,
-):
-    """The bucket lesson's conclusion in link after backward, carried by the measured steps: on each link hook-async's
-    one step against bucket-async's (on this notebook's link: ``h_end`` against the least of ``swept_ends``, cap ->
-    ms), ranked only where the gap exceeds ``spread_ms`` (:func:`say_spread`); the step-time model's verdict beside
-    it (it replays the bare network with one backward for every stage, and prices no comm-hook call): ``model`` and
-    ``per_gradient`` on this link, ``on_t4`` = (bucket-async at that link's cap, hook-async) with the ratios of
-    4 × T4; with those of 1024 ranks, hook-async's fixed costs (its messages × ``one_far_ms``) against the backward
-    that link was sized from (``sized_far_ms``)."""
-    best_cap = min(swept_ends, key=swept_ends.get)
-    b_here = swept_ends[best_cap]
-    below = sum(v > h_end for v in swept_ends.values())
-    at_here = (
-        f" at its best cap run, {cap_name(best_cap)} (at "
-        + (
-            f"every one of the {len(swept_ends)}"
-            if below == len(swept_ends)
-            else f"{below or 'none'} of the {len(swept_ends)}"
-        )
-        + " caps run it left more than hook-async)"
-    )
-    here, first_here, ranks_here = _measured("On this notebook's link", h_end, b_here, at_here, spread_ms)
+def say_bucket_lesson(model: list, per_gradient, swept: dict, h: dict, here, saved_ms: float, on_t4: tuple,
+                      t4: dict, far: dict) -> None:  # fmt: skip
+    """The bucket lesson's result in link after backward, link by link: each measured step (one each) beside the
+    step-time model (one backward for every stage, no comm-hook call priced), then in words. On this notebook's
+    link: ``h`` (hook-async's look) against ``swept`` (cap -> bucket-async's look), ``here`` the settings' cap,
+    ``saved_ms`` the fixed costs buckets saved there; ``on_t4`` = (bucket-async at that link's cap, hook-async),
+    modeled with the ratios of 4 × T4; ``t4``, ``far``: the sized links' runs (``on_the_link``'s values)."""
+    from minddp.costmodel.buckets import on_the_link
+
+    ends = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}
+    h_end, b_end = on_the_link(h["row"])["end_ms"], ends[here]
+    longer = sum(round(e, 1) > round(h_end, 1) for e in ends.values())
+    at = {c.cap_mb: c for c in model}
+    m_h, m_here = 1e3 * per_gradient.after_backward, 1e3 * at[here].after_backward
     best = min(model, key=lambda c: c.after_backward)
-    here += _model(
-        1e3 * per_gradient.after_backward, 1e3 * best.after_backward, f" at the model's best cap, {best.cap_mb:g} MiB",
-        first_here, h_end,
-    )  # fmt: skip
+    best_run = min(ends, key=ends.get)
+    say(
+        f"On this notebook's link, one step each: hook-async's link ran on {h_end:.1f} ms past its backward's end "
+        f"and it exposed {h['exposed_ms']:.0f} ms; bucket-async's, at the settings' {here:g} MiB cap, ran on "
+        f"{b_end:.1f} ms, and it exposed {swept[here]['exposed_ms']:.0f} ms. "
+        + (f"At every one of the {len(ends)}" if longer == len(ends) else f"At {longer or 'none'} of the {len(ends)}")
+        + f" caps run bucket-async's link ran on longer than hook-async's (least {ends[best_run]:.1f} ms, at "
+        f"{cap_name(best_run)}). The step-time model: hook-async {m_h:.1f} ms, bucket-async {m_here:.1f} ms at "
+        f"{here:g} MiB and {1e3 * best.after_backward:.1f} ms at its best cap, {best.cap_mb:g} MiB."
+    )
     b4, h4 = on_t4
-    t4_said, first_t4, ranks_t4 = _measured(
-        "With the ratios of 4 × T4", t4["hook-async"]["end_ms"], t4["bucket-async"]["end_ms"],
-        f" at that link's cap of {b4.cap_mb:.2f} MiB", spread_ms,
-    )  # fmt: skip
-    t4_said += _model(1e3 * h4.after_backward, 1e3 * b4.after_backward, "", first_t4, t4["hook-async"]["end_ms"])
-    h, b = far["hook-async"], far["bucket-async"]
-    far_said, first_far, ranks_far = _measured("With the ratios of 1024 ranks", h["end_ms"], b["end_ms"], "", spread_ms)
-    fixed = h["messages"] * one_far_ms
-    bound = fixed - sized_far_ms
-    far_said += (
-        f"; by the link's clock, hook-async's {h['messages']} fixed costs, {one_far_ms:.2f} ms each, take {fixed:.0f} "
-        f"ms, so after the {sized_far_ms:.0f} ms backward the link was sized from its link would run on at least "
-        f"{bound:.0f} ms (this step's own backward ran {h['backward_ms']:.0f} ms), "
-        + (
-            f"more than bucket-async's whole link time, {b['link_ms']:.0f} ms: buckets leave less"
-            if bound > b["link_ms"]
-            else f"against bucket-async's whole link time, {b['link_ms']:.0f} ms"
-        )
+    ht, bt = t4["hook-async"]["end_ms"], t4["bucket-async"]["end_ms"]
+    say(
+        f"With the ratios of 4 × T4, one step each: hook-async's link ran on {ht:.1f} ms past its backward's end, "
+        f"bucket-async's {bt:.1f} ms at that link's cap of {b4.cap_mb:.2f} MiB; the model: "
+        f"{1e3 * h4.after_backward:.1f} and {1e3 * b4.after_backward:.1f} ms."
     )
-    rule = (
-        f"The bucket lesson in link after backward; a gap ranks the two only where it is larger than the "
-        f"{spread_ms:.0f} ms the same network's backward varied between steps above. "
+    hf, bf = far["hook-async"], far["bucket-async"]
+    floor = hf["start_end_ms"]  # the link is done no earlier than its start-limited end (queue_end)
+    say(
+        f"With the ratios of 1024 ranks, one step each: hook-async's link ran on {hf['end_ms']:.1f} ms past its "
+        f"backward's end, bucket-async's {bf['end_ms']:.1f} ms. hook-async's start-limited end alone, its first "
+        f"message's hand-over plus its {hf['link_ms']:.0f} ms of link time, falls {floor:.1f} ms after its "
+        "backward's end" + (f", past bucket-async's {bf['end_ms']:.1f} ms." if floor > bf["end_ms"] else ".")
     )
-    say(rule + ". ".join([here, t4_said, far_said]) + ".")
-    verdicts = {"on this notebook's link": (first_here, ranks_here), "with the ratios of 4 × T4": (first_t4, ranks_t4),
-                "with the ratios of 1024 ranks": (first_far, ranks_far)}  # fmt: skip
-    ranked = {n: f for n, (f, r) in verdicts.items() if r}
-    words = {"hook-async": "one message per gradient", "bucket-async": "buckets"}
-    if not ranked:
-        said = "no link's gap is larger than the spread, so these steps do not say which side wins"
-    else:
-        said = "; ".join(f"{n}, {words[f]} left less" for n, f in ranked.items()) + (
-            "" if len(ranked) == len(verdicts)
-            else " (" + ", ".join(n for n in verdicts if n not in ranked) + ": within the spread, not ranked)"
-        )  # fmt: skip
-        if len(set(ranked.values())) > 1:
-            said += ": which side wins depends on the link"
-    say(f"In words, by the measured steps of this run: {said}. Where the model and a measured step "
-        "disagree, the step carries the verdict for this run.")  # fmt: skip
+    here_said = (
+        f"on this notebook's link, where buckets saved {saved_ms:.1f} ms of fixed costs, at the settings' cap "
+        + _both(_less(h_end, b_end), _less(m_h, m_here))
+        + f"; at each one's least (the steps' at {cap_name(best_run)}, the model's at {best.cap_mb:g} MiB) "
+        + _both(_less(h_end, ends[best_run]), _less(m_h, 1e3 * best.after_backward))
+    )
+    t4_model = _less(1e3 * h4.after_backward, 1e3 * b4.after_backward)
+    t4_said = "with the ratios of 4 × T4 " + _both(_less(ht, bt), t4_model)
+    far_said = "with the ratios of 1024 ranks " + (
+        "buckets left less, as hook-async's start-limited end alone shows"
+        if floor > bf["end_ms"]
+        else f"{WORDS[_less(hf['end_ms'], bf['end_ms'])]} left less in this step"
+        if _less(hf["end_ms"], bf["end_ms"])
+        else "the two left the same"
+    )
+    say(f"In words: {here_said}; {t4_said}; {far_said}.")
