@@ -253,7 +253,8 @@ def band_non_compute(result, run: Path, stages) -> str:
     def idle(stage, band):  # ms of the band (µs from the step's start) with no training thread inside an operator
         iv, s0, _ = lesson.parameter_checks(run, stage)
         window = [(s0 + band["start_us"], s0 + band["end_us"])]
-        return metrics.length(metrics.subtract(window, iv.compute)) / 1e3, iv, window
+        parts = metrics.breakdown(window, iv.compute, iv.comm)  # not compute: non-compute and idle together
+        return (parts["total_time_us"] - parts["compute_time_us"]) / 1e3, parts["non_compute_time_us"] / 1e3
 
     alone = back.loc[back.loc[back["stage"] == "single", "ms"].idxmax()]
     mine = back[back["stage"].isin(list(stages))]
@@ -262,8 +263,7 @@ def band_non_compute(result, run: Path, stages) -> str:
     excess = round(band["ms"]) - round(alone["ms"])
     if excess <= 0:
         return f"{st}'s longest backward band, {band['ms']:.0f} ms, is no longer than single's longest."
-    (off, iv, window), (off1, _, _) = idle(st, band), idle("single", alone)
-    nc = metrics.non_compute(window, iv.compute, iv.comm) / 1e3
+    (off, nc), (off1, _) = idle(st, band), idle("single", alone)
     more = round(off) - round(off1)
     share = 100 * more / excess
     how = f"{share:.0f} % of the excess: " + ("most" if share > 50 else "less than half")
