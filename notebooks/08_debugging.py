@@ -52,7 +52,7 @@
 #   (`torch_took`), or "raised nothing"; `torch_drifts(script)` runs `script(model, optimizer)` so on
 #   `build()`'s model wrapped in torch's DDP, and checks that the replicas end apart;
 # * `minddp_says`: the `DebugError` debug mode raised on rank 0, then whether each other rank raised
-#   the same (rank 1 names a place in its own copy of the cell);
+#   the same (a place it names is in its own copy of the cell);
 # * `fixed`: the corrected script in debug mode; its ✓ line checks that nothing is said (`quiet()`
 #   collected no `DebugWarning`; an error would raise) and that `apart(model)`, the largest difference
 #   between a rank's parameters and rank 0's, is 0.
@@ -135,7 +135,7 @@ fixed(drifting_loop, "without the edit", edit=False)
 # optimizer then steps each replica its own way. Before each `optimizer.step()` the *step check*
 # all-gathers another row, `int64[17]` for `Net()`: one integer of *notes*, bits saying, among others,
 # whether a forward bypassed the wrapper and whether the step's last forward ran inside `no_sync()`
-# (the wrapper's block whose backwards skip the averaging): this section's two bugs; then four groups of
+# (the wrapper's block whose forwards' backwards skip the averaging): this section's two bugs; then four groups of
 # one per parameter: whether it has a gradient, that gradient's fingerprint, whether this step's
 # backward computed one, and the local gradient's fingerprint (before averaging). The fix: call the
 # wrapper.
