@@ -76,13 +76,11 @@ plt.show()
 # %% [markdown]
 # When one rank fails, the cell fails. Here rank 1 raises before the `all_reduce`. Rank 0 waits in it
 # until the runner has rank 1 destroy its process group, and then raises. Below the cell: rank 0's
-# note `(released because rank 1 failed)`, then the error: in Jupyter, a traceback block per rank whose cell raised; as
-# plain text, a heading that lists the other ranks whose cell raised as "failed too", then rank 1's
-# traceback.
+# note `(released because rank 1 failed)`, then the error: a heading that lists the other ranks whose
+# cell raised as "failed too", then rank 1's traceback.
 #
 # A traceback names the cell `<In [N], rank R>`: Jupyter's `In [N]`, as rank R ran it, its lines
-# counted from the `%%distributed` line (line 1), so rank 1's `raise` is line 3. The cell is tagged
-# `raises-exception`, so *Run All* goes on past it.
+# counted from the `%%distributed` line (line 1), so rank 1's `raise` is line 3.
 
 # %% tags=["raises-exception"] minddp={"expected_error": "rank 1 gives up before the collective"}
 # %%distributed
@@ -91,7 +89,8 @@ if rank == 1:
 dist.all_reduce(t)
 
 # %% [markdown]
-# The ranks are still the same processes, `t` is still there, and collectives work again.
+# The runner then gives every rank a new process group (in a real job nothing does: a rank that raises
+# ends its process). The ranks are still the same processes, `t` is still there, and collectives work again.
 
 # %%
 # %%distributed

@@ -49,8 +49,10 @@
 #
 # * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised (an excerpt),
 #   in which step if in `train()`'s loop (`torch_step`), and after how long from the script's start
-#   (`torch_took`), or "raised nothing";
-# * `minddp_says`: the `DebugError` debug mode raised, checked on every rank;
+#   (`torch_took`), or "raised nothing"; `torch_drifts(script)` runs `script(model, optimizer)` so on
+#   `build()`'s model wrapped in torch's DDP, and checks that the replicas end apart;
+# * `minddp_says`: the `DebugError` debug mode raised on rank 0, then whether each other rank raised
+#   the same (a place it names is in its own copy of the cell);
 # * `fixed`: the corrected script in debug mode; its ✓ line checks that nothing is said (`quiet()`
 #   collected no `DebugWarning`; an error would raise) and that `apart(model)`, the largest difference
 #   between a rank's parameters and rank 0's, is 0.
@@ -102,8 +104,7 @@ lesson.say(f"The short group's timeout is {WAIT_S} s; `group`'s, torch's default
 # after step 1. In debug mode, before each forward whose backward will average the gradients (the
 # *forward check*), every rank all-gathers a row of integers: the parameters'
 # `requires_grad` flags, then their fingerprints (checksums of their 16-bit words):
-# `int64[8]` for `Net()`'s 4 parameter tensors. On a mismatch the first differing tensor is compared
-# in full, and every rank stops. The fix: change parameters the same way on every
+# `int64[8]` for `Net()`'s 4 parameter tensors. The fix: change parameters the same way on every
 # rank (here: not at all).
 
 
@@ -132,9 +133,9 @@ fixed(drifting_loop, "without the edit", edit=False)
 # DDP averages the gradients of a backward whose forward went through the wrapper. Call the module
 # itself (`model.module(x)`, or a submodule) and backward leaves each rank its own gradient; the
 # optimizer then steps each replica its own way. Before each `optimizer.step()` the *step check*
-# all-gathers another row, `int64[17]` for `Net()`: one integer of *notes*, bits saying whether a
-# forward bypassed the wrapper, whether the step's last forward ran inside `no_sync()` (this section's
-# two bugs, told apart by them) and whether every local gradient was fingerprinted; then four groups of
+# all-gathers another row, `int64[17]` for `Net()`: one integer of *notes*, bits saying, among others,
+# whether a forward bypassed the wrapper and whether the step's last forward ran inside `no_sync()`
+# (the wrapper's block whose forwards' backwards skip the averaging): this section's two bugs; then four groups of
 # one per parameter: whether it has a gradient, that gradient's fingerprint, whether this step's
 # backward computed one, and the local gradient's fingerprint (before averaging). The fix: call the
 # wrapper.
@@ -154,9 +155,8 @@ fixed(one_step, "through the wrapper", through_wrapper=True)
 
 # %% [markdown]
 # The other way to get there: gradient accumulation, step 0's gradient summed over three backwards
-# (*micro-batches*), all inside `no_sync()` (the wrapper's block whose backwards skip the averaging),
-# the last one included: a step's last backward must run outside it. The fix: the last
-# micro-batch outside `no_sync()`.
+# (*micro-batches*), all inside `no_sync()`, the last one included. Whether a backward averages is
+# decided by its forward, so the fix: the last micro-batch's forward and backward outside `no_sync()`.
 
 
 # %%
@@ -170,7 +170,7 @@ def accumulate(model, optimizer, last_syncs=False):
 
 
 torch_drifts(accumulate)
-minddp_says(lambda: accumulate(*build()), "the step's last backward ran inside no_sync()")
+minddp_says(lambda: accumulate(*build()), "the step's last forward ran inside no_sync()")
 fixed(accumulate, "the last micro-batch synced", last_syncs=True)
 
 # %% [markdown]
@@ -220,17 +220,11 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 #
 # Debug mode numbers each rank's collectives on the default group from 0 (*collective #K*) and compares
 # the ranks' calls of the same number; the lines "collectives, numbered" list this run's, rank 0's, then
-# where rank 1's part from them. A wrapper's own calls: as it is built, the ranks' models compared and
-# rank 0's parameters broadcast; each step, the forward check, an all_reduce per *bucket* (gradients
-# averaged in one collective), the *plan check* (the ranks compare which parameters each bucket holds
-# and the sequence the buckets were launched in) and the step check; once, in its first step, the ranks'
-# DDP settings compared (comm hook, bucket sizes), and at the forward after its first averaged backward,
-# rank 0's *gradient-ready order* (the order its gradients were computed in) sent to every rank, each
-# then re-planning its buckets in that order. A call is written as op(dtype[shape], ...), with its
-# reduce op if any; an all_gather's lists the output (ranks × the input's shape), then the input. A call
-# minddp makes is placed at the script's line that led to it. Then the step: `(step 0)` for a call made
-# in a wrapper's step (from its forward to its `optimizer.step()`), `(after step S)` for a script's own
-# call made after the last step a wrapper took on that rank, in this cell or an earlier one.
+# rank 1's from the first call that differs. A call is written as op(dtype[shape], ...), with its
+# reduce op if any, then the step: `(step 0)` for a call made in a wrapper's step (from its forward to
+# its `optimizer.step()`), `(after step S)` for a script's own call made after the last step a wrapper
+# took on that rank, in this cell or an earlier one: this script has no wrapper, so its step is the
+# last of section 3's fix.
 
 # %%
 # %%distributed
@@ -256,6 +250,14 @@ lesson.claim(
 # loss pairs with rank 1's next collective on that group. In debug mode that is the step check's
 # all_gather, on the default group; under torch, none, as rank 1 makes no other call on the
 # short group. The fix: log on every rank.
+#
+# The numbered lines now name a wrapper's own calls: building it, the models compared and rank 0's
+# parameters broadcast; each step, the forward check, an all_reduce per *bucket* (gradients averaged in
+# one collective), the *plan check* (the ranks compare their buckets' parameters and launch order) and
+# the step check; once each, the DDP settings compared and rank 0's *gradient-ready order* (the order
+# its gradients were computed in) sent to every rank, to re-plan the buckets. A call minddp makes is
+# placed at the script's line that led to it; an all_gather lists the output (ranks × the input's
+# shape), then the input.
 
 
 # %%
@@ -340,8 +342,7 @@ lesson.claim(
 # fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they send.
 # Under torch's DDP, rank 0 raises, naming by index the parameters that received no gradient (counting
 # from 0 in the set-up cell's list: 2 and 3 are `head.weight` and `head.bias`), and destroys its groups,
-# so rank 1, whose averaging waits for rank 0's gradients, fails too. The fix: freeze the layer on every
-# rank, before wrapping.
+# so rank 1 fails too. The fix: freeze the layer on every rank, before wrapping.
 
 
 # %%
@@ -456,10 +457,9 @@ lesson.claim(
 # %% [markdown]
 # ## What it adds
 #
-# minddp's `DistributedDataParallel` built while debug mode is on has three things one built while it
-# is paused lacks: a *watch* (the object that runs the wrapper's forward and step checks), the
-# `DebugReducer` (the *reducer* averages the gradients; this one sends each bucket through
-# `torch.distributed`, checked) and the plan check (`check_consistency`).
+# A wrapper built in debug mode has three parts one built with it paused lacks: a *watch* (it runs the
+# forward and step checks), the `DebugReducer` (a *reducer* averages the gradients; this one sends each
+# bucket through `torch.distributed`, checked) and the plan check.
 
 
 # %%
@@ -484,16 +484,20 @@ lesson.claim(
     f"minddp's DDP built with debug mode paused has no watch, the plain reducer ({type(paused.reducer).__name__}), "
     f"no per-step plan check; built with it on: a watch, the {type(on.reducer).__name__}, the plan check",
 )
-# Both reducers divide by the world size, then sum; only two builds of the same Net could differ, if the CPU's BLAS
-# summed a product for tensors at other addresses in another order: each step's longest sum has 16 terms (head's
-# inputs), so each of the 5 steps may move a parameter by up to 16·2⁻²⁴ of the largest parameter.
+# Both reducers divide by the world size, then sum; the two builds could differ only by float32 rounding, if the
+# CPU's BLAS summed a product in another order for tensors at other addresses. tol, a loose bound on that: per step,
+# 16 roundings (head's sums have 16 terms) of 2⁻²⁴ of the largest parameter.
 gap = max(each_rank(max((a - b).abs().max().item() for a, b in zip(paused_params, on_params))))
 tol = 5 * 16 * 2**-24 * max(p.abs().max().item() for p in paused_params)
 lesson.claim(
     gap <= tol,
-    "the same 5 steps, debug mode paused or on, end with parameters "
-    + ("bit-identical on every rank" if gap == 0 else f"apart by up to {gap:.1e}")
-    + f", within {tol:.1e} (5 steps × 16·2⁻²⁴ of the largest parameter: a 16-term sum's float32 rounding)",
+    "after the same 5 steps, each rank's parameters with debug mode on "
+    + (
+        "are bit-identical to its own with it paused: debug mode changes no result"
+        if gap == 0
+        else f"differ from its own with it paused by up to {gap:.1e}: debug mode changes results only by float32 "
+        f"rounding (at most {tol:.1e})"
+    ),
 )
 
 # %%

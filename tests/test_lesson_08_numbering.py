@@ -1,7 +1,7 @@
 """Notebook 08's "collectives, numbered" lines: two ranks' listings part exactly where their calls differ."""
 
 from minddp.debug.collective_check import Call
-from minddp.notebook.lesson_08 import numbering, stretches
+from minddp.notebook.lesson_08 import numbering, parted, stretches
 
 
 def _all_reduce(n: int, seq: int) -> Call:
@@ -30,3 +30,20 @@ def test_a_step_is_said_to_be_an_earlier_wrappers_only_when_the_run_made_no_wrap
 
 def test_equal_calls_make_equal_stretches():
     assert stretches([_all_reduce(2, 5)]) == stretches([_all_reduce(2, 5)])
+
+
+def test_a_rank_parts_from_rank_0_at_the_first_call_that_differs_not_at_its_stretch():
+    # notebook 08's section 4: rank 1's step-0 stretch held one call more (its step check, where rank 0 made the
+    # script's all_reduce), and the line said the ranks parted at the stretch's first call, #151, while the finding
+    # named #155.
+    def own(seq, label, op="all_gather"):
+        call = Call(op, [["tensor", "int64[8]"]], ["int64"], [[8]], seq=seq, step=0)
+        call.where, call.ours = f"<In [1], rank 0>:3 in minddp debug's {label} of DistributedDataParallel", True
+        return call
+
+    both = [own(151, "forward check"), own(152, "plan check")]
+    rank_0 = stretches([*both, _all_reduce(2, 153)])
+    rank_1 = stretches([*both, own(153, "step check")])
+    said = parted(rank_1, rank_0)
+    assert said.startswith("as rank 0's to #152, then #153 the wrapper's own calls in step 0 (step check)"), said
+    assert parted(rank_0, rank_0) == "as rank 0's"

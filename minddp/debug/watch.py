@@ -334,7 +334,10 @@ class Watch:
             )
             fix = "call the wrapper (model(x), not model.module(x) or a submodule) for every forward of a step"
         elif notes & _NO_SYNC:
-            why = "the step's last backward ran inside no_sync(), which only accumulates each rank's own gradient"
+            why = (
+                "the step's last forward ran inside no_sync(), so its backward only accumulated each rank's own "
+                "gradient"
+            )
             fix = "run the last micro-batch of each step (forward and backward) outside `with model.no_sync():`"
         else:
             why = (

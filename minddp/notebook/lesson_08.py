@@ -230,14 +230,7 @@ def minddp_says(
         everyone = each_rank(stretches(calls))
         lesson.say(f"rank 0's collectives, numbered: {numbering(everyone[0])}")
         for r, mine in enumerate(everyone[1:], start=1):
-            same = 0  # the stretches this rank shares with rank 0, from the first
-            while same < min(len(mine), len(everyone[0])) and mine[same] == everyone[0][same]:
-                same += 1
-            if mine == everyone[0]:
-                lesson.say(f"rank {r}'s collectives, numbered: as rank 0's")
-            else:
-                head = f"as rank 0's to #{mine[same - 1][1]}, then " if same else ""
-                lesson.say(f"rank {r}'s collectives, numbered: {head}{numbering(mine[same:])}")
+            lesson.say(f"rank {r}'s collectives, numbered: {parted(mine, everyone[0])}")
 
 
 #: What a wrapper's own call is, from minddp's label for it (and its op, if given): the name :func:`numbering` prints.
@@ -289,6 +282,28 @@ def stretches(calls: list) -> list[tuple[int, int, str, list[str], list[str]]]:
         else:
             parts.append((call.seq, call.seq, what, [_part(call)], [call.text]))
     return parts
+
+
+def parted(mine: list, theirs: list) -> str:
+    """:func:`stretches` ``mine`` as a line after those of ``theirs`` (rank 0's): "as rank 0's", or as rank 0's up to
+    the first call that differs (the number the collective check names), then ``mine`` from that call on."""
+
+    def calls(stretched):  # number -> (what the stretch is, the call's text), a call at a time
+        return {
+            a + i: (what, texts[i] if texts else None) for a, b, what, _, texts in stretched for i in range(b - a + 1)
+        }
+
+    ours, other = calls(mine), calls(theirs)
+    if ours == other:
+        return "as rank 0's"
+    first = min(k for k in ours.keys() | other.keys() if ours.get(k) != other.get(k))
+    rest = [
+        (max(a, first), b, what, parts[max(first - a, 0) :], texts[max(first - a, 0) :])
+        for a, b, what, parts, texts in mine
+        if b >= first
+    ]
+    head = f"as rank 0's to #{first - 1}, then " if first > min(ours, default=first) else ""
+    return head + numbering(rest)
 
 
 def numbering(stretched: list) -> str:
