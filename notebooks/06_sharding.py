@@ -27,11 +27,12 @@
 #
 # * `zero1`: each rank keeps the optimizer state of its shards only; the gradients are all-reduced, as
 #   in DDP, and the updated shards all-gathered;
-# * `zero2`: the gradients are sharded too: a reduce-scatter hands each rank only the piece of the
+# * `zero2`: the gradients are sharded too: a reduce-scatter leaves each rank only the piece of the
 #   averaged gradients it updates;
 # * `fsdp`: the parameters are sharded too (except the few in no decoder layer, kept whole on every rank
-#   and all-reduced: its *replicated* tensors), and each decoder layer (a *unit*) is gathered only
-#   around its own forward and backward, the next unit's gather started one unit ahead (a *prefetch*).
+#   and all-reduced: its *replicated* tensors), and each decoder layer (a *unit*) is gathered for its
+#   forward and again for its backward (the last unit stays gathered between the two), the next unit's
+#   gather started one unit ahead (a *prefetch*).
 #
 # The notation is notebook 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one
 # message, β the time per byte. A *step* is all its micro-batches' forwards and backwards and the
@@ -97,9 +98,9 @@ show_source(ring_all_reduce)
 # `zero1` is DDP's wrapper with its optimizer sharded, so it all-reduces and then all-gathers: three passes.
 # FSDP reduce-scatters its units' gradients, a little under one pass, but gathers each unit's parameters for
 # every micro-batch's forward and again, all but the last unit's, for its backward. The bound below counts
-# one reduce-scatter pass a step and two gathering passes per micro-batch; the all_reduce of the replicated
-# tensors (two passes of their bytes) lies within it: its gathering passes count those bytes, never
-# gathered, twice a micro-batch. The cell works them out:
+# one reduce-scatter pass a step and two gathering passes per micro-batch. Those passes count the
+# replicated tensors' bytes too, though these are never gathered; their all_reduce, two passes of their
+# bytes, fits in that room. The cell works them out:
 
 # %%
 # %%distributed
@@ -124,8 +125,8 @@ lesson.say(
 # ## The four stages side by side
 #
 # `ddp` is minddp's own `DistributedDataParallel`; `zero1` is the same wrapper with its
-# optimizer sharded by `minddp.ZeroRedundancyOptimizer`; `zero2` and `fsdp` hand out this rank's shards
-# as the model's parameters, so the optimizer built over `model.parameters()` holds state for the shards
+# optimizer sharded by `minddp.ZeroRedundancyOptimizer`; `zero2` and `fsdp` make this rank's shards
+# the model's parameters, so the optimizer built over `model.parameters()` holds state for the shards
 # (and for fsdp's replicated tensors). `zero2` keeps the whole parameters too (its shards are views into
 # them); `fsdp` keeps only the shards and its replicated tensors.
 # `minddp.sharding.memory.Probe` measures one step of each stage from the tensors the rank holds:
@@ -201,14 +202,8 @@ lesson.claim(
 )
 table.round(3).astype(object).where(table.notna(), "–")
 
-# %% [markdown]
-# The columns are measured at different moments; no cell
-# measures the most a rank holds at once.
-
 # %%
 # %%rank 0
-from minddp.sharding.shards import chunk_size
-
 # AdamW keeps a step count beside its two moments: a float32 scalar per parameter tensor it steps (a shard is one)
 off = {s: table.loc[s, "model state MiB"] - table.loc[s, "formula MiB"] for s in STAGES}
 lesson.claim(
@@ -232,17 +227,6 @@ lesson.claim(
     + ", ".join(f"{s} {lesson.mib(b)}" for s, b in buffers.items())
     + " on rank 0 after the step. Nor does any column count the buffers the collectives send from and receive "
     "into, except fsdp's all-gathers' (in its gathered units).",
-)
-# zero2's all-gathers, one per gradient bucket, all started at once in the first forward after a sync (ZeRO-2
-# part 4): each receives world × (its bucket's padded chunks) values; padding adds < n elements per tensor (< 0.1 %)
-z2 = trainees["zero2"].model
-received = sum(world * chunk_size(p.numel(), world) * p.element_size() for b in z2.buckets for p in b)
-lesson.claim(
-    abs(received - model_bytes) < 1e-3 * model_bytes,
-    f"zero2's first forward after a sync starts all {len(z2.buckets)} of its buckets' all-gathers at once (ZeRO-2, "
-    f"part 4 below), into receive buffers of {lesson.mib(received)} in all (worked out from its buckets, not "
-    "measured, and in no column): room for the whole model's parameters a second time, beside the whole ones it "
-    "keeps.",
 )
 
 # %% [markdown]
@@ -270,7 +254,7 @@ memory["fsdp bf16"] = probe.result()
 
 # %% [markdown]
 # The figure draws rank 0's model state at the update, each stage's fp32 formula as a line, and fsdp
-# computing in bf16 as a fifth bar; the cell then says why its activations are not half fp32 fsdp's.
+# computing in bf16 as a fifth bar.
 
 # %%
 # %%rank 0
@@ -403,7 +387,7 @@ formulas.round(2)
 # ## ZeRO-1: an optimizer that updates its own shard
 #
 # Each parameter tensor of `numel` elements is cut, flattened, into n chunks of `ceil(numel/n)` elements,
-# in rank order, the last ranks' shorter or empty; rank `r` keeps the
+# in rank order, the last ranks' shorter or empty (padded with zeros where sent); rank `r` keeps the
 # optimizer state of chunk `r` of each. (An optimizer that is not element-wise needs whole tensors: one
 # rank then owns each, `owned_whole` below; AdamW is element-wise.) The updated chunks are all-gathered
 # in buckets of their own (`BUCKET_CAP_MB`, printed), not the stage's 4 MiB gradient buckets:
@@ -424,7 +408,7 @@ lesson.say(
 )
 
 # %% [markdown]
-# Its `step()`, the update: hand each chunk the same chunk of the averaged gradient, run the local
+# Its `step()`, the update: set each chunk's `.grad` to its chunk of the averaged gradient, run the local
 # optimizer (an ordinary `torch.optim.AdamW` over the chunks, views into the parameters), then
 # all-gather the chunks (parts 3 and 4; parts 1 and 2, planning and making the chunks, run in
 # `__init__`):
@@ -444,8 +428,9 @@ show_source(ZeroRedundancyOptimizer.step)
 # 1. each parameter is cut into n chunks, as in ZeRO-1, and this rank's chunk, its shard, is made a
 #    parameter of its own (`self.shard[p]`), a view into the whole one;
 # 2. a full bucket's gradients are packed rank by rank (rank 0's chunk of every gradient in the bucket,
-#    then rank 1's, ...), so that the piece of the reduce-scatter rank r receives is its chunk of each,
-#    and handed to a reduce-scatter instead of the all_reduce; the whole gradients are dropped;
+#    each padded to `ceil(numel/n)`, then rank 1's, ...), so that the equal piece of the reduce-scatter
+#    rank r receives is its chunk of each, and reduce-scattered, not all-reduced; the whole gradients
+#    are dropped;
 # 3. that piece holds, back to back, this rank's chunk of each averaged gradient; each becomes
 #    its shard's `.grad` (or is added to it): the optimizer updates the shards only;
 # 4. in the first forward after a sync (`self.stale`), `gather_parameters` starts each gradient bucket's
@@ -505,8 +490,9 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 #
 # The bytes given do not show what a reduce-scatter spares against an all_reduce. The four stages now
 # send through minddp's ring, plugged into each stage's `Wire` as its transport; the profiler records
-# each message gloo sends with the tensor it carried. The *ring table* is what rank 0 sent in one step, by
-# the collective the message served. fsdp's all_gather column is bytes sent over the step, not the memory
+# each message gloo sends with the tensor it carried. The *ring table* is what rank 0 sent in one step of
+# new trainees (zero2's second, so that it starts by gathering; the others' first), by the collective the
+# message served. fsdp's all_gather column is bytes sent over the step, not the memory
 # table's gathered units, held at one moment. Bytes *sent* are not
 # bytes *given*: a ring all_reduce sends `2(n − 1)/n` of the bytes it is given, the same number at these
 # n = 2 ranks only:
@@ -528,7 +514,8 @@ z2 = rings["zero2"]["sent"]
 lesson.claim(
     abs(z2["reduce_scatter"] - whole / 2) < 1e-3 * whole,
     f"zero2's reduce-scatter sent {lesson.mib(z2['reduce_scatter'])}, half of ddp's all_reduce "
-    f"({lesson.mib(whole)}): each rank receives only the piece of the average it updates.",
+    f"({lesson.mib(whole)}), to within 0.1 % (its chunks are padded to equal length): each rank receives only the "
+    "piece of the average it updates.",
 )
 lesson.claim(
     abs(total["zero2"] - whole) < 1e-3 * whole and abs(total["zero1"] - 1.5 * whole) < 1e-3 * whole,
@@ -597,14 +584,13 @@ print(key_lines(FullyShardedDataParallel, lines))
 fsdp = trainees["fsdp"].model
 unit_bytes = max(sum(u.numels) for u in fsdp.units) * 4  # one unit's full fp32 parameters
 holders = [s for s in STAGES if memory[s]["parameters"] == memory["ddp"]["parameters"]]  # ddp's parameter bytes
-# a unit's full parameters beside one unit's received buffer (padded by < n elements per tensor): within 0.1 %
+# the peak's total only, not what it holds; a received buffer's padding (< n elements per tensor) is within 0.1 %
 lesson.claim(
     abs(memory["fsdp"]["gathered"] - 2 * unit_bytes) < 1e-3 * unit_bytes,
     f"{len(fsdp.units)} units ({type(fsdp.units[0].module).__name__}), "
     f"{len({id(p) for _, _, p in fsdp.replicated})} replicated parameter tensors; at most "
     f"{lesson.mib(memory['fsdp']['gathered'])} gathered at once (the memory table's column), twice the largest "
-    "unit's full parameters: one unit's full parameters and one received buffer at once, the unit's own while it "
-    "is unpacked or, after it, the next unit's prefetched one. "
+    "unit's full parameters, to within 0.1 %. "
     f"That is {memory['fsdp']['gathered'] / memory['ddp']['parameters']:.0%} of the whole model's "
     f"{lesson.mib(memory['ddp']['parameters'])} of parameters, which "
     + (f"{', '.join(holders[:-1])} and {holders[-1]}" if len(holders) > 1 else holders[0])
@@ -634,8 +620,8 @@ lesson.claim(
 # (zero2's all-gathers, handed over together before the first module runs, are spread across its forward 1).
 #
 # A collective can overlap compute (notebook 01's word) only while compute still runs after it is
-# handed over. zero1 hands its all-gather over in the update, with no module left to run in the step;
-# zero2 and fsdp hand theirs over in a forward or backward. No cell here measures whether they overlapped.
+# handed over. zero1 hands its all-gather over in the update, with no module left to run in the step.
+# No cell here measures whether any overlapped.
 
 
 # %%
@@ -706,7 +692,7 @@ lesson.say(
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's ring
 # (the ring table). The model state is not all a rank holds (ddp's and zero1's bucket buffers, for
-# one), so it does not rank the stages by their peaks.
+# one), so zero2's lead over zero1 is in model state at the update only; no cell measures their peaks.
 
 # %%
 # %%rank 0
@@ -744,8 +730,8 @@ trade.round(1)
 # `minddp.runtime.compat`; both take `(output, input)`, and the reduce-scatter's input and the
 # all-gather's output need a length the world size divides. Pass `group` to `dist.get_world_size(group)`
 # and to both collectives (to the reduce-scatter by name: its third parameter is `op`). Without it, or
-# given `dist.group.WORLD`, a call runs over every rank of a larger job: the checker hands your transport
-# a group of its own and refuses both.
+# given `dist.group.WORLD`, a call runs over every rank of a larger job: the checker calls your transport
+# with a group of its own and refuses both.
 #
 # The cell makes `my_all_reduce` the sum of the `bucket-async` stage's buckets (its hook divides each
 # bucket by the world size first). `check` trains that stage beside a single process on the global batch
