@@ -760,7 +760,7 @@ lesson.claim(
 #   three helps was not separated.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it; that hides only a
-#   message whose time on the link fits in those steps (the profiled run above says which did). The
+#   message whose time on the link fits in those steps (the profiled run above says whether each did). The
 #   schedule is a function of the step alone, the same on every replica.
 # * The step-time model *predicts* (a 360 M-parameter model, H = 100; not measured here): on `wan` DDP computes
 #   less than 5 % of the time, and streaming DiLoCo with 4 fragments and τ = 10 all of it; streaming computes all
