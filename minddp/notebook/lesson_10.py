@@ -6,8 +6,9 @@ cells so that each cell shows its point.
   run;
 - :func:`streaming_steps`: the profiled row of streaming DiLoCo's inner steps (:func:`minddp.analysis.timeline.
   draw_steps`), each fragment's hand-over and apply marked with its step, each message bar named by its fragment,
-  the waits drawn over the optimizer step, and the legend by :func:`~minddp.analysis.timeline.legend_above` (whose
-  message swatch shows both shades the bars alternate in, from one message to the next).
+  the waits drawn over the optimizer step, every message bar in the one light orange (named, they need no second
+  shade, and the darker one is hard to tell from the red wait), and the legend by
+  :func:`~minddp.analysis.timeline.legend_above`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def loss_against_steps_and_bytes(results: dict, drawn: list[tuple[str, str]], to
     step between, as DDP's, or only at a sync, so that a sync's change is drawn at its step, not as a ramp from the
     score before); dashed at H = 100 (streaming DiLoCo's too, as in ``docs/diloco/``'s figures); ``single``'s mean
     final loss and the entropy floor as horizontal lines; the y axes cut at ``tops`` nats (left, right); the legend
-    in the left panel's upper right, where no curve runs. Returns the figure."""
+    in the left panel's upper right, where no curve runs, and the right panel's title pointing to it. Returns the
+    figure."""
     import matplotlib.pyplot as plt
 
     curves, floor = results["curves"], results["floor"]
@@ -51,6 +53,7 @@ def loss_against_steps_and_bytes(results: dict, drawn: list[tuple[str, str]], to
         f"{results['replicas']} replicas (single: 1), {results['steps']} steps, mean of {seeds} seeds", fontsize=9
     )
     by_step.legend(fontsize=8, loc="upper right")
+    by_bytes.set_title("colours and line styles: the left panel's legend (dashed: H = 100)", fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -61,8 +64,8 @@ def streaming_steps(row: dict, events: list, warm: int, title: str):
     ends) labelled with its inner step, counted from ``warm`` + 1 (the first profiled step) by the
     ``minddp.optimizer_step`` events started by then; each message bar named by the fragment of the
     ``minddp.fragment_send#i`` event it follows (in time order); the waits drawn again over the optimizer step's
-    green; the time axis from the first profiled forward. The legend above the axes names each kind once, the
-    message bars' two shades in one swatch. Returns the figure."""
+    green; the time axis from the first profiled forward; every message bar in the first message shade (the
+    second, darker one removed). The legend above the axes names each kind once. Returns the figure."""
     from minddp.analysis.timeline import COLORS, draw_steps, legend_above
 
     t0 = min(e.time_range.start for e in events if e.name == "minddp.forward_backward")  # the row's 0 ms
@@ -78,6 +81,9 @@ def streaming_steps(row: dict, events: list, warm: int, title: str):
 
     fig = draw_steps([row], title=title, width=11)
     ax = fig.axes[0]
+    for bars in list(ax.collections):  # the second shade drawn over every other message: removed, one shade left
+        if str(bars.get_gid()).startswith("messages_alt:"):
+            bars.remove()
     for line in ax.get_lines():
         if line.get_label() == "handed to the wire":
             line.set(markersize=16, markeredgewidth=2)  # a tick tall enough to find
