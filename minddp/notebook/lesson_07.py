@@ -149,8 +149,8 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         )
     if k[0] != r[0]:
         print(
-            f"Another member's all_reduce failed {abs(k[0] - r[0])} ms later after the "
-            f"{'kill' if k[0] > r[0] else 'raise'} than after the {'raise' if k[0] > r[0] else 'kill'}: the first part "
+            f"The first part: another member's all_reduce failed {abs(k[0] - r[0])} ms later after the "
+            f"{'kill' if k[0] > r[0] else 'raise'} than after the {'raise' if k[0] > r[0] else 'kill'} "
             "(this notebook does not measure why)"
         )
     d = rows[-1][3]
