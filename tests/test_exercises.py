@@ -923,6 +923,10 @@ def test_the_shard_exercise_pass_names_both_rules_it_checked():
     v = lost_rank.verdict(solutions.ft_shard, params, params, committed, task, SimpleNamespace(entries=[]), True)
     assert v.ok and "worlds 3 → 2 → 3" in v.line, v.line
     assert "each row goes to exactly one rank, and no rank takes more than ceil(B / world)" in v.line, v.line
+    # the worlds it names are those busiest_problem and unchecked_coverage loop over, not "every world"
+    assert "rows, at worlds 3, 2 and 1 for batches of 1 to 12 rows too" in v.line and "every world" not in v.line, (
+        v.line
+    )
 
 
 SHARD_REFUSED = [  # refused before any run, each with what its verdict must say

@@ -104,7 +104,7 @@ def test_every_fault_fired_and_training_went_on(chaos):
     assert all("; recovery " in line for line in lines), lines  # a commit of the fault's step or a later one
     for fault, line in zip(chaos.faults, lines):  # a rank that died came back, healed
         if fault.kind in ("kill", "stop"):
-            assert "; rejoin " in line and f"(slot {fault.slot} healed at step " in line, line
+            assert "; rejoin " in line and f"(slot {fault.slot} back in step " in line, line
 
 
 def test_the_launcher_records_when_it_found_each_lost_process_ended_and_its_wait_after(chaos):

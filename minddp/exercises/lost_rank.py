@@ -573,8 +573,8 @@ def verdict(fn, mine: dict, oracle: dict, committed, task: Lanes, run, blind: bo
             f"the parameters match a single process on the whole batch (largest difference {d_single:.1e}, float32 "
             f"rounding: the ranks of each world add their parts where one process adds all rows; tolerance "
             f"{tolerance(oracle):.1e}); each row goes to exactly one rank, and no rank takes more than ceil(B / world) "
-            f"of a batch's B rows, at world 1 too, and at every world for batches of {min(OTHER_ROWS)} to "
-            f"{max(OTHER_ROWS)} rows (checked in this process); "
+            f"of a batch's B rows, at worlds {', '.join(map(str, range(WORLD, 1, -1)))} and 1 for batches of "
+            f"{min(OTHER_ROWS)} to {max(OTHER_ROWS)} rows too (checked in this process); "
             f"{compared_with_the_rung(fn, task.global_batch(0))}",
         )
     return Verdict(False, "✗ shard: " + coverage_problem(fn, committed, task, d_single, blind, tolerance(oracle)))

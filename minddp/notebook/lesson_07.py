@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
 from minddp.ft.launch import EXIT_WAIT_S
-from minddp.ft.report import asked_s, fault_outcomes, first_request_s, peer_error_s
+from minddp.ft.report import asked_s, fault_outcomes, first_request_s, heal_s, peer_error_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
 from minddp.runtime import compat
@@ -149,8 +149,8 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         )
     if k[0] != r[0]:
         print(
-            f"Another member's all_reduce failed {abs(k[0] - r[0])} ms later after the "
-            f"{'kill' if k[0] > r[0] else 'raise'} than after the {'raise' if k[0] > r[0] else 'kill'}: the first part "
+            f"The first part: another member's all_reduce failed {abs(k[0] - r[0])} ms later after the "
+            f"{'kill' if k[0] > r[0] else 'raise'} than after the {'raise' if k[0] > r[0] else 'kill'} "
             "(this notebook does not measure why)"
         )
     d = rows[-1][3]
@@ -187,6 +187,14 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
         + (f", during which torch imported its compiler ({compat.COMPILER_MODULE})" if compiler else "")
     )
     print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
+    healing = heal_s(run, o)
+    if healing is not None:
+        print(
+            f"After the rejoin, the heal: {ms(healing)} ms from that quorum to the start of step {o.healed_at}'s work, "
+            f"in which slot {slot}'s new process built the group of {len(o.rejoin_steps)}, received the trained state "
+            f"from a peer ({run.results[slot]['healed_bytes']} bytes) and loaded it, built the wrapper and took its "
+            "digest"
+        )
     survivors = f"slots {' and '.join(others)}"
     steps = f"step {step}" if last_step == step else f"steps {step}-{last_step}"
     # they had committed the step before and asked before the new process did: the scripted quorum waited for it
@@ -206,16 +214,26 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     # before its first request: the survivors would have trained on at their pace at world len(others) until then
     pace = (last - o.recovery_s) / (last_step - step)  # seconds per committed step, after the fault's step's commit
     final = run.results[int(others[0])]["step"] - 1  # the run's last step
-    # the later faults' recoveries added whole (each holds its step's retry too: the estimate errs long)
+    # the later faults' recoveries added whole (each holds its step's retry too: the estimate errs long), and the sum
+    # made of the printed whole milliseconds, so that a reader can redo it
     later = [x for x in fault_outcomes(run) if x.fault.step > last_step and x.recovery_s is not None]
-    end = ms(last + (final - last_step) * pace + sum(x.recovery_s for x in later))
+    n = final - last_step
+    end = ms(last) + n * ms(pace) + sum(ms(x.recovery_s) for x in later)
     pace_line = f"at their pace at world {len(others)} ({ms(pace)} ms a step)" + "".join(
         f", plus {x.fault}'s recovery ({ms(x.recovery_s)} ms)" for x in later
     )
+    sum_line = f"{ms(last)} + {n} × {ms(pace)}" + "".join(f" + {ms(x.recovery_s)}" for x in later) + f" = {end} ms"
+    over = (
+        f" (an overestimate: {'each later recovery holds' if len(later) > 1 else 'that recovery holds'} its step's "
+        "retry, counted among the steps too)"
+        if later
+        else ""
+    )
     if end < asked:
         print(
-            f"Without that script, {pace_line}, {survivors} would have committed the run's last step, {final}, about "
-            f"{end} ms after the kill, before the new process's first request ({asked} ms): steps {last_step + 1}-"
+            f"Without that script, {pace_line}, {survivors} would have committed the run's last step, {final}, by "
+            f"about {sum_line} after the kill{over}, before the new process's first request ({asked} ms): steps "
+            f"{last_step + 1}-"
             f"{final} would all have trained at world {len(others)}, and the run would have ended without slot {slot} "
             f"(launch_ft ends a process still starting); here the script is what brought slot {slot} back"
         )
