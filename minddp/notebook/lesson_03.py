@@ -345,6 +345,14 @@ def _less(h_ms: float, b_ms: float) -> str | None:
     return "hook-async" if h < b else "bucket-async" if b < h else None
 
 
+def _ran_on(ms: float, back_ms: float) -> str:
+    """A link's end against its step's backward (less the check, ``back_ms``), in words, at the printed 0.1 ms."""
+    back = f"its {back_ms:.0f} ms backward"
+    if round(ms, 1) > 0:
+        return f"ran on {ms:.1f} ms past the end of {back}"
+    return f"was done {-ms:.1f} ms before the end of {back}" if round(ms, 1) < 0 else f"was done as {back} ended"
+
+
 def _steps(h_ms: float, b_ms: float, h_back: float, b_back: float) -> str:
     """Two steps' links after backward (ms) in words, ranked only where they differ by more than the two steps'
     backwards (less the check, ms): a backward d ms longer had d ms more in which to carry the link."""
@@ -387,9 +395,9 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
         abs(round(e, 1) - round(1e3 * at[c].after_backward, 1)) for c, e in ends.items() if c in at
     ])  # fmt: skip
     say(
-        f"On this notebook's link, one step each: hook-async's link ran on {h_end:.1f} ms past the end of its "
-        f"{h_back:.0f} ms backward (less the check) and it exposed {h['exposed_ms']:.0f} ms; bucket-async's, at the "
-        f"settings' {here:g} MiB cap, {b_end:.1f} ms past its {backs[here]:.0f} ms backward, and it exposed "
+        f"On this notebook's link, one step each (backwards less the check): hook-async's link "
+        f"{_ran_on(h_end, h_back)} and it exposed {h['exposed_ms']:.0f} ms; bucket-async's, at the "
+        f"settings' {here:g} MiB cap, {_ran_on(b_end, backs[here])}, and it exposed "
         f"{swept[here]['exposed_ms']:.0f} ms. "
         + (f"At every one of the {len(ends)}" if longer == len(ends) else f"At {longer or 'none'} of the {len(ends)}")
         + f" caps run bucket-async's link ran on longer than hook-async's (least {ends[best_run]:.1f} ms, at "
@@ -404,20 +412,19 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
     miss4 = max(abs(round(ht, 1) - round(mh4, 1)), abs(round(bt, 1) - round(mb4, 1)))
     idle = round(t4["hook-async"]["exposed_ms"]) == round(t4["bucket-async"]["exposed_ms"]) == 0
     say(
-        f"With the ratios of 4 × T4, one step each: hook-async's link ran on {ht:.1f} ms past the end of its "
-        f"{t4['hook-async']['backward_ms']:.0f} ms backward, bucket-async's {bt:.1f} ms past its "
-        f"{t4['bucket-async']['backward_ms']:.0f} ms at that link's cap of {b4.cap_mb:.2f} MiB"
-        + ("; both exposed 0 ms, so neither step paid for it" if idle else "")
-        + f"; the model: {mh4:.1f} and {mb4:.1f} ms."
+        f"With the ratios of 4 × T4, one step each: hook-async's link {_ran_on(ht, t4['hook-async']['backward_ms'])}, "
+        f"bucket-async's, at that link's cap of {b4.cap_mb:.2f} MiB, {_ran_on(bt, t4['bucket-async']['backward_ms'])}"
+        + ("; both exposed 0 ms: neither thread stood waiting for its link" if idle else "")
+        + f"; the model: hook-async {mh4:.1f} ms, bucket-async {mb4:.1f} ms."
     )
     hf, bf = far["hook-async"], far["bucket-async"]
     floor = hf["start_end_ms"]  # the link is done no earlier than its start-limited end (queue_end)
     say(
-        f"With the ratios of 1024 ranks, one step each: hook-async's link ran on {hf['end_ms']:.1f} ms past the end "
-        f"of its {hf['backward_ms']:.0f} ms backward, bucket-async's {bf['end_ms']:.1f} ms past its "
-        f"{bf['backward_ms']:.0f} ms. hook-async's start-limited end alone, its first message's hand-over plus its "
+        f"With the ratios of 1024 ranks, one step each: hook-async's link {_ran_on(hf['end_ms'], hf['backward_ms'])}, "
+        f"bucket-async's {_ran_on(bf['end_ms'], bf['backward_ms'])}. hook-async's start-limited end alone, its first "
+        "message's hand-over plus its "
         f"{hf['link_ms']:.0f} ms of link time, falls {floor:.1f} ms after its backward's end"
-        + (f", past bucket-async's {bf['end_ms']:.1f} ms." if floor > bf["end_ms"] else ".")
+        + (", later than bucket-async's link was done." if floor > bf["end_ms"] else ".")
     )
     pairs = [(h_back, backs[here]), (t4["hook-async"]["backward_ms"], t4["bucket-async"]["backward_ms"])]
     pairs.append((hf["backward_ms"], bf["backward_ms"]))
@@ -430,10 +437,13 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
         "only where their ends differ by more than their backwards; the model gives both one backward, and ranks "
         "them only where they differ by more than its furthest miss against that link's steps."
     )
+    leasts = f"the steps' at {cap_name(best_run)}, the model's at {' and '.join(at_least)} MiB"
+    if best_run is not None and at_least == [f"{best_run:g}"]:
+        leasts = f"both at {cap_name(best_run)}"
     here_said = (
         f"on this notebook's link, where buckets saved {saved_ms:.1f} ms of fixed costs, at the settings' cap "
-        f"{_steps(h_end, b_end, h_back, backs[here])}, and {_model(m_h, m_here, miss)}; at each one's least (the "
-        f"steps' at {cap_name(best_run)}, the model's at {' and '.join(at_least)} MiB) "
+        f"{_steps(h_end, b_end, h_back, backs[here])}, and {_model(m_h, m_here, miss)}; at each one's least "
+        f"({leasts}) "
         f"{_steps(h_end, ends[best_run], h_back, backs[best_run])}, and {_model(m_h, least, miss)}"
     )
     t4_steps = _steps(ht, bt, t4["hook-async"]["backward_ms"], t4["bucket-async"]["backward_ms"])
