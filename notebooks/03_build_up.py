@@ -678,7 +678,7 @@ table
 # `None` is torch's default caps, 1 MiB for the first bucket and 25 MiB after, drawn right of the grid). The
 # step-time model (`docs/scaling.md`) replays each cap's plan on the link, with the bare network's
 # timings scaled to the median of the five steps' backwards (less the check). The figure sets the
-# model's *link after backward* against each step's own; its grey line is hook-async's step's. The
+# model's *link after backward* against each step's own; its grey line: the model's hook-async. The
 # lower panel shows the three costs of each cap on the grid by the model (None's: the table); "first
 # message leaves" is into the model's backward.
 
@@ -706,10 +706,10 @@ lesson.claim(
     + ", ".join(f"{'None' if c is None else f'{c:g} MiB'}: {v['calls']}" for c, v in swept.items())
     + ".",
 )
-here, h = lesson.SETTINGS.bucket_cap_mb, looks["hook-async"]
-lesson_03.say_sweep(swept, h, model, default, per_gradient, this_run, here)
+here = lesson.SETTINGS.bucket_cap_mb
+lesson_03.say_sweep(swept, model, default, per_gradient, this_run)
 if rank == 0:
-    lesson_03.sweep_figure(swept, model, default, per_gradient, h, LINK.name, world_size, here)
+    lesson_03.sweep_figure(swept, model, default, per_gradient, LINK.name, world_size, here)
 
 # %%
 # %%rank 0
@@ -822,7 +822,9 @@ lesson.claim(  # the link's modeled clock: 291 fixed costs against 26
 # the step-time model on the link with the ratios of 4 × T4: the bare network, scaled as above, at that link's cap
 t4_link = blog_links["4 × T4"]
 on_t4 = [plan_costs(cp, s, c, t4_link, world_size) for s, c in (("bucket-async", caps["4 × T4"]), ("hook-async", None))]
-lesson_03.say_bucket_lesson(model, per_gradient, swept, looks["hook-async"], here, saved, on_t4, t4, far)
+lesson_03.say_bucket_lesson(
+    model, per_gradient, default, swept, looks["hook-async"], here, saved, on_t4, t4, far, this_run
+)
 
 # %%
 # %dist_shutdown

@@ -492,11 +492,12 @@ def link_end_in_words(stage: str, w: dict, look: dict) -> str:
     said += f"; its thread reached its first wait {lag:.1f} ms after backward ended"
     if left <= 0:
         return said + f", after the link was done, and stood through {w['exposed_ms']:.0f} ms of its time (exposed)"
-    if left - w["exposed_ms"] < 0.05:  # to the printed 0.1 ms
-        return said + f" and stood through all {left:.1f} ms of link time still to run (exposed)"
+    said += f", when the link had {left:.1f} ms still to run,"  # counted from that wait, not from backward's end
+    if left - w["exposed_ms"] < 0.5:  # to the printed whole ms
+        return said + f" and stood through all of them ({w['exposed_ms']:.0f} ms exposed)"
     return said + (  # the finish loop waits for one message, writes it back, then waits for the next
-        f" and stood through {w['exposed_ms']:.1f} ms of the {left:.1f} ms of link time still to run (exposed), the "
-        "rest between its waits, while it wrote back the averages already in"
+        f" and stood through {w['exposed_ms']:.0f} ms of them (exposed), the rest between its waits, while it wrote "
+        "back the averages already in"
     )
 
 

@@ -128,8 +128,10 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
         + "; ".join(lesson.link_end_in_words(s, why[s], looks[s]) for s in ("bucket-async", "hook-async"))
         + "."
     )
-    table = table.infer_objects().round(1)
-    table["exposed, ms"] = table["exposed, ms"].round().astype(int)  # whole ms, as every other line prints it
+    table = table.infer_objects()
+    exposed = table["exposed, ms"].round().astype(int)  # whole ms from the measured value, as every other line
+    table = table.round(1)
+    table["exposed, ms"] = exposed
     return why, table
 
 
@@ -137,7 +139,13 @@ def cap_name(cap) -> str:
     return "None" if cap is None else f"{cap:g} MiB"
 
 
-def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run_s: float, here) -> None:
+def least_caps(model: list) -> tuple[float, list[str]]:
+    """The model's least link after backward (ms, at the printed 0.1 ms) and every grid cap that reaches it there."""
+    least = min(round(1e3 * c.after_backward, 1) for c in model)
+    return least, [f"{c.cap_mb:g}" for c in model if round(1e3 * c.after_backward, 1) == least]
+
+
+def say_sweep(swept: dict, model: list, default, per_gradient, this_run_s: float) -> None:
     """The cap sweep in sentences: torch's default plan, the model's link after backward, and on which side of it
     the measured steps' fell (their numbers are in :func:`sweep_table`)."""
     from minddp.costmodel.buckets import on_the_link
@@ -149,7 +157,7 @@ def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run
     )
     median_of = [cap_name(c) for c, b in own.items() if abs(b / 1e3 - this_run_s) < 1e-9]
     short, long = min(own, key=own.get), max(own, key=own.get)
-    best = min(c.after_backward for c in model)
+    least, at_least = least_caps(model)
     say(
         f"These steps' backwards, less the check, ran from {own[short]:.0f} ms ({cap_name(short)}) to "
         f"{own[long]:.0f} ms ({cap_name(long)}), {own[long] / own[short]:.1f} times as long."
@@ -160,8 +168,8 @@ def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run
         + f"); it leaves {1e3 * model[0].after_backward:.1f} ms of link after backward at {model[0].cap_mb:g} MiB"
         + (
             ", the grid's smallest cap and its least (no smaller cap was tried)"
-            if model[0].after_backward <= best + 5e-5
-            else f" (least {1e3 * best:.1f} ms, at {min(model, key=lambda c: c.after_backward).cap_mb:g} MiB)"
+            if at_least == [f"{model[0].cap_mb:g}"]
+            else f" (least {least:.1f} ms, at {' and '.join(at_least)} MiB)"
         )
         + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient."
     )
@@ -174,13 +182,13 @@ def say_sweep(swept: dict, h: dict, model: list, default, per_gradient, this_run
     far = max(off, key=lambda c: abs(off[c]))
     said = " (the longest of these steps)" if far == long else " (the shortest of these steps)" if far == short else ""
     say(
-        f"The step furthest from the model is {cap_name(far)}'s: its own link after backward "
+        f"The bucket-async step furthest from the model is {cap_name(far)}'s: its own link after backward "
         f"{abs(off[far]):.1f} ms {'below' if off[far] < 0 else 'above'} the model's; its backward ran "
         f"{own[far]:.0f} ms{said}, the model's one backward {1e3 * this_run_s:.0f} ms."
     )
 
 
-def sweep_figure(swept: dict, model: list, default, per_gradient, h: dict, link_name: str, world: int, here):
+def sweep_figure(swept: dict, model: list, default, per_gradient, link_name: str, world: int, here):
     """The cap sweep's figure: the model's *link after backward* against the cap, beside each measured step's own
     link after backward (the same measure), and the three costs of each plan below. torch's default (None) has no
     cap on this axis: its measured and modeled points are drawn right of the grid, apart, each at a tick named None."""
@@ -206,11 +214,11 @@ def sweep_figure(swept: dict, model: list, default, per_gradient, h: dict, link_
             f"step-time model: link after backward, None ({1e3 * default.after_backward:.0f} ms)",
         ),
     ]
-    h_measured = on_the_link(h["row"])["end_ms"]
+    m_h = 1e3 * per_gradient.after_backward  # the model's, on the same one backward as its line (not a step's)
     fig = bucket_sweep(
         {"step-time model: link after backward": model},
         measured=points,
-        per_gradient={f"one step: link after backward, hook-async's ({h_measured:.1f} ms)": h_measured},
+        per_gradient={f"step-time model: link after backward, hook-async's ({m_h:.1f} ms)": m_h},
         title=f"bucket-async on {link_name}, {world} ranks: link after backward against the cap "
         "(exposed and waited: the table)",
     )
@@ -337,68 +345,112 @@ def _less(h_ms: float, b_ms: float) -> str | None:
     return "hook-async" if h < b else "bucket-async" if b < h else None
 
 
-def _both(step: str | None, model: str | None) -> str:
-    """A measured step's side and the step-time model's, in words."""
-    if step is None or model is None:
-        return "the step or the model has the two level, so this run does not rank them"
-    if step == model:
-        return f"{WORDS[step]} left less link after backward, in the step and in the model"
-    return f"the step ({WORDS[step]} left less) and the model ({WORDS[model]}) disagree, so this run does not rank them"
+def _ran_on(ms: float, back_ms: float) -> str:
+    """A link's end against its step's backward (less the check, ``back_ms``), in words, at the printed 0.1 ms."""
+    back = f"its {back_ms:.0f} ms backward"
+    if round(ms, 1) > 0:
+        return f"ran on {ms:.1f} ms past the end of {back}"
+    return f"was done {-ms:.1f} ms before the end of {back}" if round(ms, 1) < 0 else f"was done as {back} ended"
 
 
-def say_bucket_lesson(model: list, per_gradient, swept: dict, h: dict, here, saved_ms: float, on_t4: tuple,
-                      t4: dict, far: dict) -> None:  # fmt: skip
-    """The bucket lesson's result in link after backward, link by link: each measured step (one each) beside the
-    step-time model (one backward for every stage, no comm-hook call priced), then in words. On this notebook's
-    link: ``h`` (hook-async's look) against ``swept`` (cap -> bucket-async's look), ``here`` the settings' cap,
-    ``saved_ms`` the fixed costs buckets saved there; ``on_t4`` = (bucket-async at that link's cap, hook-async),
-    modeled with the ratios of 4 × T4; ``t4``, ``far``: the sized links' runs (``on_the_link``'s values)."""
+def _steps(h_ms: float, b_ms: float, h_back: float, b_back: float) -> str:
+    """Two steps' links after backward (ms) in words, ranked only where they differ by more than the two steps'
+    backwards (less the check, ms): a backward d ms longer had d ms more in which to carry the link."""
+    gap, apart = abs(round(h_ms, 1) - round(b_ms, 1)), abs(round(h_back) - round(b_back))
+    if gap <= apart:
+        return f"the steps do not rank them (ends {gap:.1f} ms apart, backwards {apart:.0f} ms)"
+    return f"in the step, {WORDS[_less(h_ms, b_ms)]} left less (ends {gap:.1f} ms apart, backwards {apart:.0f} ms)"
+
+
+def _model(h_ms: float, b_ms: float, miss: float) -> str:
+    """The step-time model's two links after backward (ms) in words, ranked only where they differ by more than
+    its furthest miss (ms) against the measured steps on that link."""
+    gap = abs(round(h_ms, 1) - round(b_ms, 1))
+    if gap <= miss:
+        return f"the model does not rank them ({gap:.1f} ms apart, within its {miss:.1f} ms miss against the steps)"
+    return f"in the model, {WORDS[_less(h_ms, b_ms)]} left less ({gap:.1f} ms apart, past its {miss:.1f} ms miss)"
+
+
+def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, here, saved_ms: float,
+                      on_t4: tuple, t4: dict, far: dict, this_run_s: float) -> None:  # fmt: skip
+    """The bucket lesson's result in link after backward, link by link: each measured step (one each, beside its
+    backward less the check) and the step-time model (one backward, ``this_run_s``, for every stage, no comm-hook
+    call priced; ``default``: torch's default plan), then in words. A step ranks the two only where their ends
+    differ by more than their backwards (:func:`_steps`), the model only where its ends differ by more than its
+    furthest miss against that link's steps (:func:`_model`). On this notebook's link: ``h`` (hook-async's look)
+    against ``swept`` (cap -> bucket-async's look), ``here`` the settings' cap, ``saved_ms`` the fixed costs buckets
+    saved there; ``on_t4`` = (bucket-async at that link's cap, hook-async), modeled with the ratios of 4 × T4;
+    ``t4``, ``far``: the sized links' runs (``on_the_link``'s values)."""
     from minddp.costmodel.buckets import on_the_link
 
     ends = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}
-    h_end, b_end = on_the_link(h["row"])["end_ms"], ends[here]
+    backs = {c: backward_less_check(v) for c, v in swept.items()}
+    h_end, b_end, h_back = on_the_link(h["row"])["end_ms"], ends[here], backward_less_check(h)
     longer = sum(round(e, 1) > round(h_end, 1) for e in ends.values())
-    at = {c.cap_mb: c for c in model}
+    at = {c.cap_mb: c for c in model} | {None: default}
     m_h, m_here = 1e3 * per_gradient.after_backward, 1e3 * at[here].after_backward
-    best = min(model, key=lambda c: c.after_backward)
+    least, at_least = least_caps(model)
     best_run = min(ends, key=ends.get)
+    miss = max([abs(round(h_end, 1) - round(m_h, 1))] + [  # every step on this link against the model's same plan
+        abs(round(e, 1) - round(1e3 * at[c].after_backward, 1)) for c, e in ends.items() if c in at
+    ])  # fmt: skip
     say(
-        f"On this notebook's link, one step each: hook-async's link ran on {h_end:.1f} ms past its backward's end "
-        f"and it exposed {h['exposed_ms']:.0f} ms; bucket-async's, at the settings' {here:g} MiB cap, ran on "
-        f"{b_end:.1f} ms, and it exposed {swept[here]['exposed_ms']:.0f} ms. "
+        f"On this notebook's link, one step each (backwards less the check): hook-async's link "
+        f"{_ran_on(h_end, h_back)} and it exposed {h['exposed_ms']:.0f} ms; bucket-async's, at the "
+        f"settings' {here:g} MiB cap, {_ran_on(b_end, backs[here])}, and it exposed "
+        f"{swept[here]['exposed_ms']:.0f} ms. "
         + (f"At every one of the {len(ends)}" if longer == len(ends) else f"At {longer or 'none'} of the {len(ends)}")
         + f" caps run bucket-async's link ran on longer than hook-async's (least {ends[best_run]:.1f} ms, at "
-        f"{cap_name(best_run)}). The step-time model: hook-async {m_h:.1f} ms, bucket-async {m_here:.1f} ms at "
-        f"{here:g} MiB and {1e3 * best.after_backward:.1f} ms at its best cap, {best.cap_mb:g} MiB."
+        f"{cap_name(best_run)}, after a {backs[best_run]:.0f} ms backward). The step-time model, on one "
+        f"{1e3 * this_run_s:.0f} ms backward: hook-async {m_h:.1f} ms ({abs(round(h_end, 1) - round(m_h, 1)):.1f} ms "
+        f"{'above' if m_h > h_end else 'below'} its step), bucket-async {m_here:.1f} ms at {here:g} MiB and "
+        f"{least:.1f} ms at its best, {' and '.join(at_least)} MiB."
     )
     b4, h4 = on_t4
     ht, bt = t4["hook-async"]["end_ms"], t4["bucket-async"]["end_ms"]
+    mh4, mb4 = 1e3 * h4.after_backward, 1e3 * b4.after_backward
+    miss4 = max(abs(round(ht, 1) - round(mh4, 1)), abs(round(bt, 1) - round(mb4, 1)))
+    idle = round(t4["hook-async"]["exposed_ms"]) == round(t4["bucket-async"]["exposed_ms"]) == 0
     say(
-        f"With the ratios of 4 × T4, one step each: hook-async's link ran on {ht:.1f} ms past its backward's end, "
-        f"bucket-async's {bt:.1f} ms at that link's cap of {b4.cap_mb:.2f} MiB; the model: "
-        f"{1e3 * h4.after_backward:.1f} and {1e3 * b4.after_backward:.1f} ms."
+        f"With the ratios of 4 × T4, one step each: hook-async's link {_ran_on(ht, t4['hook-async']['backward_ms'])}, "
+        f"bucket-async's, at that link's cap of {b4.cap_mb:.2f} MiB, {_ran_on(bt, t4['bucket-async']['backward_ms'])}"
+        + ("; both exposed 0 ms: neither thread stood waiting for its link" if idle else "")
+        + f"; the model: hook-async {mh4:.1f} ms, bucket-async {mb4:.1f} ms."
     )
     hf, bf = far["hook-async"], far["bucket-async"]
     floor = hf["start_end_ms"]  # the link is done no earlier than its start-limited end (queue_end)
     say(
-        f"With the ratios of 1024 ranks, one step each: hook-async's link ran on {hf['end_ms']:.1f} ms past its "
-        f"backward's end, bucket-async's {bf['end_ms']:.1f} ms. hook-async's start-limited end alone, its first "
-        f"message's hand-over plus its {hf['link_ms']:.0f} ms of link time, falls {floor:.1f} ms after its "
-        "backward's end" + (f", past bucket-async's {bf['end_ms']:.1f} ms." if floor > bf["end_ms"] else ".")
+        f"With the ratios of 1024 ranks, one step each: hook-async's link {_ran_on(hf['end_ms'], hf['backward_ms'])}, "
+        f"bucket-async's {_ran_on(bf['end_ms'], bf['backward_ms'])}. hook-async's start-limited end alone, its first "
+        "message's hand-over plus its "
+        f"{hf['link_ms']:.0f} ms of link time, falls {floor:.1f} ms after its backward's end"
+        + (", later than bucket-async's link was done." if floor > bf["end_ms"] else ".")
     )
+    pairs = [(h_back, backs[here]), (t4["hook-async"]["backward_ms"], t4["bucket-async"]["backward_ms"])]
+    pairs.append((hf["backward_ms"], bf["backward_ms"]))
+    ran_longer = sum(round(a) > round(b) for a, b in pairs)
+    say(
+        "hook-async's backward ran longer than bucket-async's on "
+        + ("all 3 links (" if ran_longer == 3 else f"{ran_longer} of the 3 links (")
+        + ", ".join(f"{a:.0f} against {b:.0f} ms" for a, b in pairs)
+        + "), one step each: a step's link after backward also measures its own backward, so a step ranks the two "
+        "only where their ends differ by more than their backwards; the model gives both one backward, and ranks "
+        "them only where they differ by more than its furthest miss against that link's steps."
+    )
+    leasts = f"the steps' at {cap_name(best_run)}, the model's at {' and '.join(at_least)} MiB"
+    if best_run is not None and at_least == [f"{best_run:g}"]:
+        leasts = f"both at {cap_name(best_run)}"
     here_said = (
         f"on this notebook's link, where buckets saved {saved_ms:.1f} ms of fixed costs, at the settings' cap "
-        + _both(_less(h_end, b_end), _less(m_h, m_here))
-        + f"; at each one's least (the steps' at {cap_name(best_run)}, the model's at {best.cap_mb:g} MiB) "
-        + _both(_less(h_end, ends[best_run]), _less(m_h, 1e3 * best.after_backward))
+        f"{_steps(h_end, b_end, h_back, backs[here])}, and {_model(m_h, m_here, miss)}; at each one's least "
+        f"({leasts}) "
+        f"{_steps(h_end, ends[best_run], h_back, backs[best_run])}, and {_model(m_h, least, miss)}"
     )
-    t4_model = _less(1e3 * h4.after_backward, 1e3 * b4.after_backward)
-    t4_said = "with the ratios of 4 × T4 " + _both(_less(ht, bt), t4_model)
-    far_said = "with the ratios of 1024 ranks " + (
-        "buckets left less, as hook-async's start-limited end alone shows"
-        if floor > bf["end_ms"]
-        else f"{WORDS[_less(hf['end_ms'], bf['end_ms'])]} left less in this step"
-        if _less(hf["end_ms"], bf["end_ms"])
-        else "the two left the same"
+    t4_steps = _steps(ht, bt, t4["hook-async"]["backward_ms"], t4["bucket-async"]["backward_ms"])
+    t4_said = f"with the ratios of 4 × T4 {t4_steps}, and {_model(mh4, mb4, miss4)}"
+    far_said = (
+        f"with the ratios of 1024 ranks {_steps(hf['end_ms'], bf['end_ms'], hf['backward_ms'], bf['backward_ms'])}"
     )
+    if floor > bf["end_ms"] and "buckets left less" in far_said:
+        far_said += ", as hook-async's start-limited end alone shows"
     say(f"In words: {here_said}; {t4_said}; {far_said}.")
