@@ -199,14 +199,16 @@ def last_messages(linked, link, run: Path, a: str, b: str) -> str:
     sent, nbytes = rank0(linked.buckets), message_bytes(linked)
     world = int(linked.summary["rank"].nunique())
     waits = rank0(linked.per_step).groupby("stage")["exposed_us"].mean() / 1e3  # ms, as link_table
-    last, part, late = {}, {}, {}
+    last, part, late, busy = {}, {}, {}, {}
     for st in (a, b):
         i = sent.loc[sent["stage"] == st, "ready_us"].idxmax()
         last[st] = (nbytes[i] / 2**20, 1e3 * metrics.link_time(link, [("all_reduce", nbytes[i], world)]))
         iv, s0, _ = lesson.parameter_checks(run, st)
         window = [iv.steps[-1][1:]]
         transfers = sorted(t for t in iv.link if window[0][0] <= t[0] <= window[0][1])  # in order: one at a time
-        late[st] = (transfers[-1][0] - s0 - sent.loc[i, "ready_us"]) / 1e3  # hand-over to the transfer's start
+        handed = s0 + sent.loc[i, "ready_us"]
+        late[st] = (transfers[-1][0] - handed) / 1e3  # hand-over to the transfer's start
+        busy[st] = (transfers[-2][1] - handed) / 1e3 if len(transfers) > 1 else 0.0  # earlier ones on it till then
         exposed = round(waits[st], 1)
         own = round(metrics.exposed(transfers[-1:], iv.waits, window) / 1e3, 1)
         part[st] = (exposed, own, round(exposed - own, 1))
@@ -234,10 +236,15 @@ def last_messages(linked, link, run: Path, a: str, b: str) -> str:
     )
     if rb > 0 or ra > 0:
         big = 1e3 * metrics.link_time(link, [("all_reduce", nbytes[sent["stage"] == b].max(), world)])
+        on = (
+            f": earlier buckets (up to {big:.1f} ms each on the link) held it for {min(busy[b], late[b]):.1f} ms of "
+            "that"
+            if busy[b] > 0
+            else ", the link free at the hand-over"
+        )
         body += (
-            f". The link carries one message at a time, in order, and earlier ones were still on it when rank 0 "
-            f"began to wait: it began {b}'s last bucket {late[b]:.1f} ms after its hand-over (an earlier bucket "
-            f"takes up to {big:.1f} ms on the link), {a}'s last message {late[a]:.1f} ms after its hand-over"
+            f". The link carries one message at a time, in order: it began {b}'s last bucket {late[b]:.1f} ms after "
+            f"its hand-over{on}; {a}'s last message {late[a]:.1f} ms after its hand-over"
         )
     line = head + body if head else body[0].upper() + body[1:]
     return f"{line}."
@@ -318,8 +325,8 @@ def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict) -> str:
     printed columns): time held open at least, since the shortest's can be held open too; where that is more than
     half of a stage's in flight, what its overlap is a share of; in words, that an overlap does not rank stages by
     what compute hid of their bytes' time, with the pair of stages sending the same bytes a step where the higher
-    overlap has the longer non-compute by the most, if there is one; then the collectives the plot does not draw;
-    one profiled step, not claimed.
+    overlap has the more non-compute, both gaps the widest (their product), if there is one; then the
+    collectives the plot does not draw; one profiled step, not claimed.
 
     >>> t = pd.DataFrame({"in flight (ms)": [10.0, 40.0, 12.0], "overlap (%)": [0.0, 80.0, 5.0],
     ...                   "non-compute (ms)": [10.0, 8.0, 9.0]}, index=["b", "ba", "d"])
@@ -337,7 +344,7 @@ def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict) -> str:
     >>> t.loc["ba", "non-compute (ms)"] = 12.0
     >>> print(held_open(t, sizes, parts))  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
     b, ba and d ... it does not rank stages by how much of their bytes' time compute hid: with the same bytes a
-    step, ba's overlap is 80.0 % against b's 0.0 %, yet ba had the more non-compute, 12.0 against 10.0 ms. Also in
+    step, ba's overlap is 80.0 % against d's 5.0 %, yet ba had the more non-compute, 12.0 against 9.0 ms. Also in
     flight, ...
     """
 
@@ -392,8 +399,8 @@ def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict) -> str:
     )
     a_step = {st: sum(sizes[st]) for st in parts}  # the bytes a step, as numbers
     pairs = [(x, y) for x in parts for y in parts if a_step[x] == a_step[y] and ov[x] > ov[y] and nc[x] > nc[y]]
-    if pairs:  # the pair whose overlaps are the furthest apart
-        x, y = max(pairs, key=lambda p: ov[p[0]] - ov[p[1]])
+    if pairs:  # the pair furthest apart both ways: overlap gap (points) times non-compute gap (ms)
+        x, y = max(pairs, key=lambda p: (ov[p[0]] - ov[p[1]]) * (nc[p[0]] - nc[p[1]]))
         said += (
             f": with the same bytes a step, {x}'s overlap is {ov[x]:.1f} % against {y}'s {ov[y]:.1f} %, yet {x} had "
             f"the more non-compute, {nc[x]:.1f} against {nc[y]:.1f} ms"
@@ -520,5 +527,5 @@ def link_after_backward(linked, run: Path, stages) -> str:
         last = max(b for a, b in iv.link if s0 <= a <= s1)
         d = (last - end) / 1e3
         when = f"{d:.1f} ms after" if round(d, 1) > 0 else f"{-d:.1f} ms before" if round(d, 1) < 0 else "as"
-        said.append(f"{when} the step's last backward ended in {st}")
-    return f"In the link run, rank 0's link ended the step's last transfer {', '.join(said)}."
+        said.append(f"{when} the step's last backward ended in {st}" if not said else f"{when} in {st}")
+    return f"In the link run, rank 0's link finished the step's last transfer {', '.join(said)}."
