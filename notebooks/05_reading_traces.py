@@ -147,19 +147,8 @@ lesson.claim(
     f"bucket and bucket-async send the same {len(sizes['bucket'])} messages (the same sizes).",
 )
 blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
-ov = zero["comm_comp_overlap_pctg"]
-below = [st for st in asynchronous if ov[st] <= ov[blocking].max()]  # this run's order, said whichever it is
-lesson.say(
-    f"Overlap: {ov[asynchronous].min():.1f}–{ov[asynchronous].max():.1f} % in the asynchronous stages, "
-    f"{ov[blocking].min():.1f}–{ov[blocking].max():.1f} % in the blocking ones"
-    + (
-        ", each asynchronous stage's above each blocking stage's: compute ran beside more of the time in flight in "
-        "every stage that waits only after its last gradient than in any that waits for each message."
-        if not below
-        else f"; {', '.join(below)} no higher than {ov[blocking].idxmax()}'s {ov[blocking].max():.1f} %: waiting "
-        "only after the last gradient did not, in this step, give compute more of the time in flight everywhere."
-    )
-)
+lesson.say(lesson_05.overlap_order(zero["comm_comp_overlap_pctg"], blocking, asynchronous))
+lesson.say(lesson_05.outside_checks(shares, [("hook", "hook-async"), ("bucket", "bucket-async")]))
 parts = {st: lesson_05.in_flight_parts(RUN, st) for st in shares.index}
 lesson.say(lesson_05.held_open(shares, sizes, parts))
 
@@ -175,7 +164,7 @@ lesson.say(lesson_05.held_open(shares, sizes, parts))
 # * a tick (the legend's "handed to the wire") when a message was *handed over*: for minddp's stages the start
 #   of its `minddp.bucket_launch` range, for torch's DDP the reducer's `c10d::allreduce_` call;
 # * an orange bar while the message's gloo all_reduce range was open, held open included. Ranges open at once
-#   (a blocking stage's too: the caveat) are drawn one above another, and each level's bars alternate two shades
+#   (a blocking stage's too: the caveat) are drawn one below another, and each level's bars alternate two shades
 #   in the order they opened. The bars are part of the table's in flight, which also counts the check and the
 #   collectives the line above names; a bar narrower than a pixel need not show, and one can run on into the
 #   optimizer step (the caveat);
@@ -201,14 +190,14 @@ display(anatomy)
 # %%
 alone = lesson_05.bands_ms(result, "backward").loc["single"].round()  # single's backward bands, ms
 steps, opt = lesson_05.phase_ms(result, "step"), lesson_05.phase_ms(result, "optimizer")
-sending, n = steps.drop("single"), int((steps.drop("single") < steps["single"]).sum())
-rank = {0: "shorter than each", len(sending): "longer than each"}.get(n, f"longer than {n}")
+sending, shorter = steps.drop("single"), int((steps.drop("single") < steps["single"]).sum())
+place = {0: "shorter than each", len(sending): "longer than each"}.get(shorter, f"longer than {shorter}")
 ratio = {x: round(v.max()) / round(v.min()) for x, v in (("steps", steps), ("optimizer", opt), ("bands", alone))}
 ratio = {x: round(r, 1) for x, r in ratio.items()}  # as printed: from the printed ms, to 0.1 (as spread's)
 same = max(ratio["optimizer"], ratio["bands"])  # the same work's spread
 lesson.say(
     f"In one profiled step each, the step took {lesson_05.spread(steps)}, single's, which sends nothing, "
-    f"{steps['single']:.0f} ms ({rank} of the {len(sending)} stages' that send); the optimizer step, the same work "
+    f"{steps['single']:.0f} ms ({place} of the {len(sending)} stages' that send); the optimizer step, the same work "
     f"in every row (`single` included: the same model, micro-batches and AdamW), {lesson_05.spread(opt)}; single's "
     f"backward bands, with no message in them, {alone.min():.0f}–{alone.max():.0f} ms ({ratio['bands']:.1f} ×): the "
     f"same work took up to {same:.1f} × as long in one row or band as in another, so a difference no larger need "
@@ -293,5 +282,6 @@ lesson.claim(
 )
 blocking = ["simple", "ga", "hook", "bucket"]
 lesson.say(lesson_05.exposed_share(on_link, blocking, ["hook-async", "bucket-async"]))
+lesson.say(lesson_05.link_after_backward(linked, LINKED, ["hook-async", "bucket-async"]))
 lesson.say(lesson_05.bucket_pairs(on_link, [("hook", "bucket"), ("hook-async", "bucket-async")]))
 lesson.say(lesson_05.last_messages(linked, link, LINKED, "hook-async", "bucket-async"))

@@ -199,13 +199,16 @@ def last_messages(linked, link, run: Path, a: str, b: str) -> str:
     sent, nbytes = rank0(linked.buckets), message_bytes(linked)
     world = int(linked.summary["rank"].nunique())
     waits = rank0(linked.per_step).groupby("stage")["exposed_us"].mean() / 1e3  # ms, as link_table
-    last, part = {}, {}
+    last, part, late, busy = {}, {}, {}, {}
     for st in (a, b):
         i = sent.loc[sent["stage"] == st, "ready_us"].idxmax()
         last[st] = (nbytes[i] / 2**20, 1e3 * metrics.link_time(link, [("all_reduce", nbytes[i], world)]))
-        iv, _, _ = lesson.parameter_checks(run, st)
+        iv, s0, _ = lesson.parameter_checks(run, st)
         window = [iv.steps[-1][1:]]
         transfers = sorted(t for t in iv.link if window[0][0] <= t[0] <= window[0][1])  # in order: one at a time
+        handed = s0 + sent.loc[i, "ready_us"]
+        late[st] = (transfers[-1][0] - handed) / 1e3  # hand-over to the transfer's start
+        busy[st] = (transfers[-2][1] - handed) / 1e3 if len(transfers) > 1 else 0.0  # earlier ones on it till then
         exposed = round(waits[st], 1)
         own = round(metrics.exposed(transfers[-1:], iv.waits, window) / 1e3, 1)
         part[st] = (exposed, own, round(exposed - own, 1))
@@ -232,9 +235,16 @@ def last_messages(linked, link, run: Path, a: str, b: str) -> str:
         f"{split(b, 'bucket')[1:]}; {split(a, 'message')}"
     )
     if rb > 0 or ra > 0:
+        big = 1e3 * metrics.link_time(link, [("all_reduce", nbytes[sent["stage"] == b].max(), world)])
+        on = (
+            f": earlier buckets (up to {big:.1f} ms each on the link) held it for {min(busy[b], late[b]):.1f} ms of "
+            "that"
+            if busy[b] > 0
+            else ", the link free at the hand-over"
+        )
         body += (
-            " (the link carries one message at a time, in order: earlier ones were still on it when rank 0 began"
-            " to wait)"
+            f". The link carries one message at a time, in order: it began {b}'s last bucket {late[b]:.1f} ms after "
+            f"its hand-over{on}; {a}'s last message {late[a]:.1f} ms after its hand-over"
         )
     line = head + body if head else body[0].upper() + body[1:]
     return f"{line}."
@@ -264,15 +274,15 @@ def band_non_compute(result, run: Path, stages) -> str:
     if excess <= 0:
         return f"{st}'s longest backward band, {band['ms']:.0f} ms, is no longer than single's longest."
     (off, nc), (off1, _) = idle(st, band), idle("single", alone)
-    more = round(off) - round(off1)
+    more = round(round(off, 1) - round(off1, 1), 1)
     share = 100 * more / excess
     how = f"{share:.0f} % of the excess: " + ("most" if share > 50 else "less than half")
     return (
         f"{st}'s longest backward band, {band['ms']:.0f} ms, is {excess} ms longer than single's longest, "
-        f"{alone['ms']:.0f} ms. Not compute (no training thread inside an operator): {off:.0f} ms of {st}'s band "
-        f"({nc:.0f} ms of it non-compute, a gloo range open), {off1:.0f} ms of single's"
+        f"{alone['ms']:.0f} ms. No training thread inside an operator: {off:.1f} ms of {st}'s band (of it "
+        f"{nc:.1f} ms with a gloo range open, non-compute, and {off - nc:.1f} ms with none), {off1:.1f} ms of single's"
         + (
-            f", {more} ms more, {how} of the band's excess, in this step, is time {st}'s training threads ran no "
+            f", {more:.1f} ms more, {how} of the band's excess, in this step, is time {st}'s training threads ran no "
             "operator."
             if more > 0
             else f": none of the band's excess, in this step, is time {st}'s training threads ran no operator."
@@ -315,8 +325,8 @@ def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict) -> str:
     printed columns): time held open at least, since the shortest's can be held open too; where that is more than
     half of a stage's in flight, what its overlap is a share of; in words, that an overlap does not rank stages by
     what compute hid of their bytes' time, with the pair of stages sending the same bytes a step where the higher
-    overlap has the longer non-compute by the most, if there is one; then the collectives the plot does not draw;
-    one profiled step, not claimed.
+    overlap has the more non-compute, both gaps the widest (their product), if there is one; then the
+    collectives the plot does not draw; one profiled step, not claimed.
 
     >>> t = pd.DataFrame({"in flight (ms)": [10.0, 40.0, 12.0], "overlap (%)": [0.0, 80.0, 5.0],
     ...                   "non-compute (ms)": [10.0, 8.0, 9.0]}, index=["b", "ba", "d"])
@@ -328,12 +338,14 @@ def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict) -> str:
     shortest): ba's by 21.0 ms, 52 % of its in flight; d's by 2.0 ms, 17 % of its in flight. At least that much was
     held open (the caveat; the shortest's ranges can be held open too): more than half of ba's in flight, the time
     its overlap (80.0 %) is a share of. An overlap is a share of the time ranges were open, held open included, so
-    it does not rank stages by how much of their bytes' time compute hid. Also in flight, not drawn:
+    it does not rank stages by how much of their bytes' time compute hid (in this step, of two stages sending the
+    same bytes, the higher overlap had the less non-compute). Also in flight, not drawn:
     gloo:broadcast ranges (the model's buffers, broadcast in a forward) in d.
     >>> t.loc["ba", "non-compute (ms)"] = 12.0
     >>> print(held_open(t, sizes, parts))  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
     b, ba and d ... it does not rank stages by how much of their bytes' time compute hid: with the same bytes a
-    step, ba's 80.0 % against d's 5.0 %, with 12.0 against 9.0 ms non-compute. Also in flight, ...
+    step, ba's overlap is 80.0 % against d's 5.0 %, yet ba had the more non-compute, 12.0 against 9.0 ms. Also in
+    flight, ...
     """
 
     def names(stages):
@@ -349,9 +361,10 @@ def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict) -> str:
         if len(group) < 2:
             continue
         ref = min(group, key=lambda st: bars[st])
+        bars_are = "" if lines else " (the orange bars of the plot below)"
         line = (
-            f"{names(group)} send the same {len(size)} messages (the same sizes); their all_reduce ranges (the "
-            f"orange bars of the plot below) were open {names([f'{bars[st]:.1f}' for st in group])} ms in all."
+            f"{names(group)} send the same {len(size)} messages (the same sizes); their all_reduce ranges{bars_are} "
+            f"were open {names([f'{bars[st]:.1f}' for st in group])} ms in all."
         )
         longer = {st: bars[st] - bars[ref] for st in group if st != ref and bars[st] > bars[ref]}
         share = {st: 100 * d / shares.loc[st, "in flight (ms)"] for st, d in longer.items()}
@@ -365,7 +378,11 @@ def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict) -> str:
                     f"{st}'s by {d:.1f} ms, {share[st]:.0f} % of its in flight" for st, d in longer.items()
                 )
                 line += f" For the same bytes, the others' were open longer than {ref}'s (the shortest): {each}."
-            line += " At least that much was held open (the caveat; the shortest's ranges can be held open too)"
+            line += (
+                " At least that much was held open (the caveat; the shortest's ranges can be held open too)"
+                if len(lines) == 0
+                else " At least that much was held open"
+            )
             over = [st for st in longer if share[st] > 50]
             if over:
                 one, whose = len(over) == 1, names([f"{st}'s" for st in over])
@@ -382,12 +399,14 @@ def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict) -> str:
     )
     a_step = {st: sum(sizes[st]) for st in parts}  # the bytes a step, as numbers
     pairs = [(x, y) for x in parts for y in parts if a_step[x] == a_step[y] and ov[x] > ov[y] and nc[x] > nc[y]]
-    if pairs:
-        x, y = max(pairs, key=lambda p: nc[p[0]] - nc[p[1]])
+    if pairs:  # the pair furthest apart both ways: overlap gap (points) times non-compute gap (ms)
+        x, y = max(pairs, key=lambda p: (ov[p[0]] - ov[p[1]]) * (nc[p[0]] - nc[p[1]]))
         said += (
-            f": with the same bytes a step, {x}'s {ov[x]:.1f} % against {y}'s {ov[y]:.1f} %, with {nc[x]:.1f} against "
-            f"{nc[y]:.1f} ms non-compute"
+            f": with the same bytes a step, {x}'s overlap is {ov[x]:.1f} % against {y}'s {ov[y]:.1f} %, yet {x} had "
+            f"the more non-compute, {nc[x]:.1f} against {nc[y]:.1f} ms"
         )
+    else:
+        said += " (in this step, of two stages sending the same bytes, the higher overlap had the less non-compute)"
     lines.append(said + ".")
     other: dict[str, list[str]] = {}
     for st in parts:
@@ -433,3 +452,80 @@ def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
             f"{change(ea, eb)} while it carried a transfer, {total}"
         )
     return f"From one message a parameter to buckets, in this step: {'. '.join(parts)}."
+
+
+def overlap_order(ov: pd.Series, blocking: list[str], asynchronous: list[str]) -> str:
+    """A line to print: the range of the ``asynchronous`` and of the ``blocking`` stages' overlaps (``ov``, %), and in
+    words whether each of the first is above each of the second; one profiled step, not claimed.
+
+    >>> print(overlap_order(pd.Series({"b": 5.0, "a": 60.0}), ["b"], ["a"]))  # doctest: +NORMALIZE_WHITESPACE
+    Overlap: 60.0–60.0 % in the asynchronous stages, 5.0–5.0 % in the blocking ones: each asynchronous stage's is
+    above each blocking stage's (a blocking stage's overlap is compute beside ranges still open after its training
+    thread went on: the caveat).
+    """
+    lo, hi = ov[blocking].max(), ov[asynchronous]
+    line = (
+        f"Overlap: {hi.min():.1f}–{hi.max():.1f} % in the asynchronous stages, {ov[blocking].min():.1f}–{lo:.1f} % "
+        "in the blocking ones"
+    )
+    below = [st for st in asynchronous if hi[st] <= lo]
+    if below:
+        return (
+            f"{line}; {', '.join(below)} no higher than {ov[blocking].idxmax()}'s {lo:.1f} %: in this step, not "
+            "each asynchronous stage gave compute more of its time in flight than each blocking one."
+        )
+    held = (
+        " (a blocking stage's overlap is compute beside ranges still open after its training thread went on: the "
+        "caveat)"
+        if lo > 0
+        else ""
+    )
+    return f"{line}: each asynchronous stage's is above each blocking stage's{held}."
+
+
+def outside_checks(shares: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
+    """A line to print: for each (blocking, asynchronous) pair, the two stages' non-compute and its part outside the
+    parameter checks (``shares``' printed columns), and in words how much of the difference the checks make; one
+    profiled step, not claimed.
+
+    >>> t = pd.DataFrame({"non-compute (ms)": [24.5, 42.0], "of it, in the checks (ms)": [4.8, 25.4]},
+    ...                  index=["b", "ba"])
+    >>> print(outside_checks(t, [("b", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
+    Non-compute outside the parameter checks: b 19.7, ba 16.6 ms; ba's non-compute is 17.5 ms more than b's, all of
+    it in its check: outside the checks ba's is 3.1 ms less.
+    """
+    nc, chk = shares["non-compute (ms)"], shares["of it, in the checks (ms)"]
+    out = (nc - chk).round(1)
+    said = []
+    for a, b in pairs:
+        d, do = round(nc[b] - nc[a], 1), round(out[b] - out[a], 1)
+        if d <= 0:
+            more = f", but outside the checks {do:.1f} ms more" if do > 0 else ", outside the checks too"
+            said.append(f"{b}'s non-compute is no more than {a}'s{more}")
+        elif do <= 0:
+            less = f"{-do:.1f} ms less" if do < 0 else "as much"
+            said.append(
+                f"{b}'s non-compute is {d:.1f} ms more than {a}'s, all of it in its check: outside the checks "
+                f"{b}'s is {less}"
+            )
+        else:
+            said.append(f"{b}'s non-compute is {d:.1f} ms more than {a}'s, {do:.1f} ms of it outside the checks")
+    each = ", ".join(f"{st} {out[st]:.1f}" for a, b in pairs for st in (a, b))
+    return f"Non-compute outside the parameter checks: {each} ms; {'; '.join(said)}."
+
+
+def link_after_backward(linked, run: Path, stages) -> str:
+    """A line to print (``run``: the link run's folder): for each of ``stages``, when rank 0's link ended its last
+    transfer of the profiled step, against the end of the step's last backward band (ms); one step, not claimed.
+    Waiting for a message starts in the finish, after that band, in the asynchronous stages."""
+    p = rank0(linked.phases)
+    said = []
+    for st in stages:
+        iv, s0, _ = lesson.parameter_checks(run, st)
+        s1 = iv.steps[-1][2]
+        end = s0 + p.loc[(p["stage"] == st) & (p["phase"] == "backward"), "end_us"].max()
+        last = max(b for a, b in iv.link if s0 <= a <= s1)
+        d = (last - end) / 1e3
+        when = f"{d:.1f} ms after" if round(d, 1) > 0 else f"{-d:.1f} ms before" if round(d, 1) < 0 else "as"
+        said.append(f"{when} the step's last backward ended in {st}" if not said else f"{when} in {st}")
+    return f"In the link run, rank 0's link finished the step's last transfer {', '.join(said)}."
