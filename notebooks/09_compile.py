@@ -32,17 +32,17 @@
 # forward, which produces every parameter's gradient at its end. Every bucket is then handed over after that node, when
 # no gradient node is left to run.
 #
-# torch's answer is in Dynamo: while torch's DDP runs its module, Dynamo's `DDPOptimizer` **cuts the graph into pieces**
-# by the bucket cap, counted from the end of the forward, and compiles each piece apart, each with a gradient node of
-# its own. The backward pass runs piece after piece, numbered here in that order: piece 0 holds the forward's last
-# layers; a *piece's backward* is the run of its gradient node. A bucket whose last gradient a piece produces can then
-# be handed over before the next piece's backward begins.
+# torch's answer is in Dynamo: while torch's DDP, or `ddp` ("The pieces and the buckets" says how), runs its module
+# compiled, Dynamo's `DDPOptimizer` **cuts the graph into pieces** by the bucket cap, counted from the end of the
+# forward, and compiles each piece apart, each with a gradient node of its own. The backward pass runs piece after
+# piece, numbered here in that order: piece 0 holds the forward's last layers; a *piece's backward* is the run of its
+# gradient node. A bucket whose last gradient a piece produces can then be handed over before the next piece's backward
+# begins.
 #
-# A training step (`train_step`) runs the forward and the backward pass, then the optimizer step. The figure shows one
-# step of `ddp` in each of three runs, one row each: eager (not compiled), compiled without the cut
-# (`torch._dynamo.config.optimize_ddp = False`) and compiled with it. The model: an MLP of 1 MiB layers without biases
-# (eight; two after the exercise). The backend is `aot_eager`, which runs the graph with the *aten* operators an
-# uncompiled model calls.
+# The figure shows one training step of `ddp` in each of three runs, one row each: eager (not compiled), compiled
+# without the cut (`torch._dynamo.config.optimize_ddp = False`) and compiled with it. The model: an MLP of 1 MiB layers
+# without biases (eight; two after the exercise). The backend is `aot_eager`, which runs the graph with the *aten*
+# operators an uncompiled model calls.
 
 # %%
 # %load_ext minddp.notebook
@@ -51,6 +51,7 @@
 # %%
 # %%distributed
 import contextlib
+import functools
 
 import torch._dynamo
 from torch import nn
@@ -133,8 +134,8 @@ lesson.say(
 # What to look for: with the cut, as in eager, a gradient node ran after each tick but the last; without it, after
 # none (every tick comes after the last blue).
 #
-# Count pieces and buckets in the claims and row labels, not in the bars (blue is the loss's nodes, then several nodes
-# per layer in eager or one per piece with the cut): nodes run back to back may draw as one stretch or split by a white
+# Count pieces and buckets in the claims and row labels, not in the bars (blue is the loss's nodes, then several per
+# layer in eager, one per piece with the cut): nodes run back to back may draw as one stretch or split by a white
 # line, and a node narrower than a pixel as a sliver or nothing.
 #
 # Read the figure for the order of events, not for lengths: each row is one step of two ranks whose threads, gloo's
@@ -164,11 +165,12 @@ lesson.claim(
     all(all(v["inside_accumulate"]) for v in looks.values()),
     "In all three runs each bucket was handed over inside an AccumulateGrad node, where the reducer's hook runs.",
 )
-# aot_eager runs eager's aten ops, but a GEMM may reach BLAS in another layout and round its sums in another order:
-# rounding_bound says how far that can move the parameters (k: WIDTH-term sums in each of the DEPTH layers)
+# aot_eager runs eager's aten ops, but a GEMM may reach BLAS in another layout and round its sums in another order;
+# rounding_bound says how far that can move the parameters, k the terms summed behind a weight's gradient: at most
+# WIDTH a layer forward and WIDTH backward, then the batch's 32 rows (the loss's mean adds none: its backward divides)
 eager = looks["eager"]
 apart = max((v["params"] - eager["params"]).abs().max().item() for v in looks.values())
-bound = lesson_09.rounding_bound(eager["moved"], eager["params"].abs().max().item(), k=DEPTH * WIDTH)
+bound = lesson_09.rounding_bound(eager["moved"], eager["params"].abs().max().item(), k=2 * DEPTH * WIDTH + 32)
 near = "to the bit" if apart == 0 else f"to {apart:.1e}, within the {bound:.1e} that summing in another order allows"
 lesson.claim(apart <= bound, f"The three trainings end with the same parameters, {near}.")
 
@@ -183,9 +185,9 @@ lesson.claim(apart <= bound, f"The three trainings end with the same parameters,
 #
 # Dynamo cuts when it compiles (the first step), and only if torch's DDP's class attribute `_active_ddp_module` is set
 # then (torch's DDP sets it around the call of its module); it reads the bucket cap from it and caps piece 0 apart, at
-# the global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs, minddp's `ddp`, given a
-# `bucket_cap_mb`, sets the attribute to a stand-in holding its bucket cap and the global to the bucket cap
-# (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as bucket 0 does.
+# the global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (Dynamo's code says bucket for piece). While its module
+# runs compiled, minddp's `ddp`, given a `bucket_cap_mb`, sets the attribute to a stand-in holding its bucket cap and
+# the global to the bucket cap (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as bucket 0 does.
 #
 # A bucket that a piece fills is handed over before the next piece's backward begins: when a piece's backward ends, its
 # parameters' `AccumulateGrad` nodes and the next piece's gradient node are all ready to run, and autograd's queue of
@@ -273,12 +275,12 @@ print(check_handover(solutions.handed_over_after))
 # ## `torch.compile(wrapper)`: graph breaks
 #
 # The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. A graph break is a place inside a
-# graph Dynamo has begun where it stops the graph, runs Python, and starts a new one. Both wrappers have Dynamo compile
-# their module apart by marking a wrapper function for Dynamo to skip with `recursive=False`: Dynamo skips that
-# function's own code, not the code it calls. torch's DDP marks `_inside_ddp_forward`, which sets `_active_ddp_module`;
-# Dynamo traces the rest of its `forward` and breaks the graph at that call and at a call it cannot trace. minddp's
-# `ddp` marks its whole `forward` (`torch.compiler.disable(forward, recursive=False)`), so Dynamo begins no graph in it
-# and counts no break there. The counts are Dynamo's counter, which can count more breaks than the calls it names; the
+# graph Dynamo has begun where it stops the graph, runs Python, and starts a new one. minddp's `ddp` marks its whole
+# `forward` for Dynamo to skip (`torch.compiler.disable(forward, recursive=False)`): Dynamo runs it as Python, so
+# begins no graph and counts no break there, and compiles the module it calls apart. torch's DDP marks only
+# `_inside_ddp_forward`, which sets `_active_ddp_module` around its module's call; Dynamo traces the rest of its
+# `forward`, breaks the graph at that call and at a call it cannot trace, and compiles the module, called after the
+# break, apart. The counts are Dynamo's counter, which can count more breaks than the calls it names; the
 # claims read them only as 0 or not. Dynamo's cut into pieces is no graph break (the next section shows pieces with
 # none).
 
@@ -322,7 +324,7 @@ lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {
 # step gave, then the pieces of one more forward; or the refusal. A first step's buckets follow torch's first-iteration
 # plan: with `find_unused_parameters` off, as here, one bucket per dtype and device. With torch's DDP and the cut on
 # (the default), Dynamo caps the first piece at `_DEFAULT_FIRST_BUCKET_BYTES`, above this bucket cap, and asserts
-# ("First bucket").
+# ("First bucket": its piece 0).
 
 
 # %%
@@ -335,17 +337,20 @@ start = lesson_09.flat(reference)
 optimizer = torch.optim.SGD(reference.parameters(), lr=0.01)
 train_step(DistributedDataParallel(reference, bucket_cap_mb=SMALL), optimizer, next(batches()), loss_fn)
 moved = (lesson_09.flat(reference) - start).abs().max().item()  # the step's largest move: lr·max|g|
-# as in the figure's cell: how far summing in another order can move the parameters (WIDTH-term sums, 2 layers)
-bound = lesson_09.rounding_bound([moved], lesson_09.flat(reference).abs().max().item(), k=2 * WIDTH)
+# as in the figure's cell: how far summing in another order can move the parameters (k for 2 layers)
+bound = lesson_09.rounding_bound([moved], lesson_09.flat(reference).abs().max().item(), k=2 * 2 * WIDTH + 32)
 
 wrappers = {"torch's DDP": torch.nn.parallel.DistributedDataParallel, "minddp's ddp": DistributedDataParallel}
-patterns = {"the model compiled, then wrapped": True, "torch.compile(wrapper)": False}
+patterns = {  # each pattern as the code that builds it, named by that code; nanoGPT's first
+    "wrapper(torch.compile(model))": lambda wrapper, m: wrapper(torch.compile(m, backend=BACKEND), bucket_cap_mb=SMALL),
+    "torch.compile(wrapper(model))": lambda wrapper, m: torch.compile(wrapper(m, bucket_cap_mb=SMALL), backend=BACKEND),
+}
 outcomes = {  # one training step each, then one more forward: what happened, in a line; how far from eager ddp
     (who, pattern): lesson_09.compile_at(
-        wrapper, MLP(depth=2), model_first, next(batches()), loss_fn, SMALL, BACKEND, lesson_09.flat(reference)
+        functools.partial(build, wrapper), MLP(depth=2), next(batches()), loss_fn, lesson_09.flat(reference)
     )
     for who, wrapper in wrappers.items()
-    for pattern, model_first in patterns.items()
+    for pattern, build in patterns.items()
 }
 for (who, pattern), (line, apart) in outcomes.items():
     if apart is not None:  # it trained

@@ -1,13 +1,13 @@
 """Notebook 09's plumbing for its last section (*A bucket cap of 0.5 MiB*): one compiled training step, in a line.
 
-:func:`compile_at` wraps a model in a DDP (torch's or minddp's), compiles it with either pattern (the model
-first, nanoGPT's, or ``torch.compile(wrapper)``), trains one step and says what happened: the refusal torch
-raised, or the step's buckets, Dynamo's count of graph breaks and the compiled pieces of one more forward, each
-bucket and piece in brackets; with the line, how far the trained parameters lie from eager ddp's. :func:`flat` is
-that comparison's vector, :func:`rounding_bound` the distance a change in the order of a sum's rounding can
-explain; :func:`untraced_calls` says where Dynamo broke a graph, and why. The notebook keeps its claims in its
-cells; these only compute and print. The notebook's other plumbing (its step's autograd nodes, the figure) is
-:mod:`minddp.notebook.nodes`.
+:func:`compile_at` builds a model wrapped in a DDP (torch's or minddp's) and compiled with either pattern (the model
+first, nanoGPT's, or ``torch.compile(wrapper)``; the notebook's cell writes each out), trains one step and says what
+happened: the refusal torch raised, or the step's buckets, Dynamo's count of graph breaks and the compiled pieces of
+one more forward, each bucket and piece in brackets; with the line, how far the trained parameters lie from eager
+ddp's. :func:`flat` is that comparison's vector, :func:`rounding_bound` the distance a change in the order of a
+sum's rounding can explain; :func:`untraced_calls` says where Dynamo broke a graph, and why. The notebook keeps its
+claims in its cells; these only compute and print. The notebook's other plumbing (its step's autograd nodes, the
+figure) is :mod:`minddp.notebook.nodes`.
 
 Example (one rank here; notebook 09 runs it on every rank): two layers of 16 KiB, a cap below one layer, so
 one compiled piece per layer::
@@ -23,13 +23,14 @@ one compiled piece per layer::
     >>> eager = two_layers()
     >>> _ = train_step(DistributedDataParallel(eager, bucket_cap_mb=cap), torch.optim.SGD(eager.parameters(), lr=0.01),
     ...                batch, loss_fn)
-    >>> line, apart = compile_at(DistributedDataParallel, two_layers(), True, batch, loss_fn, cap, "aot_eager",
-    ...                          flat(eager))
+    >>> def build(model):  # the model compiled, then wrapped
+    ...     return DistributedDataParallel(torch.compile(model, backend="aot_eager"), bucket_cap_mb=cap)
+    >>> line, apart = compile_at(build, two_layers(), batch, loss_fn, flat(eager))
     >>> print(line)
     trained a step; the step's 1 bucket: [0.weight, 1.weight]; graph breaks: 0;
     one more forward's 2 pieces: [1.weight], [0.weight]
     >>> moved = (flat(eager) - flat(two_layers())).abs().max().item()  # the step's largest move, lr·max|g|
-    >>> apart <= rounding_bound([moved], flat(eager).abs().max().item(), k=2 * 64)
+    >>> apart <= rounding_bound([moved], flat(eager).abs().max().item(), k=2 * 2 * 64 + 8)
     True
 """
 
@@ -52,8 +53,9 @@ def flat(model) -> torch.Tensor:
 def rounding_bound(moved: list[float], largest: float, k: int) -> float:
     """How far apart two float32 SGD trainings of the same model on the same data may end when they differ only in
     the order their sums round in (another BLAS layout of the same GEMM): ``moved`` holds each step's largest
-    parameter move (lr·max|g|), ``largest`` the largest |parameter|, ``k`` the terms behind a gradient (a
-    sum of ``width`` terms in each of ``depth`` layers: ``k = depth * width``).
+    parameter move (lr·max|g|), ``largest`` the largest |parameter|, ``k`` the terms summed behind a
+    weight's gradient (at most ``width`` a layer forward and ``width`` backward, then the batch's rows: for an MLP,
+    ``k = 2 * depth * width + rows``).
 
     Each add rounds by at most 2⁻²⁴ of its size, so reordering a sum of ``k`` terms moves a gradient by up to
     about ``k``·2⁻²⁴ of the largest, and its step by that share of the step's move; the update ``p - lr·g`` then
@@ -84,11 +86,9 @@ def untraced_calls(reasons: dict) -> str:
     return ", ".join(f"{call(reason)} {count}" for reason, count in reasons.items())
 
 
-def compile_at(
-    wrapper, model, model_first: bool, batch, loss_fn, cap: float, backend: str, reference
-) -> tuple[str, float | None]:
-    """One SGD training step (lr 0.01) of ``model`` in ``wrapper`` (a DDP class, given ``bucket_cap_mb=cap``),
-    compiled with ``backend``: the model first, then wrapped (``model_first``), or ``torch.compile(wrapper)``.
+def compile_at(build, model, batch, loss_fn, reference) -> tuple[str, float | None]:
+    """One SGD training step (lr 0.01) of ``build(model)``: ``model`` wrapped in a DDP and compiled, the model
+    first (``wrapper(torch.compile(model))``) or the wrapper (``torch.compile(wrapper(model))``).
 
     Returns a line and a distance. The line says what torch raised (:func:`~minddp.notebook.nodes.refusal`; the
     distance is then ``None``), or the step's buckets (:func:`~minddp.notebook.nodes.bucket_names`), Dynamo's
@@ -98,11 +98,8 @@ def compile_at(
     the trained parameters and ``reference`` (:func:`flat` of eager ddp after the same step), 0.0 when they
     agree to the bit."""
     dynamo_reset()
-    if model_first:
-        wrapped = ddp = wrapper(torch.compile(model, backend=backend), bucket_cap_mb=cap)
-    else:
-        ddp = wrapper(model, bucket_cap_mb=cap)
-        wrapped = torch.compile(ddp, backend=backend)
+    wrapped = build(model)
+    ddp = getattr(wrapped, "_orig_mod", wrapped)  # the DDP: torch.compile's wrapper keeps it as _orig_mod
     try:
         train_step(wrapped, torch.optim.SGD(model.parameters(), lr=0.01), batch, loss_fn)
     except Exception as error:  # what torch raises, said in one line, with the file of torch's that raised it
