@@ -42,7 +42,7 @@ import torch
 
 from minddp.ladder.loop import train_step
 from minddp.notebook import nodes
-from minddp.runtime.compat import dynamo_reset, graph_breaks
+from minddp.runtime.compat import dynamo_reset, graph_breaks, uncompiled
 
 
 def flat(model) -> torch.Tensor:
@@ -99,7 +99,7 @@ def compile_at(build, model, batch, loss_fn, reference) -> tuple[str, float | No
     agree to the bit."""
     dynamo_reset()
     wrapped = build(model)
-    ddp = getattr(wrapped, "_orig_mod", wrapped)  # the DDP: torch.compile's wrapper keeps it as _orig_mod
+    ddp = uncompiled(wrapped)  # the DDP, inside torch.compile's wrapper when the wrapper was compiled
     try:
         train_step(wrapped, torch.optim.SGD(model.parameters(), lr=0.01), batch, loss_fn)
     except Exception as error:  # what torch raises, said in one line, with the file of torch's that raised it
