@@ -100,7 +100,7 @@ show_source(ring_all_reduce)
 # every micro-batch's forward and again, all but the last unit's, for its backward. The bound below counts
 # one reduce-scatter pass a step and two gathering passes per micro-batch. Those passes count the
 # replicated tensors' bytes too, though these are never gathered; their all_reduce, two passes of their
-# bytes, fits in that room. The cell works them out:
+# bytes, fits in that room.
 
 # %%
 # %%distributed
@@ -581,17 +581,32 @@ print(key_lines(FullyShardedDataParallel, lines))
 
 # %%
 # %%distributed
+from minddp.sharding.memory import gathered_bytes
+
 fsdp = trainees["fsdp"].model
-unit_bytes = max(sum(u.numels) for u in fsdp.units) * 4  # one unit's full fp32 parameters
+unit = max(fsdp.units, key=lambda u: sum(u.numels))  # the largest unit
+unit_bytes = sum(unit.numels) * 4  # its full fp32 parameters
+idle = gathered_bytes(fsdp)  # between steps: nothing gathered, nothing prefetched
+fsdp._start_gather(unit)  # this unit alone, gathered as a forward does
+received = unit.gathering[0].untyped_storage().nbytes()  # the buffer its all-gather receives into
+fsdp._gather(unit)  # wait, then unpack into full parameters, storages of their own
+unpacked = sum(t.untyped_storage().nbytes() for t in unit.full)
+fsdp._free(unit)
+peak = memory["fsdp"]["gathered"]
 holders = [s for s in STAGES if memory[s]["parameters"] == memory["ddp"]["parameters"]]  # ddp's parameter bytes
-# the peak's total only, not what it holds; a received buffer's padding (< n elements per tensor) is within 0.1 %
+# each holds the unit's chunks padded to equal length: fewer than n elements per tensor over, far under 0.1 %
 lesson.claim(
-    abs(memory["fsdp"]["gathered"] - 2 * unit_bytes) < 1e-3 * unit_bytes,
-    f"{len(fsdp.units)} units ({type(fsdp.units[0].module).__name__}), "
-    f"{len({id(p) for _, _, p in fsdp.replicated})} replicated parameter tensors; at most "
-    f"{lesson.mib(memory['fsdp']['gathered'])} gathered at once (the memory table's column), twice the largest "
-    "unit's full parameters, to within 0.1 %. "
-    f"That is {memory['fsdp']['gathered'] / memory['ddp']['parameters']:.0%} of the whole model's "
+    idle == 0
+    and received + unpacked == peak
+    and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, unpacked)),
+    f"{len(fsdp.units)} units ({type(unit.module).__name__}), "
+    f"{len({id(p) for _, _, p in fsdp.replicated})} replicated parameter tensors; at most {lesson.mib(peak)} "
+    "gathered at once in the memory step (the memory table's column). Gathering the largest unit alone between "
+    f"steps, nothing else gathered or prefetched, holds as much: the buffer its all-gather receives into "
+    f"({lesson.mib(received)}) and the full parameters unpacked from it into storages of their own "
+    f"({lesson.mib(unpacked)}), each the unit's full parameters to within 0.1 %, both held until the unpack ends. "
+    "So the peak is one unit held twice while it is unpacked; the step's prefetches did not raise it. "
+    f"That is {peak / memory['ddp']['parameters']:.0%} of the whole model's "
     f"{lesson.mib(memory['ddp']['parameters'])} of parameters, which "
     + (f"{', '.join(holders[:-1])} and {holders[-1]}" if len(holders) > 1 else holders[0])
     + " hold whole (the memory table).",
@@ -735,9 +750,9 @@ trade.round(1)
 #
 # The cell makes `my_all_reduce` the sum of the `bucket-async` stage's buckets (its hook divides each
 # bucket by the world size first). `check` trains that stage beside a single process on the global batch
-# and against the model answer (`like="halves"`), on its own small network in two buckets, one of an odd
-# length; an answer accepted at two ranks is checked again at three, where a padding that is right at
-# two ranks only, or a `2` written for the world size, shows.
+# and against the model answer (`like="halves"`), on its own network in two buckets; an answer accepted at
+# two ranks is checked again at three, where a padding that is right at two ranks only, or a `2` written for
+# the world size, shows.
 
 # %%
 import torch

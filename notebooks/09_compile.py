@@ -110,8 +110,10 @@ NO_CUT, CUT = "compiled without the cut", "compiled with the cut"
 looks, ddps = {}, {}
 for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT, True, True)):
     ddps[label], looks[label] = one_step(compiled, cut)
-    name = label.replace(" with", "\nwith")  # the figure's row label: the run, then its buckets (one tick each)
-    looks[label]["row"].update(label=f"{name}\n{looks[label]['calls']} buckets", stage=label)
+    name = label.replace(" with", "\nwith")  # the figure's row label: the run, its pieces, its buckets (one tick each)
+    run = looks[label]["pieces_run"]  # the compiled pieces' gradient nodes that ran: none in eager
+    pieces = f"{run} piece{'s' * (run != 1)}, " if compiled else ""
+    looks[label]["row"].update(label=f"{name}\n{pieces}{looks[label]['calls']} buckets", stage=label)
 lesson.say(
     f"ddp on {world_size} ranks, an MLP of {DEPTH} layers of {WIDTH}×{WIDTH} (1 MiB of float32 weights each), "
     f"no biases, buckets of {CAP:g} MiB, one batch of 32 rows a step; the compiled runs with the {BACKEND} "
@@ -129,12 +131,12 @@ lesson.say(
 # handed over it copies the bucket's gradients into its buffer, scales it by one over the number
 # of ranks, then makes that call, which starts the collective (a sum) on gloo's threads. After the last grey, in the
 # blank before the green, the reducer's end-of-backward callback waits for each bucket's `all_reduce` in turn and copies
-# its buffer (now the average) back into the gradients.
+# its buffer (now the average) back into the gradients; the figure draws neither.
 #
-# What to look for: with the cut, as in eager, a gradient node ran after each tick but the last; without it, after
-# none (every tick comes after the last blue).
+# What to look for: with the cut, as in eager, a gradient node ran after each tick but the last (why: next section);
+# without it, after none (every tick comes after the last blue).
 #
-# Count pieces and buckets in the claims and row labels, not in the bars (blue is the loss's nodes, then several per
+# Count pieces and buckets in the row labels, not in the bars (blue is the loss's nodes, then several per
 # layer in eager, one per piece with the cut): nodes run back to back may draw as one stretch or split by a white
 # line, and a node narrower than a pixel as a sliver or nothing.
 #
@@ -155,7 +157,7 @@ lesson.claim(
     "Compiled without the cut, no gradient node ran after any bucket was handed over.",
 )
 # autograd's order, not a timing: a bucket's last AccumulateGrad node runs before the gradient nodes of the layers
-# before the bucket's (the queue's rule: markdown below), and no gradient node is left after the last bucket's
+# before the bucket's (why: "The pieces and the buckets" below), and no gradient node is left after the last bucket's
 lesson.claim(
     all(after[label][:-1] == [True] * (len(after[label]) - 1) and not after[label][-1] for label in ("eager", CUT)),
     "Compiled with the cut, as in eager, a gradient node ran after the hand-over of each bucket but the last.",
@@ -173,6 +175,19 @@ apart = max((v["params"] - eager["params"]).abs().max().item() for v in looks.va
 bound = lesson_09.rounding_bound(eager["moved"], eager["params"].abs().max().item(), k=2 * DEPTH * WIDTH + 32)
 near = "to the bit" if apart == 0 else f"to {apart:.1e}, within the {bound:.1e} that summing in another order allows"
 lesson.claim(apart <= bound, f"The three trainings end with the same parameters, {near}.")
+# a length, read in no claim: the blank from the row's last node to its green, as a share of the row's step
+blank = {}
+for label, v in looks.items():
+    row = v["row"]
+    last = max(end for _, end in row["backward"] + row["accumulate"])
+    blank[label] = round(100 * (row["optimizer"][0][0] - last) / row["end"])
+longest = [label for label, share in blank.items() if share == max(blank.values())]
+lesson.say(
+    "The blank between the last grey and the green, in % of its step: "
+    + ", ".join(f"{label} {share}" for label, share in blank.items())
+    + f"; the longest: {' and '.join(longest)}. The figure draws no all_reduce, so it does not show how much of a "
+    "blank the callback waited for them and how much a thread waited for a core; the claims read only the order."
+)
 
 
 # %% [markdown]
@@ -280,8 +295,8 @@ print(check_handover(solutions.handed_over_after))
 # begins no graph and counts no break there, and compiles the module it calls apart. torch's DDP marks only
 # `_inside_ddp_forward`, which sets `_active_ddp_module` around its module's call; Dynamo traces the rest of its
 # `forward`, breaks the graph at that call and at a call it cannot trace, and compiles the module, called after the
-# break, apart. The counts are Dynamo's counter, which can count more breaks than the calls it names; the
-# claims read them only as 0 or not. Dynamo's cut into pieces is no graph break (the next section shows pieces with
+# break, apart. The counts are Dynamo's counter, which can count more breaks than the calls it names.
+# Dynamo's cut into pieces is no graph break (the next section shows pieces with
 # none).
 
 
@@ -322,9 +337,7 @@ lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {
 #
 # Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: what its first training
 # step gave, then the pieces of one more forward; or the refusal. A first step's buckets follow torch's first-iteration
-# plan: with `find_unused_parameters` off, as here, one bucket per dtype and device. With torch's DDP and the cut on
-# (the default), Dynamo caps the first piece at `_DEFAULT_FIRST_BUCKET_BYTES`, above this bucket cap, and asserts
-# ("First bucket": its piece 0).
+# plan: with `find_unused_parameters` off, as here, one bucket per dtype and device.
 
 
 # %%
@@ -371,16 +384,22 @@ lesson.claim(
 ours = [outcomes["minddp's ddp", pattern] for pattern in patterns]
 worst = max(apart for _, apart in ours)
 near = "to the bit" if worst == 0 else f"to {worst:.1e}, within the {bound:.1e} that summing in another order allows"
+listed = all(
+    line == "trained a step; the step's 1 bucket: [layers.0.weight, layers.1.weight]; graph breaks: 0; "
+    "one more forward's 2 pieces: [layers.1.weight], [layers.0.weight]"
+    for line, _ in ours
+)
 lesson.claim(
-    all(
-        line == "trained a step; the step's 1 bucket: [layers.0.weight, layers.1.weight]; graph breaks: 0; "
-        "one more forward's 2 pieces: [layers.1.weight], [layers.0.weight]"
-        for line, _ in ours
-    )
-    and worst <= bound,
+    listed and worst <= bound,
     f"minddp's ddp trains its first step there, with either pattern, to eager ddp's parameters ({near}), in one "
     f"bucket of both layers (a first step's plan), with no graph break; one more forward runs one compiled piece per "
     f"1 MiB layer: each piece closes at the layer that takes it past the {SMALL:g} MiB cap.",
+)
+# an order, as in the figure: the bucket's last gradient, layers.0.weight's, is the last piece's (the lines above)
+lesson.claim(
+    listed,
+    "In that first step the one bucket holds the last piece's parameter, so it is handed over after the last piece's "
+    "backward, when no gradient node is left to run: at this cap the cut gains that step nothing.",
 )
 
 
@@ -396,7 +415,8 @@ lesson.claim(
 #
 # * At a bucket cap of 0.5 MiB, with the cut on (the default), torch's DDP does not compile: Dynamo's cap for its first
 #   piece is above the bucket cap. minddp's `ddp`, which sets that cap to the bucket cap, compiles there with both
-#   patterns and its first step ends where eager's does.
+#   patterns and its first step ends where eager's does; that step's one bucket is handed over after the last piece,
+#   so the cut gains it nothing.
 
 # %%
 # %dist_shutdown
