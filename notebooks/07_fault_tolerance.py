@@ -304,10 +304,10 @@ show_source(solutions.ft_shard)
 # group's timeout, and the launcher records its exit. A frozen process (`SIGSTOP`) keeps its sockets open
 # and says nothing: its slot stays live, and the next quorum waits for it, until it has been silent for
 # `hang_s`; its peers' all_reduce ends at the group's timeout (also `hang_s`) or when the launcher then ends
-# the frozen process (the cell prints what each caught). So the recovery is about `hang_s` (the cell prints
-# how far from it), and halving `hang_s` shortens it by what the bound lost: the first cell below runs two bounds,
-# one half the other (6 steps, no restart, no 10 ms pause). A shorter bound also takes for frozen a live
-# process that goes unscheduled that long (a loaded machine): the bound trades recovery time against false
+# the frozen process (the cell prints what each caught). So the recovery is about `hang_s`, and halving
+# `hang_s` shortens it by about what the bound lost (the cell prints both): the first cell below runs two
+# bounds, one half the other (6 steps, no restart, no 10 ms pause). A shorter bound also mistakes for frozen
+# a live process unscheduled that long (a loaded machine): the bound trades recovery time against false
 # alarms.
 #
 # </details>
