@@ -17,27 +17,28 @@
 # # 07 · Fault tolerance: training through a lost process
 #
 # Every stage so far keeps the classic contract: a process that dies ends the run, and the next run starts
-# from the last checkpoint. At scale failures are routine: in a 54-day period of the pre-training of
-# Llama 3 405B, its 16,384 GPUs saw 419 unexpected interruptions, one every 3.1 hours (54 × 24 / 419;
-# *The Llama 3 Herd of Models*, Meta, 2024, arXiv:2407.21783, section 3.3.4), and each one costs the work
-# since that checkpoint plus a restart. The `ft` **rung** (a rung above notebook 03's ladder, in `minddp/ft/`, after
+# from the last checkpoint. At scale failures come during the run (*The Llama 3 Herd of Models*,
+# arXiv:2407.21783, section 3.3.4, counts those of its pre-training), and each one costs the work since that
+# checkpoint plus a restart. The `ft` **rung** (a rung above notebook 03's ladder, in `minddp/ft/`, after
 # torchft, PyTorch's fault-tolerance library) keeps training instead: it runs the ladder's `ddp` stage
-# inside the phases below. Each try at a step (an **attempt**) goes through them (phases 2 and 3 only when
-# needed):
+# inside the phases below. Each try at a step (an **attempt**) is **committed** (it counts) or **discarded**
+# (its step is tried again), on every member alike; it goes through these phases (2 and 3 only when needed):
 #
 # 1. a **quorum**: before each attempt, a coordinator (the *lighthouse*, a process of its own) answers who
-#    trains it, the attempt's **members**, and which step: the largest any member asked to train;
+#    trains it, the attempt's **members**, and which step: the largest any member asked to train
+#    (`quorum.max_step`);
 # 2. a new **group** (the processes a collective runs among, as in notebooks 01-04) at the run's first
-#    quorum, and whenever the members changed or the last attempt at a step was discarded (a group that
+#    quorum, and whenever the members changed or the last attempt was discarded (`self.dirty`: a group that
 #    saw a failure may be broken);
 # 3. a process that comes back is **healed**: it receives the trained state from a peer, over the group,
-#    no file (the parameters, the optimizer's state, and the count of steps committed);
+#    no file (the parameters, the optimizer's state, the count of steps committed), before DDP's wrapper is
+#    built (`wrap()`), which broadcasts rank 0's state, and rank 0 may be the fresh process;
 # 4. **the work** (`work` below): the members split the step's global batch among themselves (the exercise
 #    below);
-# 5. **should_commit**: the members vote yes or no, and the attempt is **committed** on every member or
-#    on none. Only a commit steps the optimizer (`on_commit` below is `optimizer.step`); every attempt ends
-#    by dropping its gradients (`after_attempt` below is `drop_gradients`). An attempt that saw a failure (a no, or a member lost before voting) is
-#    **discarded**, and its step tried again.
+# 5. **should_commit**: the members vote yes or no; the attempt is committed if every member voted yes, else
+#    (a no, or a member lost before voting) discarded. Only a commit steps the optimizer (`on_commit` below
+#    is `optimizer.step`); every attempt ends by dropping its gradients (`after_attempt` below is
+#    `drop_gradients`).
 #
 # The words this notebook uses:
 #
@@ -85,7 +86,7 @@ lesson_07.print_phase_lines()
 #   attempt's work (its *before* digest), and again after each discarded attempt.
 #
 # `run.report()` gives one line per fault: its **recovery**, from the fault (the moment the faulting process
-# stamped just before it killed itself or raised) to the first commit of its step or a later one (that step
+# stamped just before it killed itself, froze itself or raised) to the first commit of its step or a later one (that step
 # and its world in brackets), the attempts discarded until then, and, for a fault that ended a process, its
 # **rejoin**, from the fault to the quorum that takes the slot's new process back.
 
@@ -148,6 +149,12 @@ lesson.claim(
     "without it (restart_after_steps=1)",
 )
 lesson_07.print_rejoin(run, kill, full_world_at)
+startup = lesson_07.ms(lesson_07.first_request_s(run, kill)) - lesson_07.ms(kill.restart_s)  # as printed above
+lesson.say(
+    f"Set against the classic contract, which starts every process again: a start-up like this new process's "
+    f"({startup} ms) is {startup / lesson_07.ms(kill.recovery_s):.0f} times the kill's recovery "
+    f"({lesson_07.ms(kill.recovery_s)} ms), and a restart then trains again the steps since its checkpoint"
+)
 
 # %% [markdown]
 # The run's timeline: one column per attempt, in order (the columns count attempts, not time), and one row
@@ -295,13 +302,13 @@ show_source(solutions.ft_shard)
 #
 # A killed process's connections end with it, so its peers' all_reduce fails without waiting for the
 # group's timeout, and the launcher records its exit. A frozen process (`SIGSTOP`) keeps its sockets open
-# and says nothing: its peers wait in their all_reduce until the group's timeout (`hang_s`), and the
-# slot stops being live once it has been silent for `hang_s`. Both waits start at about the freeze, so they
-# run together; the next quorum does not wait for a slot no longer live. So the recovery is a little over
-# `hang_s`, and halving `hang_s` shortens it by what the bound lost: the first cell below runs two bounds,
-# one half the other (6 steps, no restart, no 10 ms pause). A shorter bound also makes a live process that goes
-# unscheduled that long (a heavily loaded machine) likelier to be taken for frozen: the bound trades
-# recovery time against false alarms.
+# and says nothing: its slot stays live, and the next quorum waits for it, until it has been silent for
+# `hang_s`; its peers' all_reduce ends at the group's timeout (also `hang_s`) or when the launcher then ends
+# the frozen process (the cell prints what each caught). So the recovery is about `hang_s`, and halving
+# `hang_s` shortens it by about what the bound lost (the cell prints both): the first cell below runs two
+# bounds, one half the other (6 steps, no restart, no 10 ms pause). A shorter bound also mistakes for frozen
+# a live process unscheduled that long (a loaded machine): the bound trades recovery time against false
+# alarms.
 #
 # </details>
 #
@@ -341,6 +348,8 @@ for bound in (2.0, 1.0):
         ToyTask(), 6, world_size=3, faults=parse_faults("stop@4:1"), hang_s=bound, restart=False, run_timeout_s=300
     )
     print(f"hang_s = {bound:g} s:", *stopped.report())
+    for slot, error in stopped.errors(4):
+        print(f"  slot {slot}, step 4: {error}")
     stops[bound] = fault_outcomes(stopped)[0].recovery_s
 # what the mechanism guarantees: the next quorum waits for the frozen slot until it has been silent for hang_s, and it
 # beats every BEAT_S, so a recovery falls short of its bound only by how long before the freeze its last beat came;
@@ -408,7 +417,11 @@ def fixed_at_world_3(batch, rank, world):
 
 answer, fixed = check_shards([solutions.ft_shard, fixed_at_world_3])  # one run, a copy of the model each
 print("the exercise's model answer:", answer)
-lesson.claim(answer.ok, "the model answer trains every row once at worlds 3, 2 and 1")
+lesson.claim(
+    answer.ok,
+    "the model answer trained every row once in the run (worlds 3 → 2 → 3), and split batches of 1 to 12 rows "
+    "by both rules at worlds 3, 2 and 1 (called in this process)",
+)
 print("question 3's split:", fixed)
 lesson.claim(
     not fixed.ok and "at world 2, rows 6-9 were trained by no rank" in fixed.line,

@@ -110,7 +110,8 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         print(
             f"Both recoveries took {max(kill.recovery_s, raised.recovery_s) / hang_s:.1%} of the hang bound or less: "
             "neither waited it out, since a kill and a raise close the faulting process's connections and the others' "
-            "all_reduce fails at that; a frozen process closes nothing, and its peers wait out the bound (question 1)"
+            "all_reduce fails at that; a frozen process closes nothing, and the next quorum waits for it until it has "
+            "been silent for the bound (question 1)"
         )
     waited = "it waited for the exit record" if ms(kill.exit_s) > ms(asked_s(run, kill)) else "the exit record first"
     spans = [
