@@ -443,6 +443,7 @@ lesson.claim(
 lesson.claim(
     v["waits"] == v["waits_in_backward"] == v["calls"], "Like hook, it waits for each bucket inside the backward."
 )
+lesson_03.say_bucket_against_hook(looks, prev["link_ms"] - v["link_ms"])
 
 # %% [markdown]
 # What to look for: a few wide messages instead of many thin ones. That saving, 2(n−1)·α per message
@@ -599,7 +600,7 @@ lesson.picture(
     title="One step of every stage on one time axis, each message over the emulated 1 Gbit/s link (rank 0)",
 )
 ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
-lesson_03.say_spread(looks)  # how much the same network's backward varied between these steps
+spread = lesson_03.say_spread(looks)  # how much the same network's backward varied between these steps
 checks = lesson_03.checks_on_ranks(looks, ladder)  # each rank's own time at the check
 
 # %%
@@ -619,8 +620,8 @@ lesson_03.look_table(looks, checks)
 # bucket, both during the last backward, and wait for them in finish. A
 # bucketed stage trades three things against a per-gradient one:
 #
-# 1. **per message**: every all_reduce pays 2(n−1)·α on the link and one comm-hook call in a grad
-#    hook; buckets pay both once per bucket instead of once per gradient tensor, and copy each
+# 1. **per message**: every all_reduce pays 2(n−1)·α on the link; buckets pay it once per bucket
+#    instead of once per gradient tensor, and copy each
 #    gradient into its bucket;
 # 2. **the late start**: nothing goes to the link before some bucket's last gradient is ready, while a
 #    per-gradient stage's first message needs only one gradient. The first message is the
@@ -823,7 +824,7 @@ lesson.claim(  # the link's modeled clock: 291 fixed costs against 26
 t4_link = blog_links["4 × T4"]
 on_t4 = [plan_costs(cp, s, c, t4_link, world_size) for s, c in (("bucket-async", caps["4 × T4"]), ("hook-async", None))]
 lesson_03.say_bucket_lesson(
-    model, per_gradient, default, swept, looks["hook-async"], here, saved, on_t4, t4, far, this_run
+    model, per_gradient, default, swept, looks["hook-async"], here, saved, on_t4, t4, far, this_run, spread
 )
 
 # %%

@@ -793,6 +793,16 @@ class HookDividesOutsideTheGuard(solutions.HookDDP):
         param.grad /= dist.get_world_size()
 
 
+class HookNeverWaits(solutions.HookDDP):
+    """Divides, then starts each all_reduce with async_op=True in the grad hook and never waits; finish is the
+    template's ``pass`` (learner read round 20, 03-b, finding 6: the verdict pointed to hook-async's finish)."""
+
+    def _grad_ready(self, param):
+        if self.sync_this_backward:
+            param.grad /= dist.get_world_size()
+            dist.all_reduce(param.grad, async_op=True)
+
+
 class AsyncDividesOutsideTheGuard(solutions.AsyncHookDDP):
     """Divides before the send, as the idea does, but outside ``if self.sync_this_backward:``: every backward's
     grad hook divides, the no_sync() ones' too; finish only waits."""

@@ -329,6 +329,8 @@ MISTAKES = [
     (solutions.BucketDDP, "bucket-async", "nothing travelled while backward computed"),
     (wrong.BucketAsyncSummed, "bucket-async", "forgot the division"),
     (wrong.AsyncNeverWaits, "hook-async", "6 of the 6 all_reduce calls started in step 1 were never waited for"),
+    # a waiting rung's fix is the wait in the hook, not the next rung's wait in finish
+    (wrong.HookNeverWaits, "hook", ("were never waited for", "'hook' waits for each one inside the grad hook")),
     (
         wrong.AsyncWaitsForTheLastOnly,
         "hook-async",

@@ -812,12 +812,17 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
         )
     if f["kind"] == "never_waited":
         unwaited = sum(f["unwaited"].values())
+        fix = "wait() for every one in finish_gradient_synchronization(), then divide and write back"
+        if like in ("hook", "bucket"):  # the rungs that wait inside the grad hook: waiting in finish is the next rung
+            fix = (
+                f"'{like}' waits for each one inside the grad hook, right after starting it, then divides: wait there "
+                "(or leave async_op out); keeping them in flight until finish is the next rung, the async one"
+            )
         return (
             f"{unwaited} of the {calls_text(f['launched'])} started in step {f['step']} were never waited for (by the "
             "end of its last finish_gradient_synchronization(), no wait() on them or on their Futures): each sum "
             "lands in its tensor whenever the network delivers it, before or after optimizer.step() reads .grad, so "
-            "a run passes or fails by a race; wait() for every one in finish_gradient_synchronization(), then divide "
-            "and write back"
+            f"a run passes or fails by a race; {fix}"
         )
     if f["kind"] == "waited_again":
         return (

@@ -35,11 +35,29 @@ def say_spread(looks: dict) -> float:
         f"last backward, less the check, in {', '.join(list(rows)[:-1])} and {list(rows)[-1]} (the rows whose backward "
         "holds no wait for a message; torch's waits are not seen), took "
         f"from {rows[short]:.0f} ms ({short}) to {rows[long]:.0f} ms ({long}), {rows[long] / rows[short]:.1f} times "
-        f"as long. So a one-step time here (last backward, step, exposed, waited, at the check) "
+        f"as long. So a one-step time here (last backward, step, exposed, waited, at the check, link after backward) "
         f"ranks two stages only where they differ by more than that spread, {rows[long] - rows[short]:.0f} ms, and "
         "shows no cause; the calls, the bytes and the link time are counted or modeled."
     )
     return rows[long] - rows[short]
+
+
+def say_bucket_against_hook(looks: dict, saved_ms: float) -> None:
+    """bucket's one step against hook's (both wait for each message inside the last backward): the last backward
+    split into the check, the waits and the rest, beside the link time the buckets saved (``saved_ms``)."""
+    h, b = looks["hook"], looks["bucket"]
+    parts = {}
+    for s, v in (("hook", h), ("bucket", b)):
+        rest = backward_less_check(v)
+        parts[s] = (v["last_backward_ms"] - rest, v["waited_ms"], v["exposed_ms"], rest - v["waited_ms"])
+    (hc, hw, he, hr), (bc, bw, be, br) = parts["hook"], parts["bucket"]
+    say(
+        f"One step each: bucket's step took {b['row']['end']:.0f} ms against hook's {h['row']['end']:.0f}, its last "
+        f"backward {b['last_backward_ms']:.0f} against {h['last_backward_ms']:.0f} ms: in it, at the check "
+        f"{bc:.0f} against {hc:.0f} ms, waited {bw:.0f} against {hw:.0f} ms (exposed {be:.0f} against {he:.0f}), the "
+        f"rest {br:.0f} against {hr:.0f} ms. The buckets saved {saved_ms:.1f} ms of link time; every other part is "
+        "one step's, and varies from step to step (the spread is measured below)."
+    )
 
 
 def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
@@ -353,34 +371,37 @@ def _ran_on(ms: float, back_ms: float) -> str:
     return f"was done {-ms:.1f} ms before the end of {back}" if round(ms, 1) < 0 else f"was done as {back} ended"
 
 
-def _steps(h_ms: float, b_ms: float, h_back: float, b_back: float) -> str:
+def _steps(h_ms: float, b_ms: float, h_back: float, b_back: float, spread: float) -> str:
     """Two steps' links after backward (ms) in words, ranked only where they differ by more than the two steps'
-    backwards (less the check, ms): a backward d ms longer had d ms more in which to carry the link."""
+    backwards (less the check, ms: a backward d ms longer had d ms more in which to carry the link) and by more than
+    ``spread``, the one-step spread of :func:`say_spread` (ms)."""
     gap, apart = abs(round(h_ms, 1) - round(b_ms, 1)), abs(round(h_back) - round(b_back))
-    if gap <= apart:
-        return f"the steps do not rank them (ends {gap:.1f} ms apart, backwards {apart:.0f} ms)"
-    return f"in the step, {WORDS[_less(h_ms, b_ms)]} left less (ends {gap:.1f} ms apart, backwards {apart:.0f} ms)"
+    apart_said = f"ends {gap:.1f} ms apart, backwards {apart:.0f} ms, spread {spread:.0f} ms"
+    if gap <= max(apart, round(spread)):
+        return f"the steps do not rank them ({apart_said})"
+    return f"in the step, {WORDS[_less(h_ms, b_ms)]} left less ({apart_said})"
 
 
-def _model(h_ms: float, b_ms: float, miss: float) -> str:
+def _model(h_ms: float, b_ms: float, miss: float, on: str) -> str:
     """The step-time model's two links after backward (ms) in words, ranked only where they differ by more than
-    its furthest miss (ms) against the measured steps on that link."""
-    gap = abs(round(h_ms, 1) - round(b_ms, 1))
+    its furthest miss (ms) against the measured steps on that link (``on``: the step it missed most)."""
+    gap, missed = abs(round(h_ms, 1) - round(b_ms, 1)), f"its {miss:.1f} ms miss on {on}'s step"
     if gap <= miss:
-        return f"the model does not rank them ({gap:.1f} ms apart, within its {miss:.1f} ms miss against the steps)"
-    return f"in the model, {WORDS[_less(h_ms, b_ms)]} left less ({gap:.1f} ms apart, past its {miss:.1f} ms miss)"
+        return f"the model does not rank them ({gap:.1f} ms apart, within {missed})"
+    return f"in the model, {WORDS[_less(h_ms, b_ms)]} left less ({gap:.1f} ms apart, past {missed})"
 
 
 def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, here, saved_ms: float,
-                      on_t4: tuple, t4: dict, far: dict, this_run_s: float) -> None:  # fmt: skip
+                      on_t4: tuple, t4: dict, far: dict, this_run_s: float, spread: float) -> None:  # fmt: skip
     """The bucket lesson's result in link after backward, link by link: each measured step (one each, beside its
     backward less the check) and the step-time model (one backward, ``this_run_s``, for every stage, no comm-hook
     call priced; ``default``: torch's default plan), then in words. A step ranks the two only where their ends
-    differ by more than their backwards (:func:`_steps`), the model only where its ends differ by more than its
-    furthest miss against that link's steps (:func:`_model`). On this notebook's link: ``h`` (hook-async's look)
-    against ``swept`` (cap -> bucket-async's look), ``here`` the settings' cap, ``saved_ms`` the fixed costs buckets
-    saved there; ``on_t4`` = (bucket-async at that link's cap, hook-async), modeled with the ratios of 4 × T4;
-    ``t4``, ``far``: the sized links' runs (``on_the_link``'s values)."""
+    differ by more than their backwards and than ``spread`` (:func:`_steps`), the model only where its ends differ
+    by more than its furthest miss against that link's steps (:func:`_model`). On this notebook's link: ``h``
+    (hook-async's look) against ``swept`` (cap -> bucket-async's look), ``here`` the settings' cap, ``saved_ms``
+    the fixed costs buckets saved there; ``spread``: :func:`say_spread`'s (ms); ``on_t4`` = (bucket-async at that
+    link's cap, hook-async), modeled with the ratios of 4 × T4; ``t4``, ``far``: the sized links' runs
+    (``on_the_link``'s values)."""
     from minddp.costmodel.buckets import on_the_link
 
     ends = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}
@@ -391,9 +412,13 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
     m_h, m_here = 1e3 * per_gradient.after_backward, 1e3 * at[here].after_backward
     least, at_least = least_caps(model)
     best_run = min(ends, key=ends.get)
-    miss = max([abs(round(h_end, 1) - round(m_h, 1))] + [  # every step on this link against the model's same plan
-        abs(round(e, 1) - round(1e3 * at[c].after_backward, 1)) for c, e in ends.items() if c in at
-    ])  # fmt: skip
+    misses = {"hook-async": abs(round(h_end, 1) - round(m_h, 1))} | {  # each step on this link against its model
+        f"bucket-async {cap_name(c)}": abs(round(e, 1) - round(1e3 * at[c].after_backward, 1))
+        for c, e in ends.items()
+        if c in at
+    }
+    missed = max(misses, key=misses.get)
+    miss = misses[missed]
     say(
         f"On this notebook's link, one step each (backwards less the check): hook-async's link "
         f"{_ran_on(h_end, h_back)} and it exposed {h['exposed_ms']:.0f} ms; bucket-async's, at the "
@@ -409,7 +434,8 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
     b4, h4 = on_t4
     ht, bt = t4["hook-async"]["end_ms"], t4["bucket-async"]["end_ms"]
     mh4, mb4 = 1e3 * h4.after_backward, 1e3 * b4.after_backward
-    miss4 = max(abs(round(ht, 1) - round(mh4, 1)), abs(round(bt, 1) - round(mb4, 1)))
+    misses4 = {"hook-async": abs(round(ht, 1) - round(mh4, 1)), "bucket-async": abs(round(bt, 1) - round(mb4, 1))}
+    missed4 = max(misses4, key=misses4.get)
     idle = round(t4["hook-async"]["exposed_ms"]) == round(t4["bucket-async"]["exposed_ms"]) == 0
     say(
         f"With the ratios of 4 × T4, one step each: hook-async's link {_ran_on(ht, t4['hook-async']['backward_ms'])}, "
@@ -434,23 +460,45 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
         + ("all 3 links (" if ran_longer == 3 else f"{ran_longer} of the 3 links (")
         + ", ".join(f"{a:.0f} against {b:.0f} ms" for a, b in pairs)
         + "), one step each: a step's link after backward also measures its own backward, so a step ranks the two "
-        "only where their ends differ by more than their backwards; the model gives both one backward, and ranks "
-        "them only where they differ by more than its furthest miss against that link's steps."
+        f"only where their ends differ by more than their backwards and than the one-step spread, {spread:.0f} ms; "
+        "the model gives both one backward, and ranks them only where they differ by more than its furthest miss "
+        "against that link's steps."
     )
     leasts = f"the steps' at {cap_name(best_run)}, the model's at {' and '.join(at_least)} MiB"
     if best_run is not None and at_least == [f"{best_run:g}"]:
-        leasts = f"both at {cap_name(best_run)}"
+        leasts = f"the steps' and the model's both at {cap_name(best_run)}"
     here_said = (
-        f"on this notebook's link, where buckets saved {saved_ms:.1f} ms of fixed costs, at the settings' cap "
-        f"{_steps(h_end, b_end, h_back, backs[here])}, and {_model(m_h, m_here, miss)}; at each one's least "
-        f"({leasts}) "
-        f"{_steps(h_end, ends[best_run], h_back, backs[best_run])}, and {_model(m_h, least, miss)}"
+        f"on this notebook's link, at the settings' cap {_steps(h_end, b_end, h_back, backs[here], spread)}, and "
+        f"{_model(m_h, m_here, miss, missed)}; at bucket-async's least ({leasts}) "
+        f"{_steps(h_end, ends[best_run], h_back, backs[best_run], spread)}, and {_model(m_h, least, miss, missed)}"
     )
-    t4_steps = _steps(ht, bt, t4["hook-async"]["backward_ms"], t4["bucket-async"]["backward_ms"])
-    t4_said = f"with the ratios of 4 × T4 {t4_steps}, and {_model(mh4, mb4, miss4)}"
-    far_said = (
-        f"with the ratios of 1024 ranks {_steps(hf['end_ms'], bf['end_ms'], hf['backward_ms'], bf['backward_ms'])}"
+    t4_steps = _steps(ht, bt, t4["hook-async"]["backward_ms"], t4["bucket-async"]["backward_ms"], spread)
+    t4_said = f"with the ratios of 4 × T4 {t4_steps}, and {_model(mh4, mb4, misses4[missed4], missed4)}"
+    far_steps = _steps(hf["end_ms"], bf["end_ms"], hf["backward_ms"], bf["backward_ms"], spread)
+    say(f"In words: {here_said}; {t4_said}; with the ratios of 1024 ranks {far_steps}.")
+    why = []  # the cause: by the model (one backward for both) on this link, by the link's clock at 1024 ranks
+    parts = (
+        f"the {here:g} MiB buckets' late start (first message {1e3 * at[here].first_at:.1f} ms into the model's "
+        f"backward, against {1e3 * per_gradient.first_at:.1f} ms) and tail ({1e3 * at[here].tail:.1f} ms against "
+        f"{1e3 * per_gradient.tail:.1f} ms)"
     )
-    if floor > bf["end_ms"] and "buckets left less" in far_said:
-        far_said += ", as hook-async's start-limited end alone shows"
-    say(f"In words: {here_said}; {t4_said}; {far_said}.")
+    gap = abs(round(m_here, 1) - round(m_h, 1))  # as :func:`_model` ranks them
+    if gap <= miss:
+        why.append(
+            f"on this notebook's link the model's {gap:.1f} ms between them is within its miss, so this "
+            f"run does not say whether {parts} cost more than the {saved_ms:.1f} ms of fixed costs saved"
+        )
+    else:
+        more = m_here > m_h
+        why.append(
+            f"on this notebook's link, in the model, {parts} cost {'more' if more else 'less'} than the "
+            f"{saved_ms:.1f} ms of fixed costs saved: {gap:.1f} ms {'more' if more else 'less'} "
+            "with buckets"
+        )
+    if hf["link_ms"] > hf["backward_ms"] and bf["link_ms"] < hf["link_ms"]:
+        why.append(
+            f"with the ratios of 1024 ranks, one message per gradient needs {hf['link_ms']:.0f} ms of link time "
+            f"against the buckets' {bf['link_ms']:.0f} ms, more than its own {hf['backward_ms']:.0f} ms backward: "
+            "its fixed costs alone keep its link busy past backward's end"
+        )
+    say("Why: " + "; ".join(why) + ".")
