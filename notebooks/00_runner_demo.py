@@ -74,10 +74,10 @@ ax.set_title("t[0] on rank 0")
 plt.show()
 
 # %% [markdown]
-# When one rank fails, the cell fails. Here rank 1 raises before the `all_reduce`. Rank 0 waits in it
-# until the runner has rank 1 destroy its process group, and then raises. Below the cell: rank 0's
-# note `(released because rank 1 failed)`, then the error: a heading that lists the other ranks whose
-# cell raised as "failed too", then rank 1's traceback.
+# When one rank fails, the cell fails. Here rank 1 raises before the `all_reduce`; rank 0 waits in it
+# until the runner has rank 1 destroy its process group, then raises. Below the cell: rank 0's note
+# `(released because rank 1 failed)`, then the error: a heading naming rank 1, and rank 0 as "failed
+# too", then both tracebacks, rank 1's first.
 #
 # A traceback names the cell `<In [N], rank R>`: Jupyter's `In [N]`, as rank R ran it, its lines
 # counted from the `%%distributed` line (line 1), so rank 1's `raise` is line 3.

@@ -229,3 +229,21 @@ def test_kernel_magics_and_kernel_restart_leave_nothing_behind():
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_a_cell_error_reads_the_same_in_jupyter_and_as_its_value():
+    # Jupyter renders _render_traceback_; a viewer that prints an error's value (nbconvert to text, a reader's
+    # extractor) prints str(error). Both must hold the heading and every failed rank's traceback, the cause first,
+    # so a notebook's sentence about the error is true in either. Oracle: the tracebacks the error was given.
+    cause = 'Traceback (most recent call last):\n  File "<cell 1, rank 1>", line 2\nValueError: boom\n'
+    released = 'Traceback (most recent call last):\n  File "<cell 1, rank 0>", line 3\nRuntimeError: peer gone\n'
+    err = CellError({1: cause, 0: released}, {1: "ValueError", 0: "RuntimeError"})
+    expected = [
+        "CellError: rank 1 failed (ranks [0] failed too):",
+        "Error on rank 1: ValueError",
+        *cause.splitlines(),
+        "Error on rank 0: RuntimeError",
+        *released.splitlines(),
+    ]
+    assert err._render_traceback_() == expected
+    assert f"CellError: {err}".splitlines() == expected

@@ -81,13 +81,19 @@ class CellError(RankError):
     def __reduce__(self):
         return (CellError, (self.errors, self.exc_types, self.outputs))
 
-    def _render_traceback_(self) -> list[str]:
-        """IPython shows this instead of the runner's own frames: the ranks' tracebacks, labelled."""
-        lines = []
-        for rank, tb in self.errors.items():  # root causes first
+    def __str__(self) -> str:
+        """The heading (the rank that caused it, the others that "failed too"), then every failed rank's traceback,
+        labelled, root causes first: the same lines Jupyter shows (:meth:`_render_traceback_`) and a viewer that
+        prints an error's value does."""
+        lines = [super().__str__().partition("\n")[0].rstrip(":") + ":"]
+        for rank, tb in self.errors.items():
             lines.append(f"Error on rank {rank}: {self.exc_types[rank]}")
             lines.extend(tb.rstrip("\n").splitlines())
-        return lines
+        return "\n".join(lines)
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows this instead of the runner's own frames: ``CellError: `` and :meth:`__str__`'s lines."""
+        return f"{type(self).__name__}: {self}".splitlines()
 
 
 class Cluster:
