@@ -268,7 +268,7 @@ def last_messages(linked, link, run: Path, a: str, b: str) -> str:
             return f"{st}'s last {noun} {lag:.1f} ms after its hand-over, {part} with earlier {noun}s on the link"
 
         body += (
-            f". The link carries one message at a time, in order (a bucket up to {big:.1f} ms): it began "
+            f". The link carries one message at a time, in order (one bucket takes up to {big:.1f} ms on it): it began "
             f"{queue(b, 'bucket')}; {queue(a, 'message')}"
         )
     line = head + body if head else body[0].upper() + body[1:]
