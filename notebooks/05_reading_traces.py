@@ -26,8 +26,9 @@
 # measures (none says which stage is faster), then **one step of each stage on one time axis**, then the blog's six
 # stages over an emulated 1 Gbit/s link (the *link run*).
 #
-# k is `03_build_up`'s number of micro-batches a step. A *message* is one whole all_reduce call of gradients (a
-# bucket's or a parameter's); a *sync* is one round of messages that carries every gradient once.
+# k is `03_build_up`'s number of micro-batches a step. A *message* is one whole all_reduce call of gradients (one
+# parameter's, or a *bucket*'s: several parameters' gradients in one buffer); a *sync* is one round of messages that
+# carries every gradient once.
 
 # %%
 # %load_ext minddp.notebook
@@ -97,8 +98,8 @@ lesson.say(
 # * the *parameter check* (`minddp.stages.checks`): once a sync, before its first
 #   message, `simple` to `bucket-async` check that both ranks' forwards used the same parameters, with one small
 #   all_gather (one byte per parameter tensor): at the start of the finish in `simple` and `ga`, in `hook` to
-#   `bucket-async` in the first gradient's *hook* (the function autograd calls once a gradient is ready; these
-#   stages send from it). It is a collective, not a message; `ddp` and torch's DDP run none;
+#   `bucket-async` in the first gradient's *autograd hook* (the function autograd calls once a gradient is ready;
+#   these stages send from it). It is a collective, not a message; `ddp` and torch's DDP run none;
 # * the *blocking* stages (`simple`, `ga`, `hook`, `bucket`) send each message only once the training thread has
 #   the one before it back: `simple` and `ga` after a backward, `hook` and `bucket` inside the step's last
 #   backward. The *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send theirs during the
@@ -150,17 +151,17 @@ blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "buc
 lesson.say(lesson_05.overlap_order(zero["comm_comp_overlap_pctg"], blocking, asynchronous))
 lesson.say(lesson_05.outside_checks(shares, [("hook", "hook-async"), ("bucket", "bucket-async")]))
 parts = {st: lesson_05.in_flight_parts(RUN, st) for st in shares.index}
-lesson.say(lesson_05.held_open(shares, sizes, parts))
+lesson.say(lesson_05.not_drawn(parts))
 
 # %% [markdown]
-# One row per profiled stage, one axis in ms from the start of the profiled step. Each row is one step; how much
-# the same work's time differs from row to row is printed under the next table. In each row:
+# One row per profiled stage. Each row is one step; how much the same work's time differs from row to row is
+# printed under the next table. In each row:
 #
 # * the forward (pale) and backward (darker) band of each micro-batch: *forward* from the micro-batch's start
 #   to its first *autograd node* (the forward, and what the stage does around it),
 #   *backward* from the first to the last autograd node (an `autograd::engine::evaluate_function` event:
-#   one gradient function's run), whatever the threads did in it (the gradients and all the hooks do inside
-#   those nodes: the check, `hook`'s and `bucket`'s messages);
+#   one gradient function's run), whatever the threads did in it (the gradients and the autograd hooks run
+#   inside those nodes: the check, `hook`'s and `bucket`'s messages);
 # * a tick (the legend's "handed to the wire") when a message was *handed over*: for minddp's stages the start
 #   of its `minddp.bucket_launch` range, for torch's DDP the reducer's `c10d::allreduce_` call;
 # * an orange bar while the message's gloo all_reduce range was open, held open included. Ranges open at once
@@ -188,27 +189,13 @@ anatomy = lesson_05.anatomy(result, zero.index)
 display(anatomy)
 
 # %%
-alone = lesson_05.bands_ms(result, "backward").loc["single"].round()  # single's backward bands, ms
-steps, opt = lesson_05.phase_ms(result, "step"), lesson_05.phase_ms(result, "optimizer")
-sending, shorter = steps.drop("single"), int((steps.drop("single") < steps["single"]).sum())
-place = {0: "shorter than each", len(sending): "longer than each"}.get(shorter, f"longer than {shorter}")
-ratio = {x: round(v.max()) / round(v.min()) for x, v in (("steps", steps), ("optimizer", opt), ("bands", alone))}
-ratio = {x: round(r, 1) for x, r in ratio.items()}  # as printed: from the printed ms, to 0.1 (as spread's)
-same = max(ratio["optimizer"], ratio["bands"])  # the same work's spread
-lesson.say(
-    f"In one profiled step each, the step took {lesson_05.spread(steps)}, single's, which sends nothing, "
-    f"{steps['single']:.0f} ms ({place} of the {len(sending)} stages' that send); the optimizer step, the same work "
-    f"in every row (`single` included: the same model, micro-batches and AdamW), {lesson_05.spread(opt)}; single's "
-    f"backward bands, with no message in them, {alone.min():.0f}–{alone.max():.0f} ms ({ratio['bands']:.1f} ×): the "
-    f"same work took up to {same:.1f} × as long in one row or band as in another, so a difference no larger need "
-    f"not be the stages'; the steps' {ratio['steps']:.1f} × is {'larger' if ratio['steps'] > same else 'no larger'}."
-)
+lesson.say(lesson_05.same_work(result))  # the yardstick for a difference between rows
 lesson.say(lesson_05.band_non_compute(result, RUN, anatomy.index[anatomy["during a backward"] > 0]))
 
 # %% [markdown]
 # One stage's buckets (`bucket-async`): `order`, the bucket's place in the sending order; `MiB`, its gradients'
-# size. A bucket closes once its parameters hold 4 MiB or more (the profiling cell's "buckets of 4 MiB"), so one
-# can be a little over 4 MiB; the last holds what is left:
+# size. A bucket closes once its parameters hold 4 MiB or more, so one can be a little over 4 MiB; the last holds
+# what is left:
 
 # %%
 buckets = lesson_05.rank0(result.buckets)
@@ -236,11 +223,12 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 #   It is the link's work, not time the step lost;
 # * **waited**: the length of the union, over a step's gradient messages, of the time from rank 0's first
 #   `wait()` on one (the call that returns once the message is delivered; a blocking stage calls it after each
-#   hand-over) to its delivery, whatever held it. The parameter check is not a message and is not counted,
+#   hand-over) to its delivery. The parameter check is not a message and is not counted,
 #   so waited is not non-compute, even of one run;
 # * **exposed**: the part of that union during which rank 0's link carried a transfer; link time − exposed is
 #   the link's work while rank 0 waited for no message (a blocking stage's too: the link starts a message before
-#   the `wait()`); waited − exposed, the waits' part in which it carried nothing, held by something else.
+#   the `wait()`); waited − exposed, the waits' part in which it carried nothing: a transfer done, not yet
+#   delivered (the real all_reduce, or the link's thread, late).
 
 # %%
 from minddp.comm.link import parse_link
@@ -264,7 +252,7 @@ lesson.claim(
 during = per["during a backward"]
 lesson.claim(
     during["ga"] == 0 and during["hook"] == sends["hook"],
-    f"Sending from the gradients' hooks moves every message from after the backward into it (ga: {during['ga']} of "
+    f"Sending from the autograd hooks moves every message from after the backward into it (ga: {during['ga']} of "
     f"{sends['ga']} handed over during a backward; hook: {during['hook']} of {sends['hook']}).",
 )
 n = int(linked.summary["rank"].nunique())

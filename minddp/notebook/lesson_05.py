@@ -112,6 +112,29 @@ def spread(ms: pd.Series) -> str:
     return f"{lo}–{hi} ms ({ms.idxmin()}'s to {ms.idxmax()}'s, {hi / lo:.1f} ×)"
 
 
+def same_work(result) -> str:
+    """A line to print: how much the same work's time differed from row to row (the optimizer step, the same in every
+    row; ``single``'s backward bands, with no message in them), said first as the yardstick for a difference between
+    rows, then the steps' spread against it and where ``single``'s step falls; ratios from the printed ms, to 0.1 (as
+    :func:`spread`'s); one profiled step each, not claimed."""
+    alone = bands_ms(result, "backward").loc["single"].round()  # single's backward bands, ms
+    steps, opt = phase_ms(result, "step"), phase_ms(result, "optimizer")
+    sending = steps.drop("single")
+    shorter = int((sending < steps["single"]).sum())
+    place = {0: "shorter than each", len(sending): "longer than each"}.get(shorter, f"longer than {shorter}")
+    ratio = {x: round(round(v.max()) / round(v.min()), 1) for x, v in (("steps", steps), ("optimizer", opt))}
+    bands = round(alone.max() / alone.min(), 1)
+    same = max(ratio["optimizer"], bands)
+    return (
+        f"The same work took up to {same:.1f} × as long in one row or band as in another, so a difference between rows "
+        f"no larger need not be the stages': the optimizer step, the same in every row (`single` included: the same "
+        f"model, micro-batches and AdamW), {spread(opt)}; single's backward bands, with no message in them, "
+        f"{alone.min():.0f}–{alone.max():.0f} ms ({bands:.1f} ×). The steps took {spread(steps)}: "
+        f"{'more' if ratio['steps'] > same else 'no more'} than that; single's, which sends nothing, "
+        f"{steps['single']:.0f} ms, {place} of the {len(sending)} stages' that send."
+    )
+
+
 def message_bytes(linked) -> pd.Series:
     """Rank 0's messages of the link run (``buckets`` rows), each one's bytes (float32: 4 a number)."""
     sent = rank0(linked.buckets)
@@ -236,15 +259,17 @@ def last_messages(linked, link, run: Path, a: str, b: str) -> str:
     )
     if rb > 0 or ra > 0:
         big = 1e3 * metrics.link_time(link, [("all_reduce", nbytes[sent["stage"] == b].max(), world)])
-        on = (
-            f": earlier buckets (up to {big:.1f} ms each on the link) held it for {min(busy[b], late[b]):.1f} ms of "
-            "that"
-            if busy[b] > 0
-            else ", the link free at the hand-over"
-        )
+
+        def queue(st, noun):
+            lag, on = round(late[st], 1), round(min(busy[st], late[st]), 1)
+            if on <= 0:
+                return f"{st}'s last {noun} {lag:.1f} ms after its hand-over, the link free at the hand-over"
+            part = "all of it" if on == lag else f"{on:.1f} ms of it"
+            return f"{st}'s last {noun} {lag:.1f} ms after its hand-over, {part} with earlier {noun}s on the link"
+
         body += (
-            f". The link carries one message at a time, in order: it began {b}'s last bucket {late[b]:.1f} ms after "
-            f"its hand-over{on}; {a}'s last message {late[a]:.1f} ms after its hand-over"
+            f". The link carries one message at a time, in order (one bucket takes up to {big:.1f} ms on it): it began "
+            f"{queue(b, 'bucket')}; {queue(a, 'message')}"
         )
     line = head + body if head else body[0].upper() + body[1:]
     return f"{line}."
@@ -318,140 +343,70 @@ def in_flight_parts(run: Path, stage: str) -> tuple[float, float, list[str]]:
 NOT_DRAWN = {"gloo:broadcast": "the model's buffers, broadcast in a forward"}
 
 
-def held_open(shares: pd.DataFrame, sizes: pd.Series, parts: dict) -> str:
-    """A line to print: for each group of stages that send the same messages (``sizes``: stage -> sorted message
-    sizes; ``parts``: stage -> :func:`in_flight_parts`), how long each one's all_reduce ranges were open (to 0.1 ms),
-    and how much longer than the group's shortest for the same bytes, as a share of its in flight (``shares``'
-    printed columns): time held open at least, since the shortest's can be held open too; where that is more than
-    half of a stage's in flight, what its overlap is a share of; in words, that an overlap does not rank stages by
-    what compute hid of their bytes' time, with the pair of stages sending the same bytes a step where the higher
-    overlap has the more non-compute, both gaps the widest (their product), if there is one; then the
-    collectives the plot does not draw; one profiled step, not claimed.
+def not_drawn(parts: dict) -> str:
+    """A line to print (``parts``: stage -> :func:`in_flight_parts`): the gloo ranges in flight that the plot does
+    not draw, and in which stages; empty where there are none.
 
-    >>> t = pd.DataFrame({"in flight (ms)": [10.0, 40.0, 12.0], "overlap (%)": [0.0, 80.0, 5.0],
-    ...                   "non-compute (ms)": [10.0, 8.0, 9.0]}, index=["b", "ba", "d"])
-    >>> sizes = pd.Series({"b": [1, 2], "ba": [1, 2], "d": [1, 2]})
-    >>> parts = {"b": (9.0, 0.0, []), "ba": (30.0, 0.0, []), "d": (11.0, 1.0, ["gloo:broadcast"])}
-    >>> print(held_open(t, sizes, parts))  # doctest: +NORMALIZE_WHITESPACE
-    b, ba and d send the same 2 messages (the same sizes); their all_reduce ranges (the orange bars of the plot
-    below) were open 9.0, 30.0 and 11.0 ms in all. For the same bytes, the others' were open longer than b's (the
-    shortest): ba's by 21.0 ms, 52 % of its in flight; d's by 2.0 ms, 17 % of its in flight. At least that much was
-    held open (the caveat; the shortest's ranges can be held open too): more than half of ba's in flight, the time
-    its overlap (80.0 %) is a share of. An overlap is a share of the time ranges were open, held open included, so
-    it does not rank stages by how much of their bytes' time compute hid (in this step, of two stages sending the
-    same bytes, the higher overlap had the less non-compute). Also in flight, not drawn:
-    gloo:broadcast ranges (the model's buffers, broadcast in a forward) in d.
-    >>> t.loc["ba", "non-compute (ms)"] = 12.0
-    >>> print(held_open(t, sizes, parts))  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
-    b, ba and d ... it does not rank stages by how much of their bytes' time compute hid: with the same bytes a
-    step, ba's overlap is 80.0 % against d's 5.0 %, yet ba had the more non-compute, 12.0 against 9.0 ms. Also in
-    flight, ...
+    >>> print(not_drawn({"b": (9.0, 0.0, []), "d": (11.0, 1.0, ["gloo:broadcast"])}))
+    Also in flight, not drawn: gloo:broadcast ranges (the model's buffers, broadcast in a forward) in d.
     """
 
     def names(stages):
         return ", ".join(stages[:-1]) + f" and {stages[-1]}" if len(stages) > 1 else stages[0]
 
-    ov, nc = shares["overlap (%)"], shares["non-compute (ms)"]
-    bars = {st: round(parts[st][0], 1) for st in parts}
-    groups: dict[tuple, list[str]] = {}
-    for st in parts:
-        groups.setdefault(tuple(sizes[st]), []).append(st)
-    lines = []
-    for size, group in groups.items():
-        if len(group) < 2:
-            continue
-        ref = min(group, key=lambda st: bars[st])
-        bars_are = "" if lines else " (the orange bars of the plot below)"
-        line = (
-            f"{names(group)} send the same {len(size)} messages (the same sizes); their all_reduce ranges{bars_are} "
-            f"were open {names([f'{bars[st]:.1f}' for st in group])} ms in all."
-        )
-        longer = {st: bars[st] - bars[ref] for st in group if st != ref and bars[st] > bars[ref]}
-        share = {st: 100 * d / shares.loc[st, "in flight (ms)"] for st, d in longer.items()}
-        if longer:
-            if len(longer) == 1:
-                (st, d), (_, pc) = *longer.items(), *share.items()
-                line += f" For the same bytes, {st}'s were open {d:.1f} ms longer than {ref}'s, {pc:.0f} % of its"
-                line += " in flight."
-            else:
-                each = "; ".join(
-                    f"{st}'s by {d:.1f} ms, {share[st]:.0f} % of its in flight" for st, d in longer.items()
-                )
-                line += f" For the same bytes, the others' were open longer than {ref}'s (the shortest): {each}."
-            line += (
-                " At least that much was held open (the caveat; the shortest's ranges can be held open too)"
-                if len(lines) == 0
-                else " At least that much was held open"
-            )
-            over = [st for st in longer if share[st] > 50]
-            if over:
-                one, whose = len(over) == 1, names([f"{st}'s" for st in over])
-                ovs = names([f"{ov[st]:.1f}" for st in over])
-                line += (
-                    f": more than half of {whose} in flight, the time {'its overlap' if one else 'their overlaps'} "
-                    f"({ovs} %) {'is a share' if one else 'are shares'} of"
-                )
-            line += "."
-        lines.append(line)
-    said = (
-        "An overlap is a share of the time ranges were open, held open included, so it does not rank stages by how "
-        "much of their bytes' time compute hid"
-    )
-    a_step = {st: sum(sizes[st]) for st in parts}  # the bytes a step, as numbers
-    pairs = [(x, y) for x in parts for y in parts if a_step[x] == a_step[y] and ov[x] > ov[y] and nc[x] > nc[y]]
-    if pairs:  # the pair furthest apart both ways: overlap gap (points) times non-compute gap (ms)
-        x, y = max(pairs, key=lambda p: (ov[p[0]] - ov[p[1]]) * (nc[p[0]] - nc[p[1]]))
-        said += (
-            f": with the same bytes a step, {x}'s overlap is {ov[x]:.1f} % against {y}'s {ov[y]:.1f} %, yet {x} had "
-            f"the more non-compute, {nc[x]:.1f} against {nc[y]:.1f} ms"
-        )
-    else:
-        said += " (in this step, of two stages sending the same bytes, the higher overlap had the less non-compute)"
-    lines.append(said + ".")
     other: dict[str, list[str]] = {}
     for st in parts:
         for n in parts[st][2]:
             other.setdefault(n, []).append(st)
-    if other:
-        what = "; ".join(
-            f"{n} ranges ({NOT_DRAWN[n]}) in {names(sts)}" if n in NOT_DRAWN else f"{n} ranges in {names(sts)}"
-            for n, sts in other.items()
-        )
-        lines.append(f"Also in flight, not drawn: {what}.")
-    return " ".join(lines)
+    what = "; ".join(
+        f"{n} ranges ({NOT_DRAWN[n]}) in {names(sts)}" if n in NOT_DRAWN else f"{n} ranges in {names(sts)}"
+        for n, sts in other.items()
+    )
+    return f"Also in flight, not drawn: {what}." if other else ""
 
 
 def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
-    """A line to print: for each (one message a parameter, buckets) pair of stages, waited, exposed and waited −
-    exposed (``table``'s printed columns), and in words how much each kind of wait changed, and waited in all; one
-    profiled step each, not claimed.
+    """A line to print: for each (one message a parameter, buckets) pair of stages, waited, exposed, waited − exposed
+    and link time (``table``'s printed columns), and in words how much each kind of wait changed, waited in all, and
+    the link time; where waited fell mostly in its part with the link idle, and by more than the link time fell, that
+    said; one profiled step each, not claimed.
 
-    >>> t = pd.DataFrame({"waited (ms)": [9.0, 5.0, 4.0, 6.0], "exposed (ms)": [4.0, 4.0, 0.0, 5.9]},
-    ...                  index=["h", "b", "ha", "ba"])
+    >>> t = pd.DataFrame({"link time (ms)": [3.0, 2.0, 3.0, 2.0], "waited (ms)": [9.0, 5.0, 4.0, 6.0],
+    ...                   "exposed (ms)": [4.0, 4.0, 0.0, 5.9]}, index=["h", "b", "ha", "ba"])
     >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
     >>> print(bucket_pairs(t, [("h", "b"), ("ha", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
     From one message a parameter to buckets, in this step: h → b, waited 9.0 → 5.0 ms, exposed 4.0 → 4.0, waited −
     exposed 5.0 → 1.0: with buckets rank 0 waited 4.0 ms less while its link carried nothing and as long while it
-    carried a transfer, 4.0 ms less in all. ha → ba, waited 4.0 → 6.0 ms, exposed 0.0 → 5.9, waited − exposed 4.0 →
-    0.1: with buckets rank 0 waited 3.9 ms less while its link carried nothing and 5.9 ms more while it carried a
-    transfer, 2.0 ms more in all.
+    carried a transfer, 4.0 ms less in all, the link time 1.0 ms less. ha → ba, waited 4.0 → 6.0 ms, exposed 0.0 →
+    5.9, waited − exposed 4.0 → 0.1: with buckets rank 0 waited 3.9 ms less while its link carried nothing and 5.9 ms
+    more while it carried a transfer, 2.0 ms more in all, the link time 1.0 ms less. In h → b, the waits with the
+    link idle (transfers done, not yet delivered) fell 4.0 ms, all of waited's 4.0 ms fall and 4.0 × the 1.0 ms of
+    link time that buckets saved.
     """
-    w, e, r = "waited (ms)", "exposed (ms)", "waited − exposed (ms)"
+    w, e, r, lt = "waited (ms)", "exposed (ms)", "waited − exposed (ms)", "link time (ms)"
 
     def change(x, y):
         d = round(y - x, 1)
         return "as long" if d == 0 else f"{abs(d):.1f} ms {'less' if d < 0 else 'more'}"
 
-    parts = []
+    parts, idle = [], []
     for a, b in pairs:
-        (wa, ea, ra), (wb, eb, rb) = (table.loc[st, [w, e, r]] for st in (a, b))
+        (wa, ea, ra, la), (wb, eb, rb, lb) = (table.loc[st, [w, e, r, lt]] for st in (a, b))
         total = "as long in all" if round(wb - wa, 1) == 0 else f"{change(wa, wb)} in all"
         parts.append(
             f"{a} → {b}, waited {wa:.1f} → {wb:.1f} ms, exposed {ea:.1f} → {eb:.1f}, waited − exposed {ra:.1f} → "
             f"{rb:.1f}: with buckets rank 0 waited {change(ra, rb)} while its link carried nothing and "
-            f"{change(ea, eb)} while it carried a transfer, {total}"
+            f"{change(ea, eb)} while it carried a transfer, {total}, the link time {change(la, lb)}"
         )
-    return f"From one message a parameter to buckets, in this step: {'. '.join(parts)}."
+        fell, fell_idle, saved = round(wa - wb, 1), round(ra - rb, 1), round(la - lb, 1)
+        if fell > 0 and fell_idle > fell / 2 and fell_idle > saved > 0:
+            than = "more than" if fell_idle > fell else "all of" if fell_idle == fell else "most of"
+            idle.append(
+                f" In {a} → {b}, the waits with the link idle (transfers done, not yet delivered) fell "
+                f"{fell_idle:.1f} ms, {than} waited's {fell:.1f} ms fall and {fell_idle / saved:.1f} × the "
+                f"{saved:.1f} ms of link time that buckets saved."
+            )
+    return f"From one message a parameter to buckets, in this step: {'. '.join(parts)}.{''.join(idle)}"
 
 
 def overlap_order(ov: pd.Series, blocking: list[str], asynchronous: list[str]) -> str:
@@ -460,8 +415,7 @@ def overlap_order(ov: pd.Series, blocking: list[str], asynchronous: list[str]) -
 
     >>> print(overlap_order(pd.Series({"b": 5.0, "a": 60.0}), ["b"], ["a"]))  # doctest: +NORMALIZE_WHITESPACE
     Overlap: 60.0–60.0 % in the asynchronous stages, 5.0–5.0 % in the blocking ones: each asynchronous stage's is
-    above each blocking stage's (a blocking stage's overlap is compute beside ranges still open after its training
-    thread went on: the caveat).
+    above each blocking stage's.
     """
     lo, hi = ov[blocking].max(), ov[asynchronous]
     line = (
@@ -474,44 +428,39 @@ def overlap_order(ov: pd.Series, blocking: list[str], asynchronous: list[str]) -
             f"{line}; {', '.join(below)} no higher than {ov[blocking].idxmax()}'s {lo:.1f} %: in this step, not "
             "each asynchronous stage gave compute more of its time in flight than each blocking one."
         )
-    held = (
-        " (a blocking stage's overlap is compute beside ranges still open after its training thread went on: the "
-        "caveat)"
-        if lo > 0
-        else ""
-    )
-    return f"{line}: each asynchronous stage's is above each blocking stage's{held}."
+    return f"{line}: each asynchronous stage's is above each blocking stage's."
 
 
 def outside_checks(shares: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
-    """A line to print: for each (blocking, asynchronous) pair, the two stages' non-compute and its part outside the
-    parameter checks (``shares``' printed columns), and in words how much of the difference the checks make; one
-    profiled step, not claimed.
+    """A line to print: for each (blocking, asynchronous) pair, the two stages' non-compute, all of it and outside the
+    parameter checks (``shares``' printed columns), how much the second's differs from the first's, each way, and in
+    words which of the stages had most of its non-compute inside its checks; one profiled step, not claimed.
 
     >>> t = pd.DataFrame({"non-compute (ms)": [24.5, 42.0], "of it, in the checks (ms)": [4.8, 25.4]},
     ...                  index=["b", "ba"])
     >>> print(outside_checks(t, [("b", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
-    Non-compute outside the parameter checks: b 19.7, ba 16.6 ms; ba's non-compute is 17.5 ms more than b's, all of
-    it in its check: outside the checks ba's is 3.1 ms less.
+    Non-compute, all of it and outside the parameter checks: b 24.5 and 19.7 ms, ba 42.0 and 16.6 ms. ba's is 17.5 ms
+    more than b's, outside the checks 3.1 ms less. Most of ba's non-compute (25.4 of 42.0 ms) was in its parameter
+    check.
     """
     nc, chk = shares["non-compute (ms)"], shares["of it, in the checks (ms)"]
     out = (nc - chk).round(1)
-    said = []
-    for a, b in pairs:
-        d, do = round(nc[b] - nc[a], 1), round(out[b] - out[a], 1)
-        if d <= 0:
-            more = f", but outside the checks {do:.1f} ms more" if do > 0 else ", outside the checks too"
-            said.append(f"{b}'s non-compute is no more than {a}'s{more}")
-        elif do <= 0:
-            less = f"{-do:.1f} ms less" if do < 0 else "as much"
-            said.append(
-                f"{b}'s non-compute is {d:.1f} ms more than {a}'s, all of it in its check: outside the checks "
-                f"{b}'s is {less}"
-            )
-        else:
-            said.append(f"{b}'s non-compute is {d:.1f} ms more than {a}'s, {do:.1f} ms of it outside the checks")
-    each = ", ".join(f"{st} {out[st]:.1f}" for a, b in pairs for st in (a, b))
-    return f"Non-compute outside the parameter checks: {each} ms; {'; '.join(said)}."
+
+    def change(x, y):
+        d = round(y - x, 1)
+        return "as much as" if d == 0 else f"{abs(d):.1f} ms {'less' if d < 0 else 'more'} than"
+
+    stages = [st for pair in pairs for st in pair]
+    each = ", ".join(f"{st} {nc[st]:.1f} and {out[st]:.1f} ms" for st in stages)
+    said = "; ".join(
+        f"{b}'s is {change(nc[a], nc[b])} {a}'s, outside the checks {change(out[a], out[b]).removesuffix(' than')}"
+        for a, b in pairs
+    )
+    most = [st for st in stages if chk[st] > nc[st] / 2]
+    inside = "".join(
+        f" Most of {st}'s non-compute ({chk[st]:.1f} of {nc[st]:.1f} ms) was in its parameter check." for st in most
+    )
+    return f"Non-compute, all of it and outside the parameter checks: {each}. {said}.{inside}"
 
 
 def link_after_backward(linked, run: Path, stages) -> str:
