@@ -1305,7 +1305,7 @@ OUTER_SYNC_MISTAKES = [  # each wrong idea, and the words its verdict must hold
     # learner read 14 (10-c #11): `g /= world_size`, as every %%distributed cell had it, got a bare NameError
     (
         wrong.outer_sync_divides_by_world_size,
-        "only on the notebook's own ranks, in its %%distributed cells; ask dist.get_world_size()",
+        "only on the notebook's own ranks, given to each by %dist_init; ask dist.get_world_size()",
     ),
 ]
 
