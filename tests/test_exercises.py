@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import textwrap
 import time
+from types import SimpleNamespace
 
 import exercise_mistakes as wrong
 import pytest
@@ -755,10 +756,42 @@ def test_a_name_only_the_runners_ranks_have_gets_the_fix():
     # requires of it; the hint named the call without the group, which the harness then refuses
     hint = checker._raise_hint("halves", " in my_all_reduce (line 4)", "name 'world_size' is not defined", None, 2)
     assert "dist.get_world_size(group)" in hint and "dist.get_rank(group)" in hint, hint
-    # notebook 06's round-nineteen read: 06 calls the world size `world` (ring, world = ...) in its %%distributed
-    # cells, so `n = world` in my_all_reduce raised a NameError with no hint at all
+
+
+class _RankZero:
+    """The notebook's %dist_init cluster as the checker asks it: its rank 0's namespace, the query evaluated there."""
+
+    running = True
+
+    def __init__(self, namespace: dict):
+        self.namespace = namespace
+
+    def run(self, code, *, ranks=None, timeout_s=None, raise_errors=True):
+        assert ranks == [0] and not raise_errors
+        return [SimpleNamespace(ok=True, value=eval(code, dict(self.namespace)))]
+
+
+def test_any_name_the_notebooks_ranks_have_and_the_kernel_lacks_gets_the_fix(monkeypatch):
+    # notebook 10's round-twenty read, finding 6: a hint named only a fixed list of names. Now any name the notebook's
+    # ranks have: the runner's (device was not in the list) and what their %%distributed cells set (06's `world`,
+    # 10's `chains`), read from rank 0's namespace while %dist_init's cluster runs
+    from minddp.notebook import magics
+
+    hint = checker._raise_hint(None, " in my_outer_sync (line 3)", "name 'device' is not defined", None, 2)
+    assert "kernel has no device: that name exists only on the notebook's own ranks, given to each by" in hint, hint
+    ranks = {"__name__": "__main__", "torch": torch, "rank": 0, "world_size": 2, "world": 2, "chains": iter(())}
+    monkeypatch.setattr(magics, "_cluster", _RankZero(ranks))
     hint = checker._raise_hint("halves", " in my_all_reduce (line 2)", "name 'world' is not defined", None, 2)
-    assert "kernel has no world:" in hint and "dist.get_world_size(group)" in hint, hint
+    assert "kernel has no world:" in hint and "in its %%distributed cells" in hint, hint
+    assert "dist.get_world_size(group)" in hint, hint
+    hint = checker._raise_hint(None, " in my_fragment_to_send (line 2)", "name 'chains' is not defined", None, 2)
+    assert "kernel has no chains:" in hint and "set it in a cell without %%distributed" in hint, hint
+    hint = checker._raise_hint(None, " in my_outer_sync (line 2)", "name 'torch' is not defined", None, 2)
+    assert "import torch in the cell that defines your function" in hint, hint
+    hint = checker._raise_hint(None, " in my_outer_sync (line 2)", "name 'dist' is not defined", None, 2)
+    assert "import torch.distributed as dist in the cell that defines your function" in hint, hint
+    # a name the ranks lack too is a plain typo: no hint that the ranks have it
+    assert checker._raise_hint(None, " in f (line 2)", "name 'chians' is not defined", None, 2) == "", "typo"
 
 
 def test_a_passing_hook_verdict_names_each_number_it_prints():
@@ -1274,7 +1307,7 @@ OUTER_SYNC_MISTAKES = [  # each wrong idea, and the words its verdict must hold
     # learner read 14 (10-c #11): `g /= world_size`, as every %%distributed cell had it, got a bare NameError
     (
         wrong.outer_sync_divides_by_world_size,
-        "only on the notebook's own ranks, in its %%distributed cells; ask dist.get_world_size()",
+        "only on the notebook's own ranks, given to each by %dist_init; ask dist.get_world_size()",
     ),
 ]
 

@@ -439,6 +439,31 @@ ALL_REDUCE_RETURNS_NONE = (
 _BACKEND_PREFIX = re.compile(r"^(\[rank\d+\]:)?\[[A-Z]\d{4} [\d:.]+ [^\]]+\]\s*")
 
 
+#: Asked of the notebook's rank 0: each name in its namespace, and the module it names (None: not a module).
+_ASK_NAMES = (
+    "{k: v.__name__ if type(v).__name__ == 'module' else None"
+    " for k, v in list(globals().items()) if not k.startswith('_')}"
+)
+
+
+def rank_names() -> dict[str, str | None]:
+    """The names the notebook's own ranks have, each with the module it names (or None): every name in rank 0's
+    namespace while ``%dist_init``'s cluster runs (the runner's and those its cells set), else the runner's alone."""
+    from minddp.notebook.worker import RUNNER_MODULES, RUNNER_NAMES  # here: the kernel's side needs no IPython before
+
+    names = {name: RUNNER_MODULES.get(name) for name in RUNNER_NAMES}
+    try:
+        from minddp.notebook.magics import current_cluster
+
+        cluster = current_cluster()
+        if cluster is not None and cluster.running:
+            reply = cluster.run(_ASK_NAMES, ranks=[0], timeout_s=10.0, raise_errors=False)[0]
+            names.update(reply.value if reply.ok and isinstance(reply.value, dict) else {})
+    except Exception:  # noqa: BLE001 - a hint must never turn a verdict into a crash; the runner's names remain
+        pass
+    return names
+
+
 def _raise_hint(
     like: str | None,
     where: str,
@@ -523,15 +548,25 @@ def _raise_hint(
             "notebook's n = world_size was set on its own ranks, in a %%rank cell; ask "
             "dist.get_world_size(process_group))"
         )
-    # world_size and rank are the runner's names, on its ranks only; world is the notebooks' own name for the world
-    # size, set in their %%distributed cells (06's `ring, world = ...`), so the kernel lacks it too
-    missing = re.search(r"name '(world_size|world|rank)' is not defined", message)
-    if missing:
-        group = "process_group" if like in solutions.HOOKS else "group" if like == "halves" else ""  # the args' name
+    # any name the notebook's own ranks have and the kernel lacks: the runner's (world_size, rank, ...) or one their
+    # %%distributed cells set (06's `ring, world = ...`, 10's `chains`)
+    missing = re.search(r"name '(\w+)' is not defined", message)
+    if missing and missing[1] in (names := rank_names()):
+        from minddp.notebook.worker import RUNNER_NAMES
+
+        name, group = missing[1], "process_group" if like in solutions.HOOKS else "group" if like == "halves" else ""
+        ask = (
+            f"import {names[name]}{'' if names[name] == name else ' as ' + name} in the cell that defines your function"
+            if names[name]
+            else f"ask dist.get_world_size({group}) and dist.get_rank({group})"
+            if name in ("world_size", "world", "rank")
+            else "set it in a cell without %%distributed, or inside your function"
+        )
         return (
             " (your code runs on the checker's ranks with your notebook kernel's names, and the kernel has no "
-            f"{missing.group(1)}: that name exists only on the notebook's own ranks, in its %%distributed cells; ask "
-            f"dist.get_world_size({group}) and dist.get_rank({group}))"
+            f"{name}: that name exists only on the notebook's own ranks, "
+            + ("given to each by %dist_init" if name in RUNNER_NAMES else "in its %%distributed cells")
+            + f"; {ask})"
         )
     if like in solutions.HOOKS and re.search(r"'NoneType' object has no attribute '(size|rank)'", message):
         return (

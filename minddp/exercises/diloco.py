@@ -666,7 +666,8 @@ def _checked(fn, on_rank, name: str, shape: str, describe, world_size: int, time
     if problem and any(AVG_MESSAGE in m for m in messages):
         problem += AVG_HINT
     missing = next((m.split("'")[1] for m in messages if m.startswith("name '") and "is not defined" in m), None)
-    if problem and missing in ("torch", "dist", "nn", "functools"):
+    # torch and dist are the runner's too: the checker's hint for a name only the ranks have says to import them
+    if problem and missing in ("torch", "dist", "nn", "functools") and "kernel has no" not in problem:
         problem += IMPORT_HINT.format(name="torch.distributed as dist" if missing == "dist" else missing)
     return reports, (Verdict(False, problem, reports) if problem else None)
 

@@ -36,6 +36,10 @@ from typing import Any, Callable
 
 from minddp.runtime.processes import HELPER_BLOCKED, watch_parent
 
+#: The names the runner puts in every rank's namespace before any cell runs, and the modules among them.
+RUNNER_NAMES = ("torch", "dist", "rank", "world_size", "device")
+RUNNER_MODULES = {"torch": "torch", "dist": "torch.distributed"}
+
 #: matplotlib backend for ranks: draws off-screen; ``plt.show()`` keeps the figure for the report.
 MPL_BACKEND = "module://minddp.notebook.mpl_backend"
 
@@ -64,14 +68,8 @@ def worker_main(rank, world_size, port, placement, timeout_s, parent_pid, parent
     except BaseException:  # noqa: BLE001 - the parent must hear why the rank never came up
         reports.put(("failed", rank, os.getpid(), traceback.format_exc()))
         return
-    namespace: dict[str, Any] = {
-        "__name__": "__main__",
-        "torch": torch,
-        "dist": dist,
-        "rank": rank,
-        "world_size": world_size,
-        "device": placement.device(rank),
-    }
+    given = (torch, dist, rank, world_size, placement.device(rank))
+    namespace: dict[str, Any] = {"__name__": "__main__", **dict(zip(RUNNER_NAMES, given, strict=True))}
     reports.put(("ready", rank, os.getpid(), None))
 
     while True:
