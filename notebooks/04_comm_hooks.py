@@ -36,8 +36,7 @@
 #   all_reduces reduce (numel × element size), not the bytes a rank sends (2(n − 1)/n of it, on a ring of n ranks);
 # * the *relative gradient error* `‖ĝ − g‖ / ‖g‖`: how far the hook's average `ĝ` is from the *reference
 #   average* `g`, the float32 average of the same step's gradients by plain averaging's own division and sum, in
-#   an extra all_reduce before the hook's, not counted as traffic. Plain averaging scores 0; a hook handing back
-#   zeros would score 1.
+#   an extra all_reduce before the hook's, not counted as traffic. A hook handing back zeros would score 1.
 #
 # Sizes are binary (a KiB is 2¹⁰ bytes, a MiB 2²⁰), link rates decimal (a Gbit/s is 10⁹ bits/s, a GB/s 10⁹
 # bytes/s). Then the last step's all_reduces are priced on modelled links.
@@ -82,13 +81,15 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 #
 # `b_i = γ(u) · a_i + (n + 1) · tiny · eps / 2 + γ(2⁻²⁴) · a_i`, γ(u) = (n + 1) u / (1 − (n + 1) u)
 #
-# * n + 1: the roundings of each rank's term (its cast, its division, at most n − 1 additions);
+# * n + 1: the roundings of each rank's term (its cast, its division, at most n − 1 additions; the cast back to
+#   float32 is exact);
 # * u = eps / 2: the most a rounding is off, relative to its result; eps = `torch.finfo(dtype).eps`, float16's
 #   2⁻¹⁰, bfloat16's 2⁻⁷;
 # * a_i: the ranks' mean magnitude of value i;
 # * tiny · eps / 2: the most a rounding is off below the format's smallest normal value, tiny
 #   (`torch.finfo(dtype).tiny`), where a value *underflows*: it keeps fewer digits, or becomes 0;
-# * γ(2⁻²⁴) · a_i: float32's rounding (u = 2⁻²⁴) of the reference average.
+# * γ(2⁻²⁴) · a_i: float32's rounding of the reference average, whose n roundings (no cast), counted as n + 1,
+#   only loosen the bound.
 #
 # The bound is ‖b‖ / ‖g‖.
 
@@ -225,7 +226,13 @@ lesson.claim(
     and all(w["relative_error"] == 0 for w in psgd_trainee.metered[:start_iter] + plain_trainee.metered),
     f"For the first {start_iter} steps PowerSGD is plain averaging (start_powerSGD_iter={start_iter}): the same "
     f"{plain_calls} all_reduces and {plain_kib:.0f} KiB of payload, and a relative error of exactly 0, as plain "
-    "averaging's on every step.",
+    "averaging's on every step"
+    + (
+        f": on {world_size} ranks its sum and the reference average's are one addition of the same values, whose "
+        "order cannot matter."
+        if world_size == 2
+        else "."
+    ),
 )
 # a bucket makes at most 3 all_reduces (P and Q only if it compresses a matrix; the uncompressed tensors' only if it
 # holds any): 3 × buckets in all means 3 in every bucket
@@ -353,7 +360,7 @@ lesson.say(
 #
 # The cell prices both hooks' last steps on every preset link of `minddp.comm.link.PRESETS` but `loopback`: a
 # pair α, B (the table's first two columns, in µs and Gbit/s), not a
-# measured network; `home` stands for a home broadband line's upload, `wan` for two cloud regions a continent apart. The
+# measured network. The
 # figure draws both link times against B at `1gbit`'s α: each line falls towards its hook's fixed costs (c or c′
 # times 2(n − 1) α), and the two cross at 1gbit's B*. Each preset is named beside its circle, its triangle at the
 # same B; at its own α a marker's link ms differ from its line's by its hook's c or c′ times 2(n − 1) (α − 1gbit's α).
