@@ -99,8 +99,7 @@ show_source(ring_all_reduce)
 # FSDP reduce-scatters its units' gradients, a little under one pass, but gathers each unit's parameters for
 # every micro-batch's forward and again, all but the last unit's, for its backward. The bound below counts
 # one reduce-scatter pass a step and two gathering passes per micro-batch. Those passes count the
-# replicated tensors' bytes too, though these are never gathered; their all_reduce, two passes of their
-# bytes, fits in that room.
+# replicated tensors' bytes too, though these are never gathered: room for their all_reduce.
 
 # %%
 # %%distributed
@@ -200,7 +199,11 @@ lesson.claim(
     f"activations, and here they are more than the most model state a stage takes off ddp's, fsdp's "
     f"{lesson.mib(cut['fsdp'])}.",
 )
-table.round(3).astype(object).where(table.notna(), "–")
+shown = table.round(3).astype(object).where(table.notna(), "–")
+# the step counts' bytes, which round(3) of MiB shows in some rows only
+over = (table["model state MiB"] - table["formula MiB"]) * 2**20
+shown.insert(5, "model state − formula, bytes", over.round().astype(int))
+shown
 
 # %%
 # %%rank 0
@@ -462,15 +465,15 @@ print(key_lines(Zero2DDP, parts) + "\n")
 show_source(reduce_scatter_hook)
 
 # %% [markdown]
-# A stage's *look* (`Trainee.look()`) is one step under the profiler, read in memory
-# (`minddp.analysis.live`): its collectives, each with the moment the stage *handed it over* (its call
-# into `torch.distributed`) and the bytes *given* to it (the tensors this rank passed in). Its *gradient
-# collectives* are those that sum gradients (fsdp's all_reduces of its replicated tensors included); it
-# counts the all-gathers of parameters apart. On gloo a `Wire` with no transport of its own runs zero2's
-# and fsdp's reduce-scatters as all_reduces of the whole tensor they are given and keeps this rank's
-# piece; a transport with a reduce-scatter of its own, as the ring below, runs that. So every gradient
-# collective of these *gloo looks* is an all_reduce. Each is its trainee's second step: the first was the memory
-# step, so zero2's starts by gathering the parameters that step updated.
+# A stage's *look* is one step under the profiler, read in memory: its collectives, each with the moment the
+# stage *handed it over* (its call into `torch.distributed`) and the bytes *given* to it (the tensors this rank
+# passed in). Its *gradient collectives* are those that sum gradients (fsdp's all_reduces of its replicated
+# tensors included); it counts the all-gathers of parameters apart. gloo's reduce_scatter hands back no Future,
+# which a hook must return, so on gloo a `Wire` with no transport of its own runs zero2's and fsdp's
+# reduce-scatters as all_reduces of the whole tensor and keeps this rank's piece; a transport with a
+# reduce-scatter of its own, as the ring below, runs that. So every gradient collective of these *gloo looks* is
+# an all_reduce. Each is its trainee's second step: the first was the memory step, so zero2's starts by
+# gathering the parameters that step updated.
 
 # %%
 # %%distributed
@@ -526,7 +529,7 @@ lesson.claim(
 f_sent = rings["fsdp"]["sent"]
 passes = f_sent["all_gather"] / one_pass  # what a rank sent gathering units, in passes of the whole model
 # one reduce-scatter pass, at most two gathering passes per micro-batch (the α-β count's bound); the tensors left
-# whole are all-reduced (two passes of their bytes), which the bound's gathers of them more than cover
+# whole are all-reduced (2 (n - 1)/n of their bytes sent), which the bound's gathers of them more than cover
 lesson.claim(
     total["fsdp"] <= fsdp_most and passes < 2 * accum and f_sent["all_gather"] > total["fsdp"] / 2,
     f"fsdp sent {f_sent['reduce_scatter'] / 2**20:.2f} MiB reduce-scattering its units' gradients, "
@@ -598,14 +601,17 @@ holders = [s for s in STAGES if memory[s]["parameters"] == memory["ddp"]["parame
 lesson.claim(
     idle == 0
     and received + unpacked == peak
-    and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, unpacked)),
+    and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, unpacked))
+    and len({sum(u.numels) for u in fsdp.units}) == 1,
     f"{len(fsdp.units)} units ({type(unit.module).__name__}), "
     f"{len({id(p) for _, _, p in fsdp.replicated})} replicated parameter tensors; at most {lesson.mib(peak)} "
     "gathered at once in the memory step (the memory table's column). Gathering the largest unit alone between "
     f"steps, nothing else gathered or prefetched, holds as much: the buffer its all-gather receives into "
     f"({lesson.mib(received)}) and the full parameters unpacked from it into storages of their own "
     f"({lesson.mib(unpacked)}), each the unit's full parameters to within 0.1 %, both held until the unpack ends. "
-    "So the peak is one unit held twice while it is unpacked; the step's prefetches did not raise it. "
+    "The units are all this size, so a unit's full parameters held beside the next unit's prefetch buffer, as "
+    "through each forward, come to as much too; the memory step does not say which of the two reached the peak, "
+    "only that nothing held more. "
     f"That is {peak / memory['ddp']['parameters']:.0%} of the whole model's "
     f"{lesson.mib(memory['ddp']['parameters'])} of parameters, which "
     + (f"{', '.join(holders[:-1])} and {holders[-1]}" if len(holders) > 1 else holders[0])

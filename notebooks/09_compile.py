@@ -112,7 +112,7 @@ for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT
     ddps[label], looks[label] = one_step(compiled, cut)
     name = label.replace(" with", "\nwith")  # the figure's row label: the run, its pieces, its buckets (one tick each)
     run = looks[label]["pieces_run"]  # the compiled pieces' gradient nodes that ran: none in eager
-    pieces = f"{run} piece{'s' * (run != 1)}, " if compiled else ""
+    pieces = f"{run} {'piece' if cut else 'graph, uncut'}{'s' * (run != 1 and cut)}, " if compiled else ""
     looks[label]["row"].update(label=f"{name}\n{pieces}{looks[label]['calls']} buckets", stage=label)
 lesson.say(
     f"ddp on {world_size} ranks, an MLP of {DEPTH} layers of {WIDTH}×{WIDTH} (1 MiB of float32 weights each), "
@@ -128,8 +128,9 @@ lesson.say(
 # scaled to that step: pale up to the first gradient node (the forward, the loss's included, and the backward pass's
 # start), gradient nodes (blue), `AccumulateGrad` nodes (grey), a tick where the reducer's hook calls `all_reduce` on a
 # bucket, and the optimizer step (green). The hook runs in every `AccumulateGrad` node; in the one where a bucket is
-# handed over it copies the bucket's gradients into its buffer, scales it by one over the number
-# of ranks, then makes that call, which starts the collective (a sum) on gloo's threads. After the last grey, in the
+# handed over it copies the bucket's gradients into its buffer, scales it by one over the number of ranks, then makes
+# that call, which starts the collective (a sum) on gloo's threads; the grey goes on past the tick until the call
+# returns and the hook ends, and the figure does not show what in the call takes that time. After the last grey, in the
 # blank before the green, the reducer's end-of-backward callback waits for each bucket's `all_reduce` in turn and copies
 # its buffer (now the average) back into the gradients; the figure draws neither.
 #
@@ -140,9 +141,7 @@ lesson.say(
 # layer in eager, one per piece with the cut): nodes run back to back may draw as one stretch or split by a white
 # line, and a node narrower than a pixel as a sliver or nothing.
 #
-# Read the figure for the order of events, not for lengths: each row is one step of two ranks whose threads, gloo's
-# included, share this machine's cores, so a bar (a grey after its tick too) or a blank can hold time a thread waits
-# for a core.
+# Read the figure for the order of events, not for lengths: no claim reads a length.
 
 # %%
 # %%distributed
@@ -175,19 +174,6 @@ apart = max((v["params"] - eager["params"]).abs().max().item() for v in looks.va
 bound = lesson_09.rounding_bound(eager["moved"], eager["params"].abs().max().item(), k=2 * DEPTH * WIDTH + 32)
 near = "to the bit" if apart == 0 else f"to {apart:.1e}, within the {bound:.1e} that summing in another order allows"
 lesson.claim(apart <= bound, f"The three trainings end with the same parameters, {near}.")
-# a length, read in no claim: the blank from the row's last node to its green, as a share of the row's step
-blank = {}
-for label, v in looks.items():
-    row = v["row"]
-    last = max(end for _, end in row["backward"] + row["accumulate"])
-    blank[label] = round(100 * (row["optimizer"][0][0] - last) / row["end"])
-longest = [label for label, share in blank.items() if share == max(blank.values())]
-lesson.say(
-    "The blank between the last grey and the green, in % of its step: "
-    + ", ".join(f"{label} {share}" for label, share in blank.items())
-    + f"; the longest: {' and '.join(longest)}. The figure draws no all_reduce, so it does not show how much of a "
-    "blank the callback waited for them and how much a thread waited for a core; the claims read only the order."
-)
 
 
 # %% [markdown]
@@ -295,7 +281,7 @@ print(check_handover(solutions.handed_over_after))
 # begins no graph and counts no break there, and compiles the module it calls apart. torch's DDP marks only
 # `_inside_ddp_forward`, which sets `_active_ddp_module` around its module's call; Dynamo traces the rest of its
 # `forward`, breaks the graph at that call and at a call it cannot trace, and compiles the module, called after the
-# break, apart. The counts are Dynamo's counter, which can count more breaks than the calls it names.
+# break, apart. The counts below are Dynamo's counter of breaks, which can count more than one at a call.
 # Dynamo's cut into pieces is no graph break (the next section shows pieces with
 # none).
 
@@ -325,8 +311,8 @@ reasons = {
 }
 counts = {label: sum(by_reason.values()) for label, by_reason in reasons.items()}
 lesson.say(
-    f"Graph breaks in one training step of MLP(depth=2), wrappers at bucket_cap_mb={CAP:g}: {ALONE} {counts[ALONE]}, "
-    f"{OURS} {counts[OURS]}, {THEIRS} {counts[THEIRS]}, at {len(reasons[THEIRS])} calls (Dynamo's reason in "
+    f"Graph breaks (Dynamo's counter) in one training step of MLP(depth=2), wrappers at bucket_cap_mb={CAP:g}: "
+    f"{ALONE} {counts[ALONE]}, {OURS} {counts[OURS]}, {THEIRS} {counts[THEIRS]}, at {len(reasons[THEIRS])} calls (Dynamo's reason in "
     "brackets, then its count): " + lesson_09.untraced_calls(reasons[THEIRS])
 )
 lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
@@ -395,12 +381,6 @@ lesson.claim(
     f"bucket of both layers (a first step's plan), with no graph break; one more forward runs one compiled piece per "
     f"1 MiB layer: each piece closes at the layer that takes it past the {SMALL:g} MiB cap.",
 )
-# an order, as in the figure: the bucket's last gradient, layers.0.weight's, is the last piece's (the lines above)
-lesson.claim(
-    listed,
-    "In that first step the one bucket holds the last piece's parameter, so it is handed over after the last piece's "
-    "backward, when no gradient node is left to run: at this cap the cut gains that step nothing.",
-)
 
 
 # %% [markdown]
@@ -410,13 +390,13 @@ lesson.claim(
 #   hand-over of each bucket but the last, so those buckets' `all_reduce`s could run while gradients were still
 #   computed; without it, after none.
 #
-# * `torch.compile(wrapper)`: torch's DDP adds graph breaks, at a call it marks for Dynamo to skip inside its traced
-#   `forward` and at one Dynamo cannot trace; `ddp`, which has Dynamo skip its whole `forward`, adds none.
+# * `torch.compile(wrapper)`: torch's DDP adds graph breaks (Dynamo's count), at a call it marks for Dynamo to skip
+#   inside its traced `forward` and at one Dynamo cannot trace; `ddp`, which has Dynamo skip its whole `forward`, adds
+#   none.
 #
 # * At a bucket cap of 0.5 MiB, with the cut on (the default), torch's DDP does not compile: Dynamo's cap for its first
 #   piece is above the bucket cap. minddp's `ddp`, which sets that cap to the bucket cap, compiles there with both
-#   patterns and its first step ends where eager's does; that step's one bucket is handed over after the last piece,
-#   so the cut gains it nothing.
+#   patterns, and its first step trains to eager ddp's parameters.
 
 # %%
 # %dist_shutdown
