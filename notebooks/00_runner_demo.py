@@ -89,8 +89,8 @@ if rank == 1:
 dist.all_reduce(t)
 
 # %% [markdown]
-# The runner then gives every rank a new process group (in a real job nothing does: a rank that raises
-# ends its process). The ranks are still the same processes, `t` is still there, and collectives work again.
+# Here the ranks live on (in a real job they do not: a rank that raises ends its process): each is
+# still the same process, `t` is still there, and collectives work again.
 
 # %%
 # %%distributed

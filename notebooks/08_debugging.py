@@ -17,7 +17,7 @@
 # # 08 · When data parallelism goes wrong: `MINDDP_DEBUG=1`
 #
 # A data-parallel script can be wrong in ways a single process never is. We break DDP on purpose,
-# nine bugs in six sections, and run each (at least) three ways on the two ranks:
+# nine bugs in six sections, and run each three ways on the two ranks:
 #
 # 1. **torch**, debug mode *paused* (nothing checked, `minddp.debug.disable()`): what torch's DDP says
 #    (or `torch.distributed`, for the script's own collectives). Unlike in a real job, where all share
@@ -48,7 +48,7 @@
 # batches of 6 examples (its shard); `train(model, optimizer, steps)` takes that many correct steps
 # on them. They run each script three ways:
 #
-# * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised (an excerpt),
+# * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised,
 #   its step if raised in `train()` (`torch_step`), and the seconds from the script's start
 #   (`torch_took`), or "raised nothing"; `torch_drifts(script)` runs `script(model, optimizer)` on
 #   `build()`'s model wrapped in torch's DDP, and checks that none raised and the replicas end apart;
@@ -105,8 +105,9 @@ lesson.say(f"The short group's timeout is {WAIT_S} s; `group`'s, torch's default
 # after step 1. In debug mode, before each forward whose backward will average the gradients (the
 # *forward check*), every rank all-gathers a row of integers: the parameters'
 # `requires_grad` flags, then their fingerprints (checksums of their 16-bit words):
-# `int64[8]` for `Net()`'s 4 parameter tensors. The fix: change parameters the same way on every
-# rank (here: not at all).
+# `int64[8]` for `Net()`'s 4 parameter tensors. Only when rows differ does it all-gather the
+# differing tensors themselves (the *full comparison*), for the gap its error prints. The fix: change
+# parameters the same way on every rank.
 
 
 # %%
@@ -134,11 +135,12 @@ fixed(drifting_loop, "without the edit", edit=False)
 # DDP averages the gradients of a backward whose forward went through the wrapper. Call the module
 # itself (`model.module(x)`, or a submodule) and backward leaves each rank its own gradient; the
 # optimizer then steps each replica its own way. Before each `optimizer.step()` the *step check*
-# all-gathers another row, `int64[17]` for `Net()`: one integer of *notes*, bits saying, among others,
+# all-gathers another row, `int64[17]` for `Net()`: one integer of *notes*, bits saying
 # whether a forward bypassed the wrapper and whether the step's last forward ran inside `no_sync()`
 # (the wrapper's block whose forwards' backwards skip the averaging): this section's two bugs; then four groups of
 # one per parameter: whether it has a gradient, that gradient's fingerprint, whether this step's
-# backward computed one, and the local gradient's fingerprint (before averaging). The fix: call the
+# backward computed one, and the local gradient's fingerprint (before averaging); a full comparison
+# follows a mismatch. The fix: call the
 # wrapper.
 
 
@@ -287,8 +289,7 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # which rank ran out, or when. The collective check pairs rank 1's barrier with rank 0's next forward
 # check: rank 1 has left its loop. The fix: the wrapper's `join()` around the loop, the barrier after
 # it: a rank that has run out makes the others' remaining collectives, and once every rank has left
-# its loop, each takes the parameters of the last to leave (rank 0, here). Under
-# `join()` the forward and step checks pause: the checks that find the bugs of sections 1–3 and 6.
+# its loop, each takes the parameters of the last to leave (rank 0, here).
 
 
 # %%
@@ -421,10 +422,8 @@ lesson.claim(
 
 # %% [markdown]
 # A branch (`extra`) taken on rank 0 only is the other bug, and here `find_unused_parameters=True`,
-# which averages zeros in for a rank that did not use a parameter, *is* the fix, in torch's DDP as in
-# minddp's: a rank that did not take the branch has a true gradient of zero for it. Debug mode's
-# step check finds it (a gradient on some ranks only). Under torch the ranks swap roles: rank 1
-# raises (indices 4 and 5: `extra.weight`, `extra.bias`), and rank 0 fails.
+# which averages zeros in for a rank that did not use a parameter, *is* the fix: a rank that did not take the branch has a true gradient of zero for it. Debug mode's
+# step check finds it (a gradient on some ranks only). Under torch the ranks swap roles.
 
 # %%
 # %%distributed
@@ -450,14 +449,15 @@ minddp_says(
 
 
 def flagged(wrapper, **kwargs):
-    """The fix: the same 3 steps, the branch still on rank 0 only, with find_unused_parameters=True."""
+    """The fix: 3 steps, the branch still on rank 0 only, with find_unused_parameters=True."""
     model, optimizer = build(wrapper, extra=True, find_unused_parameters=True, **kwargs)
     train(model, optimizer, 3, use_extra=rank == 0)
     return model
 
 
 models = []
-with cpp_warnings():  # drops torch's C++ warning of section 6a, here from rank 0, which used every parameter
+lesson.say("The fix, find_unused_parameters=True, run under torch:")
+with cpp_warnings():  # hides torch's C++ warnings (the cell above shows one)
     raised = torch_does(lambda group, short: models.append(flagged(TorchDDP, process_group=group)))
 with quiet() as said:
     model = flagged(DistributedDataParallel)
@@ -471,8 +471,9 @@ lesson.claim(
 # ## What it adds
 #
 # A wrapper built in debug mode has three parts one built with it paused lacks: a *watch* (it runs the
-# forward and step checks), the `DebugReducer` (a *reducer* averages the gradients; this one sends each
-# bucket through `torch.distributed`, checked) and the plan check.
+# forward and step checks), the `DebugReducer` (a *reducer* averages the gradients; this one is checked)
+# and the plan check. Each check is a collective of its own: every step makes them on top of its
+# buckets' all_reduces (section 4 lists them), debug mode's price.
 
 
 # %%
