@@ -32,7 +32,7 @@
 #    saw a failure may be broken);
 # 3. a process that comes back is **healed**: it receives the trained state from a peer, over the group,
 #    no file (the parameters, the optimizer's state, the count of steps committed), before DDP's wrapper is
-#    built (`wrap()`), which broadcasts rank 0's state, and rank 0 may be the fresh process;
+#    built (`wrap()`), which broadcasts the state of the group's first member (*rank* below), maybe the fresh one;
 # 4. **the work** (`work` below): the members split the step's global batch among themselves (the exercise
 #    below);
 # 5. **should_commit**: the members vote yes or no; the attempt is committed if every member voted yes, else
@@ -139,7 +139,7 @@ lesson_07.print_recoveries(run, kill, raised, hang_s)
 
 
 # %% [markdown]
-# The cell below splits the kill's rejoin into parts, times the heal after it, and says what slots 0 and 2 did
+# The cell below splits the kill's rejoin into parts, times what followed it, and says what slots 0 and 2 did
 # meanwhile.
 
 # %%
@@ -254,12 +254,11 @@ lesson.claim(
 # outside any group, so it refuses a split that reads them, or the environment (the launcher's `RANK` is the slot).
 #
 # `check_shard` first calls your function, in this process, for each rank of worlds 3, 2 and 1 on a 10-row
-# batch, and names a split whose busiest rank takes more than ceil(B / world). Then it trains it on the
-# `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3) and compares the parameters with a
-# single process trained on each step's whole batch (both with plain SGD); where they differ, it names the
-# rows no rank trained, or two did, and at which world. Where they match, it checks both rules on batches
-# of 1 to 12 rows at worlds 3, 2 and 1. As it stands `my_shard` raises `NotImplementedError`, and the
-# checker says so.
+# batch, and names a split that gives each row once but its busiest rank more than ceil(B / world).
+# Then it trains it on the `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3) and compares
+# the parameters with a single process trained on each step's whole batch (both with plain SGD); where
+# they differ, it names the rows no rank trained, or two did, and at which world. Where they match, it
+# checks both rules on batches of 1 to 12 rows at worlds 3, 2 and 1.
 
 # %%
 from minddp.exercises import check_shard

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
 from minddp.ft.launch import EXIT_WAIT_S
-from minddp.ft.report import asked_s, fault_outcomes, first_request_s, heal_s, peer_error_s
+from minddp.ft.report import asked_s, fault_outcomes, first_request_s, heal_s, peer_error_s, retry_work_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
 from minddp.runtime import compat
@@ -154,12 +154,28 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
             f"{'kill' if k[0] > r[0] else 'raise'} than after the {'raise' if k[0] > r[0] else 'kill'} "
             "(this notebook does not measure why)"
         )
-    d = rows[-1][3]
-    if kill.world != raised.world and d:
+    # the last part, split at the retry's work (each end at the last member): the new group and the digest before it,
+    # the vote after it
+    works = {o.fault.kind: retry_work_s(run, o) for o in (kill, raised)}
+    if all(works.values()):
+        split = {}
+        for o in (kill, raised):
+            start, end = (ms(t) for t in works[o.fault.kind])
+            split[o.fault.kind] = (start - ms(o.quorum_s), end - start, ms(o.recovery_s) - end)
+        names = (
+            "to the retry's work (the new group and its wrapper built, the digest)",
+            "the work",
+            "from it to the commit (the vote)",
+        )
         print(
-            f"The last part is not the faults' alone: the kill's step was trained again at world {kill.world}, the "
-            f"raise's at world {raised.world}; it was {abs(d)} ms {'longer' if d > 0 else 'shorter'} for the kill "
-            "(this notebook does not measure how much of that the world explains)"
+            "The last part, from the quorum to the commit, split at the retry's work (forward, backward, all_reduce; "
+            "each end at the last member) (kill, raise, in ms): "
+            + "; ".join(f"{n}: {a}, {b}" for n, a, b in zip(names, split["kill"], split["raise"]))
+        )
+        top = max(range(3), key=lambda i: split["kill"][i])
+        print(
+            f"Of the kill's {sum(split['kill'])} ms in it, the largest share is {names[top].split(' (')[0]}, "
+            f"{split['kill'][top]} ms (this notebook does not split it further)"
         )
 
 
@@ -191,10 +207,10 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     healing = heal_s(run, o)
     if healing is not None:
         print(
-            f"After the rejoin, the heal: {ms(healing)} ms from that quorum to the start of step {o.healed_at}'s work, "
-            f"in which slot {slot}'s new process built the group of {len(o.rejoin_steps)}, received the trained state "
-            f"from a peer ({run.results[slot]['healed_bytes']} bytes) and loaded it, built the wrapper and took its "
-            "digest"
+            f"After the rejoin, {ms(healing)} ms from that quorum to the start of step {o.healed_at}'s work, in which "
+            f"slot {slot}'s new process built the group of {len(o.rejoin_steps)}, was healed (received the trained "
+            f"state from a peer, {run.results[slot]['healed_bytes']} bytes, and loaded it), built the wrapper and took "
+            "its digest (this notebook does not time the heal alone)"
         )
     survivors = f"slots {' and '.join(others)}"
     steps = f"step {step}" if last_step == step else f"steps {step}-{last_step}"
@@ -215,7 +231,7 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     # before its first request: the survivors would have trained on at their pace at world len(others) until then
     pace = (last - o.recovery_s) / (last_step - step)  # seconds per committed step, after the fault's step's commit
     final = run.results[int(others[0])]["step"] - 1  # the run's last step
-    # the later faults' recoveries added whole (each holds its step's retry too: the estimate errs long), and the sum
+    # the later faults' recoveries added whole, as measured at their own world, and the sum
     # made of the printed whole milliseconds, so that a reader can redo it
     later = [x for x in fault_outcomes(run) if x.fault.step > last_step and x.recovery_s is not None]
     n = final - last_step
@@ -224,12 +240,7 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
         f", plus {x.fault}'s recovery ({ms(x.recovery_s)} ms)" for x in later
     )
     sum_line = f"{ms(last)} + {n} × {ms(pace)}" + "".join(f" + {ms(x.recovery_s)}" for x in later) + f" = {end} ms"
-    over = (
-        f" (an overestimate: {'each later recovery holds' if len(later) > 1 else 'that recovery holds'} its step's "
-        "retry, counted among the steps too)"
-        if later
-        else ""
-    )
+    over = " (an estimate: each later fault's recovery as measured here, at its own world)" if later else ""
     if end < asked:
         print(
             f"Without that script, {pace_line}, {survivors} would have committed the run's last step, {final}, by "
