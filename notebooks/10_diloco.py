@@ -118,9 +118,8 @@ lesson.claim(
 # optimizer, the outer one: SGD with lr 0.7 and Nesterov momentum 0.9 by default. Below, `diloco.py`'s own list
 # of what it does (items 1 to 3; 4 to 6 are streaming DiLoCo's), then the change from `local_sgd.py` for DiLoCo
 # not streamed (the whole model is fragment 0): `-` local SGD's lines, `+` diloco.py's from `_send`, `_apply`
-# and `_outer_sync`, a few left out (`mean_pseudo`: the averaged pseudo-gradient). `_send` keeps the Future
-# (`future`) that `_apply` waits for, so that streaming can put steps between them; not streamed, `_apply` runs
-# right after it:
+# and `_outer_sync`, a few left out (`mean_pseudo`: the averaged pseudo-gradient). `_send` keeps the Future in
+# `self.in_flight`; `_apply` unpacks it as `future` (a left-out line) and waits; streaming puts steps between:
 
 # %%
 import inspect
@@ -266,10 +265,10 @@ lesson.say(
 
 # %% [markdown]
 # The claims the takeaway rests on (a seed: the same start and chains in every run); last, the first syncs at
-# H = 100. On its first step torch's SGD sets the momentum buffer to the averaged pseudo-gradient g₁ (the
-# replicas' average move), so the Nesterov step is lr·1.9·g₁: past the replicas' average weights by 0.9·g₁ at
-# lr 1, by 0.33·g₁ at the default 0.7; local SGD lands on that average. At the second sync the step is
-# lr·(1.9·g₂ + 0.81·g₁): at 0.7 it adds 0.57·g₁ again. Whether that makes the mean rise there, or DiLoCo end
+# H = 100. Torch's SGD sets the momentum buffer to g₁, the averaged pseudo-gradient (−m₁, m₁ the replicas'
+# average move), so its first Nesterov step is lr·1.9·m₁: past the replicas' average weights
+# by 0.9·m₁ at lr 1, by 0.33·m₁ at the default 0.7; local SGD lands on that average. At the second sync the step
+# is −lr·(1.9·g₂ + 0.81·g₁): at 0.7 it moves 0.57·m₁ again. Whether that makes the mean rise there, or DiLoCo end
 # behind local SGD, was not tested.
 
 # %% jupyter={"source_hidden": true}
@@ -432,8 +431,9 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # 16), τ = 6, α = 0.5, on batches of 1024 chains (steps 1 to 8 run first, unprofiled). A message's time on the
 # link is modeled: 2 hops, each paying the latency, plus its bytes at the bandwidth.
 #
-# Each inner step is its forward (pale), backward (blue) and optimizer step (green), whose post-hook hands a
-# fragment's pseudo-gradient to the link (the tall tick) or waits for it and applies it (the triangle). The orange
+# Each inner step is its forward (pale), backward (blue) and optimizer step (green: AdamW's update, then a
+# post-hook handing a fragment's pseudo-gradient to the link, the tall tick, or waiting for and applying it, the
+# triangle). The orange
 # bars are the messages' modeled transfers on the link, each from its tick and named by its fragment; red, the
 # training thread waiting for one; white, none of these.
 
@@ -512,6 +512,18 @@ lesson.say(
     f"batches of {len(batches[0][0][1])} chains: from {min(spans):.1f} to {max(spans):.1f} ms, the longest "
     f"{max(spans) / min(spans):.1f} times the shortest"
 )
+backwards = [e for e in events if e.name == "minddp.forward_backward"]  # one per step, in time order
+greens = [e for e in events if e.name == "minddp.optimizer_step"]
+gaps = [  # per step: from its backward's end to its optimizer step's start (ms), and the step
+    ((g.time_range.start - f.time_range.end) / 1e3, WARM + 1 + i) for i, (f, g) in enumerate(zip(backwards, greens))
+]
+green_ms = [(g.time_range.end - g.time_range.start) / 1e3 for g in greens]
+lesson.say(
+    f"their optimizer steps (green, each a `minddp.optimizer_step` range, AdamW's update and any hand-over or "
+    f"apply included): from {min(green_ms):.1f} to {max(green_ms):.1f} ms; between a step's backward and its "
+    f"optimizer step the training thread was in none of these ranges (white) for up to {max(gaps)[0]:.1f} ms "
+    f"(step {max(gaps)[1]})"
+)
 lesson.claim(
     len(sends) == len(applies) == FRAGMENTS and all(step_of(a) - step_of(s) == TAU for s, a in zip(sends, applies)),
     f"what the schedule guarantees: each fragment's message was handed over in one step's post-hook, and nothing "
@@ -526,11 +538,12 @@ for m, s, a, e in zip(link.log[-len(sends) :], sends, applies, handed):
     waited = metrics.waited([(asked, max(asked, m["delivered"]))]) * 1e3
     left = round(on_link, 1) - round(before, 1)  # from the printed numbers, so that the printed sums hold
     tail = round(round(waited, 1) - left, 1)  # the real all_reduce's last part of the wait, as printed
+    green = next(g for g in greens if g.time_range.start <= e.time_range.start <= g.time_range.end)
     windows.append((order[s].rpartition("#")[2], step_of(s), step_of(a), round(on_link, 1), round(before, 1), waited))
     lesson.say(
         f"fragment {order[s].rpartition('#')[2]} ({m['bytes'] / 1e3:.1f} kB), handed over in step {step_of(s)} (the "
         f"hand-over itself, its `minddp.fragment_send` range, {(e.time_range.end - e.time_range.start) / 1e3:.1f} ms "
-        "of that step's green): "
+        f"of that step's {(green.time_range.end - green.time_range.start) / 1e3:.1f} ms green): "
         f"{on_link:.1f} ms on the link; {before:.1f} ms of steps from the tick until step {step_of(a)}'s wait(): "
         + (
             "delivered by then, no wait"
@@ -672,6 +685,16 @@ lesson.claim(
     f"of these links where DDP computes less than 5 % of the time ({pct(table[first]['ddp']['utilisation'])}); on "
     f"it and every wider link DiLoCo not streamed computes at least "
     f"{pct(min(table[name]['diloco']['utilisation'] for name in down_to))} of the time, and streaming DiLoCo all of it",
+)
+wider = links[1 : links.index(first)]  # between 'nvlink' and it
+lesson.claim(
+    all(table[name]["ddp"]["utilisation"] <= 0.8 for name in wider),
+    f"DDP waits for this model's gradients a fifth of the step or more already on links far wider than '{first}': "
+    + "; ".join(
+        f"on '{name}' ({PRESETS[name].about}) it computes {pct(table[name]['ddp']['utilisation'])} of the time, "
+        f"DiLoCo not streamed {pct(table[name]['diloco']['utilisation'])}"
+        for name in wider
+    ),
 )
 buckets = synthesize(cp, "ddp", 25.0, 2).messages  # the messages ddp_step replays: one per bucket (cap 25 MiB)
 size, start = buckets[0].nbytes, min(m.at for m in buckets)
