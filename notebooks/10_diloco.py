@@ -689,7 +689,7 @@ lesson.claim(
 wider = links[1 : links.index(first)]  # between 'nvlink' and it
 lesson.claim(
     all(table[name]["ddp"]["utilisation"] <= 0.8 for name in wider),
-    f"DDP waits for this model's gradients a fifth of the step or more already on links far wider than '{first}': "
+    f"DDP waits for this model's gradients a fifth of the step or more already on links wider than '{first}': "
     + "; ".join(
         f"on '{name}' ({PRESETS[name].about}) it computes {pct(table[name]['ddp']['utilisation'])} of the time, "
         f"DiLoCo not streamed {pct(table[name]['diloco']['utilisation'])}"
