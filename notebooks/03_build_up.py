@@ -504,7 +504,7 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: `bucket`'s few messages leaving while the backward goes on, no wait inside it,
-# and the last of them still on the link after it, waited for in finish (red).
+# and some still on the link after it, waited for in finish (red).
 #
 # ### Your turn: `bucket-async`
 #
@@ -679,7 +679,7 @@ table
 # `None` is torch's default caps, 1 MiB for the first bucket and 25 MiB after, drawn right of the grid). The
 # step-time model (`docs/scaling.md`) replays each cap's plan on the link, with the bare network's
 # timings scaled to the median of the five steps' backwards (less the check). The figure sets the
-# model's *link after backward* against each step's own; its grey line: the model's hook-async. The
+# model's *link after backward* against each step's own; its grey lines: hook-async's, model and step. The
 # lower panel shows the three costs of each cap on the grid by the model (None's: the table); "first
 # message leaves" is into the model's backward.
 
@@ -710,7 +710,7 @@ lesson.claim(
 here = lesson.SETTINGS.bucket_cap_mb
 lesson_03.say_sweep(swept, model, default, per_gradient, this_run)
 if rank == 0:
-    lesson_03.sweep_figure(swept, model, default, per_gradient, LINK.name, world_size, here)
+    lesson_03.sweep_figure(swept, model, default, per_gradient, LINK.name, world_size, here, looks["hook-async"])
 
 # %%
 # %%rank 0

@@ -271,5 +271,6 @@ lesson.claim(
 blocking = ["simple", "ga", "hook", "bucket"]
 lesson.say(lesson_05.exposed_share(on_link, blocking, ["hook-async", "bucket-async"]))
 lesson.say(lesson_05.link_after_backward(linked, LINKED, ["hook-async", "bucket-async"]))
+lesson.say(lesson_05.idle_waits(on_link))
 lesson.say(lesson_05.bucket_pairs(on_link, [("hook", "bucket"), ("hook-async", "bucket-async")]))
 lesson.say(lesson_05.last_messages(linked, link, LINKED, "hook-async", "bucket-async"))

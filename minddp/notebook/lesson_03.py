@@ -36,10 +36,10 @@ def say_spread(looks: dict) -> float:
         "holds no wait for a message; torch's waits are not seen), took "
         f"from {rows[short]:.0f} ms ({short}) to {rows[long]:.0f} ms ({long}), {rows[long] / rows[short]:.1f} times "
         f"as long. So a one-step time here (last backward, step, exposed, waited, at the check, link after backward) "
-        f"ranks two stages only where they differ by more than that spread, {rows[long] - rows[short]:.0f} ms, and "
-        "shows no cause; the calls, the bytes and the link time are counted or modeled."
+        f"varies by at least that spread, {round(rows[long]) - round(rows[short])} ms, and shows no cause; the calls, "
+        "the bytes and the link time are counted or modeled."
     )
-    return rows[long] - rows[short]
+    return float(round(rows[long]) - round(rows[short]))
 
 
 def say_bucket_against_hook(looks: dict, saved_ms: float) -> None:
@@ -49,14 +49,15 @@ def say_bucket_against_hook(looks: dict, saved_ms: float) -> None:
     parts = {}
     for s, v in (("hook", h), ("bucket", b)):
         rest = backward_less_check(v)
-        parts[s] = (v["last_backward_ms"] - rest, v["waited_ms"], v["exposed_ms"], rest - v["waited_ms"])
+        last, check, waited = round(v["last_backward_ms"]), round(v["last_backward_ms"] - rest), round(v["waited_ms"])
+        parts[s] = (check, waited, v["exposed_ms"], last - check - waited)  # as printed, so that they add up
     (hc, hw, he, hr), (bc, bw, be, br) = parts["hook"], parts["bucket"]
     say(
         f"One step each: bucket's step took {b['row']['end']:.0f} ms against hook's {h['row']['end']:.0f}, its last "
         f"backward {b['last_backward_ms']:.0f} against {h['last_backward_ms']:.0f} ms: in it, at the check "
         f"{bc:.0f} against {hc:.0f} ms, waited {bw:.0f} against {hw:.0f} ms (exposed {be:.0f} against {he:.0f}), the "
-        f"rest {br:.0f} against {hr:.0f} ms. The buckets saved {saved_ms:.1f} ms of link time; every other part is "
-        "one step's, and varies from step to step (the spread is measured below)."
+        f"rest (neither at the check nor waiting) {br:.0f} against {hr:.0f} ms. The buckets saved {saved_ms:.1f} ms "
+        "of link time; every other part is one step's, and varies from step to step (the spread is measured below)."
     )
 
 
@@ -180,6 +181,13 @@ def say_sweep(swept: dict, model: list, default, per_gradient, this_run_s: float
         f"These steps' backwards, less the check, ran from {own[short]:.0f} ms ({cap_name(short)}) to "
         f"{own[long]:.0f} ms ({cap_name(long)}), {own[long] / own[short]:.1f} times as long."
     )
+    longest = on_the_link(swept[long]["row"])
+    if longest["tail_end_ms"] >= longest["start_end_ms"]:  # its end set by its last message, not by its backward
+        say(
+            f"{cap_name(long)}'s link after backward was set by its last message (tail-limited end "
+            f"{longest['tail_end_ms']:.1f} ms, start-limited {longest['start_end_ms']:.1f} ms), so its longer "
+            "backward did not move it."
+        )
     say(
         f"The step-time model replays every cap with one backward, {1e3 * this_run_s:.0f} ms (their median"
         + (f": the {median_of[0]} step's own" if median_of else "")
@@ -206,10 +214,11 @@ def say_sweep(swept: dict, model: list, default, per_gradient, this_run_s: float
     )
 
 
-def sweep_figure(swept: dict, model: list, default, per_gradient, link_name: str, world: int, here):
+def sweep_figure(swept: dict, model: list, default, per_gradient, link_name: str, world: int, here, h: dict):
     """The cap sweep's figure: the model's *link after backward* against the cap, beside each measured step's own
     link after backward (the same measure), and the three costs of each plan below. torch's default (None) has no
-    cap on this axis: its measured and modeled points are drawn right of the grid, apart, each at a tick named None."""
+    cap on this axis: its measured and modeled points are drawn right of the grid, apart, each at a tick named None.
+    ``h``: hook-async's look on the same link, its step's link after backward drawn beside the model's."""
     from matplotlib.ticker import NullLocator
 
     from minddp.costmodel.buckets import on_the_link
@@ -233,10 +242,14 @@ def sweep_figure(swept: dict, model: list, default, per_gradient, link_name: str
         ),
     ]
     m_h = 1e3 * per_gradient.after_backward  # the model's, on the same one backward as its line (not a step's)
+    h_end = on_the_link(h["row"])["end_ms"]  # hook-async's own step, beside the model's
     fig = bucket_sweep(
         {"step-time model: link after backward": model},
         measured=points,
-        per_gradient={f"step-time model: link after backward, hook-async's ({m_h:.1f} ms)": m_h},
+        per_gradient={
+            f"step-time model: link after backward, hook-async's ({m_h:.1f} ms)": m_h,
+            f"one step: link after backward, hook-async's ({h_end:.1f} ms)": h_end,
+        },
         title=f"bucket-async on {link_name}, {world} ranks: link after backward against the cap "
         "(exposed and waited: the table)",
     )
@@ -372,12 +385,16 @@ def _ran_on(ms: float, back_ms: float) -> str:
 
 
 def _steps(h_ms: float, b_ms: float, h_back: float, b_back: float, spread: float) -> str:
-    """Two steps' links after backward (ms) in words, ranked only where they differ by more than the two steps'
-    backwards (less the check, ms: a backward d ms longer had d ms more in which to carry the link) and by more than
-    ``spread``, the one-step spread of :func:`say_spread` (ms)."""
+    """Two steps' links after backward (ms) in words, ranked only where they differ by more than ``spread``, the
+    widest one-step spread measured (ms), and, where the side that left less also had the longer backward, by more
+    than the two backwards (less the check, ms: a backward d ms longer had d ms more in which to carry the link)."""
     gap, apart = abs(round(h_ms, 1) - round(b_ms, 1)), abs(round(h_back) - round(b_back))
     apart_said = f"ends {gap:.1f} ms apart, backwards {apart:.0f} ms, spread {spread:.0f} ms"
-    if gap <= max(apart, round(spread)):
+    less = _less(h_ms, b_ms)
+    longer_back = (
+        "hook-async" if round(h_back) > round(b_back) else "bucket-async" if round(b_back) > round(h_back) else None
+    )
+    if less is None or gap <= max(apart if less == longer_back else 0, round(spread)):
         return f"the steps do not rank them ({apart_said})"
     return f"in the step, {WORDS[_less(h_ms, b_ms)]} left less ({apart_said})"
 
@@ -396,16 +413,19 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
     """The bucket lesson's result in link after backward, link by link: each measured step (one each, beside its
     backward less the check) and the step-time model (one backward, ``this_run_s``, for every stage, no comm-hook
     call priced; ``default``: torch's default plan), then in words. A step ranks the two only where their ends
-    differ by more than their backwards and than ``spread`` (:func:`_steps`), the model only where its ends differ
-    by more than its furthest miss against that link's steps (:func:`_model`). On this notebook's link: ``h``
-    (hook-async's look) against ``swept`` (cap -> bucket-async's look), ``here`` the settings' cap, ``saved_ms``
-    the fixed costs buckets saved there; ``spread``: :func:`say_spread`'s (ms); ``on_t4`` = (bucket-async at that
+    differ by more than ``spread`` and, where the longer backward's link was done first, than their backwards
+    (:func:`_steps`), the model only where its ends differ by more than its furthest miss against that link's steps
+    (:func:`_model`). On this notebook's link: ``h`` (hook-async's look) against ``swept`` (cap -> bucket-async's
+    look), ``here`` the settings' cap, ``saved_ms`` the fixed costs buckets saved there; ``spread``:
+    :func:`say_spread`'s (ms), widened to the cap sweep's if that is wider; ``on_t4`` = (bucket-async at that
     link's cap, hook-async), modeled with the ratios of 4 × T4; ``t4``, ``far``: the sized links' runs
     (``on_the_link``'s values)."""
     from minddp.costmodel.buckets import on_the_link
 
     ends = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}
     backs = {c: backward_less_check(v) for c, v in swept.items()}
+    swept_spread = round(max(backs.values())) - round(min(backs.values()))  # the cap sweep's, as say_sweep prints it
+    spread = max(spread, swept_spread)
     h_end, b_end, h_back = on_the_link(h["row"])["end_ms"], ends[here], backward_less_check(h)
     longer = sum(round(e, 1) > round(h_end, 1) for e in ends.values())
     at = {c.cap_mb: c for c in model} | {None: default}
@@ -460,7 +480,8 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
         + ("all 3 links (" if ran_longer == 3 else f"{ran_longer} of the 3 links (")
         + ", ".join(f"{a:.0f} against {b:.0f} ms" for a, b in pairs)
         + "), one step each: a step's link after backward also measures its own backward, so a step ranks the two "
-        f"only where their ends differ by more than their backwards and than the one-step spread, {spread:.0f} ms; "
+        f"only where their ends differ by more than the widest one-step spread measured, {spread:.0f} ms, and, where "
+        "the longer backward's link was done first, by more than their backwards; "
         "the model gives both one backward, and ranks them only where they differ by more than its furthest miss "
         "against that link's steps."
     )

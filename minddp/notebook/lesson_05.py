@@ -114,24 +114,34 @@ def spread(ms: pd.Series) -> str:
 
 def same_work(result) -> str:
     """A line to print: how much the same work's time differed from row to row (the optimizer step, the same in every
-    row; ``single``'s backward bands, with no message in them), said first as the yardstick for a difference between
-    rows, then the steps' spread against it and where ``single``'s step falls; ratios from the printed ms, to 0.1 (as
-    :func:`spread`'s); one profiled step each, not claimed."""
+    row; every row's forward bands, the same model and micro-batches; ``single``'s backward bands, with no message in
+    them), said first as the yardstick for a difference between rows, then the steps' spread against it and which
+    stages' steps differ from ``single``'s by more than it; ratios from the printed ms, to 0.1 (as :func:`spread`'s);
+    one profiled step each, not claimed."""
     alone = bands_ms(result, "backward").loc["single"].round()  # single's backward bands, ms
+    fwd = bands_ms(result, "forward").stack().round()  # every row's forward bands, ms
     steps, opt = phase_ms(result, "step"), phase_ms(result, "optimizer")
     sending = steps.drop("single")
-    shorter = int((sending < steps["single"]).sum())
-    place = {0: "shorter than each", len(sending): "longer than each"}.get(shorter, f"longer than {shorter}")
     ratio = {x: round(round(v.max()) / round(v.min()), 1) for x, v in (("steps", steps), ("optimizer", opt))}
     bands = round(alone.max() / alone.min(), 1)
-    same = max(ratio["optimizer"], bands)
+    fwds = round(fwd.max() / fwd.min(), 1)
+    same = max(ratio["optimizer"], bands, fwds)
+    mine = round(steps["single"])
+    off = [st for st in sending.index if max(round(sending[st]), mine) / min(round(sending[st]), mine) > same]
+    verdict = (
+        f"of the {len(sending)} stages' that send, only {', '.join(off)}'s differs from it by more than {same:.1f} ×"
+        if off
+        else f"none of the {len(sending)} stages' that send differs from it by more than {same:.1f} ×, so this run "
+        "does not say whether sending made a step longer or shorter"
+    )
     return (
         f"The same work took up to {same:.1f} × as long in one row or band as in another, so a difference between rows "
         f"no larger need not be the stages': the optimizer step, the same in every row (`single` included: the same "
-        f"model, micro-batches and AdamW), {spread(opt)}; single's backward bands, with no message in them, "
+        f"model, micro-batches and AdamW), {spread(opt)}; the forward bands, {fwd.min():.0f}–{fwd.max():.0f} ms "
+        f"({fwds:.1f} ×); single's backward bands, with no message in them, "
         f"{alone.min():.0f}–{alone.max():.0f} ms ({bands:.1f} ×). The steps took {spread(steps)}: "
-        f"{'more' if ratio['steps'] > same else 'no more'} than that; single's, which sends nothing, "
-        f"{steps['single']:.0f} ms, {place} of the {len(sending)} stages' that send."
+        f"{'more' if ratio['steps'] > same else 'no more'} than that. Against single's, which sends nothing, "
+        f"{mine} ms: {verdict}."
     )
 
 
@@ -345,10 +355,12 @@ NOT_DRAWN = {"gloo:broadcast": "the model's buffers, broadcast in a forward"}
 
 def not_drawn(parts: dict) -> str:
     """A line to print (``parts``: stage -> :func:`in_flight_parts`): the gloo ranges in flight that the plot does
-    not draw, and in which stages; empty where there are none.
+    not draw, in which stages, and each such stage's time in flight outside the drawn bars and the checks (ms);
+    empty where there are none.
 
-    >>> print(not_drawn({"b": (9.0, 0.0, []), "d": (11.0, 1.0, ["gloo:broadcast"])}))
-    Also in flight, not drawn: gloo:broadcast ranges (the model's buffers, broadcast in a forward) in d.
+    >>> print(not_drawn({"b": (9.0, 0.0, []), "d": (11.0, 1.0, ["gloo:broadcast"])}))  # doctest: +NORMALIZE_WHITESPACE
+    Also in flight, not drawn: gloo:broadcast ranges (the model's buffers, broadcast in a forward) in d; in flight
+    outside the drawn bars and the checks: d 1.0 ms.
     """
 
     def names(stages):
@@ -362,7 +374,10 @@ def not_drawn(parts: dict) -> str:
         f"{n} ranges ({NOT_DRAWN[n]}) in {names(sts)}" if n in NOT_DRAWN else f"{n} ranges in {names(sts)}"
         for n, sts in other.items()
     )
-    return f"Also in flight, not drawn: {what}." if other else ""
+    sizes = ", ".join(f"{st} {parts[st][1]:.1f} ms" for st in parts if parts[st][2])
+    return (
+        f"Also in flight, not drawn: {what}; in flight outside the drawn bars and the checks: {sizes}." if other else ""
+    )
 
 
 def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
@@ -381,7 +396,8 @@ def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
     5.9, waited − exposed 4.0 → 0.1: with buckets rank 0 waited 3.9 ms less while its link carried nothing and 5.9 ms
     more while it carried a transfer, 2.0 ms more in all, the link time 1.0 ms less. In h → b, the waits with the
     link idle (transfers done, not yet delivered) fell 4.0 ms, all of waited's 4.0 ms fall and 4.0 × the 1.0 ms of
-    link time that buckets saved.
+    link time that buckets saved: what buckets removed here was mostly waiting after the modeled transfers were
+    done, not the link's cost of a message.
     """
     w, e, r, lt = "waited (ms)", "exposed (ms)", "waited − exposed (ms)", "link time (ms)"
 
@@ -404,7 +420,8 @@ def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
             idle.append(
                 f" In {a} → {b}, the waits with the link idle (transfers done, not yet delivered) fell "
                 f"{fell_idle:.1f} ms, {than} waited's {fell:.1f} ms fall and {fell_idle / saved:.1f} × the "
-                f"{saved:.1f} ms of link time that buckets saved."
+                f"{saved:.1f} ms of link time that buckets saved: what buckets removed here was mostly waiting after "
+                "the modeled transfers were done, not the link's cost of a message."
             )
     return f"From one message a parameter to buckets, in this step: {'. '.join(parts)}.{''.join(idle)}"
 
@@ -433,34 +450,25 @@ def overlap_order(ov: pd.Series, blocking: list[str], asynchronous: list[str]) -
 
 def outside_checks(shares: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
     """A line to print: for each (blocking, asynchronous) pair, the two stages' non-compute, all of it and outside the
-    parameter checks (``shares``' printed columns), how much the second's differs from the first's, each way, and in
-    words which of the stages had most of its non-compute inside its checks; one profiled step, not claimed.
+    parameter checks (``shares``' printed columns), and in words which of the stages had most of its non-compute
+    inside its checks; one profiled step, not claimed.
 
     >>> t = pd.DataFrame({"non-compute (ms)": [24.5, 42.0], "of it, in the checks (ms)": [4.8, 25.4]},
     ...                  index=["b", "ba"])
     >>> print(outside_checks(t, [("b", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
-    Non-compute, all of it and outside the parameter checks: b 24.5 and 19.7 ms, ba 42.0 and 16.6 ms. ba's is 17.5 ms
-    more than b's, outside the checks 3.1 ms less. Most of ba's non-compute (25.4 of 42.0 ms) was in its parameter
-    check.
+    Non-compute, all of it and outside the parameter checks: b 24.5 and 19.7 ms, ba 42.0 and 16.6 ms. Most of ba's
+    non-compute (25.4 of 42.0 ms) was in its parameter check.
     """
     nc, chk = shares["non-compute (ms)"], shares["of it, in the checks (ms)"]
     out = (nc - chk).round(1)
 
-    def change(x, y):
-        d = round(y - x, 1)
-        return "as much as" if d == 0 else f"{abs(d):.1f} ms {'less' if d < 0 else 'more'} than"
-
     stages = [st for pair in pairs for st in pair]
     each = ", ".join(f"{st} {nc[st]:.1f} and {out[st]:.1f} ms" for st in stages)
-    said = "; ".join(
-        f"{b}'s is {change(nc[a], nc[b])} {a}'s, outside the checks {change(out[a], out[b]).removesuffix(' than')}"
-        for a, b in pairs
-    )
     most = [st for st in stages if chk[st] > nc[st] / 2]
     inside = "".join(
         f" Most of {st}'s non-compute ({chk[st]:.1f} of {nc[st]:.1f} ms) was in its parameter check." for st in most
     )
-    return f"Non-compute, all of it and outside the parameter checks: {each}. {said}.{inside}"
+    return f"Non-compute, all of it and outside the parameter checks: {each}.{inside}"
 
 
 def link_after_backward(linked, run: Path, stages) -> str:
@@ -478,3 +486,30 @@ def link_after_backward(linked, run: Path, stages) -> str:
         when = f"{d:.1f} ms after" if round(d, 1) > 0 else f"{-d:.1f} ms before" if round(d, 1) < 0 else "as"
         said.append(f"{when} the step's last backward ended in {st}" if not said else f"{when} in {st}")
     return f"In the link run, rank 0's link finished the step's last transfer {', '.join(said)}."
+
+
+def idle_waits(table: pd.DataFrame) -> str:
+    """A line to print: each stage's waited − exposed as a share of its waited (``table``'s printed columns, to the
+    %), and in words in which stages most of waited was with the link carrying nothing; one profiled step each, not
+    claimed.
+
+    >>> t = pd.DataFrame({"waited (ms)": [10.0, 4.0], "waited − exposed (ms)": [9.0, 0.0]}, index=["a", "b"])
+    >>> print(idle_waits(t))  # doctest: +NORMALIZE_WHITESPACE
+    Waited − exposed as a share of waited: a 90 %, b 0 %: most of rank 0's waiting was with its link carrying nothing
+    (a transfer done, not yet delivered), not on the emulated link's transfers, in a; not in b.
+    """
+    w, r = table["waited (ms)"], table["waited − exposed (ms)"]
+    share = (100 * r / w.where(w > 0)).fillna(0)
+    each = ", ".join(f"{st} {share[st]:.0f} %" for st in table.index)
+    most = [st for st in table.index if share[st] > 50]
+    rest = [st for st in table.index if st not in most]
+    if not most:
+        return (
+            f"Waited − exposed as a share of waited: {each}: in no stage was most of rank 0's waiting with its link "
+            "idle."
+        )
+    tail = f"; not in {', '.join(rest)}" if rest else ""
+    return (
+        f"Waited − exposed as a share of waited: {each}: most of rank 0's waiting was with its link carrying nothing "
+        f"(a transfer done, not yet delivered), not on the emulated link's transfers, in {', '.join(most)}{tail}."
+    )
