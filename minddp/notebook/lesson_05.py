@@ -317,8 +317,12 @@ def band_non_compute(result, run: Path, stages) -> str:
         f"{alone['ms']:.0f} ms. No training thread inside an operator: {off:.1f} ms of {st}'s band (of it "
         f"{nc:.1f} ms with a gloo range open, non-compute, and {off - nc:.1f} ms with none), {off1:.1f} ms of single's"
         + (
-            f", {more:.1f} ms more, {how} of the band's excess, in this step, is time {st}'s training threads ran no "
-            "operator."
+            f", {more:.1f} ms more, {share:.0f} % of the excess: all of the band's excess, in this step, is time "
+            f"{st}'s training threads ran no operator, and its operators took {more - excess:.1f} ms less than "
+            "single's."
+            if more >= excess  # band = operators + the rest: the rest's excess past the band's is operators' time
+            else f", {more:.1f} ms more, {how} of the band's excess, in this step, is time {st}'s training threads "
+            "ran no operator."
             if more > 0
             else f": none of the band's excess, in this step, is time {st}'s training threads ran no operator."
         )
