@@ -790,6 +790,11 @@ def test_any_name_the_notebooks_ranks_have_and_the_kernel_lacks_gets_the_fix(mon
     assert "import torch in the cell that defines your function" in hint, hint
     hint = checker._raise_hint(None, " in my_outer_sync (line 2)", "name 'dist' is not defined", None, 2)
     assert "import torch.distributed as dist in the cell that defines your function" in hint, hint
+    # a module the kernel never imported, under its conventional name or the standard library's: its import
+    hint = checker._raise_hint(None, " in my_outer_sync (line 2)", "name 'nn' is not defined", None, 2)
+    assert "kernel never imported nn: import torch.nn as nn in the cell that defines your function" in hint, hint
+    hint = checker._raise_hint(None, " in my_outer_sync (line 2)", "name 'functools' is not defined", None, 2)
+    assert "kernel never imported functools: import functools in the cell" in hint, hint
     # a name the ranks lack too is a plain typo: no hint that the ranks have it
     assert checker._raise_hint(None, " in f (line 2)", "name 'chians' is not defined", None, 2) == "", "typo"
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import linecache
 import re
+import sys
 from dataclasses import dataclass, field
 
 from minddp.exercises import harness, solutions
@@ -464,6 +465,16 @@ def rank_names() -> dict[str, str | None]:
     return names
 
 
+#: The names a notebook conventionally gives a module it imports (``import torch.nn as nn``), beside the
+#: standard library's own modules, which are imported under their names.
+MODULE_ALIASES = {"nn": "torch.nn", "F": "torch.nn.functional", "np": "numpy", "plt": "matplotlib.pyplot"}
+
+
+def importable(name: str) -> str | None:
+    """The module a missing ``name`` most likely was (``nn``: ``torch.nn``; ``functools``), or None."""
+    return MODULE_ALIASES.get(name) or (name if name in sys.stdlib_module_names else None)
+
+
 def _raise_hint(
     like: str | None,
     where: str,
@@ -551,7 +562,13 @@ def _raise_hint(
     # any name the notebook's own ranks have and the kernel lacks: the runner's (world_size, rank, ...) or one their
     # %%distributed cells set (06's `ring, world = ...`, 10's `chains`)
     missing = re.search(r"name '(\w+)' is not defined", message)
-    if missing and missing[1] in (names := rank_names()):
+    if missing and missing[1] not in (names := rank_names()) and (module := importable(missing[1])):
+        return (
+            " (your code runs on the checker's ranks with your notebook kernel's names, and the kernel never imported "
+            f"{missing[1]}: import {module}{'' if module == missing[1] else ' as ' + missing[1]} in the cell that "
+            "defines your function)"
+        )
+    if missing and missing[1] in names:
         from minddp.notebook.worker import RUNNER_NAMES
 
         name, group = missing[1], "process_group" if like in solutions.HOOKS else "group" if like == "halves" else ""

@@ -365,13 +365,8 @@ AVG_HINT = (
     "SUM, then divide by dist.get_world_size(), in place)"
 )
 
+
 #: What the checker adds to a NameError for a module: the function reaches the ranks with the kernel's names only.
-IMPORT_HINT = (
-    " (your function reaches the checker's ranks with the names your notebook kernel has, and the kernel never "
-    "imported it: import {name} in the cell that defines your function)"
-)
-
-
 class NotedSGD(torch.optim.SGD):
     """DiLoCo's outer SGD (0.7, momentum 0.9, Nesterov), noting what a sync does with it: each ``zero_grad()`` and,
     at each ``step()``, whether the ``.grad`` it finds is set, zero or ``None``, and whether the parameters hold
@@ -665,10 +660,6 @@ def _checked(fn, on_rank, name: str, shape: str, describe, world_size: int, time
         problem += NO_GRAD_HINT
     if problem and any(AVG_MESSAGE in m for m in messages):
         problem += AVG_HINT
-    missing = next((m.split("'")[1] for m in messages if m.startswith("name '") and "is not defined" in m), None)
-    # torch and dist are the runner's too: the checker's hint for a name only the ranks have says to import them
-    if problem and missing in ("torch", "dist", "nn", "functools") and "kernel has no" not in problem:
-        problem += IMPORT_HINT.format(name="torch.distributed as dist" if missing == "dist" else missing)
     return reports, (Verdict(False, problem, reports) if problem else None)
 
 
