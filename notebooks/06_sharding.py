@@ -188,16 +188,16 @@ lesson.claim(
     "first backward and the last every stage holds the whole gradients: the most gradient bytes each held as a "
     "micro-batch's forward started in the memory step, "
     + ", ".join(f"{s} {lesson.mib(between[s])}" for s in STAGES)
-    + f", what the {accum - 1} micro-batches before the last accumulated whole under no_sync(). So zero2 and "
-    "fsdp hold the smaller gradients of the column only from the last backward on.",
+    + f", what the {accum - 1} micro-batches before the last accumulated whole under notebook 03's no_sync(). "
+    "So zero2 and fsdp hold the smaller gradients of the column only from the last backward on.",
 )
 act = {s: memory[s]["activations"] for s in STAGES}
 cut = (table.loc["ddp", "model state MiB"] - table["model state MiB"]) * 2**20  # what each takes off ddp's
 lesson.claim(
     len(set(act.values())) == 1 and cut.idxmax() == "fsdp" and act["fsdp"] > cut["fsdp"],
     f"Every stage saves the same activations, {lesson.mib(act['fsdp'])}: sharding cuts model state, not "
-    f"activations, and here they are more than the most model state a stage takes off ddp's, fsdp's "
-    f"{lesson.mib(cut['fsdp'])}.",
+    f"activations, and here they are more than the most model state any stage cuts from ddp's "
+    f"({lesson.mib(cut['fsdp'])}, by fsdp).",
 )
 shown = table.round(3).astype(object).where(table.notna(), "–")
 # the step counts' bytes, which round(3) of MiB shows in some rows only
@@ -291,10 +291,8 @@ lesson.claim(
     f"Its gathered units hold half the bytes, {lesson.mib(f16['gathered'])} against {lesson.mib(f32['gathered'])} at "
     f"their peak. Its activations are {f16['activations'] / f32['activations']:.2f} times fp32 fsdp's "
     f"({lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}), not half: {low / 2**20:.2f} MiB "
-    f"of them are saved in bf16 and {other / 2**20:.2f} MiB not, {norm32 / other:.0%} of those in fp32 by the "
-    f"RMSNorms. Twice the {low / 2**20:.2f} MiB plus the {other / 2**20:.2f} MiB come to fp32 fsdp's "
-    f"{lesson.mib(f32['activations'])}: the bytes not saved in bf16, most of them the RMSNorms', keep the "
-    "activations above half.",
+    f"of them are saved in bf16 and {other / 2**20:.2f} MiB not ({norm32 / other:.0%} of those in fp32 by the "
+    f"RMSNorms); twice the first plus the second come to fp32 fsdp's {lesson.mib(f32['activations'])}.",
 )
 
 # %% [markdown]
@@ -330,8 +328,8 @@ lesson.claim(
     f"values: in bf16 each of the two leaves unchanged exactly the {int(in_a_norm.sum()):,} weights of its "
     f"{len(norms)} RMSNorms ({in_a_norm.double().mean():.2%} of the values), each 1.0; each of the other "
     f"{int((~in_a_norm).sum()):,} values moves by "
-    f"{kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr, up to {(kept['bf16'] - 1).abs().max():.0%} away "
-    f"from lr. In fp32 every value moves, by lr to within {(kept['fp32'] - 1).abs().max():.3%}.",
+    f"{kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr. In fp32 every value moves, by lr to within "
+    f"{(kept['fp32'] - 1).abs().max():.3%}.",
 )
 
 # %% [markdown]
@@ -378,11 +376,9 @@ formulas = pd.DataFrame(
         for r in measured[: len(STAGES)]
     }
 ).T
-mixed_saves = formulas["fp32 formula MiB"] - formulas["ZeRO paper's mixed-precision formula MiB"]
 lesson.say(
     f"Bytes per parameter value (parameter, gradient, optimizer): fp32 {PRECISIONS['fp32']}, the ZeRO paper's mixed "
-    f"precision {PRECISIONS['bf16-mixed']}. The mixed-precision formulas come out {mixed_saves['zero1']:.1f} MiB "
-    f"under the fp32 ones for zero1 and {mixed_saves['zero2']:.1f} MiB for zero2, equal for ddp and fsdp."
+    f"precision {PRECISIONS['bf16-mixed']}."
 )
 formulas.round(2)
 
@@ -456,8 +452,7 @@ parts = [  # (part, method, a text that the line doing it holds)
     ("part 3", "_write_back", "shard.grad = chunk"),
     ("part 4", "__init__", "self.stale = False"),
     ("part 4", "finish_gradient_synchronization", "self.stale = True"),
-    ("part 4", "forward", "if self.stale:"),
-    ("part 4", "forward", "self.gather_parameters("),
+    ("part 4", "gather_parameters", "wire.all_gather(gathered, block)"),
     ("part 4", "gather_parameters", "self.stale = False"),
     ("part 4", "__init__", "register_forward_pre_hook(lambda m, args, b=buckets"),
 ]
@@ -513,12 +508,13 @@ on_wire["total MiB"] = on_wire.sum(axis=1)
 whole = rings["ddp"]["sent"]["all_reduce"]  # a ring all_reduce: 2 (n − 1)/n · m
 total = {s: sum(v["sent"].values()) for s, v in rings.items()}
 z2 = rings["zero2"]["sent"]
-# padding each parameter's chunks to equal length adds fewer than n elements per parameter tensor: far under 0.1 %
+# padding each parameter's chunks to equal length, where n does not divide it, adds under n elements: under 0.1 %
 lesson.claim(
     abs(z2["reduce_scatter"] - whole / 2) < 1e-3 * whole,
-    f"zero2's reduce-scatter sent {lesson.mib(z2['reduce_scatter'])}, half of ddp's all_reduce "
-    f"({lesson.mib(whole)}), to within 0.1 % (its chunks are padded to equal length): each rank receives only the "
-    "piece of the average it updates.",
+    f"zero2's reduce-scatter sent {z2['reduce_scatter'] / 2**20:.2f} MiB, "
+    + ("exactly" if 2 * z2["reduce_scatter"] == whole else "to within 0.1 % (chunks padded to equal length)")
+    + f" half of ddp's all_reduce ({whole / 2**20:.2f} MiB): each rank receives only the piece of the average it "
+    "updates.",
 )
 lesson.claim(
     abs(total["zero2"] - whole) < 1e-3 * whole and abs(total["zero1"] - 1.5 * whole) < 1e-3 * whole,
@@ -554,7 +550,7 @@ on_wire.round(2)
 # prefetched gather) and starts the gather of the unit before it; (5) a unit's gradients arrive together, in
 # the backward of one autograd function (`Unshard`): in the last micro-batch's backward they go to one
 # gradient collective (a reduce-scatter: in the gloo looks an all_reduce), and each replicated tensor's
-# gradient to an all_reduce; in the others they are accumulated whole under notebook 03's `no_sync()`; (6)
+# gradient to an all_reduce; in the others they are accumulated whole under `no_sync()`; (6)
 # at the end of the backward fsdp waits for them and gives each shard its piece as `.grad`. The lines that
 # do parts 2 to 6:
 
@@ -574,7 +570,6 @@ lines = [  # (part, method, a text that the line doing it holds)
     ("part 4", "_unpack", "if unit.index not in self.backward_seen"),
     ("part 4", "_unpack", "self._prefetch(unit, -1)"),
     ("part 5", "_unit_backward_done", "if not self.sync_this_backward"),
-    ("part 5", "_unit_backward_done", "unit.accumulated = master"),
     ("part 5", "_unit_backward_done", "return"),
     ("part 5", "_unit_backward_done", "self.pending.append("),
     ("part 6", "finish_gradient_synchronization", "split_block(future.wait()"),
@@ -597,7 +592,7 @@ unpacked = sum(t.untyped_storage().nbytes() for t in unit.full)
 fsdp._free(unit)
 peak = memory["fsdp"]["gathered"]
 holders = [s for s in STAGES if memory[s]["parameters"] == memory["ddp"]["parameters"]]  # ddp's parameter bytes
-# each holds the unit's chunks padded to equal length: fewer than n elements per tensor over, far under 0.1 %
+# the buffer holds the unit's chunks, padded to equal length where n does not divide a tensor: under 0.1 % over
 lesson.claim(
     idle == 0
     and received + unpacked == peak
@@ -608,7 +603,9 @@ lesson.claim(
     "gathered at once in the memory step (the memory table's column). Gathering the largest unit alone between "
     f"steps, nothing else gathered or prefetched, holds as much: the buffer its all-gather receives into "
     f"({lesson.mib(received)}) and the full parameters unpacked from it into storages of their own "
-    f"({lesson.mib(unpacked)}), each the unit's full parameters to within 0.1 %, both held until the unpack ends. "
+    f"({lesson.mib(unpacked)}), each "
+    + ("exactly" if received == unpacked == unit_bytes else "to within 0.1 %")
+    + " the unit's full parameters, both held until the unpack ends. "
     "The units are all this size, so a unit's full parameters held beside the next unit's prefetch buffer, as "
     "through each forward, come to as much too; the memory step does not say which of the two reached the peak, "
     "only that nothing held more. "
@@ -626,9 +623,8 @@ lesson.claim(
 )
 lesson.claim(
     f["calls"] == units + outside,
-    f"fsdp's {f['calls']} gradient collectives: one per unit ({units}, a reduce-scatter, which in its gloo look runs "
-    f"as an all_reduce of the unit's gradients) and one all_reduce per parameter tensor it leaves whole ({outside}): "
-    f"{f['calls']} all_reduces in its gloo look.",
+    f"fsdp's {f['calls']} gradient collectives: one per unit ({units}) and one per parameter tensor it leaves whole "
+    f"({outside}).",
 )
 
 # %% [markdown]
@@ -654,13 +650,8 @@ lesson.claim(
         and len(looks[s]["handed"]["gathers"]) == looks[s]["gathers"]
         for s in STAGES
     ),
-    "Each row marks every gradient collective and every all-gather of parameters its look counted: "
-    + ", ".join(
-        f"{s} {looks[s]['calls']} gradient collectives + {looks[s]['gathers']} "
-        + ("all-gather" if looks[s]["gathers"] == 1 else "all-gathers")
-        + " of parameters"
-        for s in STAGES
-    )
+    "Each row marks every gradient collective + all-gather of parameters its look counted: "
+    + ", ".join(f"{s} {looks[s]['calls']} + {looks[s]['gathers']}" for s in STAGES)
     + ".",
 )
 # where each is handed over is the code's, whatever the load: zero1 all-gathers in step() (the update), zero2 in
@@ -720,12 +711,8 @@ lesson.say(
 trade = pd.DataFrame({"model state MiB": table["model state MiB"], "sent a step MiB": pd.Series(total) / 2**20})
 spared = trade.loc["ddp", "model state MiB"] - trade["model state MiB"]  # against ddp's, at the update
 lesson.say(
-    "Against ddp: "
-    + "; ".join(
-        f"{s} {spared[s]:.1f} MiB less model state at the update, {total[s] / total['ddp']:.1f} times ddp's bytes "
-        "sent on the ring"
-        for s in STAGES[1:]
-    )
+    "Against ddp (model state at the update; bytes sent on the ring): "
+    + "; ".join(f"{s} {spared[s]:.1f} MiB less, {total[s] / total['ddp']:.1f} times" for s in STAGES[1:])
     + "."
 )
 handed = {s: looks[s]["calls"] + looks[s]["gathers"] for s in STAGES}  # collectives in the gloo looks (the figure's)
