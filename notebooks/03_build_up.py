@@ -34,11 +34,11 @@
 # 3. **a run on real ranks**: one warm-up step, then one profiled step, and **a picture** of it, the
 #    stage before faded above it;
 # 4. **what to look for**: what the picture shows, and sentences printed from the run; those with a ✓
-#    are checked on the run shown (`lesson.claim`), the others hold for that run only (one step, on a
+#    are asserted on the run shown (`lesson.claim`), the others hold for that run only (one step, on a
 #    machine shared with other work);
-# 5. **your turn**: write the stage; `check` runs it on real ranks and says what is wrong.
+# 5. **your turn**: write the stage; the checker, `check`, runs it on real ranks and says what is wrong.
 #
-# Until "The cap, swept", every stage trains the same model on the same batches, with the settings
+# Until "The cap, swept", every stage trains the same network on the same batches, with the settings
 # printed below.
 
 # %% [markdown]
@@ -49,12 +49,11 @@
 # **The link.** Every message, up to the last section, goes over an **emulated 1 Gbit/s link**
 # (`minddp.comm.link`): the real all_reduce runs, so every result is exact, but it completes no earlier
 # than it would on Gigabit Ethernet, one message at a time. That time is *modeled*: the same on every run
-# and machine. The training
-# thread's waits are *measured*: a wait can last past the link's time, until the real all_reduce
-# returns, and a collective returns on a rank only once every rank has joined it.
+# and machine. The training thread's waits are *measured*.
 #
 # **Measures**, 01's. α, β (1/bandwidth), n and m as there; k is the micro-batches of a step. A *message* is one
-# all_reduce handed to the link (a gradient, or a bucket of them); its *fixed cost* is 2(n−1)·α. Over
+# all_reduce handed to the link (a gradient, or a bucket of them; the comm hook takes either as a
+# `GradBucket`, torch's type); its *fixed cost* is 2(n−1)·α. Over
 # the link's modeled transfers: *link time*, the step's messages' time on the link; *exposed*, the part
 # of it the training thread stood waiting through. A *wait* is one call of a message's `wait()`, which
 # may find it already back; *waited* is the
@@ -213,7 +212,7 @@ lesson.claim(
 #
 # ### Your turn: `ga`
 #
-# Write `no_sync()`, `forward()` and `finish_gradient_synchronization()` on top of the model answer
+# Write `no_sync()`, `forward()` and `finish_gradient_synchronization()` on top of the solution
 # of `simple` (`solutions.SimpleDDP`, plain `torch.distributed`). The checker trains it with
 # several micro-batches per step, calling finish after every backward; in some steps it runs only
 # the forwards inside `no_sync()` and their backwards after it, so the decision must be taken at
@@ -509,9 +508,9 @@ lesson.claim(
 # ### Your turn: `bucket-async`
 #
 # Start each bucket's all_reduce without waiting, and finish them all in
-# `finish_gradient_synchronization()`. Build on the model answer `solutions.BucketDDP`, not on the
+# `finish_gradient_synchronization()`. Build on the solution `solutions.BucketDDP`, not on the
 # ladder's stage shown in this section. The
-# model answer's helper is `_write_back(grads, average)`: it copies the averaged flat buffer into the
+# solution's helper is `_write_back(grads, average)`: it copies the averaged flat buffer into the
 # bucket's gradient tensors `grads`.
 
 
@@ -600,7 +599,7 @@ lesson.picture(
     title="One step of every stage on one time axis, each message over the emulated 1 Gbit/s link (rank 0)",
 )
 ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
-spread = lesson_03.say_spread(looks)  # how much the same network's backward varied between these steps
+lesson_03.say_spread(looks)  # how much the same network's backward varied between these steps
 checks = lesson_03.checks_on_ranks(looks, ladder)  # each rank's own time at the check
 
 # %%
@@ -730,7 +729,7 @@ lesson_03.sweep_table(swept, model, default)
 #
 # * **the ratios of 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`); the rungs from `simple` to
 #   `bucket-async`, on this notebook's workload;
-# * **the ratios of 1024 ranks**: the blog's model on 1024 ranks over 100 Gbit/s InfiniBand
+# * **the ratios of 1024 ranks**: the blog's network on 1024 ranks over 100 Gbit/s InfiniBand
 #   (`100gbit-ib`), a setting the blog did not run: every all_reduce makes 2 × 1023 hops, so one
 #   message's fixed cost is a far larger share of the backward. On `deep-llama`, an offline preset
 #   with SmolLM2's 32 layers at CPU size, so as many gradient tensors as SmolLM2
@@ -824,7 +823,7 @@ lesson.claim(  # the link's modeled clock: 291 fixed costs against 26
 t4_link = blog_links["4 × T4"]
 on_t4 = [plan_costs(cp, s, c, t4_link, world_size) for s, c in (("bucket-async", caps["4 × T4"]), ("hook-async", None))]
 lesson_03.say_bucket_lesson(
-    model, per_gradient, default, swept, looks["hook-async"], here, saved, on_t4, t4, far, this_run, spread
+    model, per_gradient, default, swept, looks["hook-async"], here, saved, on_t4, t4, far, this_run
 )
 
 # %%

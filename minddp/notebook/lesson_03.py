@@ -4,7 +4,7 @@ sweep's figure, built from the runs' values, so that each cell shows its point i
 Each function prints (or returns) words computed from the values it is handed, in the vocabulary of notebook 01
 and ``docs/analysis.md`` (link time, exposed, waited, overlap). Each stage's numbers come from one profiled step
 on cores shared with other work: the sentences rank the stages by what is counted or modeled (calls, bytes, the
-link's times); a measured step's times are said as that step's (:func:`say_spread`: how much they vary).
+link's times); a measured step's times are said as that step's (:func:`say_spread`: how much their backwards vary).
 """
 
 from __future__ import annotations
@@ -21,25 +21,29 @@ from minddp.notebook.lesson import backward_less_check, say
 CHECKED = ("simple", "ga", "hook", "hook-async", "bucket", "bucket-async")
 
 
-def say_spread(looks: dict) -> float:
+def say_spread(looks: dict) -> None:
     """How much the same network's last backward (less the check) varied between these steps, over the stages
-    whose last backward holds no wait for a message (torch's waits are not seen, so it is left out), and the rule
-    the notebook keeps for one-step times: a gap ranks two stages only where it is larger than that spread.
-    Returns the spread (ms, this rank's)."""
+    whose last backward holds no wait for a message (torch's waits are not seen, so it is left out), split by
+    whether the stage sends from inside the backward."""
     rows = {s: backward_less_check(v) for s, v in looks.items() if v.get("waits") and not v["waits_in_backward"]}
     rows |= {s: backward_less_check(v) for s, v in looks.items() if not v["calls"]}  # single: no message at all
     rows = {s: rows[s] for s in looks if s in rows}  # in the table's order
-    short, long = min(rows, key=rows.get), max(rows, key=rows.get)
+    inside = {s: ms for s, ms in rows.items() if looks[s]["calls_in_backward"]}
+    outside = {s: ms for s, ms in rows.items() if s not in inside}
+
+    def span(group: dict) -> str:
+        lo, hi = f"{min(group.values()):.0f}", f"{max(group.values()):.0f}"
+        return f"({', '.join(group)}) {lo if lo == hi else f'{lo} to {hi}'} ms"
+
+    said = [
+        f"those that send {w} {span(g)}" for w, g in (("inside it", inside), ("after it or not at all", outside)) if g
+    ]
+    if inside and outside and round(min(inside.values())) > round(max(outside.values())):
+        said.append("each that sends inside it ran longer than each that does not")
     say(
-        f"One step each, on cores shared by the ranks, their gloo threads and the link's thread: the same network's "
-        f"last backward, less the check, in {', '.join(list(rows)[:-1])} and {list(rows)[-1]} (the rows whose backward "
-        "holds no wait for a message; torch's waits are not seen), took "
-        f"from {rows[short]:.0f} ms ({short}) to {rows[long]:.0f} ms ({long}), {rows[long] / rows[short]:.1f} times "
-        f"as long. So a one-step time here (last backward, step, exposed, waited, at the check, link after backward) "
-        f"varies by at least that spread, {round(rows[long]) - round(rows[short])} ms, and shows no cause; the calls, "
-        "the bytes and the link time are counted or modeled."
+        "One step each, the same network's last backward less the check, in the rows whose backward holds no wait "
+        f"for a message (torch's waits are not seen): {'; '.join(said)}."
     )
-    return float(round(rows[long]) - round(rows[short]))
 
 
 def say_bucket_against_hook(looks: dict, saved_ms: float) -> None:
@@ -52,12 +56,14 @@ def say_bucket_against_hook(looks: dict, saved_ms: float) -> None:
         last, check, waited = round(v["last_backward_ms"]), round(v["last_backward_ms"] - rest), round(v["waited_ms"])
         parts[s] = (check, waited, v["exposed_ms"], last - check - waited)  # as printed, so that they add up
     (hc, hw, he, hr), (bc, bw, be, br) = parts["hook"], parts["bucket"]
+    after = [max(0, round(v["waited_ms"]) - round(v["exposed_ms"])) for v in (h, b)]  # as printed: waited - exposed
     say(
         f"One step each: bucket's step took {b['row']['end']:.0f} ms against hook's {h['row']['end']:.0f}, its last "
         f"backward {b['last_backward_ms']:.0f} against {h['last_backward_ms']:.0f} ms: in it, at the check "
         f"{bc:.0f} against {hc:.0f} ms, waited {bw:.0f} against {hw:.0f} ms (exposed {be:.0f} against {he:.0f}), the "
         f"rest (neither at the check nor waiting) {br:.0f} against {hr:.0f} ms. The buckets saved {saved_ms:.1f} ms "
-        "of link time; every other part is one step's, and varies from step to step (the spread is measured below)."
+        f"of link time; after the link had delivered, hook's {h['waits']} waits stood {after[0]:.0f} ms "
+        f"({after[0] / h['waits']:.1f} ms a wait), bucket's {b['waits']} stood {after[1]:.0f} ms."
     )
 
 
@@ -181,13 +187,6 @@ def say_sweep(swept: dict, model: list, default, per_gradient, this_run_s: float
         f"These steps' backwards, less the check, ran from {own[short]:.0f} ms ({cap_name(short)}) to "
         f"{own[long]:.0f} ms ({cap_name(long)}), {own[long] / own[short]:.1f} times as long."
     )
-    longest = on_the_link(swept[long]["row"])
-    if longest["tail_end_ms"] >= longest["start_end_ms"]:  # its end set by its last message, not by its backward
-        say(
-            f"{cap_name(long)}'s link after backward was set by its last message (tail-limited end "
-            f"{longest['tail_end_ms']:.1f} ms, start-limited {longest['start_end_ms']:.1f} ms), so its longer "
-            "backward did not move it."
-        )
     say(
         f"The step-time model replays every cap with one backward, {1e3 * this_run_s:.0f} ms (their median"
         + (f": the {median_of[0]} step's own" if median_of else "")
@@ -384,19 +383,15 @@ def _ran_on(ms: float, back_ms: float) -> str:
     return f"was done {-ms:.1f} ms before the end of {back}" if round(ms, 1) < 0 else f"was done as {back} ended"
 
 
-def _steps(h_ms: float, b_ms: float, h_back: float, b_back: float, spread: float) -> str:
-    """Two steps' links after backward (ms) in words, ranked only where they differ by more than ``spread``, the
-    widest one-step spread measured (ms), and, where the side that left less also had the longer backward, by more
-    than the two backwards (less the check, ms: a backward d ms longer had d ms more in which to carry the link)."""
+def _steps(h_ms: float, b_ms: float, h_back: float, b_back: float) -> str:
+    """Two steps' links after backward (ms) in words, ranked only where they differ by more than the two backwards
+    (less the check, ms): a step's link after backward also measures its own backward."""
     gap, apart = abs(round(h_ms, 1) - round(b_ms, 1)), abs(round(h_back) - round(b_back))
-    apart_said = f"ends {gap:.1f} ms apart, backwards {apart:.0f} ms, spread {spread:.0f} ms"
+    apart_said = f"ends {gap:.1f} ms apart, backwards {apart:.0f} ms"
     less = _less(h_ms, b_ms)
-    longer_back = (
-        "hook-async" if round(h_back) > round(b_back) else "bucket-async" if round(b_back) > round(h_back) else None
-    )
-    if less is None or gap <= max(apart if less == longer_back else 0, round(spread)):
+    if less is None or gap <= apart:
         return f"the steps do not rank them ({apart_said})"
-    return f"in the step, {WORDS[_less(h_ms, b_ms)]} left less ({apart_said})"
+    return f"in the step, {WORDS[less]} left less ({apart_said})"
 
 
 def _model(h_ms: float, b_ms: float, miss: float, on: str) -> str:
@@ -409,23 +404,19 @@ def _model(h_ms: float, b_ms: float, miss: float, on: str) -> str:
 
 
 def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, here, saved_ms: float,
-                      on_t4: tuple, t4: dict, far: dict, this_run_s: float, spread: float) -> None:  # fmt: skip
+                      on_t4: tuple, t4: dict, far: dict, this_run_s: float) -> None:  # fmt: skip
     """The bucket lesson's result in link after backward, link by link: each measured step (one each, beside its
     backward less the check) and the step-time model (one backward, ``this_run_s``, for every stage, no comm-hook
     call priced; ``default``: torch's default plan), then in words. A step ranks the two only where their ends
-    differ by more than ``spread`` and, where the longer backward's link was done first, than their backwards
-    (:func:`_steps`), the model only where its ends differ by more than its furthest miss against that link's steps
-    (:func:`_model`). On this notebook's link: ``h`` (hook-async's look) against ``swept`` (cap -> bucket-async's
-    look), ``here`` the settings' cap, ``saved_ms`` the fixed costs buckets saved there; ``spread``:
-    :func:`say_spread`'s (ms), widened to the cap sweep's if that is wider; ``on_t4`` = (bucket-async at that
-    link's cap, hook-async), modeled with the ratios of 4 × T4; ``t4``, ``far``: the sized links' runs
-    (``on_the_link``'s values)."""
+    differ by more than their backwards (:func:`_steps`), the model only where its ends differ by more than its
+    furthest miss against that link's steps (:func:`_model`). On this notebook's link: ``h`` (hook-async's look)
+    against ``swept`` (cap -> bucket-async's look), ``here`` the settings' cap, ``saved_ms`` the fixed costs
+    buckets saved there; ``on_t4`` = (bucket-async at that link's cap, hook-async), modeled with the ratios of
+    4 × T4; ``t4``, ``far``: the sized links' runs (``on_the_link``'s values)."""
     from minddp.costmodel.buckets import on_the_link
 
     ends = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}
     backs = {c: backward_less_check(v) for c, v in swept.items()}
-    swept_spread = round(max(backs.values())) - round(min(backs.values()))  # the cap sweep's, as say_sweep prints it
-    spread = max(spread, swept_spread)
     h_end, b_end, h_back = on_the_link(h["row"])["end_ms"], ends[here], backward_less_check(h)
     longer = sum(round(e, 1) > round(h_end, 1) for e in ends.values())
     at = {c.cap_mb: c for c in model} | {None: default}
@@ -480,22 +471,20 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
         + ("all 3 links (" if ran_longer == 3 else f"{ran_longer} of the 3 links (")
         + ", ".join(f"{a:.0f} against {b:.0f} ms" for a, b in pairs)
         + "), one step each: a step's link after backward also measures its own backward, so a step ranks the two "
-        f"only where their ends differ by more than the widest one-step spread measured, {spread:.0f} ms, and, where "
-        "the longer backward's link was done first, by more than their backwards; "
-        "the model gives both one backward, and ranks them only where they differ by more than its furthest miss "
-        "against that link's steps."
+        "only where their ends differ by more than their backwards; the model gives both one backward, and ranks "
+        "them only where they differ by more than its furthest miss against that link's steps."
     )
     leasts = f"the steps' at {cap_name(best_run)}, the model's at {' and '.join(at_least)} MiB"
     if best_run is not None and at_least == [f"{best_run:g}"]:
         leasts = f"the steps' and the model's both at {cap_name(best_run)}"
     here_said = (
-        f"on this notebook's link, at the settings' cap {_steps(h_end, b_end, h_back, backs[here], spread)}, and "
+        f"on this notebook's link, at the settings' cap {_steps(h_end, b_end, h_back, backs[here])}, and "
         f"{_model(m_h, m_here, miss, missed)}; at bucket-async's least ({leasts}) "
-        f"{_steps(h_end, ends[best_run], h_back, backs[best_run], spread)}, and {_model(m_h, least, miss, missed)}"
+        f"{_steps(h_end, ends[best_run], h_back, backs[best_run])}, and {_model(m_h, least, miss, missed)}"
     )
-    t4_steps = _steps(ht, bt, t4["hook-async"]["backward_ms"], t4["bucket-async"]["backward_ms"], spread)
+    t4_steps = _steps(ht, bt, t4["hook-async"]["backward_ms"], t4["bucket-async"]["backward_ms"])
     t4_said = f"with the ratios of 4 × T4 {t4_steps}, and {_model(mh4, mb4, misses4[missed4], missed4)}"
-    far_steps = _steps(hf["end_ms"], bf["end_ms"], hf["backward_ms"], bf["backward_ms"], spread)
+    far_steps = _steps(hf["end_ms"], bf["end_ms"], hf["backward_ms"], bf["backward_ms"])
     say(f"In words: {here_said}; {t4_said}; with the ratios of 1024 ranks {far_steps}.")
     why = []  # the cause: by the model (one backward for both) on this link, by the link's clock at 1024 ranks
     parts = (

@@ -41,7 +41,7 @@ class HookDDP(GradAccumDDP):
     def __init__(self, module: nn.Module, process_group=None):
         super().__init__(module, process_group)
         params = [p for p in module.parameters() if p.requires_grad]
-        self.index = {p: i for i, p in enumerate(reversed(params))}  # bucket index: last layers first
+        self.index = {p: i for i, p in enumerate(reversed(params))}  # message index: last layers first
         me = weakref.ref(self)  # autograd keeps the hooks; they must not keep the wrapper
         self.handles = [p.register_post_accumulate_grad_hook(lambda p: me()._grad_ready(p)) for p in params]  # step 1
         weakref.finalize(self, lambda handles: [h.remove() for h in handles], self.handles)  # removed with the wrapper
