@@ -148,12 +148,6 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
             f"fixed wait (EXIT_WAIT_S, for a result the ended process may still have in flight): a setting of the "
             f"launcher, which only a fault that ends a process meets"
         )
-    if k[0] != r[0]:
-        print(
-            f"The first part: another member's all_reduce failed {abs(k[0] - r[0])} ms later after the "
-            f"{'kill' if k[0] > r[0] else 'raise'} than after the {'raise' if k[0] > r[0] else 'kill'} "
-            "(this notebook does not measure why)"
-        )
     # the last part, split at the retry's work (each end at the last member): the new group and the digest before it,
     # the vote after it
     works = {o.fault.kind: retry_work_s(run, o) for o in (kill, raised)}
@@ -163,19 +157,23 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
             start, end = (ms(t) for t in works[o.fault.kind])
             split[o.fault.kind] = (start - ms(o.quorum_s), end - start, ms(o.recovery_s) - end)
         names = (
-            "to the retry's work (the new group and its wrapper built, the digest)",
+            "before the work (the new group and its wrapper built, the digest)",
             "the work",
-            "from it to the commit (the vote)",
+            "after it (the vote)",
+        )
+        diffs = [r - k for k, r in zip(split["kill"], split["raise"])]
+        top = max(range(3), key=lambda i: abs(diffs[i]))
+        verdict = (
+            f": {names[top].split(' (')[0]} is where they differ most, {abs(diffs[top])} ms longer for the "
+            f"{'raise' if diffs[top] > 0 else 'kill'} (one run of each; this notebook does not measure why)"
+            if diffs[top]
+            else ""
         )
         print(
-            "The last part, from the quorum to the commit, split at the retry's work (forward, backward, all_reduce; "
-            "each end at the last member) (kill, raise, in ms): "
+            "The part from the quorum to the commit, split at the retry's work (forward, backward, all_reduce; each "
+            "end at the last member) (kill, raise, in ms): "
             + "; ".join(f"{n}: {a}, {b}" for n, a, b in zip(names, split["kill"], split["raise"]))
-        )
-        top = max(range(3), key=lambda i: split["kill"][i])
-        print(
-            f"Of the kill's {sum(split['kill'])} ms in it, the largest share is {names[top].split(' (')[0]}, "
-            f"{split['kill'][top]} ms (this notebook does not split it further)"
+            + verdict
         )
 
 
@@ -193,7 +191,7 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     startup = asked - start
 
     def share(t_ms: int) -> str:
-        return f"{t_ms / rejoin:.0%} of the rejoin"
+        return f"{'under 1%' if 0 < t_ms < rejoin / 200 else f'{t_ms / rejoin:.0%}'} of the rejoin"
 
     most = ", most of it the new process's own start-up" if startup * 2 > rejoin else ""
     print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill{most}:")
@@ -201,7 +199,10 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     print(
         f"  {startup} ms ({share(startup)}) the new process's start-up, to its first quorum request; in it, "
         f"{ms(built_s)} ms ({share(ms(built_s))}) building its first optimizer"
-        + (f", during which torch imported its compiler ({compat.COMPILER_MODULE})" if compiler else "")
+        + (f", which imported torch's compiler ({compat.COMPILER_MODULE})" if compiler else "")
+        + f"; a start-up cost, as for slots {' and '.join(others)} at the run's start ("
+        + " and ".join(str(ms(run.results[int(s)]["optimizer_built"][0])) for s in others)
+        + " ms)"
     )
     print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
     healing = heal_s(run, o)
@@ -240,7 +241,12 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
         f", plus {x.fault}'s recovery ({ms(x.recovery_s)} ms)" for x in later
     )
     sum_line = f"{ms(last)} + {n} × {ms(pace)}" + "".join(f" + {ms(x.recovery_s)}" for x in later) + f" = {end} ms"
-    over = " (an estimate: each later fault's recovery as measured here, at its own world)" if later else ""
+    # each later fault's step counted whole at the pace, then its recovery from the fault on top: not to undercount
+    over = "".join(
+        f" (step {x.fault.step} counted whole, and its recovery, measured here at world {x.world}, on top: not to "
+        "undercount)"
+        for x in later
+    )
     if end < asked:
         print(
             f"Without that script, {pace_line}, {survivors} would have committed the run's last step, {final}, by "
