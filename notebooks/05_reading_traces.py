@@ -23,8 +23,8 @@
 # blog this course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
 # https://blog.underfit.ai/ddp-profiled) reads its GPU traces with HolisticTraceAnalysis (HTA), but with its own
 # measures from CPU events (`docs/analysis.md`); this notebook sets none of its numbers beside the blog's. First the
-# measures (none says which stage is faster), then **one step of each stage on one time axis**, then the blog's six
-# stages over an emulated 1 Gbit/s link (the *link run*).
+# measures, then **one step of each stage on one time axis**, then the blog's six stages over an emulated 1 Gbit/s
+# link (the *link run*).
 #
 # k is `03_build_up`'s number of micro-batches a step. A *message* is one whole all_reduce call of gradients (one
 # parameter's, or a *bucket*'s: several parameters' gradients in one buffer); a *sync* is one round of messages that
@@ -154,8 +154,8 @@ parts = {st: lesson_05.in_flight_parts(RUN, st) for st in shares.index}
 lesson.say(lesson_05.not_drawn(parts))
 
 # %% [markdown]
-# One row per profiled stage. Each row is one step; how much the same work's time differs from row to row is
-# printed under the next table. In each row:
+# One row per profiled stage. Each row is one step; how much the same work's time varies is printed under the
+# next table. In each row:
 #
 # * the forward (pale) and backward (darker) band of each micro-batch: *forward* from the micro-batch's start
 #   to its first *autograd node* (the forward, and what the stage does around it),
@@ -270,7 +270,5 @@ lesson.claim(
 )
 blocking = ["simple", "ga", "hook", "bucket"]
 lesson.say(lesson_05.exposed_share(on_link, blocking, ["hook-async", "bucket-async"]))
-lesson.say(lesson_05.link_after_backward(linked, LINKED, ["hook-async", "bucket-async"]))
-lesson.say(lesson_05.idle_waits(on_link))
 lesson.say(lesson_05.bucket_pairs(on_link, [("hook", "bucket"), ("hook-async", "bucket-async")]))
-lesson.say(lesson_05.last_messages(linked, link, LINKED, "hook-async", "bucket-async"))
+lesson.say(lesson_05.link_after_backward(linked, link, LINKED, ["hook-async", "bucket-async"]))

@@ -103,45 +103,44 @@ def bands_ms(result, phase: str) -> pd.DataFrame:
 
 def spread(ms: pd.Series) -> str:
     """The least and the most of ``ms`` over the stages (to the ms), whose, and the ratio of those two printed
-    values.
+    values (to 0.01, so that 20 / 16 prints 1.25, as a reader divides them).
 
     >>> spread(pd.Series({"a": 20.4, "b": 95.2}))
-    "20–95 ms (a's to b's, 4.8 ×)"
+    "20–95 ms (a's to b's, 4.75 ×)"
     """
     lo, hi = round(ms.min()), round(ms.max())
-    return f"{lo}–{hi} ms ({ms.idxmin()}'s to {ms.idxmax()}'s, {hi / lo:.1f} ×)"
+    return f"{lo}–{hi} ms ({ms.idxmin()}'s to {ms.idxmax()}'s, {ratio(hi, lo):.2f} ×)"
+
+
+def ratio(a: float, b: float) -> float:
+    """The larger of two printed values over the smaller, to 0.01 (what :func:`spread` and :func:`same_work` print
+    and compare)."""
+    return round(max(a, b) / min(a, b), 2)
 
 
 def same_work(result) -> str:
-    """A line to print: how much the same work's time differed from row to row (the optimizer step, the same in every
-    row; every row's forward bands, the same model and micro-batches; ``single``'s backward bands, with no message in
-    them), said first as the yardstick for a difference between rows, then the steps' spread against it and which
-    stages' steps differ from ``single``'s by more than it; ratios from the printed ms, to 0.1 (as :func:`spread`'s);
-    one profiled step each, not claimed."""
+    """A line to print: how much the same work's time differed (the optimizer step, the same in every row;
+    ``single``'s backward bands, the same backward with no message in them), then which stages' steps differ from
+    ``single``'s by a larger ratio; ratios from the printed ms, to 0.01 (:func:`ratio`); one profiled step each,
+    not claimed. The forward bands are left out: they hold what a stage does around its forward (a broadcast in
+    ``ddp`` and torch's DDP), so they are not the same work in every row."""
     alone = bands_ms(result, "backward").loc["single"].round()  # single's backward bands, ms
-    fwd = bands_ms(result, "forward").stack().round()  # every row's forward bands, ms
     steps, opt = phase_ms(result, "step"), phase_ms(result, "optimizer")
-    sending = steps.drop("single")
-    ratio = {x: round(round(v.max()) / round(v.min()), 1) for x, v in (("steps", steps), ("optimizer", opt))}
-    bands = round(alone.max() / alone.min(), 1)
-    fwds = round(fwd.max() / fwd.min(), 1)
-    same = max(ratio["optimizer"], bands, fwds)
-    mine = round(steps["single"])
-    off = [st for st in sending.index if max(round(sending[st]), mine) / min(round(sending[st]), mine) > same]
+    bands = ratio(alone.max(), alone.min())
+    same = max(ratio(round(opt.max()), round(opt.min())), bands)
+    mine, sending = round(steps["single"]), steps.drop("single").round().astype(int)
+    off = {st: ratio(ms, mine) for st, ms in sending.items() if ratio(ms, mine) > same}
+    names = " and ".join(f"{st}'s, {sending[st]} ms ({r:.2f} ×)," for st, r in off.items())
     verdict = (
-        f"of the {len(sending)} stages' that send, only {', '.join(off)}'s differs from it by more than {same:.1f} ×"
+        f"of the {len(sending)} stages that send, only {names} {'differs' if len(off) == 1 else 'differ'}"
         if off
-        else f"none of the {len(sending)} stages' that send differs from it by more than {same:.1f} ×, so this run "
-        "does not say whether sending made a step longer or shorter"
+        else f"none of the {len(sending)} stages that send differs"
     )
     return (
-        f"The same work took up to {same:.1f} × as long in one row or band as in another, so a difference between rows "
-        f"no larger need not be the stages': the optimizer step, the same in every row (`single` included: the same "
-        f"model, micro-batches and AdamW), {spread(opt)}; the forward bands, {fwd.min():.0f}–{fwd.max():.0f} ms "
-        f"({fwds:.1f} ×); single's backward bands, with no message in them, "
-        f"{alone.min():.0f}–{alone.max():.0f} ms ({bands:.1f} ×). The steps took {spread(steps)}: "
-        f"{'more' if ratio['steps'] > same else 'no more'} than that. Against single's, which sends nothing, "
-        f"{mine} ms: {verdict}."
+        f"The same work's time varied up to {same:.2f} ×: the optimizer step, the same in every row (`single` "
+        f"included), {spread(opt)}; single's backward bands, with no message in them, "
+        f"{alone.min():.0f}–{alone.max():.0f} ms ({bands:.2f} ×). Against single's step, {mine} ms, which sends "
+        f"nothing: {verdict} from it by more than that."
     )
 
 
@@ -219,70 +218,6 @@ def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[s
         f"Exposed, as a share of the link time: {each}, {high.min():.1f} % at least in the blocking stages "
         f"({high.idxmin()}'s): {verdict}."
     )
-
-
-def last_messages(linked, link, run: Path, a: str, b: str) -> str:
-    """A line to print (``run``: the link run's folder): the last message each of stages ``a`` (one message a
-    parameter) and ``b`` (buckets) handed over in the link run (rank 0's step), its size and its link time
-    (:func:`link_ms`'s model, one message), and each stage's exposed (to 0.1 ms, as :func:`link_table`) split into
-    that last message's transfer and earlier ones' (the link carries one at a time, so the parts add up); headed by
-    a "why" only where ``b``'s exposed is longer than ``a``'s, the measure it names; one step, not claimed."""
-    from minddp.analysis import metrics
-
-    sent, nbytes = rank0(linked.buckets), message_bytes(linked)
-    world = int(linked.summary["rank"].nunique())
-    waits = rank0(linked.per_step).groupby("stage")["exposed_us"].mean() / 1e3  # ms, as link_table
-    last, part, late, busy = {}, {}, {}, {}
-    for st in (a, b):
-        i = sent.loc[sent["stage"] == st, "ready_us"].idxmax()
-        last[st] = (nbytes[i] / 2**20, 1e3 * metrics.link_time(link, [("all_reduce", nbytes[i], world)]))
-        iv, s0, _ = lesson.parameter_checks(run, st)
-        window = [iv.steps[-1][1:]]
-        transfers = sorted(t for t in iv.link if window[0][0] <= t[0] <= window[0][1])  # in order: one at a time
-        handed = s0 + sent.loc[i, "ready_us"]
-        late[st] = (transfers[-1][0] - handed) / 1e3  # hand-over to the transfer's start
-        busy[st] = (transfers[-2][1] - handed) / 1e3 if len(transfers) > 1 else 0.0  # earlier ones on it till then
-        exposed = round(waits[st], 1)
-        own = round(metrics.exposed(transfers[-1:], iv.waits, window) / 1e3, 1)
-        part[st] = (exposed, own, round(exposed - own, 1))
-    (ea, _, ra), (eb, _, rb) = part[a], part[b]
-
-    def split(st, noun):
-        exposed, own, rest = part[st]
-        if rest > 0:
-            return f"{own:.1f} ms of {st}'s exposed was that {noun}'s transfer, {rest:.1f} ms earlier {noun}s'"
-        if exposed > 0:
-            return f"all {exposed:.1f} ms of {st}'s exposed was that {noun}'s transfer"
-        return f"{st}'s exposed is 0"
-
-    head = (
-        f"Why, with buckets, rank 0 waited longer while its link carried a transfer ({a} → {b}, exposed {ea:.1f} → "
-        f"{eb:.1f} ms): "
-        if eb > ea
-        else ""
-    )
-    body = (
-        f"a message is handed over only once its last gradient is ready, so each stage's last one only once "
-        f"the backward's last gradient is: {a}'s, {last[a][0]:.2f} MiB, takes {last[a][1]:.1f} ms on the link, "
-        f"{b}'s, the last bucket, {last[b][0]:.2f} MiB, {last[b][1]:.1f} ms. {split(b, 'bucket')[0].upper()}"
-        f"{split(b, 'bucket')[1:]}; {split(a, 'message')}"
-    )
-    if rb > 0 or ra > 0:
-        big = 1e3 * metrics.link_time(link, [("all_reduce", nbytes[sent["stage"] == b].max(), world)])
-
-        def queue(st, noun):
-            lag, on = round(late[st], 1), round(min(busy[st], late[st]), 1)
-            if on <= 0:
-                return f"{st}'s last {noun} {lag:.1f} ms after its hand-over, the link free at the hand-over"
-            part = "all of it" if on == lag else f"{on:.1f} ms of it"
-            return f"{st}'s last {noun} {lag:.1f} ms after its hand-over, {part} with earlier {noun}s on the link"
-
-        body += (
-            f". The link carries one message at a time, in order (one bucket takes up to {big:.1f} ms on it): it began "
-            f"{queue(b, 'bucket')}; {queue(a, 'message')}"
-        )
-    line = head + body if head else body[0].upper() + body[1:]
-    return f"{line}."
 
 
 def band_non_compute(result, run: Path, stages) -> str:
@@ -385,8 +320,8 @@ def not_drawn(parts: dict) -> str:
 
 
 def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
-    """A line to print: for each (one message a parameter, buckets) pair of stages, waited, exposed, waited − exposed
-    and link time (``table``'s printed columns), and in words how much each kind of wait changed, waited in all, and
+    """A line to print: for each (one message a parameter, buckets) pair of stages, from ``table``'s printed columns
+    (waited, exposed, waited − exposed, link time), in words how much each kind of wait changed, waited in all, and
     the link time; where waited fell mostly in its part with the link idle, and by more than the link time fell, that
     said; one profiled step each, not claimed.
 
@@ -394,11 +329,10 @@ def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
     ...                   "exposed (ms)": [4.0, 4.0, 0.0, 5.9]}, index=["h", "b", "ha", "ba"])
     >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
     >>> print(bucket_pairs(t, [("h", "b"), ("ha", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
-    From one message a parameter to buckets, in this step: h → b, waited 9.0 → 5.0 ms, exposed 4.0 → 4.0, waited −
-    exposed 5.0 → 1.0: with buckets rank 0 waited 4.0 ms less while its link carried nothing and as long while it
-    carried a transfer, 4.0 ms less in all, the link time 1.0 ms less. ha → ba, waited 4.0 → 6.0 ms, exposed 0.0 →
-    5.9, waited − exposed 4.0 → 0.1: with buckets rank 0 waited 3.9 ms less while its link carried nothing and 5.9 ms
-    more while it carried a transfer, 2.0 ms more in all, the link time 1.0 ms less. In h → b, the waits with the
+    From one message a parameter to buckets, in this step: h → b, rank 0 waited 4.0 ms less while its link carried
+    nothing and as long while it carried a transfer, 4.0 ms less in all, the link time 1.0 ms less; ha → ba, rank 0
+    waited 3.9 ms less while its link carried nothing and 5.9 ms more while it carried a transfer, 2.0 ms more in
+    all, the link time 1.0 ms less. In h → b, the waits with the
     link idle (transfers done, not yet delivered) fell 4.0 ms, all of waited's 4.0 ms fall and 4.0 × the 1.0 ms of
     link time that buckets saved: what buckets removed here was mostly waiting after the modeled transfers were
     done, not the link's cost of a message.
@@ -414,9 +348,8 @@ def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
         (wa, ea, ra, la), (wb, eb, rb, lb) = (table.loc[st, [w, e, r, lt]] for st in (a, b))
         total = "as long in all" if round(wb - wa, 1) == 0 else f"{change(wa, wb)} in all"
         parts.append(
-            f"{a} → {b}, waited {wa:.1f} → {wb:.1f} ms, exposed {ea:.1f} → {eb:.1f}, waited − exposed {ra:.1f} → "
-            f"{rb:.1f}: with buckets rank 0 waited {change(ra, rb)} while its link carried nothing and "
-            f"{change(ea, eb)} while it carried a transfer, {total}, the link time {change(la, lb)}"
+            f"{a} → {b}, rank 0 waited {change(ra, rb)} while its link carried nothing and {change(ea, eb)} while it "
+            f"carried a transfer, {total}, the link time {change(la, lb)}"
         )
         fell, fell_idle, saved = round(wa - wb, 1), round(ra - rb, 1), round(la - lb, 1)
         if fell > 0 and fell_idle > fell / 2 and fell_idle > saved > 0:
@@ -427,7 +360,7 @@ def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
                 f"{saved:.1f} ms of link time that buckets saved: what buckets removed here was mostly waiting after "
                 "the modeled transfers were done, not the link's cost of a message."
             )
-    return f"From one message a parameter to buckets, in this step: {'. '.join(parts)}.{''.join(idle)}"
+    return f"From one message a parameter to buckets, in this step: {'; '.join(parts)}.{''.join(idle)}"
 
 
 def overlap_order(ov: pd.Series, blocking: list[str], asynchronous: list[str]) -> str:
@@ -453,67 +386,51 @@ def overlap_order(ov: pd.Series, blocking: list[str], asynchronous: list[str]) -
 
 
 def outside_checks(shares: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
-    """A line to print: for each (blocking, asynchronous) pair, the two stages' non-compute, all of it and outside the
-    parameter checks (``shares``' printed columns), and in words which of the stages had most of its non-compute
-    inside its checks; one profiled step, not claimed.
+    """A line to print: for each (blocking, asynchronous) pair, the two stages' non-compute outside the parameter
+    checks (``shares``' printed columns, one minus the other), and in words whether the asynchronous stage's is the
+    less in every pair; one profiled step, not claimed.
 
     >>> t = pd.DataFrame({"non-compute (ms)": [24.5, 42.0], "of it, in the checks (ms)": [4.8, 25.4]},
     ...                  index=["b", "ba"])
     >>> print(outside_checks(t, [("b", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
-    Non-compute, all of it and outside the parameter checks: b 24.5 and 19.7 ms, ba 42.0 and 16.6 ms. Most of ba's
-    non-compute (25.4 of 42.0 ms) was in its parameter check.
+    Non-compute outside the parameter checks: b 19.7 → ba 16.6 ms: less in each asynchronous stage than in the
+    blocking one beside it.
     """
-    nc, chk = shares["non-compute (ms)"], shares["of it, in the checks (ms)"]
-    out = (nc - chk).round(1)
-
-    stages = [st for pair in pairs for st in pair]
-    each = ", ".join(f"{st} {nc[st]:.1f} and {out[st]:.1f} ms" for st in stages)
-    most = [st for st in stages if chk[st] > nc[st] / 2]
-    inside = "".join(
-        f" Most of {st}'s non-compute ({chk[st]:.1f} of {nc[st]:.1f} ms) was in its parameter check." for st in most
+    out = (shares["non-compute (ms)"] - shares["of it, in the checks (ms)"]).round(1)
+    each = ", ".join(f"{x} {out[x]:.1f} → {y} {out[y]:.1f} ms" for x, y in pairs)
+    less = [out[y] < out[x] for x, y in pairs]
+    word = (
+        "less in each asynchronous stage than in the blocking one beside it"
+        if all(less)
+        else f"less in the asynchronous stage in {sum(less)} of {len(pairs)} pairs"
     )
-    return f"Non-compute, all of it and outside the parameter checks: {each}.{inside}"
+    return f"Non-compute outside the parameter checks: {each}: {word}."
 
 
-def link_after_backward(linked, run: Path, stages) -> str:
+def link_after_backward(linked, link, run: Path, stages) -> str:
     """A line to print (``run``: the link run's folder): for each of ``stages``, when rank 0's link ended its last
-    transfer of the profiled step, against the end of the step's last backward band (ms); one step, not claimed.
-    Waiting for a message starts in the finish, after that band, in the asynchronous stages."""
+    transfer of the profiled step, against the end of the step's last backward band (ms); then how long before that
+    end each stage handed over its first message, against its link time (:func:`link_ms`). The link starts a message
+    no earlier than its hand-over and carries one at a time for its modeled time, so it cannot end before the first
+    hand-over plus the link time: said where that bound falls after the backward's end; one step, not claimed."""
     p = rank0(linked.phases)
-    said = []
+    sent = rank0(linked.buckets)
+    said, lead = [], []
     for st in stages:
         iv, s0, _ = lesson.parameter_checks(run, st)
         s1 = iv.steps[-1][2]
-        end = s0 + p.loc[(p["stage"] == st) & (p["phase"] == "backward"), "end_us"].max()
+        end_rel = p.loc[(p["stage"] == st) & (p["phase"] == "backward"), "end_us"].max()
         last = max(b for a, b in iv.link if s0 <= a <= s1)
-        d = (last - end) / 1e3
+        d = (last - s0 - end_rel) / 1e3
         when = f"{d:.1f} ms after" if round(d, 1) > 0 else f"{-d:.1f} ms before" if round(d, 1) < 0 else "as"
         said.append(f"{when} the step's last backward ended in {st}" if not said else f"{when} in {st}")
-    return f"In the link run, rank 0's link finished the step's last transfer {', '.join(said)}."
-
-
-def idle_waits(table: pd.DataFrame) -> str:
-    """A line to print: each stage's waited − exposed as a share of its waited (``table``'s printed columns, to the
-    %), and in words in which stages most of waited was with the link carrying nothing; one profiled step each, not
-    claimed.
-
-    >>> t = pd.DataFrame({"waited (ms)": [10.0, 4.0], "waited − exposed (ms)": [9.0, 0.0]}, index=["a", "b"])
-    >>> print(idle_waits(t))  # doctest: +NORMALIZE_WHITESPACE
-    Waited − exposed as a share of waited: a 90 %, b 0 %: most of rank 0's waiting was with its link carrying nothing
-    (a transfer done, not yet delivered), not on the emulated link's transfers, in a; not in b.
-    """
-    w, r = table["waited (ms)"], table["waited − exposed (ms)"]
-    share = (100 * r / w.where(w > 0)).fillna(0)
-    each = ", ".join(f"{st} {share[st]:.0f} %" for st in table.index)
-    most = [st for st in table.index if share[st] > 50]
-    rest = [st for st in table.index if st not in most]
-    if not most:
-        return (
-            f"Waited − exposed as a share of waited: {each}: in no stage was most of rank 0's waiting with its link "
-            "idle."
-        )
-    tail = f"; not in {', '.join(rest)}" if rest else ""
+        ahead = (end_rel - sent.loc[sent["stage"] == st, "ready_us"].min()) / 1e3
+        work = link_ms(linked, link, st)
+        late = f", so its link could not finish before {work - ahead:.1f} ms after that end" if work > ahead else ""
+        first = f"{st} handed over its first message" if not lead else f"{st} its first"
+        lead.append(f"{first} {ahead:.1f} ms before that end, with {work:.1f} ms of link time{late}")
     return (
-        f"Waited − exposed as a share of waited: {each}: most of rank 0's waiting was with its link carrying nothing "
-        f"(a transfer done, not yet delivered), not on the emulated link's transfers, in {', '.join(most)}{tail}."
+        f"In the link run, rank 0's link finished the step's last transfer {', '.join(said)}. A message is handed over "
+        f"once its last gradient is ready, and the link carries one at a time from its hand-over on: "
+        f"{'; '.join(lead)}."
     )
