@@ -19,8 +19,8 @@
 # Data parallelism is one program running in several processes (*ranks*) that exchange tensors through *collectives*: calls every rank makes together, such as `all_reduce` below, which sums a tensor across the ranks. `minddp.notebook` starts those ranks once and keeps them alive, so every cell below can run on every rank and each rank keeps its variables from cell to cell.
 #
 # The ranks that make collectives together form a *process group*; its *backend* is the library that
-# carries the collectives' data between them. The runner picks the backend: gloo on the CPU, as on a laptop (and in the run saved here: the first
-# output below names it), NCCL where every rank has a GPU of its own; the cells stay the same.
+# carries the collectives' data between them. The runner picks the backend: gloo on the CPU, as on a laptop (the first
+# output below names this run's), NCCL where every rank has a GPU of its own; the cells stay the same.
 
 # %%
 # %load_ext minddp.notebook
@@ -32,8 +32,10 @@
 # %%
 # %%distributed
 import os
+import weakref
 
-pid = os.getpid()  # this rank's process, for later
+# this rank's process and process group, for later (a weak reference: it does not keep the group alive)
+pid, world = os.getpid(), weakref.ref(dist.group.WORLD)
 print(f"hello from rank {rank} of {world_size} (pid {pid}), computing on {device}")
 dist.get_rank(), dist.get_world_size()
 
@@ -75,9 +77,8 @@ plt.show()
 
 # %% [markdown]
 # When one rank fails, the cell fails. Here rank 1 raises before the `all_reduce`; rank 0 waits in it
-# until the runner has rank 1 destroy its process group, then raises. Below the cell: rank 0's note
-# `(released because rank 1 failed)`, then the error: a heading naming rank 1, and rank 0 as "failed
-# too", then both tracebacks, rank 1's first.
+# until the runner has rank 1 destroy its process group, then raises. The error names rank 1, then
+# rank 0 as "failed too", and shows both tracebacks.
 #
 # A traceback names the cell `<In [N], rank R>`: Jupyter's `In [N]`, as rank R ran it, its lines
 # counted from the `%%distributed` line (line 1), so rank 1's `raise` is line 3.
@@ -89,18 +90,21 @@ if rank == 1:
 dist.all_reduce(t)
 
 # %% [markdown]
-# Here the ranks live on (in a real job they do not: a rank that raises ends its process): each is
-# still the same process, `t` is still there, and collectives work again.
+# Here the ranks live on (in a real job they do not: a rank that raises ends its process), and the
+# runner gives them a new process group: `t` is still there, and collectives work again.
 
 # %%
 # %%distributed
-lesson.claim(os.getpid() == pid, "every rank is still the process it was at the start (the same pid)")
+lesson.claim(
+    os.getpid() == pid and world() is not dist.group.WORLD,
+    "every rank is still the process it was at the start (the same pid), in a new process group",
+)
 before = t.clone()
 dist.all_reduce(t)
 lesson.claim(
     torch.equal(before, total) and torch.equal(t, world_size * total),
-    f"the all_reduce works again: `t` held the sum above, {before.tolist()}, on every rank, and now holds the sum of "
-    f"the {world_size} ranks' copies, {t.tolist()}",
+    f"the all_reduce works again: on every rank `t` went from the sum above, {before.tolist()}, to {t.tolist()}, the "
+    f"sum of the {world_size} ranks' copies",
 )
 t
 

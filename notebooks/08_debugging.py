@@ -25,7 +25,7 @@
 #    run on a new group, `short` (*the short group*), and torch's DDP on another new one, `group`, with
 #    torch's default timeout (the set-up cell prints both): a rank waiting on `group` is released when a
 #    failing rank destroys its groups;
-# 2. **minddp in debug mode**: its DDP checks each step, and the *collective check*
+# 2. **minddp in debug mode**: its DDP checks each step (outside `join()`), and the *collective check*
 #    every collective, the script's own (here on the default group) included. A `DebugError` is raised
 #    on every rank at the first check that sees the bug (for section 3's bug, a `DebugWarning`, and
 #    training goes on), naming the cause, the tensor or call, the rank(s), the step, and the fix;
@@ -103,10 +103,9 @@ lesson.say(f"The short group's timeout is {WAIT_S} s; `group`'s, torch's default
 # DDP keeps the replicas equal by starting them equal and giving each the same averaged gradient.
 # Anything that changes a parameter on some ranks only breaks that: here rank 1 nudges one weight
 # after step 1. In debug mode, before each forward whose backward will average the gradients (the
-# *forward check*), every rank all-gathers a row of integers: the parameters'
-# `requires_grad` flags, then their fingerprints (checksums of their 16-bit words):
-# `int64[8]` for `Net()`'s 4 parameter tensors. Only when rows differ does it all-gather the
-# differing tensors themselves (the *full comparison*), for the gap its error prints. The fix: change
+# *forward check*), every rank all-gathers a row of integers, `int64[8]` for `Net()`: its 4 parameter
+# tensors' `requires_grad` flags, then their fingerprints (checksums of their 16-bit words). The gap an
+# error prints comes from all-gathering the first differing tensor itself. The fix: change
 # parameters the same way on every rank.
 
 
@@ -135,13 +134,12 @@ fixed(drifting_loop, "without the edit", edit=False)
 # DDP averages the gradients of a backward whose forward went through the wrapper. Call the module
 # itself (`model.module(x)`, or a submodule) and backward leaves each rank its own gradient; the
 # optimizer then steps each replica its own way. Before each `optimizer.step()` the *step check*
-# all-gathers another row, `int64[17]` for `Net()`: one integer of *notes*, bits saying
-# whether a forward bypassed the wrapper and whether the step's last forward ran inside `no_sync()`
-# (the wrapper's block whose forwards' backwards skip the averaging): this section's two bugs; then four groups of
-# one per parameter: whether it has a gradient, that gradient's fingerprint, whether this step's
-# backward computed one, and the local gradient's fingerprint (before averaging); a full comparison
-# follows a mismatch. The fix: call the
-# wrapper.
+# all-gathers another row, `int64[17]` for `Net()`: one integer of *notes* (bits, among them whether
+# a forward bypassed the wrapper and whether the step's last forward ran inside `no_sync()`, the
+# wrapper's block whose forwards' backwards skip the averaging: this section's two bugs); then four
+# groups of one per parameter: whether it has a gradient, that gradient's fingerprint, whether this
+# step's backward computed one, and the local gradient's fingerprint (before averaging). The fix: call
+# the wrapper.
 
 
 # %%
@@ -287,8 +285,8 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # Rank 1 has one batch fewer. It leaves its loop and waits at the script's final barrier, while rank
 # 0 starts a step whose collectives rank 1 will never make. Under torch neither rank's error says
 # which rank ran out, or when. The collective check pairs rank 1's barrier with rank 0's next forward
-# check: rank 1 has left its loop. The fix: the wrapper's `join()` around the loop, the barrier after
-# it: a rank that has run out makes the others' remaining collectives, and once every rank has left
+# check: rank 1 has left its loop. The fix: the wrapper's `join()` around the loop (it pauses the
+# forward and step checks), the barrier after it: a rank that has run out makes the others' remaining collectives, and once every rank has left
 # its loop, each takes the parameters of the last to leave (rank 0, here).
 
 
@@ -332,8 +330,8 @@ lesson.claim(
 )
 lesson.claim(
     watched == [0, 0] and compared[0] == compared[1] > 0,
-    f"under join() the forward and step checks pause (none of the run's {compared[0]} collectives is theirs); the "
-    f"collective check compared all {compared[0]} on both ranks and found them matched",
+    f"under join() the forward and step checks paused in every step, not only after rank 1 left (none of the run's "
+    f"{compared[0]} collectives is theirs); the collective check compared all {compared[0]} and found them matched",
 )
 
 # %% [markdown]
@@ -406,8 +404,6 @@ lesson.claim(
     f"while rank 1's moved, and the replicas' parameters ended apart by up to {gap:.1e}, the largest gap in {where}",
 )
 warnings_of = each_rank(warned)
-for r, heard in enumerate(warnings_of):
-    lesson.say(f"torch's C++ code, rank {r}: " + (" | ".join(heard) or "no warning"))
 lesson.claim(
     not warnings_of[0]
     and len(warnings_of[1]) == 1
@@ -415,14 +411,13 @@ lesson.claim(
     and "turning this flag off" in warnings_of[1][0]
     and "head" not in warnings_of[1][0]
     and "rank" not in warnings_of[1][0],
-    "torch's C++ code warned once, on rank 1, not on the frozen rank 0: it found no unused parameters, consider "
-    "turning the flag off; so torch's one hint comes from the rank without the bug, and names neither head nor "
-    "rank 0",
+    "torch's C++ code warned once, on rank 1, the rank without the bug: it found no unused parameters, consider "
+    "turning the flag off; the warning names neither head nor rank 0",
 )
 
 # %% [markdown]
-# A branch (`extra`) taken on rank 0 only is the other bug, and here `find_unused_parameters=True`,
-# which averages zeros in for a rank that did not use a parameter, *is* the fix: a rank that did not take the branch has a true gradient of zero for it. Debug mode's
+# A branch (`extra`) taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
+# *is* the fix: a rank that did not take the branch has a true gradient of zero for it. Debug mode's
 # step check finds it (a gradient on some ranks only). Under torch the ranks swap roles.
 
 # %%
@@ -457,7 +452,7 @@ def flagged(wrapper, **kwargs):
 
 models = []
 lesson.say("The fix, find_unused_parameters=True, run under torch:")
-with cpp_warnings():  # hides torch's C++ warnings (the cell above shows one)
+with cpp_warnings():  # hides torch's C++ warnings (the cell above caught one)
     raised = torch_does(lambda group, short: models.append(flagged(TorchDDP, process_group=group)))
 with quiet() as said:
     model = flagged(DistributedDataParallel)
@@ -471,9 +466,9 @@ lesson.claim(
 # ## What it adds
 #
 # A wrapper built in debug mode has three parts one built with it paused lacks: a *watch* (it runs the
-# forward and step checks), the `DebugReducer` (a *reducer* averages the gradients; this one is checked)
-# and the plan check. Each check is a collective of its own: every step makes them on top of its
-# buckets' all_reduces (section 4 lists them), debug mode's price.
+# forward and step checks), the `DebugReducer` (a *reducer* averages the gradients; this one's
+# all_reduces go through the collective check) and the plan check. The forward, plan and step checks
+# each add a collective to a step (section 5 lists step 2's).
 
 
 # %%
