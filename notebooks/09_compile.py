@@ -110,13 +110,13 @@ NO_CUT, CUT = "compiled without the cut", "compiled with the cut"
 looks, ddps = {}, {}
 for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT, True, True)):
     ddps[label], looks[label] = one_step(compiled, cut)
-    name = label.replace(" with", "\nwith")  # the figure's row label: the run, its pieces, its buckets (one tick each)
     run = looks[label]["pieces_run"]  # the compiled pieces' gradient nodes that ran: none in eager
-    pieces = f"{run} {'piece' if cut else 'graph, uncut'}{'s' * (run != 1 and cut)}, " if compiled else ""
-    looks[label]["row"].update(label=f"{name}\n{pieces}{looks[label]['calls']} buckets", stage=label)
+    pieces = f"{run} {'piece' if cut else 'graph'}{'s' * (run != 1 and cut)}, " if compiled else ""
+    # the figure's row label, two lines: the run; its pieces and its buckets (one tick each)
+    looks[label]["row"].update(label=f"{label}\n{pieces}{looks[label]['calls']} buckets", stage=label)
 lesson.say(
     f"ddp on {world_size} ranks, an MLP of {DEPTH} layers of {WIDTH}×{WIDTH} (1 MiB of float32 weights each), "
-    f"no biases, buckets of {CAP:g} MiB, one batch of 32 rows a step; the compiled runs with the {BACKEND} "
+    f"buckets of {CAP:g} MiB, one batch of 32 rows a step; the compiled runs with the {BACKEND} "
     f"backend; torch {torch.__version__}."
 )
 
@@ -129,19 +129,17 @@ lesson.say(
 # start), gradient nodes (blue), `AccumulateGrad` nodes (grey), a tick where the reducer's hook calls `all_reduce` on a
 # bucket, and the optimizer step (green). The hook runs in every `AccumulateGrad` node; in the one where a bucket is
 # handed over it copies the bucket's gradients into its buffer, scales it by one over the number of ranks, then makes
-# that call, which starts the collective (a sum) on gloo's threads; the grey goes on past the tick until the call
-# returns and the hook ends, and the figure does not show what in the call takes that time. After the last grey, in the
+# that call (a sum) and keeps its Future without waiting on it; the grey goes on past the tick until the call returns,
+# and the figure shows neither what in the call takes that time nor how much of the sum is left after it. After the last grey, in the
 # blank before the green, the reducer's end-of-backward callback waits for each bucket's `all_reduce` in turn and copies
 # its buffer (now the average) back into the gradients; the figure draws neither.
 #
 # What to look for: with the cut, as in eager, a gradient node ran after each tick but the last (why: next section);
 # without it, after none (every tick comes after the last blue).
 #
-# Count pieces and buckets in the row labels, not in the bars (blue is the loss's nodes, then several per
-# layer in eager, one per piece with the cut): nodes run back to back may draw as one stretch or split by a white
-# line, and a node narrower than a pixel as a sliver or nothing.
-#
-# Read the figure for the order of events, not for lengths: no claim reads a length.
+# Count pieces and buckets in the row labels, not in the bars (blue is the loss's nodes, then several per layer in
+# eager, the whole graph's one without the cut, one per piece with it): nodes run back to back may draw as one
+# stretch or split by a white line, and a node narrower than a pixel as a sliver or nothing.
 
 # %%
 # %%distributed
@@ -228,8 +226,7 @@ homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
 # each bucket's parameters lie in one piece (its home), the homes in backward order
 lesson.claim(
     all(len(home) == 1 for home in homes) and [h[0] for h in homes] == sorted(h[0] for h in homes),
-    "Compiled with the cut, every bucket lies within one piece, in backward order: each bucket's gradients are all "
-    "produced by the backward of one piece.",
+    "Compiled with the cut, each bucket's gradients all come from one piece's backward, the buckets in backward order.",
 )
 # an order autograd keeps (a ready AccumulateGrad node runs first: markdown above), not a timing
 ended, begun = (looks[CUT][key] for key in ("pieces_ended_at_handover", "pieces_begun_at_handover"))
@@ -378,7 +375,7 @@ listed = all(
 lesson.claim(
     listed and worst <= bound,
     f"minddp's ddp trains its first step there, with either pattern, to eager ddp's parameters ({near}), in one "
-    f"bucket of both layers (a first step's plan), with no graph break; one more forward runs one compiled piece per "
+    f"bucket of both layers, with no graph break; one more forward runs one compiled piece per "
     f"1 MiB layer: each piece closes at the layer that takes it past the {SMALL:g} MiB cap.",
 )
 
@@ -387,8 +384,8 @@ lesson.claim(
 # ## What to take away
 #
 # * The model compiled, then wrapped (nanoGPT's pattern): with the cut, as in eager, a gradient node ran after the
-#   hand-over of each bucket but the last, so those buckets' `all_reduce`s could run while gradients were still
-#   computed; without it, after none.
+#   hand-over of each bucket but the last, the order those buckets' `all_reduce`s need to run while gradients are
+#   still computed; without it, after none.
 #
 # * `torch.compile(wrapper)`: torch's DDP adds graph breaks (Dynamo's count), at a call it marks for Dynamo to skip
 #   inside its traced `forward` and at one Dynamo cannot trace; `ddp`, which has Dynamo skip its whole `forward`, adds

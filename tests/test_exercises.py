@@ -812,6 +812,9 @@ def test_a_passing_hook_verdict_names_each_number_it_prints():
         "torch's DDP with torch's fp16 hook was 0.0e+00" in v.line
     ), v.line
     assert "9.7e-06" not in v.line, v.line
+    # learner read round 20 (04-d 3): "whose float16 sum overflows, came back finite" read as a contradiction; the sum
+    # that overflows is the undivided one (2 × 49128 > 65504), not the divided one the hook sends
+    assert "gradients of about 49128, whose undivided float16 sum overflows, came back finite" in v.line, v.line
     # learner read round 11: "differ ... by at most 0.0e+00, and after 1 step on 3 ranks too" read as a distance
     # measured on 3 ranks; the 3-rank run prints none, and the verdict says whose run the distance is
     also = dict(report, world=3, checked_steps=1, max_diff=[1.0, 1.0])

@@ -369,7 +369,8 @@ def _hook_verdict(like: str, reports: dict, timeout_s: float, also: dict | None 
             f"on these values; the model answer: {ref['relative_error']:.1e}), with a payload of "
             f"{mine['bytes'] / mine['numel']:.0f} bytes per value, returning before its all_reduce was waited for; "
             + (
-                f"gradients of about {first['large_gradient']:.0f}, whose float16 sum overflows, came back finite; "
+                f"gradients of about {first['large_gradient']:.0f}, whose undivided float16 sum overflows, came back "
+                "finite; "
                 if first.get("large_gradient")
                 else ""
             )
