@@ -127,7 +127,8 @@ lesson.say(
 # optimizer sharded by `minddp.ZeroRedundancyOptimizer`; `zero2` and `fsdp` make this rank's shards
 # the model's parameters, so the optimizer built over `model.parameters()` holds state for the shards
 # (and for fsdp's replicated tensors). `zero2` keeps the whole parameters too (its shards are views into
-# them); `fsdp` keeps only the shards and its replicated tensors.
+# them; the other ranks' chunks are updated only by the next forward's all-gathers); `fsdp` keeps only
+# the shards and its replicated tensors.
 # `minddp.sharding.memory.Probe` measures one step of each stage from the tensors the rank holds:
 # parameters and gradients just before the update, optimizer state just after, the activations (the most
 # bytes autograd saved for the backward during one micro-batch's forward, leaving out saved tensors that
@@ -150,8 +151,8 @@ for name, t in trainees.items():
     between[name] = probe.gradients_between  # the most gradient bytes held as a micro-batch's forward starts
 
 # %% [markdown]
-# The *memory table* sets each stage's measured model state (parameters + gradients + optimizer state: no
-# activations, no gathered units) beside its formula, for `Ψ` float32 parameter values (elements) with
+# The *memory table* sets each stage's measured model state (parameters + gradients + optimizer state)
+# beside its formula, for `Ψ` float32 parameter values (elements) with
 # Adam on n ranks: each value costs 4 bytes of parameter, 4 of gradient and
 # 8 of Adam's two moments, and each rung divides one more of the three among the ranks: DDP `16Ψ`;
 # ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and gradients) `4Ψ + 12Ψ/n`; FSDP (and parameters)
@@ -169,26 +170,18 @@ for name, got in memory.items():
         "optimizer MiB": got["optimizer"] / 2**20,
         "model state MiB": (got["parameters"] + got["gradients"] + got["optimizer"]) / 2**20,
         "formula MiB": formula_bytes(name, got["psi"], world, got["replicated"]) / 2**20,
-        "activations MiB": got["activations"] / 2**20,
-        "gathered units (peak) MiB": got["gathered"] / 2**20 if name == "fsdp" else None,  # fsdp's only
     }
 table = pd.DataFrame(rows).T
 tensors = sum(p.requires_grad for p in trainees["ddp"].model.module.parameters())
-lesson.say(
-    f"Ψ = {memory['ddp']['psi']:,} trainable parameter values (elements) in {tensors} parameter tensors. Rank 0's "
-    f"model state at the update: ddp {table.loc['ddp', 'model state MiB']:.1f} MiB, "
-    + ", ".join(f"{s} {table.loc[s, 'model state MiB']:.1f} MiB" for s in STAGES[1:])
-    + f"; fsdp's gathered units peak at {table.loc['fsdp', 'gathered units (peak) MiB']:.1f} MiB."
-)
+lesson.say(f"Ψ = {memory['ddp']['psi']:,} trainable parameter values (elements) in {tensors} parameter tensors.")
 # before the last backward's sync every gradient is accumulated whole (fsdp's in its units): 4 bytes a value
 lesson.claim(
     all(between[s] == 4 * memory[s]["psi"] for s in STAGES)
     and all(memory[s]["gradients"] < between[s] for s in ("zero2", "fsdp")),
-    "The gradients column is taken at the update, after the last backward's sync. Between the "
-    "first backward and the last every stage holds the whole gradients: the most gradient bytes each held as a "
-    "micro-batch's forward started in the memory step, "
-    + ", ".join(f"{s} {lesson.mib(between[s])}" for s in STAGES)
-    + f", what the {accum - 1} micro-batches before the last accumulated whole under notebook 03's no_sync(). "
+    "The gradients column is taken at the update, after the last backward's sync. The most gradient bytes each "
+    "stage held as a micro-batch's forward started in the memory step were the whole gradients', "
+    f"{lesson.mib(between['ddp'])}, which the {accum - 1} micro-batches before the last accumulated under notebook "
+    "03's no_sync(). "
     "So zero2 and fsdp hold the smaller gradients of the column only from the last backward on.",
 )
 act = {s: memory[s]["activations"] for s in STAGES}
@@ -199,10 +192,9 @@ lesson.claim(
     f"activations, and here they are more than the most model state any stage cuts from ddp's "
     f"({lesson.mib(cut['fsdp'])}, by fsdp).",
 )
-shown = table.round(3).astype(object).where(table.notna(), "–")
+shown = table.round(3)
 # the step counts' bytes, which round(3) of MiB shows in some rows only
-over = (table["model state MiB"] - table["formula MiB"]) * 2**20
-shown.insert(5, "model state − formula, bytes", over.round().astype(int))
+shown["model state − formula, bytes"] = ((table["model state MiB"] - table["formula MiB"]) * 2**20).round().astype(int)
 shown
 
 # %%
@@ -229,7 +221,7 @@ lesson.claim(
     "it), storage of its own which no column counts: "
     + ", ".join(f"{s} {lesson.mib(b)}" for s, b in buffers.items())
     + " on rank 0 after the step. Nor does any column count the buffers the collectives send from and receive "
-    "into, except fsdp's all-gathers' (in its gathered units).",
+    "into.",
 )
 
 # %% [markdown]
@@ -291,7 +283,7 @@ lesson.claim(
     f"Its gathered units hold half the bytes, {lesson.mib(f16['gathered'])} against {lesson.mib(f32['gathered'])} at "
     f"their peak. Its activations are {f16['activations'] / f32['activations']:.2f} times fp32 fsdp's "
     f"({lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}), not half: {low / 2**20:.2f} MiB "
-    f"of them are saved in bf16 and {other / 2**20:.2f} MiB not ({norm32 / other:.0%} of those in fp32 by the "
+    f"of them are saved in bf16 and {other / 2**20:.2f} MiB not (most of those in fp32 by the "
     f"RMSNorms); twice the first plus the second come to fp32 fsdp's {lesson.mib(f32['activations'])}.",
 )
 
@@ -490,9 +482,7 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 # send through minddp's ring, plugged into each stage's `Wire` as its transport; the profiler records
 # each message gloo sends with the tensor it carried. The *ring table* is what rank 0 sent in one step of
 # new trainees (zero2's second, so that it starts by gathering; the others' first), by the collective the
-# message served. fsdp's all_gather column is bytes sent over the step, not the memory
-# table's gathered units, held at one moment. Bytes *sent* are not
-# bytes *given*: a ring all_reduce sends `2(n − 1)/n` of the bytes it is given, the same number at these
+# message served. Bytes *sent* are not bytes *given*: a ring all_reduce sends `2(n − 1)/n` of the bytes it is given, the same number at these
 # n = 2 ranks only:
 
 # %%
@@ -518,9 +508,11 @@ lesson.claim(
 )
 lesson.claim(
     abs(total["zero2"] - whole) < 1e-3 * whole and abs(total["zero1"] - 1.5 * whole) < 1e-3 * whole,
-    f"Its all-gathers of the updated parameters send the other half ({lesson.mib(z2['all_gather'])}), so on the ring "
-    f"zero2 sends ddp's bytes, {lesson.mib(total['zero2'])} a step, where minddp's zero1, which all-reduces whole "
-    f"gradients and then all-gathers, sends 1.5 times as many ({lesson.mib(total['zero1'])}).",
+    f"With its all-gathers of the updated parameters ({z2['all_gather'] / 2**20:.2f} MiB) zero2 sends "
+    f"{total['zero2'] / 2**20:.2f} MiB a step, "
+    + ("exactly" if total["zero2"] == whole else "to within 0.1 %")
+    + f" ddp's; minddp's zero1, which all-reduces whole gradients and then all-gathers, sends 1.5 times ddp's "
+    f"({total['zero1'] / 2**20:.2f} MiB).",
 )
 f_sent = rings["fsdp"]["sent"]
 passes = f_sent["all_gather"] / one_pass  # what a rank sent gathering units, in passes of the whole model
@@ -531,7 +523,7 @@ lesson.claim(
     f"fsdp sent {f_sent['reduce_scatter'] / 2**20:.2f} MiB reduce-scattering its units' gradients, "
     f"{f_sent.get('all_reduce', 0) / 1024:.0f} KiB all-reducing the {outside} parameter tensors it leaves whole, "
     f"and {f_sent['all_gather'] / 2**20:.2f} MiB gathering units for each micro-batch's forward and backward "
-    f"({f_sent['all_gather'] / total['fsdp']:.0%} of what it sent): {passes:.2f} passes of the model, "
+    f"(most of what it sent): {passes:.2f} passes of the model, "
     f"{passes / accum:.2f} a micro-batch, under the bound's 2 (the last unit is not gathered again for the "
     f"backward, and the {outside} tensors outside the units are never gathered). In all {total['fsdp'] / 2**20:.2f} "
     f"MiB a step (the table's total, summed before rounding), {total['fsdp'] / whole:.1f} times ddp's, within the bound's "
@@ -591,28 +583,19 @@ fsdp._gather(unit)  # wait, then unpack into full parameters, storages of their 
 unpacked = sum(t.untyped_storage().nbytes() for t in unit.full)
 fsdp._free(unit)
 peak = memory["fsdp"]["gathered"]
-holders = [s for s in STAGES if memory[s]["parameters"] == memory["ddp"]["parameters"]]  # ddp's parameter bytes
 # the buffer holds the unit's chunks, padded to equal length where n does not divide a tensor: under 0.1 % over
 lesson.claim(
-    idle == 0
-    and received + unpacked == peak
-    and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, unpacked))
-    and len({sum(u.numels) for u in fsdp.units}) == 1,
-    f"{len(fsdp.units)} units ({type(unit.module).__name__}), "
-    f"{len({id(p) for _, _, p in fsdp.replicated})} replicated parameter tensors; at most {lesson.mib(peak)} "
-    "gathered at once in the memory step (the memory table's column). Gathering the largest unit alone between "
-    f"steps, nothing else gathered or prefetched, holds as much: the buffer its all-gather receives into "
-    f"({lesson.mib(received)}) and the full parameters unpacked from it into storages of their own "
-    f"({lesson.mib(unpacked)}), each "
+    idle == 0 and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, unpacked)),
+    "A gathered unit is held twice: the buffer its all-gather receives into and the full parameters unpacked "
+    f"from it into storages of their own, each {lesson.mib(unit_bytes)} for the largest unit gathered alone "
+    "between steps, "
     + ("exactly" if received == unpacked == unit_bytes else "to within 0.1 %")
-    + " the unit's full parameters, both held until the unpack ends. "
-    "The units are all this size, so a unit's full parameters held beside the next unit's prefetch buffer, as "
-    "through each forward, come to as much too; the memory step does not say which of the two reached the peak, "
-    "only that nothing held more. "
-    f"That is {peak / memory['ddp']['parameters']:.0%} of the whole model's "
-    f"{lesson.mib(memory['ddp']['parameters'])} of parameters, which "
-    + (f"{', '.join(holders[:-1])} and {holders[-1]}" if len(holders) > 1 else holders[0])
-    + " hold whole (the memory table).",
+    + " its full parameters.",
+)
+lesson.claim(
+    received + unpacked == peak and len({sum(u.numels) for u in fsdp.units}) == 1,
+    f"fsdp's gathered units peak at {lesson.mib(peak)} in the memory step: twice a unit, as much as one gathered "
+    "unit holds and, its units being all one size, as a unit's full parameters beside the next unit's prefetch buffer.",
 )
 f = looks["fsdp"]
 lesson.claim(
@@ -678,7 +661,7 @@ lesson.claim(
 #
 # Sharding changes what each rank keeps, not what is computed. The cell compares each sharded stage's
 # parameters with `ddp`'s after the same steps (`full_parameters()` gathers zero2's and fsdp's from the
-# shards). Here each sum over the ranks has two terms, and a floating-point sum of two numbers does
+# updated shards). Here each sum over the ranks has two terms, and a floating-point sum of two numbers does
 # not depend on their order; of three or more it can, in its last bits.
 
 
@@ -710,11 +693,6 @@ lesson.say(
 # %%rank 0
 trade = pd.DataFrame({"model state MiB": table["model state MiB"], "sent a step MiB": pd.Series(total) / 2**20})
 spared = trade.loc["ddp", "model state MiB"] - trade["model state MiB"]  # against ddp's, at the update
-lesson.say(
-    "Against ddp (model state at the update; bytes sent on the ring): "
-    + "; ".join(f"{s} {spared[s]:.1f} MiB less, {total[s] / total['ddp']:.1f} times" for s in STAGES[1:])
-    + "."
-)
 handed = {s: looks[s]["calls"] + looks[s]["gathers"] for s in STAGES}  # collectives in the gloo looks (the figure's)
 lesson.claim(
     spared["fsdp"] > spared["zero2"] and total["fsdp"] > total["zero2"] and handed["fsdp"] > handed["zero2"],
