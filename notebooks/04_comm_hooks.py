@@ -88,7 +88,7 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # * (n + 1) · tiny · eps / 2: below tiny (`torch.finfo(dtype).tiny`), the smallest normal value, a value
 #   *underflows* (keeps fewer digits, or becomes 0) and a rounding is off by up to tiny · eps / 2 absolutely:
 #   the n casts' errors divided by n, plus the n divisions', make n + 1 (additions there are exact);
-# * γ(2⁻²⁴) · a_i: float32's n roundings of the reference average, counted as n + 1.
+# * γ(2⁻²⁴) · a_i: float32's n roundings of the reference average (2⁻²⁴ is float32's u), counted as n + 1.
 #
 # The bound is ‖b‖ / ‖g‖.
 
@@ -107,24 +107,12 @@ for name, t in trainees.items():
         "payload KiB": last["bytes"] / 1024,
         "payload vs plain averaging": last["bytes"] / plain_avg.metered[-1]["bytes"],
         "relative error": f"{last['relative_error']:.1e}",  # as text: 0 and above 1 in one format
-        "‖g‖": last["norm"],  # the trainee's own reference average's norm
     }
 table = pd.DataFrame.from_dict(rows, orient="index")  # by rows: the counts stay integers
-lesson.say(table.round({"payload KiB": 1, "payload vs plain averaging": 4, "‖g‖": 2}).to_string())
-psgd_last = trainees["powersgd"].metered[-1]["relative_error"]
+lesson.say(table.round({"payload KiB": 1, "payload vs plain averaging": 4}).to_string())
 lesson.say(
-    f"PowerSGD's step-{STEPS} ĝ is compressed from each rank's gradient plus what that rank kept on step {STEPS - 1} "
-    "(error feedback, next section)"
-    + (f", and its {psgd_last:.1e} puts it further from g than a hook handing back zeros (1)" if psgd_last > 1 else "")
-    + ": one step's relative error cannot rank PowerSGD against the other hooks."
-)
-norms = table["‖g‖"]  # unrounded: two decimals hide fp16's and bf16's differences
-apart = {nm: abs(norms[nm] / norms["plain averaging"] - 1) for nm in norms.index[1:]}
-lesson.say(
-    "‖g‖ is the norm of each trainee's own reference average, at weights its own hook's ĝ moved: relative to plain "
-    "averaging's, it differs by "
-    + ", ".join(f"{d:.1e} for {nm}" if d else f"0 for {nm}" for nm, d in apart.items())
-    + "."
+    f"PowerSGD's step-{STEPS} ĝ also sends on what each rank kept on step {STEPS - 1} (error feedback): its relative "
+    "error is read in the next section."
 )
 
 # %%
@@ -252,22 +240,30 @@ fed_back = round(shown.loc[first, ERR] * shown.loc[first, NORM], 2)
 through = round(shown.loc[second, ERR] * shown.loc[second, NORM], 2)  # ‖ĝ − g‖ on the second step
 norm2 = shown.loc[second, NORM]
 low, high = round(math.sqrt(max(through**2 - norm2**2, 0)), 2), min(through, fed_back)
+err1, norm1, err2 = shown.loc[first, ERR], shown.loc[first, NORM], shown.loc[second, ERR]
+plain2 = steps.loc[second, "plain averaging ‖g‖"]
+fell = (
+    f", while ‖g‖ fell from {norm1:.2f} to {norm2:.2f} (plain averaging's too, to {plain2:.2f})"
+    if norm2 < norm1 and plain2 < steps.loc[first, "plain averaging ‖g‖"]
+    else ""
+)
 lesson.say(
-    f"Those carry {last['PowerSGD payload KiB'] / plain_kib:.4f} of plain averaging's payload. Step {first}'s "
-    f"relative error, {shown.loc[first, ERR]:.3f}, has no error feedback in it but computes its P from "
-    f"a random Q: it is that one step's, not the hook's in general. Step {second}'s ĝ also carries part of e, the "
-    f"ranks' average of what they kept on step {first} (its g − ĝ), of norm {shown.loc[first, ERR]:.3f} × "
-    f"{shown.loc[first, NORM]:.2f} = {fed_back:.2f}, {fed_back / norm2:.1f} times step {second}'s ‖g‖. On step {second}, ĝ − g "
-    "is P Pᵀ e, inside P's columns, less the part of g outside them, at right angles to it and of norm at most ‖g‖ "
-    f"(so a projection of g alone scores at most 1). With ‖ĝ − g‖ = {shown.loc[second, ERR]:.3f} × {norm2:.2f} = "
-    f"{through:.2f}, ‖P Pᵀ e‖, the part of e that got through, is "
+    f"Step {first}'s relative error, {err1:.3f}, is that one step's: no error feedback yet, and P from a random Q. "
+    f"Step {second}'s ĝ also sends on part of e, the ranks' average of what they kept on step {first} (its g − ĝ), "
+    f"of norm {err1:.3f} × {norm1:.2f} = {fed_back:.2f}{fell}. There ĝ − g is P Pᵀ e less the part of g outside P's "
+    f"columns, at right angles to it and of norm at most ‖g‖; with ‖ĝ − g‖ = {err2:.3f} × {norm2:.2f} = "
+    f"{through:.2f}, ‖P Pᵀ e‖, the part of e sent on, is "
     + (
-        f"between √({through:.2f}² − {norm2:.2f}²) = {low:.2f} and {high:.2f}, {low / fed_back:.0%} to "
-        f"{high / fed_back:.0%} of {fed_back:.2f}"
+        f"between √({through:.2f}² − {norm2:.2f}²) = {low:.2f} and {high:.2f}"
         if low > 0
-        else f"at most {high:.2f}, {high / fed_back:.0%} of {fed_back:.2f} (a bound, not a measured share)"
+        else f"at most {high:.2f} (a bound, not a measured share)"
     )
-    + f"; step {second}'s error counts that part too."
+    + (
+        f", so most of step {second}'s ‖ĝ − g‖ is step {first}'s residual sent on: one step's relative error says "
+        "little about PowerSGD."
+        if low > through / 2
+        else "."
+    )
 )
 # g is each trainee's own. At step 1 both start from the same weights and batches: their ‖g‖ differ only by the
 # order in which a CPU BLAS may sum (the two models' tensors lie at other addresses; a fresh-clone CI saw more than
@@ -316,7 +312,7 @@ lesson.claim(
     fixed["fp16"] == fixed["allreduce"]
     and abs(link_ms_of["fp16"] - fixed["fp16"] - (link_ms_of["allreduce"] - fixed["allreduce"]) / 2)
     < 1e-9 * link_ms_of["allreduce"],
-    f"On it, half the bytes halve all but the messages' fixed costs: fp16 takes {link_ms_of['fp16']:.1f} ms "
+    f"On it, half the payload halves all but the messages' fixed costs: fp16 takes {link_ms_of['fp16']:.1f} ms "
     f"against plain averaging's {link_ms_of['allreduce']:.1f} ms, that is ({link_ms_of['allreduce']:.1f} − "
     f"{fixed['fp16']:.1f}) / 2 + {fixed['fp16']:.1f}, where {fixed['fp16']:.1f} ms is the sum of the fixed costs "
     f"of the {reduced['fp16'][0]} messages each of these two hooks makes, {per_message:.2f} ms each.",
@@ -328,19 +324,18 @@ link_share, pay_share = (
 lesson.say(
     f"PowerSGD's {reduced['powersgd'][0]} messages take {link_ms_of['powersgd']:.1f} ms of link time, "
     f"{fixed['powersgd']:.1f} ms ({fixed['powersgd'] / link_ms_of['powersgd']:.0%}) of it their fixed costs, which "
-    f"do not shrink with the bytes: its link time is {link_ms_of['powersgd'] / link_ms_of['allreduce']:.3f} of "
-    f"plain averaging's, {link_share / pay_share:.1f} times its payload's share, {pay_share:.4f}."
+    f"do not shrink with the payload: its link time is {link_share:.3f} of plain averaging's, its payload {pay_share:.4f}."
 )
 
 # %% [markdown]
-# ## Where each takes less link time: messages against bytes
+# ## Where each takes less link time: messages against payload
 #
 # PowerSGD pays a message's fixed cost, 2(n − 1) α, three times a bucket here where plain averaging pays it
 # once. With c and S plain averaging's, PowerSGD's c′ messages of S′ bytes in all take less link time exactly
 # when `2(n − 1)/n · (S − S′) β > 2(n − 1)(c′ − c) α`:
 #
 # * **bandwidth**: PowerSGD's link time is the shorter below `B* = (S − S′) / (n (c′ − c) α)` bytes/s, plain
-#   averaging's above it, where the bytes PowerSGD saves cost less than its extra messages' fixed costs;
+#   averaging's above it, where the payload it saves takes less link time than its extra messages' fixed costs;
 # * **ranks**: it is the shorter below `n* = (S − S′) / ((c′ − c) α B)`: around a ring every message's α
 #   is paid 2(n − 1) times, while the bytes each rank sends, 2(n − 1)/n · S, stay under 2S whatever n.
 #
@@ -348,8 +343,8 @@ lesson.say(
 # pair α, B (the table's first two columns, in µs and Gbit/s), not a
 # measured network. The
 # figure draws both link times against B at `1gbit`'s α: each line falls towards its hook's fixed costs (c or c′
-# times 2(n − 1) α), and the two cross at 1gbit's B*. Each preset is named beside its circle, its triangle at the
-# same B; at its own α a marker's link ms differ from its line's by c or c′ times 2(n − 1) (α − 1gbit's α).
+# times 2(n − 1) α), and the two cross at 1gbit's B*. At its own α a marker's link ms differ from its line's by c
+# or c′ times 2(n − 1) (α − 1gbit's α).
 
 # %%
 # %%rank 0
@@ -381,7 +376,7 @@ if len(slower):
         all(c2 * per_msg[nm] > wins.loc[nm, "plain averaging, link ms"] for nm in slower),
         f"On {' and '.join(slower)}, the fixed costs of PowerSGD's {c2} messages alone, "
         + " and ".join(f"{c2 * per_msg[nm]:.3f}" for nm in slower)
-        + f" ms, exceed plain averaging's whole link time: there the bytes it saves take less time than its "
+        + f" ms, exceed plain averaging's whole link time: there the payload it saves takes less link time than its "
         f"{c2 - c} extra messages' fixed costs.",
     )
 tie = LinkSpec("B*", crossover(LINK.latency), LINK.latency)

@@ -115,9 +115,8 @@ for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT
     # the figure's row label, two lines: the run; its pieces and its buckets (one tick each)
     looks[label]["row"].update(label=f"{label}\n{pieces}{looks[label]['calls']} buckets", stage=label)
 lesson.say(
-    f"ddp on {world_size} ranks, an MLP of {DEPTH} layers of {WIDTH}×{WIDTH} (1 MiB of float32 weights each), "
-    f"buckets of {CAP:g} MiB, one batch of 32 rows a step; the compiled runs with the {BACKEND} "
-    f"backend; torch {torch.__version__}."
+    f"ddp on {world_size} ranks, {DEPTH} layers of {WIDTH}×{WIDTH}, buckets of {CAP:g} MiB, 32 rows a step; "
+    f"torch {torch.__version__}."
 )
 
 
@@ -129,10 +128,10 @@ lesson.say(
 # start), gradient nodes (blue), `AccumulateGrad` nodes (grey), a tick where the reducer's hook calls `all_reduce` on a
 # bucket, and the optimizer step (green). The hook runs in every `AccumulateGrad` node; in the one where a bucket is
 # handed over it copies the bucket's gradients into its buffer, scales it by one over the number of ranks, then makes
-# that call (a sum) and keeps its Future without waiting on it; the grey goes on past the tick until the call returns,
-# and the figure shows neither what in the call takes that time nor how much of the sum is left after it. After the last grey, in the
-# blank before the green, the reducer's end-of-backward callback waits for each bucket's `all_reduce` in turn and copies
-# its buffer (now the average) back into the gradients; the figure draws neither.
+# that call (a sum) and keeps its Future without waiting on it; the figure does not show what runs in a grey after its
+# tick. After the last grey, the reducer's end-of-backward callback waits for each bucket's `all_reduce` in turn and
+# copies its buffer (now the average) back into the gradients: the figure leaves that blank, and as each row is scaled
+# to its own step, a blank's share is no measure of that wait.
 #
 # What to look for: with the cut, as in eager, a gradient node ran after each tick but the last (why: next section);
 # without it, after none (every tick comes after the last blue).
@@ -184,13 +183,13 @@ lesson.claim(apart <= bound, f"The three trainings end with the same parameters,
 #
 # Dynamo cuts when it compiles (the first step), and only if torch's DDP's class attribute `_active_ddp_module` is set
 # then (torch's DDP sets it around the call of its module); it reads the bucket cap from it and caps piece 0 apart, at
-# the global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES` (Dynamo's code says bucket for piece). While its module
+# the global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module
 # runs compiled, minddp's `ddp`, given a `bucket_cap_mb`, sets the attribute to a stand-in holding its bucket cap and
 # the global to the bucket cap (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as bucket 0 does.
 #
-# A bucket that a piece fills is handed over before the next piece's backward begins: when a piece's backward ends, its
-# parameters' `AccumulateGrad` nodes and the next piece's gradient node are all ready to run, and autograd's queue of
-# ready nodes runs first the node of highest *sequence number* (the forward numbers the nodes it records in order); an
+# A bucket is handed over before the gradient nodes of the layers before its own run, in eager as with the cut (there,
+# before the next piece's): when a gradient node ends, the `AccumulateGrad` nodes of the gradients it produced and the
+# next gradient node are all ready to run, and autograd's queue of ready nodes runs first the node of highest *sequence number* (the forward numbers the nodes it records in order); an
 # `AccumulateGrad` node's is set to the largest there is (`torch/csrc/autograd/node.h`).
 
 
@@ -245,7 +244,7 @@ lesson.claim(
 # makes, so a bucket can take gradients from several pieces. Fill the buckets in arrival order, as `ddp` plans them from
 # its second step on (a bucket closes at the first gradient that takes it to the cap or past it; the gradients left at
 # the end make one last bucket) and return, for each bucket, the index of the piece after whose backward it is handed
-# over. `check_handover` names the usual mistakes. On this
+# over. On this
 # notebook's step, four pieces of two 1 MiB gradients at `cap = 2 * 2**20`, the answer is `[0, 1, 2, 3]`.
 
 # %%
@@ -318,8 +317,8 @@ lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {
 # %% [markdown]
 # ## A bucket cap of 0.5 MiB
 #
-# Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: what its first training
-# step gave, then the pieces of one more forward; or the refusal. A first step's buckets follow torch's first-iteration
+# Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: the refusal, or what
+# its first training step and one more forward gave. A first step's buckets follow torch's first-iteration
 # plan: with `find_unused_parameters` off, as here, one bucket per dtype and device.
 
 
@@ -349,9 +348,8 @@ outcomes = {  # one training step each, then one more forward: what happened, in
     for pattern, build in patterns.items()
 }
 for (who, pattern), (line, apart) in outcomes.items():
-    if apart is not None:  # it trained
-        line += "; its parameters equal eager ddp's " + ("to the bit" if apart == 0 else f"to {apart:.1e}")
-    lesson.say(f"{who}, {pattern}, bucket_cap_mb={SMALL:g}: {line}")
+    if apart is None:  # refused; the claims below say what the others' step gave
+        lesson.say(f"{who}, {pattern}, bucket_cap_mb={SMALL:g}: {line}")
 refused = "AssertionError: First bucket"
 lesson.claim(
     torch_first > SMALL
