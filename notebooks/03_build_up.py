@@ -441,8 +441,8 @@ lesson.claim(
 )
 
 # %% [markdown]
-# What to look for: a few wide messages instead of many thin ones. That saving, 2(n−1)·α per message
-# not sent, grows with the ranks and with the number of gradient tensors. `bucket` takes `hook`'s
+# What to look for: a few wide messages instead of many thin ones. On the link they save only the
+# fixed costs claimed above, which grow with the ranks and with the number of gradient tensors. `bucket` takes `hook`'s
 # waiting `_sent`, not `hook-async`'s. One more difference from the idea: the stage sets the counts
 # back in finish, not at the send, after sending any bucket that did not fill (one of its parameters
 # got no gradient), and its `forward` refuses a step while they are not back (`check_finished`).
