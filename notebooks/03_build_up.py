@@ -36,9 +36,9 @@
 # 4. **what to look for**: what the picture shows, and sentences printed from the run; those with a ✓
 #    are asserted on the run shown (`lesson.claim`), the others hold for that run only (one step, on a
 #    machine shared with other work);
-# 5. **your turn**: write the stage; the checker, `check`, runs it on real ranks and says what is wrong.
+# 5. **your turn**: write the stage; the *checker* runs it on real ranks and says what is wrong.
 #
-# Until "The cap, swept", every stage trains the same network on the same batches, with the settings
+# Until "The cap, swept", every stage trains the same network on the same batches: the workload
 # printed below.
 
 # %% [markdown]
@@ -58,8 +58,8 @@
 # of it the training thread stood waiting through. A *wait* is one call of a message's `wait()`, which
 # may find it already back; *waited* is the
 # measured time the thread stood still for its messages: the exposed part and any waiting after the
-# link had delivered, which the link does not model. The parameters-used check's all_gather is
-# printed apart (*at the check*).
+# link had delivered, which the link does not model. The parameters-used check (*the check*; not the
+# checker) is printed apart (*at the check*).
 #
 # **Words of this notebook.** `hook` in code type is a stage. A *grad hook* is the function autograd
 # calls when a parameter's gradient is ready (`register_post_accumulate_grad_hook`; `hook` and every
@@ -87,9 +87,7 @@ def meet(stage, before=None):
     lesson.say_look(looks, stage)
     if stage in lesson_03.CHECKED:  # each rank's own time at the parameters-used check
         on_ranks = lesson_03.checks_on_ranks(looks, [stage])[stage]
-        lesson_03.say_check(
-            stage, on_ranks, looks[stage]["waited_ms"], looks[stage]["check_spans"], looks[stage]["row"]["end"]
-        )
+        lesson_03.say_check(stage, on_ranks, looks[stage]["check_spans"])
     lesson.picture(looks, stage, before, title=f"{stage}" + (f" (below) and {before} (faded)" if before else ""))
 
 
@@ -157,8 +155,8 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: three bursts of messages, one after each backward, each waited for (red)
-# before the next micro-batch may start. A check's mark includes the rank's wait for the other rank to join it. A bar's length, here and below, the faded row's too, is one step's and
-# does not compare the stages' compute.
+# before the next micro-batch may start. A bar's length, here and below, the faded row's too, is one
+# step's and does not compare the stages' compute.
 #
 # ## `ga`: gradient accumulation, `no_sync()`
 #
@@ -207,8 +205,7 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: one burst of messages, after the last backward, with the thread's waits for them
-# (red); the micro-batches before it run straight on into each other. Just before the burst ga runs
-# the parameters-used check, in finish (its time is said above).
+# (red); the micro-batches before it run straight on into each other.
 #
 # ### Your turn: `ga`
 #
@@ -290,7 +287,7 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: the messages and the waits have moved into the last backward, which stops at
-# every gradient until its all_reduce is back (each stop a red wait); the check opens it.
+# every gradient until its all_reduce is back (each stop a red wait); the check (hatched) opens it.
 #
 # ### Your turn: `hook`
 #
@@ -401,7 +398,7 @@ check(solutions.AsyncHookDDP, like="hook-async")
 # gradient is in, the bucket is flattened into one buffer and sent in one call; when the average is
 # back, each slice is copied into its parameter's `.grad`. Like `hook`, this stage waits for each
 # bucket. Left at torch's default (`bucket_cap_mb=None`: 25 MiB), the first bucket's cap is 1 MiB; a
-# cap given (the settings give one) is every bucket's, as in torch. A bucket closes at the gradient
+# cap given (the workload gives one) is every bucket's, as in torch. A bucket closes at the gradient
 # that reaches or passes its cap, so it can hold more. The idea:
 #
 # ```python
@@ -442,11 +439,10 @@ lesson.claim(
 lesson.claim(
     v["waits"] == v["waits_in_backward"] == v["calls"], "Like hook, it waits for each bucket inside the backward."
 )
-lesson_03.say_bucket_against_hook(looks, prev["link_ms"] - v["link_ms"])
 
 # %% [markdown]
-# What to look for: a few wide messages instead of many thin ones. That saving, 2(n−1)·α per message
-# not sent, grows with the ranks and with the number of gradient tensors. `bucket` takes `hook`'s
+# What to look for: a few wide messages instead of many thin ones. On the link they save only the
+# fixed costs claimed above, which grow with the ranks and with the number of gradient tensors. `bucket` takes `hook`'s
 # waiting `_sent`, not `hook-async`'s. One more difference from the idea: the stage sets the counts
 # back in finish, not at the send, after sending any bucket that did not fill (one of its parameters
 # got no gradient), and its `forward` refuses a step while they are not back (`check_finished`).
@@ -584,7 +580,7 @@ lesson.claim(
 # ## Side by side: the ladder on one time axis
 #
 # Every profiled step above on one axis, and their numbers (units in the column names). *Last
-# backward* is the backward of the step's last micro-batch and *step* the whole step, each measured
+# backward* is the backward of the step's last micro-batch, measured
 # once on a shared machine; *at the check* the time the parameters-used check held each rank, summed
 # over the step's checks (not on the link, so in neither waited nor exposed; "–": no check). From
 # `hook` to `bucket-async` the last backward holds the check, and for `hook` and `bucket` their waits
@@ -616,8 +612,9 @@ lesson_03.look_table(looks, checks)
 # ## The bucket lesson: what buckets trade
 #
 # `hook-async` and `bucket-async` send the same bytes, one message per gradient against one per
-# bucket, both during the last backward, and wait for them in finish. A
-# bucketed stage trades three things against a per-gradient one:
+# bucket, both during the last backward, and wait for them in finish. On the link, a bucketed stage
+# trades three things against a per-gradient one (their backwards differ too, above, for causes not
+# measured here):
 #
 # 1. **per message**: every all_reduce pays 2(n−1)·α on the link; buckets pay it once per bucket
 #    instead of once per gradient tensor, and copy each
@@ -674,7 +671,7 @@ table
 #
 # The cap decides all three costs: a small cap makes many small buckets (many fixed costs, a short
 # tail, an early first message); a large cap makes a few large ones. Below, `bucket-async` runs one
-# profiled step, no warm-up, at other caps on the same link (the settings' cap is the step above;
+# profiled step, no warm-up, at other caps on the same link (the workload's cap is the step above;
 # `None` is torch's default caps, 1 MiB for the first bucket and 25 MiB after, drawn right of the grid). The
 # step-time model (`docs/scaling.md`) replays each cap's plan on the link, with the bare network's
 # timings scaled to the median of the five steps' backwards (less the check). The figure sets the

@@ -46,27 +46,6 @@ def say_spread(looks: dict) -> None:
     )
 
 
-def say_bucket_against_hook(looks: dict, saved_ms: float) -> None:
-    """bucket's one step against hook's (both wait for each message inside the last backward): the last backward
-    split into the check, the waits and the rest, beside the link time the buckets saved (``saved_ms``)."""
-    h, b = looks["hook"], looks["bucket"]
-    parts = {}
-    for s, v in (("hook", h), ("bucket", b)):
-        rest = backward_less_check(v)
-        last, check, waited = round(v["last_backward_ms"]), round(v["last_backward_ms"] - rest), round(v["waited_ms"])
-        parts[s] = (check, waited, v["exposed_ms"], last - check - waited)  # as printed, so that they add up
-    (hc, hw, he, hr), (bc, bw, be, br) = parts["hook"], parts["bucket"]
-    after = [max(0, round(v["waited_ms"]) - round(v["exposed_ms"])) for v in (h, b)]  # as printed: waited - exposed
-    say(
-        f"One step each: bucket's step took {b['row']['end']:.0f} ms against hook's {h['row']['end']:.0f}, its last "
-        f"backward {b['last_backward_ms']:.0f} against {h['last_backward_ms']:.0f} ms: in it, at the check "
-        f"{bc:.0f} against {hc:.0f} ms, waited {bw:.0f} against {hw:.0f} ms (exposed {be:.0f} against {he:.0f}), the "
-        f"rest (neither at the check nor waiting) {br:.0f} against {hr:.0f} ms. The buckets saved {saved_ms:.1f} ms "
-        f"of link time; after the link had delivered, hook's {h['waits']} waits stood {after[0]:.0f} ms "
-        f"({after[0] / h['waits']:.1f} ms a wait), bucket's {b['waits']} stood {after[1]:.0f} ms."
-    )
-
-
 def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
     """Each of ``stages``' time at the parameters-used check (ms, summed over the step's checks) on every rank, from
     every rank's own look. Call on every rank (an all_gather_object)."""
@@ -76,10 +55,10 @@ def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
     return {s: [r[s] for r in everyone] for s in mine}
 
 
-def say_check(stage: str, on_ranks: list[float], waited_ms: float, spans: list, step_ms: float) -> None:
+def say_check(stage: str, on_ranks: list[float], spans: list) -> None:
     """The time the parameters-used check held each rank in one step of ``stage`` (:func:`checks_on_ranks`), in
     words: its all_gather returns only once every rank has joined it, so the difference is the earlier rank's wait.
-    ``spans``: rank 0's checks (ms); ``step_ms``: rank 0's step. Call on every rank; rank 0 says it."""
+    ``spans``: rank 0's checks (ms). Call on every rank; rank 0 says it."""
     order = sorted(range(len(on_ranks)), key=on_ranks.__getitem__)
     long, short = order[-1], order[0]
     ranks = " and ".join(f"rank {r} {ms:.0f} ms" for r, ms in enumerate(on_ranks))
@@ -91,26 +70,16 @@ def say_check(stage: str, on_ranks: list[float], waited_ms: float, spans: list, 
         said += "and here the ranks' times differ by less than 1 ms."
     else:
         said += (
-            f"so rank {long}, there first, stood {gap:.0f} ms longer, waiting for rank {short}"
+            f"so rank {long}, there first, stood {gap:.0f} ms longer, waiting for rank {short}."
             if len(spans) == 1
-            else f"so rank {long} stood {gap:.0f} ms longer at them in all, waiting for rank {short}"
-        ) + (  # rank 0's step and waits are the ones printed above: set only rank 0's stand against them
-            f", inside its {step_ms:.0f} ms step"
-            + (
-                ", in which its waits for its messages took under 0.5 ms."
-                if round(waited_ms) == 0
-                else f": {'more' if gap > round(waited_ms) else 'less'} than the {waited_ms:.0f} ms it waited for "
-                "its messages."
-            )
-            if long == 0
-            else "."
+            else f"so rank {long} stood {gap:.0f} ms longer at them in all, waiting for rank {short}."
         )
     say(said)
 
 
 def look_table(looks: dict, checks: dict[str, list[float]]):
     """The side-by-side table (:func:`minddp.notebook.lesson.look_table`) with the check's time on each rank."""
-    table = lesson.look_table(looks)
+    table = lesson.look_table(looks).drop(columns="step, ms")  # one step's compute varies: no sentence uses it
     for r in range(len(next(iter(checks.values()), [0]))):
         table[f"at the check, ms, rank {r}"] = [round(checks[s][r]) if s in checks else "–" for s in looks]
     return table
@@ -119,7 +88,7 @@ def look_table(looks: dict, checks: dict[str, list[float]]):
 def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, object]:
     """The bucket lesson's first cell: hook-async's and bucket-async's links (``on_the_link`` of each step's row),
     the late start said from the bare network's timings (``bare``, :func:`minddp.costmodel.compute.probe`; ``plan``
-    the settings' buckets), and the two links' ends in words. Returns (the links, their table)."""
+    the workload's buckets), and the two links' ends in words. Returns (the links, their table)."""
     import pandas as pd
 
     from minddp.costmodel.buckets import on_the_link
@@ -227,7 +196,7 @@ def sweep_figure(swept: dict, model: list, default, per_gradient, link_name: str
     points = [
         (c, measured[c], "one step: link after backward, no warm-up step") for c in swept if c not in (here, None)
     ]
-    points += [(here, measured[here], f"one step: link after backward, the settings' {here:g} MiB step")]
+    points += [(here, measured[here], f"one step: link after backward, the workload's {here:g} MiB step")]
     points += [  # None, torch's default caps: drawn right of the grid, apart from each other and from the line
         (
             48,
@@ -330,15 +299,13 @@ def say_met(name: str, runs: dict, blog_buckets: int) -> None:
 
 
 def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
-    """Each sized link's rungs: link time, exposed and own backward, and each rung's backward against the one the
+    """Each sized link's rungs: link time and exposed, and each rung's backward against the one the
     link was sized from (``sized_ms``, by setting), grouped by where the rung sends from (``in_backward``); a
     whole-ms match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
         say(
-            f"On the link with the ratios of {name}, each rung's link time, exposed and backward less the check: "
-            + "; ".join(
-                f"{s} {r['link_ms']:.0f}, {r['exposed_ms']:.0f} and {r['backward_ms']:.0f} ms" for s, r in runs.items()
-            )
+            f"On the link with the ratios of {name}, each rung's link time and exposed: "
+            + "; ".join(f"{s} {r['link_ms']:.0f} and {r['exposed_ms']:.0f} ms" for s, r in runs.items())
             + "."
         )
         sized, parts = sized_ms[name], []
@@ -354,7 +321,7 @@ def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
         say(
             f"Against the {sized_ms[name]:.0f} ms backward the link of {name} was sized from, the backwards that hold "
             f"no wait for a message ran: {'; '.join(parts)}"
-            + (" (" + " and ".join(f"{s}'s" for s in held) + " hold their waits too, so are left out)" if held else "")
+            + (" (" + " and ".join(f"{s}'s" for s in held) + " hold their waits, so are left out)" if held else "")
             + ". On a rung whose backward ran r times that one, one sync's bytes took 1/r of "
             "the setting's share of its own backward: these steps keep the setting's ratios only to within "
             f"{apart:.1f} times."
@@ -410,7 +377,7 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
     call priced; ``default``: torch's default plan), then in words. A step ranks the two only where their ends
     differ by more than their backwards (:func:`_steps`), the model only where its ends differ by more than its
     furthest miss against that link's steps (:func:`_model`). On this notebook's link: ``h`` (hook-async's look)
-    against ``swept`` (cap -> bucket-async's look), ``here`` the settings' cap, ``saved_ms`` the fixed costs
+    against ``swept`` (cap -> bucket-async's look), ``here`` the workload's cap, ``saved_ms`` the fixed costs
     buckets saved there; ``on_t4`` = (bucket-async at that link's cap, hook-async), modeled with the ratios of
     4 × T4; ``t4``, ``far``: the sized links' runs (``on_the_link``'s values)."""
     from minddp.costmodel.buckets import on_the_link
@@ -433,7 +400,7 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
     say(
         f"On this notebook's link, one step each (backwards less the check): hook-async's link "
         f"{_ran_on(h_end, h_back)} and it exposed {h['exposed_ms']:.0f} ms; bucket-async's, at the "
-        f"settings' {here:g} MiB cap, {_ran_on(b_end, backs[here])}, and it exposed "
+        f"workload's {here:g} MiB cap, {_ran_on(b_end, backs[here])}, and it exposed "
         f"{swept[here]['exposed_ms']:.0f} ms. "
         + (f"At every one of the {len(ends)}" if longer == len(ends) else f"At {longer or 'none'} of the {len(ends)}")
         + f" caps run bucket-async's link ran on longer than hook-async's (least {ends[best_run]:.1f} ms, at "
@@ -478,7 +445,7 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
     if best_run is not None and at_least == [f"{best_run:g}"]:
         leasts = f"the steps' and the model's both at {cap_name(best_run)}"
     here_said = (
-        f"on this notebook's link, at the settings' cap {_steps(h_end, b_end, h_back, backs[here])}, and "
+        f"on this notebook's link, at the workload's cap {_steps(h_end, b_end, h_back, backs[here])}, and "
         f"{_model(m_h, m_here, miss, missed)}; at bucket-async's least ({leasts}) "
         f"{_steps(h_end, ends[best_run], h_back, backs[best_run])}, and {_model(m_h, least, miss, missed)}"
     )
