@@ -117,7 +117,7 @@ for line in run.report():
 # asked: the survivors ask after they vote, and slot 1 stays live until the launcher records its process's
 # exit, a fixed wait (`EXIT_WAIT_S`, for a result still in flight) after finding the process ended.
 #
-# The cell below prints each fault's recovery, its moments from the fault, and the two part by part. Its `✓`
+# The cell below prints each fault's recovery and its moments from the fault. Its `✓`
 # lines are **claims**: `lesson.claim` checks each on the run shown (the cell fails if one does not hold).
 
 # %%
@@ -139,8 +139,7 @@ lesson_07.print_recoveries(run, kill, raised, hang_s)
 
 
 # %% [markdown]
-# The cell below splits the kill's rejoin into parts, times what followed it, and says what slots 0 and 2 did
-# meanwhile.
+# The cell below splits the kill's rejoin into parts and says what slots 0 and 2 did meanwhile.
 
 # %%
 lesson.claim(
@@ -256,7 +255,9 @@ lesson.claim(
 # `check_shard` first calls your function, in this process, for each rank of worlds 3, 2 and 1 on a 10-row
 # batch, and names a split that gives each row once but its busiest rank more than ceil(B / world).
 # Then it trains it on the `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3) and compares
-# the parameters with a single process trained on each step's whole batch (both with plain SGD); where
+# the parameters with a single process trained on each step's whole batch (both with plain SGD; each rank's
+# loss is its rows' summed squared error times world / B, so the ranks' averaged gradient is the whole batch's
+# when each row goes to one rank, evenly or not); where
 # they differ, it names the rows no rank trained, or two did, and at which world. Where they match, it
 # checks both rules on batches of 1 to 12 rows at worlds 3, 2 and 1.
 
@@ -287,8 +288,7 @@ show_source(solutions.ft_shard)
 #
 # 1. Freeze a process instead of killing it: `stop@4:1`. Predict the recovery (hint: nothing tells the
 #    others that a stopped process is gone; what bounds their wait?), and what halving `hang_s` does to it.
-# 2. Kill two slots in consecutive steps (`kill@4:1,kill@5:2`) and read the world sizes on the timeline.
-#    What would happen with `kill@4:0,kill@4:1,kill@4:2`, and why can this design not heal that?
+# 2. What happens with `kill@4:0,kill@4:1,kill@4:2`, and why can this design not heal that?
 # 3. Suppose a split used 3, the run's first world, in place of `world`, whatever the world now: of a
 #    global batch of `B` rows, rank `r` takes rows `r·B // 3` up to, not including, `(r+1)·B // 3`. Which
 #    rows would a step at world 2 skip, and which of the three checks above (slots equal, the same bytes at each attempt's start, a discard changes
@@ -311,13 +311,8 @@ show_source(solutions.ft_shard)
 #
 # </details>
 #
-# <details><summary>2. Two kills, and three</summary>
+# <details><summary>2. Three kills</summary>
 #
-# A prediction (this notebook runs only the three-kill case, below): with `kill@4:1,kill@5:2` the world
-# shrinks by one at each kill. Slot 1 is started again only after step 4 is committed without it, and its
-# new process takes longer to be taken back than the survivors take for a step (the rejoin's lines), so it
-# is not back when slot 2 dies in step 5: the world goes down to 1, slot 0 training alone on the whole
-# batch. `full_world_at=(9,)` brings the world back to 3 by step 9 at the latest.
 # Killing all three in the same step leaves no holder: in this design, as in torchft's, the trained state
 # lives only in the training processes. The processes started again would hold a fresh initialisation, so
 # minddp stops the run with one line rather than train the committed steps again (-9 in it is the exit
@@ -332,7 +327,7 @@ show_source(solutions.ft_shard)
 # 3, and rank 2's rows at world 3, `2B // 3` up to `B`, are trained by no one: rows 6-9 in the
 # checker's run (B = 10, slot 1 killed). All three checks would still pass: each compares the processes
 # with each other or with themselves, never with the data, and every member steps from the same state with
-# the same averaged gradient, as if rows 6-9 had a gradient of zero. Only a comparison with a single
+# the same averaged gradient. Only a comparison with a single
 # process on the whole batch shows rows 6-9 untrained: the third cell below runs this split in the
 # checker's run, where all three checks pass and that comparison fails.
 #

@@ -6,7 +6,7 @@ it defines no measure of its own. The notebook keeps its claims in its cells; th
 
 * :func:`print_phase_lines`: the lines of the rung and of the lighthouse that run each phase of an attempt;
 * :func:`print_recoveries`: each fault's recovery, its share of the hang bound, and its moments from the fault,
-  then the kill set against the raise, part by part;
+  then what the kill's next quorum waited for;
 * :func:`print_rejoin`: the parts of a kill's rejoin, and what the survivors did meanwhile;
 
 and three readers of the members' entries (one per member and attempt) for the cells' claims: :func:`attempts`,
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
 from minddp.ft.launch import EXIT_WAIT_S
-from minddp.ft.report import asked_s, fault_outcomes, first_request_s, heal_s, peer_error_s, retry_work_s
+from minddp.ft.report import asked_s, fault_outcomes, first_request_s, peer_error_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
 from minddp.runtime import compat
@@ -74,10 +74,8 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms, and its share of the hang bound, then its moments in ms from the fault,
     in order: another member's all_reduce failed; the members of the next quorum had all asked for it; for the
     kill, the launcher found the process ended and recorded its exit (after its fixed wait, ``EXIT_WAIT_S``),
-    which that quorum needs too; the next quorum; the commit. Then the kill's recovery set against the raise's,
-    part by part between those moments (the parts add up to each recovery), and the largest part of the
-    difference named."""
-    parts = {}
+    which that quorum needs too; the next quorum; the commit. Then whether the kill's quorum waited for that exit
+    record."""
     for o in (kill, raised):
         recovery, quorum, asked, error = ms(o.recovery_s), ms(o.quorum_s), ms(asked_s(run, o)), ms(peer_error_s(run, o))
         moments = [
@@ -100,7 +98,6 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
             f"from the {o.fault.kind}: "
             + ", ".join(f"at {t} ms {what}" for t, what in sorted(moments, key=lambda m: m[0]))
         )
-        parts[o.fault.kind] = (error, asked - error, quorum - asked, recovery - quorum)
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
         print(
@@ -109,72 +106,19 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
     else:
         print(
             f"Both recoveries took {max(kill.recovery_s, raised.recovery_s) / hang_s:.1%} of the hang bound or less: "
-            "neither waited it out, since a kill and a raise close the faulting process's connections and the others' "
-            "all_reduce fails at that; a frozen process closes nothing, and the next quorum waits for it until it has "
-            "been silent for the bound (question 1)"
+            "neither waited it out (question 1 freezes a process instead)"
         )
-    waited = "it waited for the exit record" if ms(kill.exit_s) > ms(asked_s(run, kill)) else "the exit record first"
-    spans = [
-        ("the fault", "another member's failed all_reduce"),
-        ("that failure", "the next quorum's members all asking"),
-        ("their requests", f"the quorum (the kill's: {waited})"),
-        ("the quorum", f"the commit (the step trained again in a new group: world {kill.world}, {raised.world})"),
-    ]
-    k, r = parts[kill.fault.kind], parts[raised.fault.kind]
-    rows = [(f"from {a} to {b}", x, y, x - y) for (a, b), x, y in zip(spans, k, r)]
-    print("The kill's recovery against the raise's, part by part (kill, raise, difference, in ms):")
-    for name, x, y, d in rows + [("in all", sum(k), sum(r), sum(k) - sum(r))]:
-        print(f"  {name}: {x}, {y}, {d:+d}")
-    total = sum(k) - sum(r)
-    if total == 0:
-        print("The kill's recovery was as long as the raise's")
-        return
-    name, _, _, d = max(rows, key=lambda row: row[3] if total > 0 else -row[3])
-    # the parts of a difference can go both ways: the largest may exceed the whole
-    rest = abs(d) - abs(total)
-    more = f", more than the whole: the other parts together were {rest} ms shorter for the " + (
-        "kill" if total > 0 else "raise"
-    )
-    print(
-        f"The kill's recovery was {abs(total)} ms {'longer' if total > 0 else 'shorter'} than the raise's; the "
-        f"largest part of that is {name.split(' (')[0]}, {abs(d)} ms" + (more if rest > 0 else "")
-    )
-    # of the kill's span from the requests to the quorum, the time the launcher spent in its fixed wait
+    # the span from the members' requests to the quorum, which for the kill may wait for the launcher's exit record
     asked, quorum = ms(asked_s(run, kill)), ms(kill.quorum_s)
-    in_wait = max(0, min(ms(kill.exit_s), quorum) - max(ms(kill.seen_s), asked))
-    if in_wait:
+    r_span = ms(raised.quorum_s) - ms(asked_s(run, raised))
+    head = f"The kill's next quorum came {quorum - asked} ms after its members had all asked (the raise's: {r_span} ms)"
+    if ms(kill.exit_s) > asked:
         print(
-            f"In {in_wait} of the kill's {quorum - asked} ms from the requests to the quorum, the launcher was in its "
-            f"fixed wait (EXIT_WAIT_S, for a result the ended process may still have in flight): a setting of the "
-            f"launcher, which only a fault that ends a process meets"
+            f"{head}: it waited for the launcher's record of slot {kill.fault.slot}'s exit, a wait only a fault that "
+            "ends a process meets"
         )
-    # the last part, split at the retry's work (each end at the last member): the new group and the digest before it,
-    # the vote after it
-    works = {o.fault.kind: retry_work_s(run, o) for o in (kill, raised)}
-    if all(works.values()):
-        split = {}
-        for o in (kill, raised):
-            start, end = (ms(t) for t in works[o.fault.kind])
-            split[o.fault.kind] = (start - ms(o.quorum_s), end - start, ms(o.recovery_s) - end)
-        names = (
-            "before the work (the new group and its wrapper built, the digest)",
-            "the work",
-            "after it (the vote)",
-        )
-        diffs = [r - k for k, r in zip(split["kill"], split["raise"])]
-        top = max(range(3), key=lambda i: abs(diffs[i]))
-        verdict = (
-            f": {names[top].split(' (')[0]} is where they differ most, {abs(diffs[top])} ms longer for the "
-            f"{'raise' if diffs[top] > 0 else 'kill'} (one run of each; this notebook does not measure why)"
-            if diffs[top]
-            else ""
-        )
-        print(
-            "The part from the quorum to the commit, split at the retry's work (forward, backward, all_reduce; each "
-            "end at the last member) (kill, raise, in ms): "
-            + "; ".join(f"{n}: {a}, {b}" for n, a, b in zip(names, split["kill"], split["raise"]))
-            + verdict
-        )
+    else:
+        print(f"{head}: the launcher had recorded slot {kill.fault.slot}'s exit before they asked")
 
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
@@ -200,19 +144,8 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
         f"  {startup} ms ({share(startup)}) the new process's start-up, to its first quorum request; in it, "
         f"{ms(built_s)} ms ({share(ms(built_s))}) building its first optimizer"
         + (f", which imported torch's compiler ({compat.COMPILER_MODULE})" if compiler else "")
-        + f"; a start-up cost, as for slots {' and '.join(others)} at the run's start ("
-        + " and ".join(str(ms(run.results[int(s)]["optimizer_built"][0])) for s in others)
-        + " ms)"
     )
     print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
-    healing = heal_s(run, o)
-    if healing is not None:
-        print(
-            f"After the rejoin, {ms(healing)} ms from that quorum to the start of step {o.healed_at}'s work, in which "
-            f"slot {slot}'s new process built the group of {len(o.rejoin_steps)}, was healed (received the trained "
-            f"state from a peer, {run.results[slot]['healed_bytes']} bytes, and loaded it), built the wrapper and took "
-            "its digest (this notebook does not time the heal alone)"
-        )
     survivors = f"slots {' and '.join(others)}"
     steps = f"step {step}" if last_step == step else f"steps {step}-{last_step}"
     # they had committed the step before and asked before the new process did: the scripted quorum waited for it
