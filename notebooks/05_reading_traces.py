@@ -22,9 +22,7 @@
 # alone), with gloo over the machine's loopback interface. It reads the traces with `minddp.analysis` the way the
 # blog this course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
 # https://blog.underfit.ai/ddp-profiled) reads its GPU traces with HolisticTraceAnalysis (HTA), but with its own
-# measures from CPU events (`docs/analysis.md`); this notebook sets none of its numbers beside the blog's. First the
-# measures, then **one step of each stage on one time axis**, then the blog's six stages over an emulated 1 Gbit/s
-# link (the *link run*).
+# measures from CPU events (`docs/analysis.md`); this notebook sets none of its numbers beside the blog's.
 #
 # k is `03_build_up`'s number of micro-batches a step. A *message* is one whole all_reduce call of gradients (one
 # parameter's, or a *bucket*'s: several parameters' gradients in one buffer); a *sync* is one round of messages that
@@ -154,8 +152,7 @@ parts = {st: lesson_05.in_flight_parts(RUN, st) for st in shares.index}
 lesson.say(lesson_05.not_drawn(parts))
 
 # %% [markdown]
-# One row per profiled stage. Each row is one step; how much the same work's time varies is printed under the
-# next table. In each row:
+# One row per profiled stage, one step each. In each row:
 #
 # * the forward (pale) and backward (darker) band of each micro-batch: *forward* from the micro-batch's start
 #   to its first *autograd node* (the forward, and what the stage does around it),
@@ -174,7 +171,8 @@ lesson.say(lesson_05.not_drawn(parts))
 # * the finish (purple) as a thin strip along the bands' lower edge; a short one is too narrow to see;
 # * the optimizer step (green) and the end of the step.
 #
-# Nothing drawn marks when a training thread stopped for a message, or when `loss.backward()` returned.
+# Nothing drawn marks when a training thread stopped for a message, or when `loss.backward()` returned; the blank
+# before `ddp`'s and torch's optimizer step holds the end of their `loss.backward()`, waiting for the last messages.
 
 # %%
 rows = lesson_05.timeline_rows(result, RUN)  # the rows draw_steps draws, with each stage's parameter checks
@@ -189,7 +187,6 @@ anatomy = lesson_05.anatomy(result, zero.index)
 display(anatomy)
 
 # %%
-lesson.say(lesson_05.same_work(result))  # the yardstick for a difference between rows
 lesson.say(lesson_05.band_non_compute(result, RUN, anatomy.index[anatomy["during a backward"] > 0]))
 
 # %% [markdown]
@@ -265,8 +262,7 @@ lesson.claim(
     f"Buckets cut the messages from {sends['hook-async']} to {sends['bucket-async']} with the bytes unchanged; "
     f"the link time falls by exactly the fixed cost of the {fewer} messages not sent, {fewer} × 2(n−1)·α = "
     f"{fewer} × {2 * (n - 1)} × {link.latency * 1e6:.0f} µs = {saved:.1f} ms ({ms['hook-async']:.1f} → "
-    f"{ms['bucket-async']:.1f} ms, {100 * saved / ms['hook-async']:.1f} % less): the bytes' part is "
-    f"{100 * (1 - sends['bucket-async'] * fixed / ms['bucket-async']):.1f} % of bucket-async's link time.",
+    f"{ms['bucket-async']:.1f} ms, {100 * saved / ms['hook-async']:.1f} % less).",
 )
 blocking = ["simple", "ga", "hook", "bucket"]
 lesson.say(lesson_05.exposed_share(on_link, blocking, ["hook-async", "bucket-async"]))

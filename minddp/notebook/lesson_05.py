@@ -86,64 +86,6 @@ def show(fig, path: Path) -> None:
     display(Image(filename=path))
 
 
-def phase_ms(result, phase: str) -> pd.Series:
-    """Each profiled stage's time in ``phase`` (its spans added up; rank 0's step), ms; ``single`` included."""
-    p = rank0(result.phases)
-    part = p[p["phase"] == phase]
-    return (part["end_us"] - part["start_us"]).groupby(part["stage"]).sum() / 1e3
-
-
-def bands_ms(result, phase: str) -> pd.DataFrame:
-    """Each profiled stage's spans of ``phase`` (rank 0's step), ms, one column per span in the order they began."""
-    p = rank0(result.phases)
-    part = p[p["phase"] == phase].sort_values("start_us")
-    ms = (part["end_us"] - part["start_us"]) / 1e3
-    return pd.DataFrame({st: ms[part["stage"] == st].to_list() for st in p["stage"].unique()}).T
-
-
-def spread(ms: pd.Series) -> str:
-    """The least and the most of ``ms`` over the stages (to the ms), whose, and the ratio of those two printed
-    values (to 0.01, so that 20 / 16 prints 1.25, as a reader divides them).
-
-    >>> spread(pd.Series({"a": 20.4, "b": 95.2}))
-    "20–95 ms (a's to b's, 4.75 ×)"
-    """
-    lo, hi = round(ms.min()), round(ms.max())
-    return f"{lo}–{hi} ms ({ms.idxmin()}'s to {ms.idxmax()}'s, {ratio(hi, lo):.2f} ×)"
-
-
-def ratio(a: float, b: float) -> float:
-    """The larger of two printed values over the smaller, to 0.01 (what :func:`spread` and :func:`same_work` print
-    and compare)."""
-    return round(max(a, b) / min(a, b), 2)
-
-
-def same_work(result) -> str:
-    """A line to print: how much the same work's time differed (the optimizer step, the same in every row;
-    ``single``'s backward bands, the same backward with no message in them), then which stages' steps differ from
-    ``single``'s by a larger ratio; ratios from the printed ms, to 0.01 (:func:`ratio`); one profiled step each,
-    not claimed. The forward bands are left out: they hold what a stage does around its forward (a broadcast in
-    ``ddp`` and torch's DDP), so they are not the same work in every row."""
-    alone = bands_ms(result, "backward").loc["single"].round()  # single's backward bands, ms
-    steps, opt = phase_ms(result, "step"), phase_ms(result, "optimizer")
-    bands = ratio(alone.max(), alone.min())
-    same = max(ratio(round(opt.max()), round(opt.min())), bands)
-    mine, sending = round(steps["single"]), steps.drop("single").round().astype(int)
-    off = {st: ratio(ms, mine) for st, ms in sending.items() if ratio(ms, mine) > same}
-    names = " and ".join(f"{st}'s, {sending[st]} ms ({r:.2f} ×)," for st, r in off.items())
-    verdict = (
-        f"of the {len(sending)} stages that send, only {names} {'differs' if len(off) == 1 else 'differ'}"
-        if off
-        else f"none of the {len(sending)} stages that send differs"
-    )
-    return (
-        f"The same work's time varied up to {same:.2f} ×: the optimizer step, the same in every row (`single` "
-        f"included), {spread(opt)}; single's backward bands, with no message in them, "
-        f"{alone.min():.0f}–{alone.max():.0f} ms ({bands:.2f} ×). Against single's step, {mine} ms, which sends "
-        f"nothing: {verdict} from it by more than that."
-    )
-
-
 def message_bytes(linked) -> pd.Series:
     """Rank 0's messages of the link run (``buckets`` rows), each one's bytes (float32: 4 a number)."""
     sent = rank0(linked.buckets)
@@ -250,7 +192,7 @@ def band_non_compute(result, run: Path, stages) -> str:
     return (
         f"{st}'s longest backward band, {band['ms']:.0f} ms, is {excess} ms longer than single's longest, "
         f"{alone['ms']:.0f} ms. No training thread inside an operator: {off:.1f} ms of {st}'s band (of it "
-        f"{nc:.1f} ms with a gloo range open, non-compute, and {off - nc:.1f} ms with none), {off1:.1f} ms of single's"
+        f"{nc:.1f} ms with a gloo range open: non-compute), {off1:.1f} ms of single's"
         + (
             f", {more:.1f} ms more, {share:.0f} % of the excess: all of the band's excess, in this step, is time "
             f"{st}'s training threads ran no operator, and its operators took {more - excess:.1f} ms less than "
@@ -320,47 +262,36 @@ def not_drawn(parts: dict) -> str:
 
 
 def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
-    """A line to print: for each (one message a parameter, buckets) pair of stages, from ``table``'s printed columns
-    (waited, exposed, waited − exposed, link time), in words how much each kind of wait changed, waited in all, and
-    the link time; where waited fell mostly in its part with the link idle, and by more than the link time fell, that
-    said; one profiled step each, not claimed.
+    """A line to print: for each (one message a parameter, buckets) pair of stages, from ``table``'s printed columns,
+    how much longer or shorter rank 0 waited and how much the link time fell; where waited fell, and its part with
+    the link idle (waited − exposed) fell by more than half of that and by more than the link time, that said in
+    words; one profiled step each, not claimed.
 
     >>> t = pd.DataFrame({"link time (ms)": [3.0, 2.0, 3.0, 2.0], "waited (ms)": [9.0, 5.0, 4.0, 6.0],
     ...                   "exposed (ms)": [4.0, 4.0, 0.0, 5.9]}, index=["h", "b", "ha", "ba"])
     >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
     >>> print(bucket_pairs(t, [("h", "b"), ("ha", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
-    From one message a parameter to buckets, in this step: h → b, rank 0 waited 4.0 ms less while its link carried
-    nothing and as long while it carried a transfer, 4.0 ms less in all, the link time 1.0 ms less; ha → ba, rank 0
-    waited 3.9 ms less while its link carried nothing and 5.9 ms more while it carried a transfer, 2.0 ms more in
-    all, the link time 1.0 ms less. In h → b, the waits with the
-    link idle (transfers done, not yet delivered) fell 4.0 ms, all of waited's 4.0 ms fall and 4.0 × the 1.0 ms of
-    link time that buckets saved: what buckets removed here was mostly waiting after the modeled transfers were
-    done, not the link's cost of a message.
+    From one message a parameter to buckets, in this step: h → b, rank 0 waited 4.0 ms less with 1.0 ms less link
+    time: what buckets removed was mostly waiting with the link idle (waited − exposed 5.0 → 1.0 ms), not the link's
+    cost of a message; ha → ba, rank 0 waited 2.0 ms more with 1.0 ms less link time: here buckets made rank 0 wait
+    longer.
     """
-    w, e, r, lt = "waited (ms)", "exposed (ms)", "waited − exposed (ms)", "link time (ms)"
-
-    def change(x, y):
-        d = round(y - x, 1)
-        return "as long" if d == 0 else f"{abs(d):.1f} ms {'less' if d < 0 else 'more'}"
-
-    parts, idle = [], []
+    w, r, lt = "waited (ms)", "waited − exposed (ms)", "link time (ms)"
+    parts = []
     for a, b in pairs:
-        (wa, ea, ra, la), (wb, eb, rb, lb) = (table.loc[st, [w, e, r, lt]] for st in (a, b))
-        total = "as long in all" if round(wb - wa, 1) == 0 else f"{change(wa, wb)} in all"
-        parts.append(
-            f"{a} → {b}, rank 0 waited {change(ra, rb)} while its link carried nothing and {change(ea, eb)} while it "
-            f"carried a transfer, {total}, the link time {change(la, lb)}"
-        )
+        (wa, ra, la), (wb, rb, lb) = (table.loc[st, [w, r, lt]] for st in (a, b))
         fell, fell_idle, saved = round(wa - wb, 1), round(ra - rb, 1), round(la - lb, 1)
+        how = "as long" if fell == 0 else f"{abs(fell):.1f} ms {'less' if fell > 0 else 'more'}"
+        line = f"{a} → {b}, rank 0 waited {how} with {saved:.1f} ms less link time"
         if fell > 0 and fell_idle > fell / 2 and fell_idle > saved > 0:
-            than = "more than" if fell_idle > fell else "all of" if fell_idle == fell else "most of"
-            idle.append(
-                f" In {a} → {b}, the waits with the link idle (transfers done, not yet delivered) fell "
-                f"{fell_idle:.1f} ms, {than} waited's {fell:.1f} ms fall and {fell_idle / saved:.1f} × the "
-                f"{saved:.1f} ms of link time that buckets saved: what buckets removed here was mostly waiting after "
-                "the modeled transfers were done, not the link's cost of a message."
+            line += (
+                f": what buckets removed was mostly waiting with the link idle (waited − exposed {ra:.1f} → {rb:.1f}"
+                " ms), not the link's cost of a message"
             )
-    return f"From one message a parameter to buckets, in this step: {'; '.join(parts)}.{''.join(idle)}"
+        elif fell < 0:
+            line += ": here buckets made rank 0 wait longer"
+        parts.append(line)
+    return f"From one message a parameter to buckets, in this step: {'; '.join(parts)}."
 
 
 def overlap_order(ov: pd.Series, blocking: list[str], asynchronous: list[str]) -> str:
@@ -412,10 +343,12 @@ def link_after_backward(linked, link, run: Path, stages) -> str:
     transfer of the profiled step, against the end of the step's last backward band (ms); then how long before that
     end each stage handed over its first message, against its link time (:func:`link_ms`). The link starts a message
     no earlier than its hand-over and carries one at a time for its modeled time, so it cannot end before the first
-    hand-over plus the link time: said where that bound falls after the backward's end; one step, not claimed."""
+    hand-over plus the link time: said where that bound falls after the backward's end; for two stages, where the
+    second handed over its first message nearer that end by more than the link time it saved and its link finished
+    later, that said; one step, not claimed."""
     p = rank0(linked.phases)
     sent = rank0(linked.buckets)
-    said, lead = [], []
+    said, lead, marks = [], [], []
     for st in stages:
         iv, s0, _ = lesson.parameter_checks(run, st)
         s1 = iv.steps[-1][2]
@@ -429,8 +362,18 @@ def link_after_backward(linked, link, run: Path, stages) -> str:
         late = f", so its link could not finish before {work - ahead:.1f} ms after that end" if work > ahead else ""
         first = f"{st} handed over its first message" if not lead else f"{st} its first"
         lead.append(f"{first} {ahead:.1f} ms before that end, with {work:.1f} ms of link time{late}")
+        marks.append((ahead, d, work))
+    why = ""
+    if len(stages) == 2:  # the second stage's first hand-over nearer the backward's end than the link time it saved
+        (a, b), ((ahead_a, end_a, work_a), (ahead_b, end_b, work_b)) = stages, marks
+        nearer, saved = round(ahead_a, 1) - round(ahead_b, 1), round(work_a, 1) - round(work_b, 1)  # printed values
+        if nearer > saved and end_b > end_a:
+            why = (
+                f" {b} handed over its first message {nearer:.1f} ms nearer that end than {a}, more than the "
+                f"{saved:.1f} ms of link time it saved, so its link finished later."
+            )
     return (
         f"In the link run, rank 0's link finished the step's last transfer {', '.join(said)}. A message is handed over "
         f"once its last gradient is ready, and the link carries one at a time from its hand-over on: "
-        f"{'; '.join(lead)}."
+        f"{'; '.join(lead)}.{why}"
     )
