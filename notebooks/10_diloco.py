@@ -506,9 +506,12 @@ total = round(sum(round(w[3], 1) for w in windows), 1)  # the waits as printed a
 # which fragments outlasted their window depends on how long this machine's steps took, so it is said, not claimed
 lesson.say(
     f"so the training thread waited {total:.1f} ms in all, {100 * total / span:.0f} % of the {span:.1f} ms of steps "
-    f"{WARM + 1} to {WARM + H}, for the ends of "
+    f"{WARM + 1} to {WARM + H}, for the end{'' if len(late) == 1 else 's'} of "
     + " and ".join(f"fragment {f}'s" for f in late)
-    + " messages that outlasted the steps from tick to wait(); the rest of their time on the link ran during those steps"
+    + (" message" if len(late) == 1 else " messages")
+    + " that outlasted the steps from tick to wait(); the rest of "
+    + ("its" if len(late) == 1 else "their")
+    + " time on the link ran during those steps"
     if late
     else "so the training thread waited for no message: each fragment's transfer ended before its wait()"
 )
