@@ -18,7 +18,7 @@
 #
 # Every rung so far sends every gradient every step. Between two datacenters or over a home connection, that
 # all_reduce can take longer than the step's compute. The rungs of this notebook **talk rarely**: each replica
-# trains alone for H optimizer steps (its *inner* steps), then the replicas **sync**: they average what they
+# trains alone for H steps (its *inner* steps), then the replicas **sync**: they average what they
 # learnt and each applies the result.
 #
 # 1. **Local SGD**: every H steps, average the weights (`minddp.LocalSGD`);
@@ -159,7 +159,7 @@ lesson.claim(
 # That is one seed on 2 replicas. The bench trains 2000 steps on 4 replicas (on one in `single`), 5 seeds; the
 # figure and numbers below are read from its committed results (`docs/diloco/convergence.json`), not run here. Its
 # runs: `ddp`; `single` (a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100);
-# `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (those outer learning rates, the Nesterov momentum 0.9 kept; not drawn);
+# `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (those outer learning rates, the default momentum kept; not drawn);
 # `streaming-h100` (H = 100, 2 fragments, τ = 5, α = 0.5; its syncs are *fragment syncs*, one fragment's each, 2
 # every H steps; scored on each fragment's synced weights). All by `train_config` as above, the cosine over 2000
 # steps.
@@ -244,24 +244,6 @@ lesson.claim(
     + ", ".join(f"{n} {lo:.3f} (step {s}, {b / 1e6:.2f} MB)" for n, (s, b, lo) in within.items())
     + ". Step for step, DDP's mean is below each of theirs at every score after the start",
 )
-later = list(zip(steps, mean_of("diloco-h10", "loss"), mean_of("local-sgd-h10", "loss")))[1:]  # after the start
-ahead = [s for s, d, lo in later if d < lo]  # the scores where DiLoCo's mean is below local SGD's, at H = 10
-first_only = ahead == [s for s, *_ in later[: len(ahead)]] and all(d > lo for _, d, lo in later[len(ahead) :])
-where = " and ".join(map(str, ahead))
-lesson.say(
-    "left panel, H = 10: DiLoCo's mean is "
-    + (
-        "above local SGD's at every score after the start"
-        if not ahead
-        else f"below local SGD's at its first score after the start (step {where}), above it at every later one"
-        if first_only and len(ahead) == 1
-        else f"below local SGD's at its first {len(ahead)} scores after the start (steps {where}), above it at every "
-        "later one"
-        if first_only
-        else f"below local SGD's at {len(ahead)} of its {len(later)} scores after the start (steps {where})"
-    )
-)
-
 
 # %% [markdown]
 # The claims the takeaway rests on (a seed: the same start and chains in every run); last, the first syncs at
@@ -281,9 +263,9 @@ default_outer = [n for n in ("diloco-h10", "diloco-h50", "diloco-h100", "streami
                  if not {"outer_lr", "outer_momentum"} & set(results["configs"][n])]  # fmt: skip
 lesson.claim(
     len(default_outer) == 4,
-    f"DiLoCo at H = 10, 50 and 100 and streaming DiLoCo ran with DiLoCo's default outer optimizer, the DiLoCo "
-    f"paper's: SGD, lr {OUTER_DEFAULTS['lr']}, Nesterov momentum {OUTER_DEFAULTS['momentum']} (the file sets none "
-    "for any of them)",
+    "the file sets no outer lr or momentum for DiLoCo at H = 10, 50 and 100 or for streaming DiLoCo: they ran with "
+    f"DiLoCo's default then, which the file does not record (today's: SGD, lr {OUTER_DEFAULTS['lr']}, Nesterov "
+    f"momentum {OUTER_DEFAULTS['momentum']})",
 )
 lesson.claim(
     all(
@@ -309,35 +291,19 @@ lesson.claim(
     all(max(final(f"local-sgd-h{h}")) < min(final("single")) for h in (10, 50, 100)),
     "local SGD ends below one replica alone (a quarter of the data) at every H, in every seed",
 )
+lrs = sorted(results["configs"][n]["outer_lr"] for n in sweep)
 lesson.claim(
-    min(final("diloco-h100")) > max(final("single")),
-    "but DiLoCo at H = 100 ends worse than one replica alone, in every seed",
+    all(min(final(n)) > max(final("single")) for n in ("diloco-h100", *sweep)),
+    f"but DiLoCo at H = 100 ends worse than one replica alone, in every seed, at every outer lr tried "
+    f"({', '.join(f'{lr:g}' for lr in lrs)} and the default)",
 )
+rise = {r: round(statistics.mean(final(f"{r}-h100")), 4) - round(statistics.mean(final(f"{r}-h10")), 4)
+        for r in ("diloco", "local-sgd")}  # fmt: skip
 lesson.claim(
-    all(all(d > lo for d, lo in zip(final(f"diloco-h{h}"), final(f"local-sgd-h{h}"))) for h in (50, 100)),
-    "at H = 50 and 100, DiLoCo ends behind local SGD in every seed",
-)
-lrs = sorted([OUTER_DEFAULTS["lr"]] + [results["configs"][n]["outer_lr"] for n in sweep])
-lesson.claim(
-    all(min(final(n)) > max(final("local-sgd-h100")) for n in ("diloco-h100", *sweep))
-    and not any("outer_momentum" in results["configs"][n] for n in sweep),
-    f"at H = 100 no outer learning rate tried ({', '.join(f'{lr:g}' for lr in lrs)}; Nesterov momentum "
-    f"{OUTER_DEFAULTS['momentum']} kept) makes DiLoCo end below local SGD: each one's lowest seed ends above local "
-    "SGD's highest",
-)
-by_mean = min(("diloco-h100", *sweep), key=lambda n: statistics.mean(final(n)))  # the lowest mean of the lrs tried
-lowest = results["configs"][by_mean].get("outer_lr", OUTER_DEFAULTS["lr"])
-below = sum(lo < d for lo, d in zip(final(by_mean), final("diloco-h100")))  # seeds where it ends below the default
-# from the numbers as printed (4 decimals), so that the printed differences hold: the means apart, each run's range
-gap = round(statistics.mean(final("diloco-h100")), 4) - round(statistics.mean(final(by_mean)), 4)
-ranges = [round(spread[n][1], 4) - round(spread[n][0], 4) for n in (by_mean, "diloco-h100")]
-lesson.claim(
-    by_mean != "diloco-h100" and below > len(curves["diloco-h100"]) / 2,
-    f"but the default lr {OUTER_DEFAULTS['lr']} does not end lowest: lr {lowest:g} ends at "
-    f"{statistics.mean(final(by_mean)):.4f} by mean, the default at {statistics.mean(final('diloco-h100')):.4f}, "
-    f"and below the default in {below} of {len(curves['diloco-h100'])} seeds; the means {gap:.4f} nats apart, "
-    + ("less than" if gap < min(ranges) else "more than" if gap > max(ranges) else "between")
-    + f" the two runs' ranges across the seeds ({ranges[0]:.4f} and {ranges[1]:.4f})",
+    all(all(d > lo for d, lo in zip(final(f"diloco-h{h}"), final(f"local-sgd-h{h}"))) for h in (50, 100))
+    and rise["diloco"] > rise["local-sgd"],
+    f"at H = 50 and 100, DiLoCo ends behind local SGD in every seed; from H = 10 to 100 DiLoCo's mean final loss "
+    f"rises by {rise['diloco']:.4f} nats, local SGD's by {rise['local-sgd']:.4f}",
 )
 rare = [n for n in curves if n not in ("ddp", "single")]  # the file's runs that talk rarely, the lr sweep's too
 closest = min(rare, key=lambda n: statistics.mean(final(n)))
@@ -368,8 +334,7 @@ above = all(o > s for o, s in zip(seeds("diloco-h100-lr1", at100), seeds("diloco
 beats = all(d < lo for d, lo in zip(seeds("diloco-h100", at100), seeds("local-sgd-h100", at100)))
 lesson.claim(
     alike and lr1["outer_lr"] == 1 and one > start > sgd > default and second > default and above and beats,
-    f"diloco-h100 and diloco-h100-lr1 are set up as local-sgd-h100 but for their outer SGD (lr "
-    f"{OUTER_DEFAULTS['lr']} and 1, Nesterov momentum {OUTER_DEFAULTS['momentum']}). After the first sync (step "
+    "diloco-h100 and diloco-h100-lr1 are set up as local-sgd-h100 but for their outer SGD (the default and lr 1). After the first sync (step "
     f"100), mean over the seeds: at lr 1 the expected loss is {one:.3f}, above the untrained start's {start:.3f}; "
     f"at the default {OUTER_DEFAULTS['lr']} it is {default:.3f}, below local SGD's {sgd:.3f}; both in every seed. "
     f"At the default lr the mean then rises at the second sync (step 200, to {second:.3f})",
@@ -506,76 +471,49 @@ lesson.say(
     + f"; the {'×'.join(map(str, biggest.shape))} weight alone is {100 * biggest.numel() * 4 / sum(sizes):.0f} % "
     "of the model, and fragment 0 takes it whole"
 )
-greens = [e for e in events if e.name == "minddp.optimizer_step"]  # one per step, in time order
 lesson.claim(
     len(sends) == len(applies) == FRAGMENTS and all(step_of(a) - step_of(s) == TAU for s, a in zip(sends, applies)),
     f"what the schedule guarantees: each fragment's message was handed over in one step's post-hook, and nothing "
     f"asked for its result until the post-hook of the {TAU}th = τth step after, which applied it (the order of "
     "events on the training thread)",
 )
-handed = [e for e in events if e.name.startswith("minddp.fragment_send")]  # in time order, as `sends`
-windows = []  # per message: (fragment, step handed over, step applied, ms on the link, ms of steps before the wait)
-for m, s, a, e in zip(link.log[-len(sends) :], sends, applies, handed):
+windows = []  # per message: (fragment, ms on the link, ms of steps before the wait, ms waited)
+for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     asked = link.waits[m["seq"]]  # when step a's post-hook called wait(), on the link's clock (s)
     on_link, before = (m["modeled_end"] - m["start"]) * 1e3, (asked - m["start"]) * 1e3
     waited = metrics.waited([(asked, max(asked, m["delivered"]))]) * 1e3
     left = round(on_link, 1) - round(before, 1)  # from the printed numbers, so that the printed sums hold
     tail = round(round(waited, 1) - left, 1)  # the real all_reduce's last part of the wait, as printed
-    green = next(g for g in greens if g.time_range.start <= e.time_range.start <= g.time_range.end)
-    windows.append((order[s].rpartition("#")[2], step_of(s), step_of(a), round(on_link, 1), round(before, 1), waited))
+    windows.append((order[s].rpartition("#")[2], round(on_link, 1), round(before, 1), waited))
     lesson.say(
-        f"fragment {order[s].rpartition('#')[2]} ({m['bytes'] / 1e3:.1f} kB), handed over in step {step_of(s)} (the "
-        f"hand-over {(e.time_range.end - e.time_range.start) / 1e3:.1f} ms "
-        f"of that step's {(green.time_range.end - green.time_range.start) / 1e3:.1f} ms optimizer step): "
-        f"{on_link:.1f} ms on the link; {before:.1f} ms of steps from the tick until step {step_of(a)}'s wait(): "
+        f"fragment {order[s].rpartition('#')[2]} ({m['bytes'] / 1e3:.1f} kB), handed over in step {step_of(s)}: "
+        f"{on_link:.1f} ms on the link, {before:.1f} ms of steps until step {step_of(a)}'s wait(): "
         + (
             "delivered by then, no wait"
             if waited < 0.05
-            else f"the training thread waited {waited:.1f} ms for it (red: from the post-hook's wait() until delivered)"
-            + (f": these {before:.1f} ms were shorter than its time on the link" if before < on_link else "")
+            else f"the training thread waited {waited:.1f} ms for it"
             + (
-                f" ({on_link:.1f} − {before:.1f} = {left:.1f} ms until its modeled transfer ended, then "
+                f" ({on_link:.1f} − {before:.1f} = {left:.1f} ms of its time on the link still to go, then "
                 f"{tail:.1f} ms until the real all_reduce ended)"
                 if before < on_link and tail > 0
                 else ""
             )
         )
     )
-for f, s, a, on_link, before, waited in windows:
-    roomy = [(g, b) for g, _, _, _, b, _ in windows if g != f and b >= on_link]  # other windows it would fit in
-    if waited >= 0.05 and roomy:
-        lesson.say(
-            f"fragment {f} was waited for, yet its {on_link:.1f} ms on the link would have fitted in the "
-            + " and ".join(f"{b:.1f} ms from fragment {g}'s tick to its wait()" for g, b in roomy)
-            + ": whether the training thread waits depends on how long the τ steps take as well as on the "
-            "message's time on the link"
-        )
-lengths = [w[4] for w in windows]  # ms from each tick to its wait(), as printed
-lesson.say(
-    f"the same τ = {TAU} steps lasted "
-    + " and ".join(f"{b:.1f}" for f, _, _, _, b, _ in windows)
-    + " ms"
-    + (
-        ": τ steps are not a fixed time, but as long as those steps take"
-        if max(lengths) > min(lengths)
-        else ": here both windows were as long"
-    )
-)
 span = view["row"]["end"]  # ms from step WARM + 1's forward to step WARM + H's optimizer step's end
 late = [f for f, *_, waited in windows if waited >= 0.05]  # the fragments the training thread waited for
-total = round(sum(round(w[5], 1) for w in windows), 1)  # the waits as printed above, so that their sum holds
+total = round(sum(round(w[3], 1) for w in windows), 1)  # the waits as printed above, so that their sum holds
 # which fragments outlasted their window depends on how long this machine's steps took, so it is said, not claimed
 lesson.say(
-    f"so streaming hid {'none' if len(late) == len(windows) else 'not all' if late else 'all'} of the messages here"
-    + (
-        ": "
-        + " and ".join(f"fragment {f}'s" for f in late)
-        + f" outlasted the steps from tick to wait(), and the training thread waited "
-        f"{total:.1f} ms in all, {100 * total / span:.0f} % of the "
-        f"{span:.1f} ms of steps {WARM + 1} to {WARM + H}"
-        if late
-        else ": each fragment's transfer ended before its wait()"
-    )
+    f"so the training thread waited {total:.1f} ms in all, {100 * total / span:.0f} % of the {span:.1f} ms of steps "
+    f"{WARM + 1} to {WARM + H}, for the end{'' if len(late) == 1 else 's'} of "
+    + " and ".join(f"fragment {f}'s" for f in late)
+    + (" message" if len(late) == 1 else " messages")
+    + " that outlasted the steps from tick to wait(); the rest of "
+    + ("its" if len(late) == 1 else "their")
+    + " time on the link ran during those steps"
+    if late
+    else "so the training thread waited for no message: each fragment's transfer ended before its wait()"
 )
 
 # %% [markdown]
@@ -763,18 +701,16 @@ lesson.claim(
 # * Local SGD and DiLoCo send H times fewer bytes than DDP. With no more payload than DDP has handed over by its
 #   first score after the start, each drawn run that talks rarely is below DDP's loss there; step for step, after
 #   the start, DDP's is lower.
-# * In the bench (this task and model; outer momentum 0.9 in every DiLoCo run) DiLoCo not streamed ended behind
-#   local SGD in most seeds at H = 10 and in every seed at H = 50 and 100, and at H = 100 worse than one replica
-#   alone in every seed; local SGD ended below one replica alone at every H, in every seed. No outer lr tried at
-#   H = 100 (0.3 to 1) ends below local SGD. There the first sync
-#   takes DiLoCo at lr 1 (local SGD's but for the momentum) above the untrained start, and at the default 0.7 below
-#   local SGD, in every seed; the default's mean then rises at the second sync. Of the bench's runs that
+# * In the bench (this task and model) DiLoCo not streamed ended behind local SGD in most seeds at H = 10 and in
+#   every seed at H = 50 and 100, its mean falling further behind from H = 10 to 100; at H = 100, at every outer lr
+#   tried, it ended worse than one replica alone in every seed, while local SGD ended below one replica alone at
+#   every H, in every seed. There the first sync takes DiLoCo at lr 1 (local SGD's but for the momentum) above the
+#   untrained start, and at the default lr below local SGD, in every seed; the default's mean then rises at the second sync. Of the bench's runs that
 #   talk rarely, streaming DiLoCo (H = 100, 2 fragments, τ = 5, α = 0.5) ended closest to DDP; which of the last
 #   three helps was not separated.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
-# * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it; that hides only a
-#   message whose time on the link fits in the time those steps take (the profiled run above says whether each
-#   did). The schedule is a function of the step alone, the same on every replica.
+# * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so that it travels
+#   during those steps; the replica waits only for the part of its time on the link that outlasts them. The schedule is a function of the step alone, the same on every replica.
 # * The step-time model *predicts* (a 360 M-parameter model, H = 100; not measured here): on `wan` DDP computes
 #   less than 5 % of the time, and streaming DiLoCo with 4 fragments and τ = 10 all of it; streaming computes all
 #   of the time only where a fragment's time on the link fits in its τ steps, and on `100mbit` and `home` less

@@ -46,7 +46,7 @@ def loss_against_steps_and_bytes(results: dict, drawn: list[tuple[str, str]], to
         ax.axhline(single, color="0.5", linestyle="-.", linewidth=0.8, label="single: final (sends 0)")
         ax.axhline(floor, color="red", linestyle=":", linewidth=0.8, label="entropy floor")
         ax.set(ylabel="expected loss (nats)", ylim=(floor - 0.02, top))
-    by_step.set_xlabel("inner steps (optimizer steps of each replica)")
+    by_step.set_xlabel("inner steps (of each replica)")
     by_bytes.set(xscale="log", xlabel="payload bytes each replica handed to the all_reduce (log)")
     seeds = len(curves["ddp"])
     fig.suptitle(  # single, drawn too, is one replica
