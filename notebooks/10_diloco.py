@@ -246,16 +246,14 @@ lesson.claim(
 )
 
 # %% [markdown]
-# The claims the takeaway rests on (a seed: the same start and chains in every run); last, the first syncs at
-# H = 100. Torch's SGD sets the momentum buffer to g₁, the averaged pseudo-gradient (−m₁, m₁ the replicas'
-# average move), so its first Nesterov step is lr·1.9·m₁: past the replicas' average weights
-# by 0.9·m₁ at lr 1, by 0.33·m₁ at the default 0.7; local SGD lands on that average. At the second sync the step
-# is −lr·(1.9·g₂ + 0.81·g₁), its g₁ term 0.57·m₁ at 0.7. Whether that makes the mean rise there, or DiLoCo end
-# behind local SGD, was not tested.
+# The claims the takeaway rests on (a seed: the same start and chains in every run).
+# Torch's SGD sets the momentum buffer to g₁, the averaged pseudo-gradient (−m₁, m₁ the replicas'
+# average move), so its first Nesterov step is lr·1.9·m₁: at lr 1, 0.9·m₁ past the replicas' average weights,
+# where local SGD lands. The second sync's step is −lr·(1.9·g₂ + 0.81·g₁), g₁ still in it. Whether that makes
+# the mean rise there, or DiLoCo end behind local SGD, was not tested.
 
 # %% jupyter={"source_hidden": true}
 # The claims the takeaway rests on (this cell's code collapsed).
-from minddp.diloco.diloco import OUTER_DEFAULTS
 
 ddp_bytes = statistics.mean(c["bytes"][-1] for c in curves["ddp"])
 
@@ -264,8 +262,7 @@ default_outer = [n for n in ("diloco-h10", "diloco-h50", "diloco-h100", "streami
 lesson.claim(
     len(default_outer) == 4,
     "the file sets no outer lr or momentum for DiLoCo at H = 10, 50 and 100 or for streaming DiLoCo: they ran with "
-    f"DiLoCo's default then, which the file does not record (today's: SGD, lr {OUTER_DEFAULTS['lr']}, Nesterov "
-    f"momentum {OUTER_DEFAULTS['momentum']})",
+    "DiLoCo's default then, which the file does not record",
 )
 lesson.claim(
     all(
@@ -336,7 +333,7 @@ lesson.claim(
     alike and lr1["outer_lr"] == 1 and one > start > sgd > default and second > default and above and beats,
     "diloco-h100 and diloco-h100-lr1 are set up as local-sgd-h100 but for their outer SGD (the default and lr 1). After the first sync (step "
     f"100), mean over the seeds: at lr 1 the expected loss is {one:.3f}, above the untrained start's {start:.3f}; "
-    f"at the default {OUTER_DEFAULTS['lr']} it is {default:.3f}, below local SGD's {sgd:.3f}; both in every seed. "
+    f"at the default lr it is {default:.3f}, below local SGD's {sgd:.3f}; both in every seed. "
     f"At the default lr the mean then rises at the second sync (step 200, to {second:.3f})",
 )
 
@@ -395,7 +392,8 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # Below, one rank's inner steps 9 to 24 under the profiler, over an emulated link of 5 Mbit/s and 5 ms per hop:
 # H = 16, 2 fragments (turns of 8 steps: fragment 0's are steps 1 to 8 and 17 to 24, fragment 1's steps 9 to
 # 16), τ = 6, α = 0.5, on batches of 1024 chains (steps 1 to 8 run first, unprofiled). A message's time on the
-# link is modeled: 2 hops, each paying the latency, plus its bytes at the bandwidth.
+# link is modeled: 2 hops, each paying the latency, plus its bytes at the bandwidth; the real all_reduce runs
+# too, and the message is delivered once both have ended.
 #
 # Each inner step is its forward (pale), backward (blue) and optimizer step (green: AdamW's update, then a
 # post-hook handing a fragment's pseudo-gradient to the link, the tall tick, or applying one, the triangle). The
@@ -483,7 +481,7 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     on_link, before = (m["modeled_end"] - m["start"]) * 1e3, (asked - m["start"]) * 1e3
     waited = metrics.waited([(asked, max(asked, m["delivered"]))]) * 1e3
     left = round(on_link, 1) - round(before, 1)  # from the printed numbers, so that the printed sums hold
-    tail = round(round(waited, 1) - left, 1)  # the real all_reduce's last part of the wait, as printed
+    tail = round(round(waited, 1) - left, 1)  # the wait past the modeled end, as printed
     windows.append((order[s].rpartition("#")[2], round(on_link, 1), round(before, 1), waited))
     lesson.say(
         f"fragment {order[s].rpartition('#')[2]} ({m['bytes'] / 1e3:.1f} kB), handed over in step {step_of(s)}: "
@@ -494,7 +492,7 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
             else f"the training thread waited {waited:.1f} ms for it"
             + (
                 f" ({on_link:.1f} − {before:.1f} = {left:.1f} ms of its time on the link still to go, then "
-                f"{tail:.1f} ms until the real all_reduce ended)"
+                f"{tail:.1f} ms more until it was delivered)"
                 if before < on_link and tail > 0
                 else ""
             )
@@ -629,7 +627,7 @@ print(
     f"{each * 1e3:.1f} = {(start + len(buckets) * each) * 1e3:.0f} ms, the step's end: it computes "
     f"{table[first]['ddp']['compute_s'] * 1e3:.0f} ms of it ({pct(table[first]['ddp']['utilisation'])}). Of the "
     f"{len(buckets) * each:.2f} s its messages take on the link, {len(buckets) * 2 * spec.latency:.2f} s "
-    f"({100 * 2 * spec.latency / each:.0f} %) is the latency, paid by each of the {len(buckets)} messages; the bytes "
+    f"({100 * 2 * spec.latency / each:.0f} %) is the latency; the bytes "
     f"take the other {len(buckets) * size / spec.bandwidth:.2f} s"
 )
 computing = 100 * table[first]["diloco"]["compute_s"]  # a period's compute: 100 inner steps' (s)
@@ -669,7 +667,7 @@ lesson.claim(
     jammed == ["100mbit", "home"] and all(whole[n] > 10 * hideable for n in jammed),
     "on "
     + " and ".join(f"'{n}'" for n in jammed)
-    + ", where streaming DiLoCo gains less than one percentage point, a period's bytes take "
+    + ", where streaming DiLoCo gains less than one percentage point, a period's 4 fragments take "
     + " and ".join(f"{whole[n]:.1f}" for n in jammed)
     + f" s on the link, more than ten times the {hideable:.2f} s of compute (K·τ = 40 steps) its fragments can "
     "travel during",
@@ -700,7 +698,7 @@ lesson.claim(
 #
 # * Local SGD and DiLoCo send H times fewer bytes than DDP. With no more payload than DDP has handed over by its
 #   first score after the start, each drawn run that talks rarely is below DDP's loss there; step for step, after
-#   the start, DDP's is lower.
+#   the start, DDP's mean over the seeds is lower.
 # * In the bench (this task and model) DiLoCo not streamed ended behind local SGD in most seeds at H = 10 and in
 #   every seed at H = 50 and 100, its mean falling further behind from H = 10 to 100; at H = 100, at every outer lr
 #   tried, it ended worse than one replica alone in every seed, while local SGD ended below one replica alone at
@@ -710,7 +708,7 @@ lesson.claim(
 #   three helps was not separated.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so that it travels
-#   during those steps; the replica waits only for the part of its time on the link that outlasts them. The schedule is a function of the step alone, the same on every replica.
+#   during those steps; the replica waits only when its time on the link outlasts them. The schedule is a function of the step alone, the same on every replica.
 # * The step-time model *predicts* (a 360 M-parameter model, H = 100; not measured here): on `wan` DDP computes
 #   less than 5 % of the time, and streaming DiLoCo with 4 fragments and τ = 10 all of it; streaming computes all
 #   of the time only where a fragment's time on the link fits in its τ steps, and on `100mbit` and `home` less
