@@ -220,8 +220,7 @@ lesson.claim(
     "ddp and zero1 copy their gradients into a flat buffer per gradient bucket (the gradients are not views into "
     "it), storage of its own which no column counts: "
     + ", ".join(f"{s} {lesson.mib(b)}" for s, b in buffers.items())
-    + " on rank 0 after the step. Nor does any column count the buffers the collectives send from and receive "
-    "into.",
+    + " on rank 0 after the step.",
 )
 
 # %% [markdown]
@@ -241,7 +240,7 @@ from minddp.ladder.loop import train_step
 from minddp.sharding.fsdp import blocks_of
 
 net = lesson.make_model()
-fsdp16 = build_stage("fsdp", net, compute_dtype=torch.bfloat16, shard=blocks_of(net))  # a unit per decoder layer
+fsdp16 = build_stage("fsdp", net, compute_dtype=torch.bfloat16, shard=blocks_of(net))  # the units: decoder layers
 optimizer16 = torch.optim.AdamW(fsdp16.parameters(), lr=lesson.SETTINGS.lr)  # over the fp32 shards
 probe = Probe(fsdp16, net, optimizer16)
 train_step(fsdp16, optimizer16, next(lesson.step_batches()), lesson.loss_fn)
@@ -280,8 +279,7 @@ lesson.claim(
     2 * f16["gathered"] == f32["gathered"]
     and abs(2 * low + other - f32["activations"]) < 1e-3 * f32["activations"]
     and norm32 > other / 2,
-    f"Its gathered units hold half the bytes, {lesson.mib(f16['gathered'])} against {lesson.mib(f32['gathered'])} at "
-    f"their peak. Its activations are {f16['activations'] / f32['activations']:.2f} times fp32 fsdp's "
+    f"Its gathered units peak at exactly half fp32 fsdp's bytes. Its activations are {f16['activations'] / f32['activations']:.2f} times fp32 fsdp's "
     f"({lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}), not half: {low / 2**20:.2f} MiB "
     f"of them are saved in bf16 and {other / 2**20:.2f} MiB not (most of those in fp32 by the "
     f"RMSNorms); twice the first plus the second come to fp32 fsdp's {lesson.mib(f32['activations'])}.",
@@ -413,8 +411,8 @@ show_source(ZeroRedundancyOptimizer.step)
 # %% [markdown]
 # ## ZeRO-2: reduce-scatter the gradients
 #
-# `zero2` is `bucket-async` (`AsyncBucketDDP`, whose gradient buckets are all-reduced while the backward
-# runs) with four changes, parts 1 to 4 in its code's comments (not ZeRO-1's numbering):
+# `zero2` is `bucket-async` (`AsyncBucketDDP`, which hands each gradient bucket's all_reduce over during the
+# backward) with four changes, parts 1 to 4 in its code's comments (not ZeRO-1's numbering):
 #
 # 1. each parameter is cut into n chunks, as in ZeRO-1, and this rank's chunk, its shard, is made a
 #    parameter of its own (`self.shard[p]`), a view into the whole one;
@@ -455,8 +453,7 @@ show_source(reduce_scatter_hook)
 # A stage's *look* is one step under the profiler, read in memory: its collectives, each with the moment the
 # stage *handed it over* (its call into `torch.distributed`) and the bytes *given* to it (the tensors this rank
 # passed in). Its *gradient collectives* are those that sum gradients (fsdp's all_reduces of its replicated
-# tensors included); it counts the all-gathers of parameters apart. gloo's reduce_scatter hands back no Future,
-# which a hook must return, so on gloo a `Wire` with no transport of its own runs zero2's and fsdp's
+# tensors included); it counts the all-gathers of parameters apart. On gloo a `Wire` with no transport of its own runs zero2's and fsdp's
 # reduce-scatters as all_reduces of the whole tensor and keeps this rank's piece; a transport with a
 # reduce-scatter of its own, as the ring below, runs that. So every gradient collective of these *gloo looks* is
 # an all_reduce. Each is its trainee's second step: the first was the memory step, so zero2's starts by
@@ -479,8 +476,7 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 # ## What rank 0 sends, on the ring
 #
 # The bytes given do not show what a reduce-scatter spares against an all_reduce. The four stages now
-# send through minddp's ring, plugged into each stage's `Wire` as its transport; the profiler records
-# each message gloo sends with the tensor it carried. The *ring table* is what rank 0 sent in one step of
+# send through minddp's ring, plugged into each stage's `Wire` as its transport. The *ring table* is what rank 0 sent in one step of
 # new trainees (zero2's second, so that it starts by gathering; the others' first), by the collective the
 # message served. Bytes *sent* are not bytes *given*: a ring all_reduce sends `2(n − 1)/n` of the bytes it is given, the same number at these
 # n = 2 ranks only:
@@ -526,7 +522,7 @@ lesson.claim(
     f"(most of what it sent): {passes:.2f} passes of the model, "
     f"{passes / accum:.2f} a micro-batch, under the bound's 2 (the last unit is not gathered again for the "
     f"backward, and the {outside} tensors outside the units are never gathered). In all {total['fsdp'] / 2**20:.2f} "
-    f"MiB a step (the table's total, summed before rounding), {total['fsdp'] / whole:.1f} times ddp's, within the bound's "
+    f"MiB a step, {total['fsdp'] / whole:.1f} times ddp's, within the bound's "
     f"{lesson.mib(fsdp_most)}.",
 )
 on_wire.round(2)
@@ -538,7 +534,7 @@ on_wire.round(2)
 # its shards are all-gathered into full parameters and the next unit's gather is started (a prefetch); (3)
 # after the forward the full parameters are dropped, all but the last unit's, with which the backward
 # starts, and where autograd saves a full parameter for the backward, a saved-tensor hook keeps a note of
-# where it lay instead; (4) the first note unpacked in the backward gathers the unit again (or waits for its
+# where it lay instead; (4) each unit's first note unpacked in the backward gathers it again (or waits for its
 # prefetched gather) and starts the gather of the unit before it; (5) a unit's gradients arrive together, in
 # the backward of one autograd function (`Unshard`): in the last micro-batch's backward they go to one
 # gradient collective (a reduce-scatter: in the gloo looks an all_reduce), and each replicated tensor's
@@ -594,8 +590,8 @@ lesson.claim(
 )
 lesson.claim(
     received + unpacked == peak and len({sum(u.numels) for u in fsdp.units}) == 1,
-    f"fsdp's gathered units peak at {lesson.mib(peak)} in the memory step: twice a unit, as much as one gathered "
-    "unit holds and, its units being all one size, as a unit's full parameters beside the next unit's prefetch buffer.",
+    f"fsdp's gathered units peak at {lesson.mib(peak)} in the memory step, the two copies of one gathered unit (its "
+    "units are all one size): gathering the next unit ahead does not raise the peak above them.",
 )
 f = looks["fsdp"]
 lesson.claim(
@@ -642,8 +638,7 @@ lesson.claim(
 where = {s: {kind: lesson.handed_in(looks[s], kind) for kind in ("calls", "gathers")} for s in STAGES}
 lesson.claim(
     where["zero1"]["gathers"] == ["update"],
-    f"zero1 hands its {looks['zero1']['gathers']} all-gather of parameters over inside its update "
-    "(ZeroRedundancyOptimizer.step above: update the chunks, then all-gather).",
+    f"zero1 hands its {looks['zero1']['gathers']} all-gather of parameters over inside its update.",
 )
 lesson.claim(
     where["zero2"]["gathers"] == ["forward 1"],
