@@ -19,7 +19,7 @@
 # A data-parallel script can be wrong in ways a single process never is. We break DDP on purpose,
 # nine bugs in six sections, and run each three ways on the two ranks:
 #
-# 1. **torch**, debug mode *paused* (nothing checked, `minddp.debug.disable()`): what torch's DDP says
+# 1. **torch**, debug mode *paused* (`minddp.debug.disable()`): what torch's DDP says
 #    (or `torch.distributed`, for the script's own collectives). Unlike in a real job, where all share
 #    the *default group* (the process group the ranks started with), here the script's own collectives
 #    run on a new group, `short` (*the short group*), and torch's DDP on another new one, `group`, with
@@ -217,8 +217,8 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # values with one of 1 and the ranks wait until a timeout, here the short group's. The fix: the same
 # metrics on every rank.
 #
-# Debug mode numbers each rank's collectives on the default group from 0 at the set-up cell, the
-# helpers' calls included (*collective #K*), and compares the ranks' calls of the same number. A call
+# Debug mode numbers each rank's collectives on the default group from 0 at the set-up cell, while
+# it is on (*collective #K*), and compares the ranks' calls of the same number. A call
 # is written as op(dtype[shape], ...), with its reduce op if any, then the step: `(step 0)` for a call
 # made in a wrapper's step (from its forward to its `optimizer.step()`), `(after step S)` for a
 # script's own call made after the last step a wrapper took on that rank: this script has no wrapper,
@@ -284,8 +284,8 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # Rank 1 has one batch fewer. It leaves its loop and waits at the script's final barrier, while rank
 # 0 starts a step whose collectives rank 1 will never make. Under torch neither rank's error says
 # which rank ran out, or when. The collective check pairs rank 1's barrier with rank 0's next forward
-# check: rank 1 has left its loop. The fix: the wrapper's `join()` around the loop (it pauses the
-# forward and step checks), the barrier after it: a rank that has run out makes the others' remaining collectives, and once every rank has left
+# check: rank 1 has left its loop. The fix: the wrapper's `join()` around the loop (the forward and
+# step checks do not run inside it), the barrier after it: a rank that has run out makes the others' remaining collectives, and once every rank has left
 # its loop, each takes the parameters of the last to leave (rank 0, here).
 
 
@@ -329,15 +329,16 @@ lesson.claim(
 )
 lesson.claim(
     watched == [0, 0] and compared[0] == compared[1] > 0,
-    "under join() the forward and step checks paused in every step, not only after rank 1 left (none of the run's "
-    "collectives is theirs); the collective check compared every one and found them matched",
+    "under join() the forward and step checks, which caught sections 1 to 3's bugs, never ran (no call was theirs); "
+    "the collective check found every call matched",
 )
 
 # %% [markdown]
 # ## 6. A layer frozen on some ranks is not an unused parameter
 #
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
-# fixes. A layer frozen on rank 0 only (here after wrapping) makes the ranks disagree on what they send.
+# fixes. A layer frozen on rank 0 only makes the ranks disagree on what they send:
+# the forward check's `requires_grad` flags differ before step 0's forward.
 # Under torch's DDP rank 0 raises, naming by index the parameters without a gradient (from 0 in the
 # set-up cell's list: 2 and 3 are `head.weight` and `head.bias`), and destroys its groups, so rank 1
 # fails too. The fix: freeze the layer on every rank, before wrapping.
@@ -364,8 +365,8 @@ lesson.claim(
     and "find_unused_parameters=True" in raised[0]
     and peer_gone(raised[1])
     and torch_step[1] == 0,
-    "under torch rank 0 raised, naming by index the parameters that received no gradient and suggesting "
-    "find_unused_parameters=True, and rank 1, still in step 0, failed with an error saying its partner is gone",
+    "under torch rank 0 raised, naming by index the parameters without a gradient and suggesting "
+    "find_unused_parameters=True; rank 1, in step 0, failed with an error saying its partner is gone",
 )
 minddp_says(
     lambda: freeze_on_rank_0(DistributedDataParallel),
@@ -381,7 +382,7 @@ lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, not
 
 # %% [markdown]
 # `find_unused_parameters=True`, torch's advice, does not fix this bug: rank 0 still steps no `head`,
-# rank 1 does. `cpp_warnings()` catches the warnings torch's C++ code writes to stderr.
+# rank 1 does.
 
 
 # %%
@@ -493,15 +494,14 @@ lesson.claim(
     f"minddp's DDP built with debug mode paused has no watch, the plain reducer ({type(paused.reducer).__name__}), "
     f"no per-step plan check; built with it on: a watch, the {type(on.reducer).__name__}, the plan check",
 )
-# Both reducers divide by the world size, then sum; the two builds could differ only by float32 rounding, if the
-# CPU's BLAS summed a product in another order for tensors at other addresses. tol, a loose bound on that: per step,
-# 16 roundings (head's sums have 16 terms) of 2⁻²⁴ of the largest parameter.
+# Both reducers divide by the world size, then sum. tol, a loose float32 bound: per step, 16 roundings of 2⁻²⁴ of
+# the largest parameter.
 gap = max(each_rank(max((a - b).abs().max().item() for a, b in zip(paused_params, on_params))))
 tol = 5 * 16 * 2**-24 * max(p.abs().max().item() for p in paused_params)
 lesson.claim(
     gap <= tol,
-    "after the same 5 steps, each rank's parameters with debug mode on equal its own with it paused, up to float32 "
-    "rounding (`tol`)",
+    "after the same 5 steps, each rank's parameters with debug mode on equal its own with it paused "
+    + ("bit for bit" if gap == 0 else f"to within {gap:.1e} (float32 rounding: tol {tol:.1e})"),
 )
 
 # %%
