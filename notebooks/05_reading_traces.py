@@ -81,7 +81,7 @@ lesson.say(
 # * **overlap**: the share (%) of the time in flight that is compute too;
 # * **non-compute** (HTA's name): the time in flight that is not compute (so non-compute = (100 % − overlap) × in
 #   flight): no training thread inside an operator (running its own Python, with no core between two
-#   operators, or stopped until a collective is back).
+#   operators, or blocked in a collective).
 #
 # The caveat: a gloo range lasts from the moment gloo's thread picks the collective up until it is done, so it is
 # also *held open* until the other rank joins the same collective, and while gloo's thread has no core; it can
@@ -154,25 +154,23 @@ lesson.say(lesson_05.not_drawn(parts))
 # %% [markdown]
 # One row per profiled stage, one step each. In each row:
 #
-# * the forward (pale) and backward (darker) band of each micro-batch: *forward* from the micro-batch's start
-#   to its first *autograd node* (the forward, and what the stage does around it),
-#   *backward* from the first to the last autograd node (an `autograd::engine::evaluate_function` event:
-#   one gradient function's run), whatever the threads did in it (the gradients and the autograd hooks run
-#   inside those nodes: the check, `hook`'s and `bucket`'s messages);
+# * the forward (pale) and backward (darker) band of each micro-batch, whatever the threads did in it: *forward*
+#   from the micro-batch's start to its first *autograd node*, *backward* from the first to the last autograd node
+#   (an `autograd::engine::evaluate_function` event: one gradient function's run; the gradients and the autograd
+#   hooks run inside those nodes: the check, `hook`'s and `bucket`'s messages);
 # * a tick (the legend's "handed to the wire") when a message was *handed over*: for minddp's stages the start
 #   of its `minddp.bucket_launch` range, for torch's DDP the reducer's `c10d::allreduce_` call;
 # * an orange bar while the message's gloo all_reduce range was open, held open included. Ranges open at once
 #   (a blocking stage's too: the caveat) are drawn one below another, and each level's bars alternate two shades
-#   in the order they opened. The bars are part of the table's in flight, which also counts the check and the
-#   collectives the line above names; a bar narrower than a pixel need not show, and one can run on into the
+#   in the order they opened. The bars are part of the table's in flight, which also counts the check and any
+#   other collective; a bar narrower than a pixel need not show, and one can run on into the
 #   optimizer step (the caveat);
 # * the parameter check (hatched orange, over the upper half of the bands' height) while its all_gather range was
 #   open; a short one is too thin to see;
 # * the finish (purple) as a thin strip along the bands' lower edge; a short one is too narrow to see;
 # * the optimizer step (green) and the end of the step.
 #
-# Nothing drawn marks when a training thread stopped for a message, or when `loss.backward()` returned; the blank
-# before `ddp`'s and torch's optimizer step holds the end of their `loss.backward()`, waiting for the last messages.
+# Nothing drawn marks when a training thread stopped for a message, or when `loss.backward()` returned.
 
 # %%
 rows = lesson_05.timeline_rows(result, RUN)  # the rows draw_steps draws, with each stage's parameter checks
@@ -180,7 +178,8 @@ fig = draw_steps(rows, title=f"One step of each stage, on one time axis: run {re
 lesson_05.show(fig, RUN / "one_step_each_stage.png")
 
 # %% [markdown]
-# The plot's messages: how many were handed over (ticks), and how many during a backward.
+# The plot's messages: how many were handed over (ticks), and how many during a backward; then, of the stages that
+# send during one, the longest backward band against `single`'s.
 
 # %%
 anatomy = lesson_05.anatomy(result, zero.index)

@@ -165,8 +165,7 @@ def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[s
 def band_non_compute(result, run: Path, stages) -> str:
     """A line to print: of ``stages``, the one with the longest backward band (rank 0's step), how much longer that
     band is than ``single``'s longest, how much of each of the two bands is not compute (no training thread inside
-    an operator), the difference as a share of the excess, and how much of the stage's is non-compute (a gloo range
-    open too, ``metrics.non_compute`` over the band); in words; one profiled step, not claimed."""
+    an operator), and the difference as a share of the excess; in words; one profiled step, not claimed."""
     from minddp.analysis import metrics
 
     p = rank0(result.phases)
@@ -176,7 +175,7 @@ def band_non_compute(result, run: Path, stages) -> str:
         iv, s0, _ = lesson.parameter_checks(run, stage)
         window = [(s0 + band["start_us"], s0 + band["end_us"])]
         parts = metrics.breakdown(window, iv.compute, iv.comm)  # not compute: non-compute and idle together
-        return (parts["total_time_us"] - parts["compute_time_us"]) / 1e3, parts["non_compute_time_us"] / 1e3
+        return (parts["total_time_us"] - parts["compute_time_us"]) / 1e3
 
     alone = back.loc[back.loc[back["stage"] == "single", "ms"].idxmax()]
     mine = back[back["stage"].isin(list(stages))]
@@ -185,14 +184,14 @@ def band_non_compute(result, run: Path, stages) -> str:
     excess = round(band["ms"]) - round(alone["ms"])
     if excess <= 0:
         return f"{st}'s longest backward band, {band['ms']:.0f} ms, is no longer than single's longest."
-    (off, nc), (off1, _) = idle(st, band), idle("single", alone)
+    off, off1 = idle(st, band), idle("single", alone)
     more = round(round(off, 1) - round(off1, 1), 1)
     share = 100 * more / excess
     how = f"{share:.0f} % of the excess: " + ("most" if share > 50 else "less than half")
     return (
         f"{st}'s longest backward band, {band['ms']:.0f} ms, is {excess} ms longer than single's longest, "
-        f"{alone['ms']:.0f} ms. No training thread inside an operator: {off:.1f} ms of {st}'s band (of it "
-        f"{nc:.1f} ms with a gloo range open: non-compute), {off1:.1f} ms of single's"
+        f"{alone['ms']:.0f} ms. No training thread inside an operator: {off:.1f} ms of {st}'s band, {off1:.1f} ms "
+        "of single's"
         + (
             f", {more:.1f} ms more, {share:.0f} % of the excess: all of the band's excess, in this step, is time "
             f"{st}'s training threads ran no operator, and its operators took {more - excess:.1f} ms less than "
@@ -235,13 +234,13 @@ NOT_DRAWN = {"gloo:broadcast": "the model's buffers, broadcast in a forward"}
 
 
 def not_drawn(parts: dict) -> str:
-    """A line to print (``parts``: stage -> :func:`in_flight_parts`): the gloo ranges in flight that the plot does
-    not draw, in which stages, and each such stage's time in flight outside the drawn bars and the checks (ms);
-    empty where there are none.
+    """A line to print (``parts``: stage -> :func:`in_flight_parts`): the gloo ranges in flight that are neither an
+    all_reduce nor a check, in which stages, and each such stage's time in flight outside its all_reduce ranges and
+    checks (ms); empty where there are none.
 
     >>> print(not_drawn({"b": (9.0, 0.0, []), "d": (11.0, 1.0, ["gloo:broadcast"])}))  # doctest: +NORMALIZE_WHITESPACE
-    Also in flight, not drawn: gloo:broadcast ranges (the model's buffers, broadcast in a forward) in d; in flight
-    outside the drawn bars and the checks: d 1.0 ms.
+    Also in flight, outside the all_reduce ranges and the checks: gloo:broadcast ranges (the model's buffers,
+    broadcast in a forward) in d: d 1.0 ms.
     """
 
     def names(stages):
@@ -256,23 +255,21 @@ def not_drawn(parts: dict) -> str:
         for n, sts in other.items()
     )
     sizes = ", ".join(f"{st} {parts[st][1]:.1f} ms" for st in parts if parts[st][2])
-    return (
-        f"Also in flight, not drawn: {what}; in flight outside the drawn bars and the checks: {sizes}." if other else ""
-    )
+    return f"Also in flight, outside the all_reduce ranges and the checks: {what}: {sizes}." if other else ""
 
 
 def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
     """A line to print: for each (one message a parameter, buckets) pair of stages, from ``table``'s printed columns,
     how much longer or shorter rank 0 waited and how much the link time fell; where waited fell, and its part with
     the link idle (waited − exposed) fell by more than half of that and by more than the link time, that said in
-    words; one profiled step each, not claimed.
+    words ("all" where it fell by as much as waited: exposed did not fall); one profiled step each, not claimed.
 
     >>> t = pd.DataFrame({"link time (ms)": [3.0, 2.0, 3.0, 2.0], "waited (ms)": [9.0, 5.0, 4.0, 6.0],
     ...                   "exposed (ms)": [4.0, 4.0, 0.0, 5.9]}, index=["h", "b", "ha", "ba"])
     >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
     >>> print(bucket_pairs(t, [("h", "b"), ("ha", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
     From one message a parameter to buckets, in this step: h → b, rank 0 waited 4.0 ms less with 1.0 ms less link
-    time: what buckets removed was mostly waiting with the link idle (waited − exposed 5.0 → 1.0 ms), not the link's
+    time: what buckets removed was all waiting with the link idle (waited − exposed 5.0 → 1.0 ms), not the link's
     cost of a message; ha → ba, rank 0 waited 2.0 ms more with 1.0 ms less link time: here buckets made rank 0 wait
     longer.
     """
@@ -285,7 +282,8 @@ def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
         line = f"{a} → {b}, rank 0 waited {how} with {saved:.1f} ms less link time"
         if fell > 0 and fell_idle > fell / 2 and fell_idle > saved > 0:
             line += (
-                f": what buckets removed was mostly waiting with the link idle (waited − exposed {ra:.1f} → {rb:.1f}"
+                f": what buckets removed was {'all' if fell_idle >= fell else 'mostly'} waiting with the link idle "
+                f"(waited − exposed {ra:.1f} → {rb:.1f}"
                 " ms), not the link's cost of a message"
             )
         elif fell < 0:
@@ -344,8 +342,7 @@ def link_after_backward(linked, link, run: Path, stages) -> str:
     end each stage handed over its first message, against its link time (:func:`link_ms`). The link starts a message
     no earlier than its hand-over and carries one at a time for its modeled time, so it cannot end before the first
     hand-over plus the link time: said where that bound falls after the backward's end; for two stages, where the
-    second handed over its first message nearer that end by more than the link time it saved and its link finished
-    later, that said; one step, not claimed."""
+    second's bound is later than the first's link finished, that said; one step, not claimed."""
     p = rank0(linked.phases)
     sent = rank0(linked.buckets)
     said, lead, marks = [], [], []
@@ -364,14 +361,10 @@ def link_after_backward(linked, link, run: Path, stages) -> str:
         lead.append(f"{first} {ahead:.1f} ms before that end, with {work:.1f} ms of link time{late}")
         marks.append((ahead, d, work))
     why = ""
-    if len(stages) == 2:  # the second stage's first hand-over nearer the backward's end than the link time it saved
-        (a, b), ((ahead_a, end_a, work_a), (ahead_b, end_b, work_b)) = stages, marks
-        nearer, saved = round(ahead_a, 1) - round(ahead_b, 1), round(work_a, 1) - round(work_b, 1)  # printed values
-        if nearer > saved and end_b > end_a:
-            why = (
-                f" {b} handed over its first message {nearer:.1f} ms nearer that end than {a}, more than the "
-                f"{saved:.1f} ms of link time it saved, so its link finished later."
-            )
+    if len(stages) == 2:  # the second stage's bound (printed) against the first's finish (printed)
+        (a, b), ((_, end_a, _), (ahead_b, _, work_b)) = stages, marks
+        if work_b > ahead_b and round(work_b - ahead_b, 1) > round(end_a, 1):
+            why = f" That bound is later than {a}'s link finished, so {b}'s finished later."
     return (
         f"In the link run, rank 0's link finished the step's last transfer {', '.join(said)}. A message is handed over "
         f"once its last gradient is ready, and the link carries one at a time from its hand-over on: "
