@@ -437,9 +437,13 @@ def future_type() -> type:
 
 def use_count(tensor: torch.Tensor) -> int | None:
     """How many C++ references hold ``tensor`` (its ``TensorImpl``): one for its Python object, one more for each
-    view, Future or backend's Work holding it (private: ``Tensor._use_count``, in 2.6 .. 2.15; None without it)."""
+    view, Future or backend's Work holding it (private: ``Tensor._use_count``, in 2.6 .. 2.15; None without it, and a
+    warning saying what is missing)."""
     count = getattr(tensor, "_use_count", None)
-    return None if count is None else count()
+    if count is None:
+        warnings.warn(LACKS["_use_count"], RuntimeWarning, stacklevel=2)  # once per place (the default filter)
+        return None
+    return count()
 
 
 # the profiler and the fused list ops

@@ -34,7 +34,6 @@ import pickle
 import sys
 import threading
 import time
-import warnings
 
 import torch
 import torch.distributed as dist
@@ -51,16 +50,12 @@ POLL_S = 0.002
 _lock = threading.Lock()
 _kept: list[tuple[torch.Tensor, int]] = []  # (tensor, its C++ use count when handed over)
 _callbacks = [0]  # wrappers of :func:`then` torch still holds
-_warned: list[bool] = []
 
 
 def held(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Step 1: keep ``tensors`` (about to be handed to a collective) until the backend has let go; returns them."""
     counts = [compat.use_count(t) for t in tensors]
-    if None in counts:  # a torch without the count: nothing kept, as before (one warning)
-        if not _warned:
-            _warned.append(True)
-            warnings.warn(compat.LACKS["_use_count"], RuntimeWarning, stacklevel=2)
+    if None in counts:  # a torch without the count (compat warned): nothing kept, as before
         return tensors
     released = _prune() if threading.current_thread() is threading.main_thread() else []
     with _lock:
