@@ -32,6 +32,7 @@ import re
 import subprocess
 import sys
 import threading
+import types
 import warnings
 from pathlib import Path
 
@@ -304,7 +305,7 @@ PRIVATE = re.compile(
     r"|\b(?:dist|c10d|distributed_c10d|distributed)\._(?!_)\w"
     r"|\b(?:_orig_mod|_active_ddp_module|_get_active_ddp_module|_join_config|OptimizedModule|_RecordFunctionFast"
     r"|_DEFAULT_FIRST_BUCKET_BYTES|hooks_dict_ref|_execution_engine|_disable_dynamo|_is_profiler_enabled"
-    r"|_foreach_\w+|_python_dispatch|_dynamo|_get_process_group_store|_get_sequence_number_for_group)\b"
+    r"|_foreach_\w+|_python_dispatch|_dynamo|_get_process_group_store|_get_sequence_number_for_group|_use_count)\b"
     r"|(?<!self)\._(?:parameters|buffers|modules|forward_hooks|forward_pre_hooks|backward_hooks"
     r"|backward_pre_hooks|post_accumulate_grad_hooks)\b"
     r"|\(\s*[\"']torch[\w.]*[\"']\s*,\s*[\"']_\w+[\"']"
@@ -341,6 +342,7 @@ def test_no_private_torch_name_outside_compat():
         "owner._parameters[name] = p",
         '("torch.serialization", "_get_layout")',
         "if self._join_config.enable:",
+        "tensor._use_count()",
     ],
 )
 def test_the_scan_finds_each_kind_of_private_name(line, tmp_path):
@@ -351,6 +353,18 @@ def test_the_scan_finds_each_kind_of_private_name(line, tmp_path):
 
 
 # one test per shim: what it gives against torch's own behaviour, and what it says where torch lacks the name
+
+
+def test_use_count_counts_the_cpp_references_to_a_tensor_and_is_none_without_torchs_name():
+    """The oracle: a view holds its base (one C++ reference), a Python list of it holds none."""
+    t = torch.ones(2)
+    alone = compat.use_count(t)
+    listed, view = [t, t], t.view(2)
+    assert compat.use_count(t) == alone + 1
+    del view
+    assert compat.use_count(t) == alone == 1 and len(listed) == 2
+    with pytest.warns(RuntimeWarning, match=r"has no Tensor._use_count, which minddp reads to keep"):
+        assert compat.use_count(types.SimpleNamespace()) is None  # no _use_count: keep then keeps nothing
 
 
 def test_is_compiled_and_uncompiled_tell_torch_compile_s_module():

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.plain import allreduce_hook
 from minddp.comm.wire import Wire
+from minddp.runtime import keep
 
 __all__ = [
     "allreduce_hook",
@@ -71,7 +72,7 @@ def _compress_wrapper(dtype: torch.dtype, label: str, hook):
     def wrapped(state, bucket: GradBucket) -> torch.futures.Future:
         check_real_floating(bucket, wrapped.__name__)
         original = bucket.buffer()
-        bucket.set_buffer(original.to(dtype))  # step 1
+        bucket.set_buffer(*keep.held(original.to(dtype)))  # step 1 (kept until gloo lets go of it)
         fut = hook(state, bucket)
         bucket.set_buffer(original)  # step 2
 
@@ -82,7 +83,7 @@ def _compress_wrapper(dtype: torch.dtype, label: str, hook):
                 return value.to(original.dtype)
             return original.copy_(value)
 
-        return fut.then(decompress)
+        return keep.then(fut, decompress)
 
     wrapped.__name__ = f"{label}_compress_wrapper({getattr(hook, '__name__', 'hook')})"
     return wrapped

@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.wire import Traffic, Wire
+from minddp.runtime import keep
 
 
 def _group_of(state) -> dist.ProcessGroup:
@@ -58,7 +59,7 @@ def error_measured(hook, traffic: Traffic):
         group = _group_of(state)
         flat = bucket.buffer().to(torch.float32, copy=True)
         both = torch.cat([flat, flat.abs()]).div_(group.size())  # step 1: the average and the mean magnitude
-        dist.all_reduce(both, group=group)
+        dist.all_reduce(*keep.held(both), group=group)  # kept until gloo lets go of it
         exact, magnitude = both.split(flat.numel())
         fut = hook(state, bucket)  # step 2
 
@@ -72,7 +73,7 @@ def error_measured(hook, traffic: Traffic):
             traffic.values += magnitude.numel()
             return result
 
-        return fut.then(compare)
+        return keep.then(fut, compare)
 
     measured.__name__ = f"error_measured({getattr(hook, '__name__', 'hook')})"
     return measured

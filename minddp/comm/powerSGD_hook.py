@@ -33,6 +33,7 @@ import torch.distributed as dist
 from minddp.comm.default_hooks import allreduce_hook, check_real_floating
 from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.wire import Wire
+from minddp.runtime import keep
 
 __all__ = ["PowerSGDState", "powerSGD_hook", "batched_powerSGD_hook"]
 
@@ -338,7 +339,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
 
     # One chain of Futures, never ``collect_all``: its Future holds no device, so on a GPU the callback
     # would neither wait for the sums' copies nor hand its own writes on to the caller's stream.
-    return last.then(decompress)
+    return keep.then(last, decompress)
 
 
 def _split_by_compression(state: PowerSGDState, bucket: GradBucket):
@@ -521,4 +522,4 @@ def batched_powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.fut
         state.maybe_increase_iter(bucket)
         return input_tensor.copy_(padded[:length])
 
-    return q_fut.then(decompress)
+    return keep.then(q_fut, decompress)

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from minddp.comm.plain import Group, when_done
-from minddp.runtime import compat
+from minddp.runtime import compat, keep
 from minddp.runtime.device import backends_by_device
 
 #: ``transport(tensor, group)`` sums ``tensor`` in place across ``group`` and returns when done. A
@@ -133,7 +133,7 @@ class Wire(Group):
         if self.traffic is not None:
             self.traffic.record(tensor)
         if self.transport is None:  # summed in place (a complex tensor travels as its real view)
-            fut = super().all_reduce(tensor)
+            fut = super().all_reduce(*keep.held(tensor))  # kept until gloo lets go (a hook's copy may be dropped)
         else:
             self.transport(tensor, self.group)
             fut = _done(tensor)
@@ -162,8 +162,10 @@ class Wire(Group):
                 output.view(-1).copy_(mine)
                 return output
 
-            fut = dist.all_reduce(input, group=self.group, async_op=True).get_future().then(keep_mine)
+            keep.held(input)
+            fut = keep.then(dist.all_reduce(input, group=self.group, async_op=True).get_future(), keep_mine)
         elif self.transport is None:
+            keep.held(output, input)
             fut = when_done(compat.reduce_scatter_single(output, input, group=self.group, async_op=True), output)
         else:
             self.transport.reduce_scatter(output, input, self.group)
@@ -180,6 +182,7 @@ class Wire(Group):
         if self.traffic is not None:
             self.traffic.record(output, "all_gather")
         if self.transport is None:
+            keep.held(output, input)
             fut = compat.all_gather_single(output, input, group=self.group, async_op=True).get_future()
         else:
             self.transport.all_gather(output, input, self.group)

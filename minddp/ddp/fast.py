@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from minddp.comm.wire import Wire
-from minddp.runtime import compat
+from minddp.runtime import compat, keep
 
 
 class BucketLayout:
@@ -114,7 +114,8 @@ def start_sum(tensor: torch.Tensor, wire: Wire) -> torch.futures.Future:
             done.value()  # a failed collective fails this Future too
             return [tensor]
 
-        fut = wire.group.allreduce([torch.view_as_real(tensor)], _SUM).get_future().then(as_sent)
+        sent = keep.held(torch.view_as_real(tensor))  # a view made here: kept until gloo lets go of it
+        fut = keep.then(wire.group.allreduce(list(sent), _SUM).get_future(), as_sent)
     return fut if wire.link is None else wire.link.carry(fut, tensor, wire.size())
 
 

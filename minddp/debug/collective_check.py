@@ -56,6 +56,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from minddp.debug import switch
 from minddp.debug.findings import DebugError, finding
+from minddp.runtime import keep
 from minddp.runtime.compat import process_group_store
 
 #: The ``torch.distributed`` functions checked (those a release lacks are skipped). Point-to-point
@@ -318,6 +319,11 @@ def _checked(name: str, fn):
             _local.inside = False
 
     return checked
+
+
+#: minddp's own ``all_gather_object`` (its tensors kept until gloo lets go: :mod:`minddp.runtime.keep`), checked
+#: as torch's: what debug mode's guards gather with.
+checked_gather = _checked("all_gather_object", keep.all_gather_object)
 
 
 def _key(call: Call) -> tuple:

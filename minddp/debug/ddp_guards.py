@@ -42,7 +42,9 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from minddp.debug import collective_check, switch
 from minddp.debug.findings import CrossRankError, finding
+from minddp.runtime import keep
 
 
 def describe_hook_state(state) -> str | None:
@@ -64,8 +66,10 @@ def describe_hook_state(state) -> str | None:
 
 
 def _all_gather_object(value, group: dist.ProcessGroup) -> list:
+    """Every rank's ``value``: torch's ``all_gather_object`` with its tensors kept until gloo lets go
+    (:mod:`minddp.runtime.keep`), checked as that call by debug mode."""
     everyone: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, value, group=group)
+    (collective_check.checked_gather if switch.enabled() else keep.all_gather_object)(everyone, value, group=group)
     return everyone
 
 

@@ -47,6 +47,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from minddp.debug import collective_check, switch
 from minddp.debug.collective_check import BY
 from minddp.debug.findings import DebugError, DebugWarning, finding
+from minddp.runtime import keep
 from minddp.runtime.compat import join_enabled
 from minddp.runtime.device import message_device
 
@@ -360,16 +361,14 @@ class Watch:
     # -- the cross-rank table and the full comparison ------------------------------------------------
 
     def _gather(self, row: torch.Tensor, what: str) -> torch.Tensor:
-        rows = [torch.empty_like(row) for _ in range(self.group.size())]
         with collective_check.labelled(f"minddp debug's {what} of {self.name}"):
-            dist.all_gather(rows, row, group=self.group)
+            rows = keep.all_gather(row, self.group)  # kept until gloo lets go: never freed by its thread at exit
         return torch.stack(rows).cpu()
 
     def _compare(self, tensor: torch.Tensor, sums: torch.Tensor) -> str:
         """Every rank's ``tensor`` gathered, and how far each group of ranks is from rank 0's (the full comparison)."""
-        values = [torch.empty_like(tensor) for _ in range(self.group.size())]
         with collective_check.labelled(f"minddp debug's full comparison of {self.name}"):
-            dist.all_gather(values, tensor.detach().contiguous(), group=self.group)
+            values = keep.all_gather(tensor.detach().contiguous(), self.group)
         reference = values[0].double()
         largest = max(float((v.double() - reference).abs().max()) for v in values)
         differ = [r for r in range(len(values)) if int(sums[r]) != int(sums[0])]

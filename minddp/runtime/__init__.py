@@ -4,7 +4,8 @@ What lives here: :mod:`~minddp.runtime.launch` (start N local ranks or join torc
 down), :mod:`~minddp.runtime.processes` (process trees and stop signals), :mod:`~minddp.runtime.hang`
 (naming a stuck rank), :mod:`~minddp.runtime.device` (gloo/CPU, gloo on shared GPUs or NCCL, and
 where a message lives), :mod:`~minddp.runtime.compat` (the torch 2.6-2.15 differences),
-:mod:`~minddp.runtime.envflags`, :mod:`~minddp.runtime.profiling` (a rank's trace),
+:mod:`~minddp.runtime.envflags`, :mod:`~minddp.runtime.profiling` (a rank's trace), :mod:`~minddp.runtime.keep`
+(what a collective was handed, kept until its backend lets go: no abort at exit),
 :mod:`~minddp.runtime.cli` (the conventions every command-line tool shares). Debug mode, the layer
 above, has its own room: :mod:`minddp.debug`.
 

@@ -18,7 +18,8 @@ name minddp reads (``tests/test_compat.py`` fails on one used anywhere else in t
     graph at, set only inside a compiled call), :func:`default_first_bucket_bytes`, :func:`dynamo_reset` and
     :func:`graph_breaks` (Dynamo's cache emptied and its count of graph breaks since), :func:`compiler_imported`;
   - autograd: :func:`at_backward_end` (a callback when the running backward ends), :func:`hook_slots` and
-    :func:`put_hooks` (a gradient hook taken out and put back), :func:`future_type`;
+    :func:`put_hooks` (a gradient hook taken out and put back), :func:`future_type`, :func:`use_count` (the C++
+    references to a tensor: a backend's among them);
   - the profiler: :func:`profiler_on`, :func:`fast_range`; the fused list ops :func:`foreach_copy_`,
     :func:`foreach_div_`, :func:`foreach_mul_`;
   - modules, groups, the dispatcher: :func:`parameter_dict`, :func:`process_group_store`,
@@ -232,6 +233,11 @@ LACKS = {
     ),
     "queue_callback": missing("Variable._execution_engine.queue_callback", "ends each synchronised backward with"),
     "Future": missing("torch._C.Future", "checks a comm hook's Future against"),
+    "_use_count": missing(
+        "Tensor._use_count",
+        "reads to keep a collective's tensors until its backend lets go of them",
+        "a rank may rarely abort at exit (terminate called without an active exception)",
+    ),
     "_parameters": missing(
         "Module._parameters", "swaps shards and full parameters in", "use ddp or torch's FSDP instead"
     ),
@@ -427,6 +433,17 @@ def future_type() -> type:
     if base is None:
         raise RuntimeError(LACKS["Future"])
     return base
+
+
+def use_count(tensor: torch.Tensor) -> int | None:
+    """How many C++ references hold ``tensor`` (its ``TensorImpl``): one for its Python object, one more for each
+    view, Future or backend's Work holding it (private: ``Tensor._use_count``, in 2.6 .. 2.15; None without it, and a
+    warning saying what is missing)."""
+    count = getattr(tensor, "_use_count", None)
+    if count is None:
+        warnings.warn(LACKS["_use_count"], RuntimeWarning, stacklevel=2)  # once per place (the default filter)
+        return None
+    return count()
 
 
 # the profiler and the fused list ops
