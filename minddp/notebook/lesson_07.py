@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
 from minddp.ft.launch import EXIT_WAIT_S
-from minddp.ft.report import asked_s, fault_outcomes, first_request_s, peer_error_s
+from minddp.ft.report import asked_s, first_request_s, peer_error_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
-from minddp.runtime import compat
 
 #: (phase, method, a text that the line doing it holds), in the rung (:class:`FaultTolerantTrainer`)
 RUNG_LINES = [
@@ -74,8 +73,7 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms, and its share of the hang bound, then its moments in ms from the fault,
     in order: another member's all_reduce failed; the members of the next quorum had all asked for it; for the
     kill, the launcher found the process ended and recorded its exit (after its fixed wait, ``EXIT_WAIT_S``),
-    which that quorum needs too; the next quorum; the commit. Then whether the kill's quorum waited for that exit
-    record."""
+    which that quorum needs too; the next quorum; the commit. Then whether either waited out the hang bound."""
     for o in (kill, raised):
         recovery, quorum, asked, error = ms(o.recovery_s), ms(o.quorum_s), ms(asked_s(run, o)), ms(peer_error_s(run, o))
         moments = [
@@ -108,30 +106,19 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
             f"Both recoveries took {max(kill.recovery_s, raised.recovery_s) / hang_s:.1%} of the hang bound or less: "
             "neither waited it out (question 1 freezes a process instead)"
         )
-    # the span from the members' requests to the quorum, which for the kill may wait for the launcher's exit record
-    asked, quorum = ms(asked_s(run, kill)), ms(kill.quorum_s)
-    r_span = ms(raised.quorum_s) - ms(asked_s(run, raised))
-    head = f"The kill's next quorum came {quorum - asked} ms after its members had all asked (the raise's: {r_span} ms)"
-    if ms(kill.exit_s) > asked:
-        print(
-            f"{head}: it waited for the launcher's record of slot {kill.fault.slot}'s exit, a wait only a fault that "
-            "ends a process meets"
-        )
-    else:
-        print(f"{head}: the launcher had recorded slot {kill.fault.slot}'s exit before they asked")
 
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     """For a kill ``o``: the rejoin, split in the parts that add up to it, each with its share of the rejoin: until
-    the launcher started the slot's new process; that process's start-up to its first quorum request (and in it,
-    building its first optimizer, and whether torch imported its compiler meanwhile); from that request to the quorum.
-    Then what the survivors did meanwhile, whether they waited for the start-up because the run's ``full_world_at``
-    scripted it, and, at their pace, where they would have been without the script when the new process asked."""
+    the launcher started the slot's new process; that process's start-up to its first quorum request (forked from
+    a server that had imported torch; in it, building its first optimizer); from that request to the quorum.
+    Then what the survivors did meanwhile, and whether they waited for the start-up because the run's
+    ``full_world_at`` scripted it."""
     slot, step = o.fault.slot, o.fault.step
     others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
     last_step, last = o.last_commit
     rejoin, start, asked = ms(o.rejoin_s), ms(o.restart_s), ms(first_request_s(run, o))
-    built_s, compiler = run.results[slot]["optimizer_built"]  # the slot's last process: the new one
+    built_s, _ = run.results[slot]["optimizer_built"]  # the slot's last process: the new one
     startup = asked - start
 
     def share(t_ms: int) -> str:
@@ -141,9 +128,9 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill{most}:")
     print(f"  {start} ms ({share(start)}) until the launcher started the new process")
     print(
-        f"  {startup} ms ({share(startup)}) the new process's start-up, to its first quorum request; in it, "
-        f"{ms(built_s)} ms ({share(ms(built_s))}) building its first optimizer"
-        + (f", which imported torch's compiler ({compat.COMPILER_MODULE})" if compiler else "")
+        f"  {startup} ms ({share(startup)}) the new process's start-up (forked from a server that had imported "
+        f"torch), to its first quorum request; in it, {ms(built_s)} ms ({share(ms(built_s))}) building its first "
+        "optimizer"
     )
     print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
     survivors = f"slots {' and '.join(others)}"
@@ -159,40 +146,6 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
             else ""
         )
     )
-    if not scripted or last_step == step:
-        return
-    # unscripted, a quorum waits only for live slots, and the new process is live from its first heartbeat, just
-    # before its first request: the survivors would have trained on at their pace at world len(others) until then
-    pace = (last - o.recovery_s) / (last_step - step)  # seconds per committed step, after the fault's step's commit
-    final = run.results[int(others[0])]["step"] - 1  # the run's last step
-    # the later faults' recoveries added whole, as measured at their own world, and the sum
-    # made of the printed whole milliseconds, so that a reader can redo it
-    later = [x for x in fault_outcomes(run) if x.fault.step > last_step and x.recovery_s is not None]
-    n = final - last_step
-    end = ms(last) + n * ms(pace) + sum(ms(x.recovery_s) for x in later)
-    pace_line = f"at their pace at world {len(others)} ({ms(pace)} ms a step)" + "".join(
-        f", plus {x.fault}'s recovery ({ms(x.recovery_s)} ms)" for x in later
-    )
-    sum_line = f"{ms(last)} + {n} × {ms(pace)}" + "".join(f" + {ms(x.recovery_s)}" for x in later) + f" = {end} ms"
-    # each later fault's step counted whole at the pace, then its recovery from the fault on top: not to undercount
-    over = "".join(
-        f" (step {x.fault.step} counted whole, and its recovery, measured here at world {x.world}, on top: not to "
-        "undercount)"
-        for x in later
-    )
-    if end < asked:
-        print(
-            f"Without that script, {pace_line}, {survivors} would have committed the run's last step, {final}, by "
-            f"about {sum_line} after the kill{over}, before the new process's first request ({asked} ms): steps "
-            f"{last_step + 1}-"
-            f"{final} would all have trained at world {len(others)}, and the run would have ended without slot {slot} "
-            f"(launch_ft ends a process still starting); here the script is what brought slot {slot} back"
-        )
-    else:
-        print(
-            f"Without that script, {pace_line}, {survivors} would have trained on at world {len(others)} until the "
-            f"new process's first request ({asked} ms), about {round((asked - ms(last)) / 1000 / pace)} steps more"
-        )
 
 
 def attempts(run, step: int, *, committed: bool) -> list[tuple[int, dict]]:
