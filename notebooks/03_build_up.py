@@ -52,7 +52,7 @@
 # and machine. The training thread's waits are *measured*.
 #
 # **Measures**, 01's. α, β (1/bandwidth), n and m as there; k is the micro-batches of a step. A *message* is one
-# all_reduce handed to the link (a gradient, or a bucket of them; the comm hook takes either as a
+# all_reduce handed to the link (a gradient, or a *bucket*: several sent as one; the comm hook takes either as a
 # `GradBucket`, torch's type); its *fixed cost* is 2(n−1)·α. Over
 # the link's modeled transfers: *link time*, the step's messages' time on the link; *exposed*, the part
 # of it the training thread stood waiting through. A *wait* is one call of a message's `wait()`, which
@@ -433,16 +433,21 @@ lesson.claim(
 )
 lesson.claim(
     abs(prev["link_ms"] - v["link_ms"] - (prev["calls"] - v["calls"]) * per_message) < 1e-6 * prev["link_ms"],
-    f"On the link that saves {prev['calls'] - v['calls']} all_reduces' fixed cost, 2(n−1)·α = {per_message:.1f} ms each: "
+    f"On the link that saves {prev['calls'] - v['calls']} fixed costs of {per_message:.1f} ms: "
     f"{prev['link_ms'] - v['link_ms']:.1f} ms of {prev['link_ms']:.0f} ms.",
+)
+hk, after = looks["hook"], {s: looks[s]["waited_ms"] - looks[s]["exposed_ms"] for s in ("hook", "bucket")}
+lesson.say(  # measured, one step each: waiting the link does not model
+    f"Off the link, waiting after delivery: hook {after['hook']:.0f} ms over {hk['waits']} waits, bucket "
+    f"{after['bucket']:.0f} ms over {v['waits']}."
 )
 lesson.claim(
     v["waits"] == v["waits_in_backward"] == v["calls"], "Like hook, it waits for each bucket inside the backward."
 )
 
 # %% [markdown]
-# What to look for: a few wide messages instead of many thin ones. On the link they save only the
-# fixed costs claimed above, which grow with the ranks and with the number of gradient tensors. `bucket` takes `hook`'s
+# What to look for: a few wide messages instead of many thin ones; the fixed costs saved and the
+# waiting after delivery are printed above. `bucket` takes `hook`'s
 # waiting `_sent`, not `hook-async`'s. One more difference from the idea: the stage sets the counts
 # back in finish, not at the send, after sending any bucket that did not fill (one of its parameters
 # got no gradient), and its `forward` refuses a step while they are not back (`check_finished`).
@@ -613,8 +618,7 @@ lesson_03.look_table(looks, checks)
 #
 # `hook-async` and `bucket-async` send the same bytes, one message per gradient against one per
 # bucket, both during the last backward, and wait for them in finish. On the link, a bucketed stage
-# trades three things against a per-gradient one (their backwards differ too, above, for causes not
-# measured here):
+# trades three things against a per-gradient one (their backwards differ too, above):
 #
 # 1. **per message**: every all_reduce pays 2(n−1)·α on the link; buckets pay it once per bucket
 #    instead of once per gradient tensor, and copy each
@@ -733,8 +737,8 @@ lesson_03.sweep_table(swept, model, default)
 #   (`minddp.train.models`). Only `hook-async` and the bucketed rungs run there, one micro-batch a
 #   step: `simple`, `ga` and `hook` wait for each of hundreds of fixed costs.
 #
-# The bucketed stages get a cap that cuts each network into about as many buckets as the blog's
-# 25 MiB cuts SmolLM2 (the cell prints the count).
+# The bucketed stages get the blog's 25 MiB scaled by the network's bytes over SmolLM2's (the cell
+# prints the buckets sent).
 
 # %%
 # %%distributed

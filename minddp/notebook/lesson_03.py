@@ -351,12 +351,14 @@ def _ran_on(ms: float, back_ms: float) -> str:
 
 
 def _steps(h_ms: float, b_ms: float, h_back: float, b_back: float) -> str:
-    """Two steps' links after backward (ms) in words, ranked only where they differ by more than the two backwards
-    (less the check, ms): a step's link after backward also measures its own backward."""
+    """Two steps' links after backward (ms) in words: a step's link after backward also measures its own backward
+    (less the check, ms), and a longer one leaves its messages more time to hide, so the steps rank the two where
+    the later end had the longer backward, or else where the ends differ by more than the backwards."""
     gap, apart = abs(round(h_ms, 1) - round(b_ms, 1)), abs(round(h_back) - round(b_back))
     apart_said = f"ends {gap:.1f} ms apart, backwards {apart:.0f} ms"
     less = _less(h_ms, b_ms)
-    if less is None or gap <= apart:
+    later_back, less_back = (h_back, b_back) if less == "bucket-async" else (b_back, h_back)
+    if less is None or (gap <= apart and round(later_back) < round(less_back)):
         return f"the steps do not rank them ({apart_said})"
     return f"in the step, {WORDS[less]} left less ({apart_said})"
 
@@ -422,13 +424,9 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
         + f"; the model: hook-async {mh4:.1f} ms, bucket-async {mb4:.1f} ms."
     )
     hf, bf = far["hook-async"], far["bucket-async"]
-    floor = hf["start_end_ms"]  # the link is done no earlier than its start-limited end (queue_end)
     say(
         f"With the ratios of 1024 ranks, one step each: hook-async's link {_ran_on(hf['end_ms'], hf['backward_ms'])}, "
-        f"bucket-async's {_ran_on(bf['end_ms'], bf['backward_ms'])}. hook-async's start-limited end alone, its first "
-        "message's hand-over plus its "
-        f"{hf['link_ms']:.0f} ms of link time, falls {floor:.1f} ms after its backward's end"
-        + (", later than bucket-async's link was done." if floor > bf["end_ms"] else ".")
+        f"bucket-async's {_ran_on(bf['end_ms'], bf['backward_ms'])}."
     )
     pairs = [(h_back, backs[here]), (t4["hook-async"]["backward_ms"], t4["bucket-async"]["backward_ms"])]
     pairs.append((hf["backward_ms"], bf["backward_ms"]))
@@ -437,9 +435,10 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
         "hook-async's backward ran longer than bucket-async's on "
         + ("all 3 links (" if ran_longer == 3 else f"{ran_longer} of the 3 links (")
         + ", ".join(f"{a:.0f} against {b:.0f} ms" for a, b in pairs)
-        + "), one step each: a step's link after backward also measures its own backward, so a step ranks the two "
-        "only where their ends differ by more than their backwards; the model gives both one backward, and ranks "
-        "them only where they differ by more than its furthest miss against that link's steps."
+        + "), one step each: a step's link after backward also measures its own backward, and a longer one gives "
+        "its messages more time to hide, so the steps rank the two only where the later end had the longer "
+        "backward or the ends differ by more than the backwards; the model, one backward for both, only past its "
+        "furthest miss against that link's steps."
     )
     leasts = f"the steps' at {cap_name(best_run)}, the model's at {' and '.join(at_least)} MiB"
     if best_run is not None and at_least == [f"{best_run:g}"]:
@@ -452,7 +451,10 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
     t4_steps = _steps(ht, bt, t4["hook-async"]["backward_ms"], t4["bucket-async"]["backward_ms"])
     t4_said = f"with the ratios of 4 × T4 {t4_steps}, and {_model(mh4, mb4, misses4[missed4], missed4)}"
     far_steps = _steps(hf["end_ms"], bf["end_ms"], hf["backward_ms"], bf["backward_ms"])
-    say(f"In words: {here_said}; {t4_said}; with the ratios of 1024 ranks {far_steps}.")
+    far_said = f"with the ratios of 1024 ranks {far_steps}; exposed: hook-async {hf['exposed_ms']:.0f} ms, " + (
+        f"bucket-async {bf['exposed_ms']:.0f} ms"
+    )
+    say(f"In words: {here_said}; {t4_said}; {far_said}.")
     why = []  # the cause: by the model (one backward for both) on this link, by the link's clock at 1024 ranks
     parts = (
         f"the {here:g} MiB buckets' late start (first message {1e3 * at[here].first_at:.1f} ms into the model's "
@@ -475,7 +477,7 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
     if hf["link_ms"] > hf["backward_ms"] and bf["link_ms"] < hf["link_ms"]:
         why.append(
             f"with the ratios of 1024 ranks, one message per gradient needs {hf['link_ms']:.0f} ms of link time "
-            f"against the buckets' {bf['link_ms']:.0f} ms, more than its own {hf['backward_ms']:.0f} ms backward: "
-            "its fixed costs alone keep its link busy past backward's end"
+            f"against the buckets' {bf['link_ms']:.0f} ms, more than its own {hf['backward_ms']:.0f} ms backward, "
+            "so its link runs past backward's end"
         )
     say("Why: " + "; ".join(why) + ".")
