@@ -75,7 +75,7 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 #
 # The table is each hook's last step. `bucket-async` sends each bucket once a step (02's *sync*).
 #
-# The next cell checks fp16's and bf16's error against a worst-case bound on rounding alone
+# The cell after the table checks fp16's and bf16's error against a worst-case bound on rounding alone
 # (`minddp.comm.measure.rounding_bound`): value i of the average is off by at most
 #
 # `b_i = γ(u) · a_i + (n + 1) · tiny · eps / 2 + γ(2⁻²⁴) · a_i`, γ(u) = (n + 1) u / (1 − (n + 1) u)
@@ -110,10 +110,6 @@ for name, t in trainees.items():
     }
 table = pd.DataFrame.from_dict(rows, orient="index")  # by rows: the counts stay integers
 lesson.say(table.round({"payload KiB": 1, "payload vs plain averaging": 4}).to_string())
-lesson.say(
-    f"PowerSGD's step-{STEPS} ĝ also sends on what each rank kept on step {STEPS - 1} (error feedback): its relative "
-    "error is read in the next section."
-)
 
 # %%
 # %%rank 0
@@ -174,15 +170,15 @@ lesson.claim(
 #   orthonormal: every rank now holds the same `P`;
 # * computes `Q = Aᵀ P`, all_reduces the Q's and divides their sum by the world size: as every rank used the
 #   same `P`, the ranks' average of `Aᵀ P` is (the ranks' average of `A`)ᵀ `P`;
-# * writes `P Qᵀ` over `A`, the ranks' average `A` projected onto `P`'s r columns; when the bucket's all_reduces
+# * writes `P Qᵀ` = `P Pᵀ Ā` over `A`: Ā, the ranks' average `A`, projected onto `P`'s r columns; when the bucket's all_reduces
 #   are done, it keeps, for the next step, the copy made first minus the average it hands back, as torch's hook
 #   does: for a matrix, this rank's `A` minus the ranks' average `A` (its average over the ranks is 0),
 #   plus the average `A` minus `P Qᵀ` (what compression left out).
 #
 # Of a compressed matrix only `P` and `Q` travel: (h + w) · r values instead of h · w. A compressing bucket makes
-# up to three all_reduces: one for the tensors it leaves uncompressed, if it holds any (a vector counts as an
-# h × 1 matrix, and a matrix is compressed only when its h · w values exceed `min_compression_rate`, 2 as in
-# torch, times the (h + w) · r values of its factors, so a vector never is); one for all its P factors and one
+# up to three all_reduces: one for the tensors it leaves uncompressed, if it holds any (a matrix is compressed
+# only when its h · w values exceed `min_compression_rate`, 2 as in torch, times its factors' (h + w) · r; a
+# vector never is); one for all its P factors and one
 # for all its Q factors, if it compresses any matrix.
 
 # %%
@@ -241,29 +237,27 @@ through = round(shown.loc[second, ERR] * shown.loc[second, NORM], 2)  # ‖ĝ �
 norm2 = shown.loc[second, NORM]
 low, high = round(math.sqrt(max(through**2 - norm2**2, 0)), 2), min(through, fed_back)
 err1, norm1, err2 = shown.loc[first, ERR], shown.loc[first, NORM], shown.loc[second, ERR]
-plain2 = steps.loc[second, "plain averaging ‖g‖"]
-fell = (
-    f", while ‖g‖ fell from {norm1:.2f} to {norm2:.2f} (plain averaging's too, to {plain2:.2f})"
-    if norm2 < norm1 and plain2 < steps.loc[first, "plain averaging ‖g‖"]
+# the relative error is ‖ĝ − g‖ over ‖g‖: said when it rose while ‖ĝ − g‖ fell
+rose = (
+    f" From step {first} to step {second} ‖ĝ − g‖ fell from {fed_back:.2f} to {through:.2f}, but ‖g‖ from {norm1:.2f} "
+    f"to {norm2:.2f}: so the relative "
+    f"error rose to {err2:.3f}" + (", above the 1 of a hook handing back zeros." if err2 > 1 else ".")
+    if through < fed_back and norm2 < norm1 and err2 > err1
     else ""
 )
 lesson.say(
     f"Step {first}'s relative error, {err1:.3f}, is that one step's: no error feedback yet, and P from a random Q. "
     f"Step {second}'s ĝ also sends on part of e, the ranks' average of what they kept on step {first} (its g − ĝ), "
-    f"of norm {err1:.3f} × {norm1:.2f} = {fed_back:.2f}{fell}. There ĝ − g is P Pᵀ e less the part of g outside P's "
-    f"columns, at right angles to it and of norm at most ‖g‖; with ‖ĝ − g‖ = {err2:.3f} × {norm2:.2f} = "
-    f"{through:.2f}, ‖P Pᵀ e‖, the part of e sent on, is "
+    f"of norm {err1:.3f} × {norm1:.2f} = {fed_back:.2f}. On each compressed matrix ĝ − g is P Pᵀ e (its own P) less "
+    f"the part of g outside P's columns, at right angles to it and of norm at most ‖g‖ (elsewhere ĝ = g); with "
+    f"‖ĝ − g‖ = {err2:.3f} × {norm2:.2f} = {through:.2f}, ‖P Pᵀ e‖ is "
     + (
         f"between √({through:.2f}² − {norm2:.2f}²) = {low:.2f} and {high:.2f}"
         if low > 0
         else f"at most {high:.2f} (a bound, not a measured share)"
     )
-    + (
-        f", so most of step {second}'s ‖ĝ − g‖ is step {first}'s residual sent on: one step's relative error says "
-        "little about PowerSGD."
-        if low > through / 2
-        else "."
-    )
+    + (f", so most of step {second}'s ‖ĝ − g‖ is step {first}'s residual sent on." if low > through / 2 else ".")
+    + rose
 )
 # g is each trainee's own. At step 1 both start from the same weights and batches: their ‖g‖ differ only by the
 # order in which a CPU BLAS may sum (the two models' tensors lie at other addresses; a fresh-clone CI saw more than
@@ -275,7 +269,7 @@ rel = (steps[NORM] - steps["plain averaging ‖g‖"]).abs() / steps["plain aver
 lesson.claim(
     rel.iloc[0] <= 1e-3 and (rel.loc[second:] > 0.1).all(),
     f"‖g‖ is each trainee's own: on step 1, from the same weights, PowerSGD's is within 1e-3 of plain averaging's, "
-    f"relative to it (a margin for sums taken in another order); from step {second} the two are more than a tenth "
+    f"relative to it; from step {second} the two are more than a tenth "
     f"apart, {steps.loc[second, NORM]:.2f} against {steps.loc[second, 'plain averaging ‖g‖']:.2f}, as "
     f"PowerSGD's step-{first} update, made from its ĝ, differed.",
 )
@@ -284,9 +278,9 @@ steps.round({"PowerSGD payload KiB": 1, ERR: 3, NORM: 2, "plain averaging ‖g�
 # %% [markdown]
 # ## Over a link: from bytes to link time
 #
-# The notation is 01's: a *message* is one all_reduce, α a *hop*'s cost whatever its size (a hop: a point-to-point
-# send; in an all_reduce around a ring each rank sends 2(n − 1), all ranks at once, so a message's *fixed cost* is
-# 2(n − 1) α), β the time per byte (1 / B, B the link's bandwidth, in bytes/s in every formula). A link carries
+# The notation is 01's: a *message* is one all_reduce, α a *hop*'s cost whatever the bytes it carries (a hop: a
+# point-to-point send; an all_reduce around a ring makes 2(n − 1) hops a rank, all ranks at once, so a message's
+# *fixed cost* is 2(n − 1) α), β the time per byte (1 / B, B the link's bandwidth, in bytes/s in every formula). A link carries
 # one message at a time, each for its α-β time, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of m bytes on n
 # ranks. So c all_reduces of S bytes of payload in all take
 #

@@ -17,8 +17,8 @@
 # # 09 · Compiled: `torch.compile` and buckets handed over during backward
 #
 # Autograd runs the backward pass as *nodes*, here of two kinds. A parameter's `AccumulateGrad` node adds its gradient
-# into the parameter's `.grad`; the *reducer* of `ddp` (minddp's `DistributedDataParallel`: the part that fills the
-# buckets) hooks in there. Every other node is a *gradient node*: it computes gradients (the model's nodes, and the
+# into the parameter's `.grad`; `ddp` (minddp's `DistributedDataParallel`) hooks its *reducer*, the part that fills
+# the buckets, in there. Every other node is a *gradient node*: it computes gradients (the model's nodes, and the
 # loss's).
 #
 # A bucket is *handed over* (the tick in the figure) when the reducer calls `all_reduce` on it, once its last gradient
@@ -133,7 +133,7 @@ lesson.say(
 # copies its buffer (now the average) back into the gradients: the figure leaves that blank, and as each row is scaled
 # to its own step, a blank's share is no measure of that wait.
 #
-# What to look for: with the cut, as in eager, a gradient node ran after each tick but the last (why: next section);
+# What to look for: with the cut, as in eager, a gradient node ran after each tick but the last (why, with the cut: next section);
 # without it, after none (every tick comes after the last blue).
 #
 # Count pieces and buckets in the row labels, not in the bars (blue is the loss's nodes, then several per layer in
@@ -152,8 +152,8 @@ lesson.claim(
     not any(after[NO_CUT]),
     "Compiled without the cut, no gradient node ran after any bucket was handed over.",
 )
-# autograd's order, not a timing: a bucket's last AccumulateGrad node runs before the gradient nodes of the layers
-# before the bucket's (why: "The pieces and the buckets" below), and no gradient node is left after the last bucket's
+# autograd's order, not a timing: a bucket's last AccumulateGrad node runs before the next gradient nodes (with the
+# cut, why: "The pieces and the buckets" below), and no gradient node is left after the last bucket's
 lesson.claim(
     all(after[label][:-1] == [True] * (len(after[label]) - 1) and not after[label][-1] for label in ("eager", CUT)),
     "Compiled with the cut, as in eager, a gradient node ran after the hand-over of each bucket but the last.",
@@ -187,10 +187,10 @@ lesson.claim(apart <= bound, f"The three trainings end with the same parameters,
 # runs compiled, minddp's `ddp`, given a `bucket_cap_mb`, sets the attribute to a stand-in holding its bucket cap and
 # the global to the bucket cap (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as bucket 0 does.
 #
-# A bucket is handed over before the gradient nodes of the layers before its own run, in eager as with the cut (there,
-# before the next piece's): when a gradient node ends, the `AccumulateGrad` nodes of the gradients it produced and the
-# next gradient node are all ready to run, and autograd's queue of ready nodes runs first the node of highest *sequence number* (the forward numbers the nodes it records in order); an
-# `AccumulateGrad` node's is set to the largest there is (`torch/csrc/autograd/node.h`).
+# With the cut, a bucket is handed over before the next piece's backward: when a piece's gradient node ends, the
+# `AccumulateGrad` nodes of the gradients it produced and the next piece's gradient node are all ready to run, and
+# autograd's queue of ready nodes runs first the node of highest *sequence number* (the forward numbers the nodes it
+# records in order); an `AccumulateGrad` node's is set to the largest there is (`torch/csrc/autograd/node.h`).
 
 
 # %%
@@ -231,7 +231,7 @@ lesson.claim(
 ended, begun = (looks[CUT][key] for key in ("pieces_ended_at_handover", "pieces_begun_at_handover"))
 lesson.claim(
     ended == begun == [home[0] + 1 for home in homes],
-    "In the profiled step each bucket was handed over (its tick) after the backward of its piece ended, and each "
+    "In the profiled step each bucket was handed over after the backward of its piece ended, and each "
     "but the last before the backward of the next piece began.",
 )
 
@@ -308,8 +308,8 @@ reasons = {
 counts = {label: sum(by_reason.values()) for label, by_reason in reasons.items()}
 lesson.say(
     f"Graph breaks (Dynamo's counter) in one training step of MLP(depth=2), wrappers at bucket_cap_mb={CAP:g}: "
-    f"{ALONE} {counts[ALONE]}, {OURS} {counts[OURS]}, {THEIRS} {counts[THEIRS]}, at {len(reasons[THEIRS])} calls (Dynamo's reason in "
-    "brackets, then its count): " + lesson_09.untraced_calls(reasons[THEIRS])
+    f"{ALONE} {counts[ALONE]}, {OURS} {counts[OURS]}, {THEIRS} {counts[THEIRS]}, at {len(reasons[THEIRS])} calls (Dynamo's reason, "
+    "then its count): " + lesson_09.untraced_calls(reasons[THEIRS])
 )
 lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
 lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {ALONE} does not.")
@@ -359,8 +359,8 @@ lesson.claim(
         for pattern in patterns
     ),
     f"With torch {torch.__version__} and the cut on, at a bucket cap of {SMALL:g} MiB torch's DDP does not compile, "
-    f"with either pattern: Dynamo's cap for the first piece, {torch_first:g} MiB "
-    "(torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), is larger than the bucket cap, and Dynamo asserts.",
+    f"with either pattern: Dynamo's cap for its first piece (its 'First bucket'), {torch_first:g} MiB, is larger "
+    "than the bucket cap, and Dynamo asserts.",
 )
 ours = [outcomes["minddp's ddp", pattern] for pattern in patterns]
 worst = max(apart for _, apart in ours)
@@ -390,7 +390,7 @@ lesson.claim(
 #   none.
 #
 # * At a bucket cap of 0.5 MiB, with the cut on (the default), torch's DDP does not compile: Dynamo's cap for its first
-#   piece is above the bucket cap. minddp's `ddp`, which sets that cap to the bucket cap, compiles there with both
+#   piece is above the bucket cap. minddp's `ddp`, which sets that cap to the bucket cap it is given, compiles there with both
 #   patterns, and its first step trains to eager ddp's parameters.
 
 # %%
