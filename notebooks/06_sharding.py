@@ -127,15 +127,14 @@ lesson.say(
 # optimizer sharded by `minddp.ZeroRedundancyOptimizer`; `zero2` and `fsdp` make this rank's shards
 # the model's parameters, so the optimizer built over `model.parameters()` holds state for the shards
 # (and for fsdp's replicated tensors). `zero2` keeps the whole parameters too (its shards are views into
-# them; the other ranks' chunks are updated only by the next forward's all-gathers); `fsdp` keeps only
-# the shards and its replicated tensors.
+# them); `fsdp` keeps only the shards and its replicated tensors.
 # `minddp.sharding.memory.Probe` measures one step of each stage from the tensors the rank holds:
 # parameters and gradients just before the update, optimizer state just after, the activations (the most
 # bytes autograd saved for the backward during one micro-batch's forward, leaving out saved tensors that
 # lie in a parameter's storage or, for fsdp, a gathered unit's), and fsdp's *gathered units* at their
-# peak: the full parameters it has gathered and the buffers its all-gathers receive into.
-# `lesson.Trainee(stage, warmup=0)` builds the stage and its optimizer on every rank without a step, so
-# the measured step is its first: the *memory step*.
+# peak: the full parameters it has gathered and the buffers its all-gathers receive into (zero1's and
+# zero2's all-gather buffers are not measured). `lesson.Trainee(stage, warmup=0)` builds each stage
+# without a step, so the measured step is its first, the *memory step*, in which zero2 gathers nothing.
 
 # %%
 # %%distributed
@@ -279,7 +278,8 @@ lesson.claim(
     2 * f16["gathered"] == f32["gathered"]
     and abs(2 * low + other - f32["activations"]) < 1e-3 * f32["activations"]
     and norm32 > other / 2,
-    f"Its gathered units peak at exactly half fp32 fsdp's bytes. Its activations are {f16['activations'] / f32['activations']:.2f} times fp32 fsdp's "
+    f"Its gathered units peak at {lesson.mib(f16['gathered'])}, exactly half fp32 fsdp's "
+    f"{lesson.mib(f32['gathered'])}. Its activations are {f16['activations'] / f32['activations']:.2f} times fp32 fsdp's "
     f"({lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}), not half: {low / 2**20:.2f} MiB "
     f"of them are saved in bf16 and {other / 2**20:.2f} MiB not (most of those in fp32 by the "
     f"RMSNorms); twice the first plus the second come to fp32 fsdp's {lesson.mib(f32['activations'])}.",
@@ -340,8 +340,7 @@ lesson.claim(
 )
 
 # %% [markdown]
-# So the optimizer updates fp32 copies of the weights, the master weights: held in bf16, the weights
-# would lose some of the changes above and round others.
+# Held in bf16, the weights would lose some of these changes and round others: hence fp32 master weights.
 
 # %% [markdown]
 # ### The ZeRO paper's mixed-precision count
@@ -411,7 +410,7 @@ show_source(ZeroRedundancyOptimizer.step)
 # %% [markdown]
 # ## ZeRO-2: reduce-scatter the gradients
 #
-# `zero2` is `bucket-async` (`AsyncBucketDDP`, which hands each gradient bucket's all_reduce over during the
+# `zero2` is `bucket-async` (`AsyncBucketDDP`, which starts each gradient bucket's all_reduce during the
 # backward) with four changes, parts 1 to 4 in its code's comments (not ZeRO-1's numbering):
 #
 # 1. each parameter is cut into n chunks, as in ZeRO-1, and this rank's chunk, its shard, is made a
@@ -520,8 +519,7 @@ lesson.claim(
     f"{f_sent.get('all_reduce', 0) / 1024:.0f} KiB all-reducing the {outside} parameter tensors it leaves whole, "
     f"and {f_sent['all_gather'] / 2**20:.2f} MiB gathering units for each micro-batch's forward and backward "
     f"(most of what it sent): {passes:.2f} passes of the model, "
-    f"{passes / accum:.2f} a micro-batch, under the bound's 2 (the last unit is not gathered again for the "
-    f"backward, and the {outside} tensors outside the units are never gathered). In all {total['fsdp'] / 2**20:.2f} "
+    f"{passes / accum:.2f} a micro-batch, under the bound's 2. In all {total['fsdp'] / 2**20:.2f} "
     f"MiB a step, {total['fsdp'] / whole:.1f} times ddp's, within the bound's "
     f"{lesson.mib(fsdp_most)}.",
 )
@@ -582,22 +580,22 @@ peak = memory["fsdp"]["gathered"]
 # the buffer holds the unit's chunks, padded to equal length where n does not divide a tensor: under 0.1 % over
 lesson.claim(
     idle == 0 and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, unpacked)),
-    "A gathered unit is held twice: the buffer its all-gather receives into and the full parameters unpacked "
-    f"from it into storages of their own, each {lesson.mib(unit_bytes)} for the largest unit gathered alone "
+    "Gathering a unit fills two storages: the buffer its all-gather receives into and the full parameters "
+    f"unpacked from it, each {lesson.mib(unit_bytes)} for the largest unit gathered alone "
     "between steps, "
     + ("exactly" if received == unpacked == unit_bytes else "to within 0.1 %")
     + " its full parameters.",
 )
 lesson.claim(
     received + unpacked == peak and len({sum(u.numels) for u in fsdp.units}) == 1,
-    f"fsdp's gathered units peak at {lesson.mib(peak)} in the memory step, the two copies of one gathered unit (its "
-    "units are all one size): gathering the next unit ahead does not raise the peak above them.",
+    f"fsdp's gathered units peak at {lesson.mib(peak)} in the memory step, as many bytes as those two storages "
+    "of one unit (its units are all one size).",
 )
 f = looks["fsdp"]
 lesson.claim(
     f["gathers"] == accum * (2 * units - 1),
     f"fsdp gathers each of its {units} units for the forward of each of the {accum} micro-batches, and all but "
-    f"the last again for its backward (the backward starts with the last unit, still gathered): {accum} × "
+    f"the last again for its backward: {accum} × "
     f"{2 * units - 1} = {f['gathers']} all-gathers a step.",
 )
 lesson.claim(
@@ -647,8 +645,7 @@ lesson.claim(
 )
 lesson.claim(
     all(where[s]["calls"] == [f"backward {accum}"] for s in STAGES),
-    "Every stage hands all its gradient collectives over during the last micro-batch's backward: the "
-    f"{accum - 1} before it accumulate their gradients whole under no_sync().",
+    "Every stage hands all its gradient collectives over during the last micro-batch's backward.",
 )
 
 # %% [markdown]
@@ -681,8 +678,7 @@ lesson.say(
 # ## What each rung trades
 #
 # Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's ring
-# (the ring table). The model state is not all a rank holds (ddp's and zero1's bucket buffers, for
-# one), so zero2's lead over zero1 is in model state at the update only; no cell measures their peaks.
+# (the ring table). The model state is not all a rank holds (bucket buffers, all-gather buffers), so zero2's lead over zero1 is in model state at the update only; no cell measures their peaks.
 
 # %%
 # %%rank 0
