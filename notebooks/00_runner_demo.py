@@ -41,6 +41,12 @@ dist.get_rank(), dist.get_world_size()
 
 # %% [markdown]
 # Variables persist on each rank. Here every rank makes a different tensor (on its `device`: a collective carries tensors that live where its backend works), then `all_reduce` sums them: afterwards every rank holds the same total.
+#
+# The ✓ line below is a checked sentence, printed by `lesson.claim(holds, sentence)` (`minddp.notebook.lesson`):
+# every rank evaluates `holds`; the sentence is printed once, under rank 0's label, with a ✓, and the cell fails on
+# any rank where `holds` is false. The sentence says what `holds` tests, no more, except that a value the cell puts
+# in it (a number, a name) is the run's own, computed but not tested. Lines without a ✓ and the markdown are not
+# checked.
 
 # %%
 # %%distributed
@@ -53,13 +59,6 @@ dist.all_reduce(t)
 total = sum(torch.tensor([1.0, 2.0], device=device) * (r + 1) for r in range(world_size))
 lesson.claim(torch.equal(t, total), f"every rank holds the sum of the {world_size} ranks' tensors")
 t
-
-# %% [markdown]
-# The ✓ line above is a checked sentence, printed by `lesson.claim(holds, sentence)` (`minddp.notebook.lesson`):
-# every rank evaluates `holds`; the sentence is printed once, under rank 0's label, with a ✓, and the cell fails on
-# any rank where `holds` is false. The sentence says what `holds` tests, no more, except that a value the cell puts
-# in it (a number, a name) is the run's own, computed but not tested. Lines without a ✓ and the markdown are not
-# checked.
 
 # %% [markdown]
 # `%%rank 0` runs a cell on rank 0 only, for example to draw a plot once: here rank 0's `t[0]` before and
@@ -77,8 +76,8 @@ plt.show()
 
 # %% [markdown]
 # When one rank fails, the cell fails. Here rank 1 raises before the `all_reduce`; rank 0 waits in it
-# until the runner has rank 1 destroy its process group, then raises. The error names rank 1, then
-# rank 0 as "failed too", and shows both tracebacks.
+# until the runner has rank 1 destroy its process group, then raises. gloo's message guesses that a
+# remote worker crashed: none did, as a cell below checks.
 #
 # A traceback names the cell `<In [N], rank R>`: Jupyter's `In [N]`, as rank R ran it, its lines
 # counted from the `%%distributed` line (line 1), so rank 1's `raise` is line 3.
@@ -116,7 +115,7 @@ t
 # %dist_status
 
 # %% [markdown]
-# Stop the ranks when you are done (the runner also stops them when the kernel shuts down).
+# Stop the ranks when you are done.
 
 # %%
 # %dist_shutdown

@@ -28,7 +28,7 @@
 # 2. **minddp in debug mode**: its DDP's checks, and the *collective check* of every call on the
 #    default group, where the script's own collectives run here. A `DebugError` is raised
 #    on every rank at the first check that sees the bug (for section 3's bug, a `DebugWarning`, and
-#    training goes on), naming the cause, the tensor or call, the rank(s), the step, and the fix;
+#    training goes on);
 # 3. **the fix**: the script corrected, in debug mode, which then says nothing.
 #
 # Steps count from 0: "after step 1" is after the second step.
@@ -50,8 +50,8 @@
 #
 # * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised,
 #   its step if raised in `train()` (`torch_step`), and the seconds from the script's start
-#   (`torch_took`), or "raised nothing"; `torch_drifts(script)` runs `script(model, optimizer)` on
-#   `build()`'s model wrapped in torch's DDP, and checks that none raised and the replicas end apart;
+#   (`torch_took`), or "raised nothing"; `torch_drifts(script)`: `script(model, optimizer)` on
+#   `build()`'s model in torch's DDP;
 # * `minddp_says`: the `DebugError` debug mode raised on rank 0, then whether each other rank raised
 #   the same (a place it names is in its own copy of the cell);
 # * `fixed`: the corrected script in debug mode; its ✓ line checks that nothing is said (`quiet()`
@@ -68,7 +68,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import minddp.debug
 from minddp import DistributedDataParallel
-from minddp.debug.collective_check import recorded
+from minddp.debug.collective_check import recorded  # yields the calls the collective check saw in a block
 from minddp.notebook import lesson
 from minddp.notebook.lesson_08 import (
     DEFAULT_WAIT_S,
@@ -77,13 +77,13 @@ from minddp.notebook.lesson_08 import (
     apart,
     batch,
     build,
-    cpp_warnings,
-    each_rank,
+    cpp_warnings,  # yields the torch C++ warnings written in a block, as "file:line: message"
+    each_rank,  # every rank's value, in rank order
     fixed,
     minddp_says,
-    peer_gone,
+    peer_gone,  # whether an error says the partner closed the connection (gloo's "Connection closed by peer")
     quiet,
-    say_each,
+    say_each,  # rank 0's line printed, then whether each other rank's is the same
     torch_does,
     torch_drifts,
     torch_step,
@@ -102,9 +102,8 @@ lesson.say(f"The short group's timeout is {WAIT_S} s; `group`'s, torch's default
 # Anything that changes a parameter on some ranks only breaks that: here rank 1 nudges one weight
 # after step 1. In debug mode, before each forward whose backward will average the gradients (the
 # *forward check*), every rank all-gathers a row of integers, `int64[8]` for `Net()`: its 4 parameter
-# tensors' `requires_grad` flags, then their fingerprints (checksums of their 16-bit words). The gap an
-# error prints comes from all-gathering the first differing tensor itself. The fix: change
-# parameters the same way on every rank.
+# tensors' `requires_grad` flags, then their fingerprints (checksums of their 16-bit words). The fix:
+# change parameters the same way on every rank.
 
 
 # %%
@@ -250,13 +249,11 @@ lesson.claim(
 # short group. The fix: log on every rank.
 #
 # From here the lines "collectives, numbered" list the run's calls, rank 0's, then rank 1's from the
-# first that differs, naming a wrapper's own: building it, the models compared and rank 0's
-# parameters broadcast; each step, the forward check, an all_reduce per *bucket* (gradients averaged in
-# one collective), the *plan check* (the ranks compare their buckets' parameters and launch order) and
-# the step check; once each, the DDP settings compared and rank 0's *gradient-ready order* (the order
-# its gradients were computed in) sent to every rank, to re-plan the buckets. A call minddp makes is
-# placed at the script's line that led to it; an all_gather lists the output (ranks × the input's
-# shape), then the input.
+# first that differs. A *bucket* is the gradients one all_reduce averages; in the *plan check* the
+# ranks compare their buckets' parameters and launch order; rank 0's *gradient-ready order* (the order
+# its gradients were computed in) is sent once, to re-plan the buckets. A call minddp makes is placed
+# at the script's line that led to it; an all_gather lists the output (ranks × the input's shape),
+# then the input.
 
 
 # %%
@@ -284,8 +281,8 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # Rank 1 has one batch fewer. It leaves its loop and waits at the script's final barrier, while rank
 # 0 starts a step whose collectives rank 1 will never make. Under torch neither rank's error says
 # which rank ran out, or when. The collective check pairs rank 1's barrier with rank 0's next forward
-# check: rank 1 has left its loop. The fix: the wrapper's `join()` around the loop (the forward and
-# step checks do not run inside it), the barrier after it: a rank that has run out makes the others' remaining collectives, and once every rank has left
+# check: rank 1 has left its loop. The fix: the wrapper's `join()` around the loop, the barrier after
+# it: a rank that has run out makes the others' remaining collectives, and once every rank has left
 # its loop, each takes the parameters of the last to leave (rank 0, here).
 
 
@@ -321,7 +318,8 @@ with quiet() as said, recorded() as calls:
     dist.barrier()  # the script's final barrier, outside the join: every rank has left its loop
 dist.broadcast(left, src=0)  # rank 0's
 steps, compared = each_rank(stepped), each_rank(len(calls))
-watched = each_rank(sum("minddp debug's" in call.where for call in calls))  # the forward and step checks' calls
+# the calls placed "in minddp debug's ... check" (as in section 4's error): the forward and step checks'
+watched = each_rank(sum("minddp debug's" in call.where for call in calls))
 lesson.claim(
     not said and steps == [4, 3] and torch.equal(nn.utils.parameters_to_vector(model.parameters()), left),
     f"the fix: under model.join() rank 0 took {steps[0]} steps and rank 1 {steps[1]}, then both passed the barrier; "
@@ -339,9 +337,11 @@ lesson.claim(
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only makes the ranks disagree on what they send:
 # the forward check's `requires_grad` flags differ before step 0's forward.
-# Under torch's DDP rank 0 raises, naming by index the parameters without a gradient (from 0 in the
-# set-up cell's list: 2 and 3 are `head.weight` and `head.bias`), and destroys its groups, so rank 1
-# fails too. The fix: freeze the layer on every rank, before wrapping.
+# Under torch's DDP rank 0, without `head`'s gradients, never launches their bucket's all_reduce and ends
+# step 0, while rank 1 waits in it. At step 1's forward rank 0 raises, naming by index the parameters
+# without a gradient (from 0 in the set-up cell's list: 2 and 3 are `head.weight` and `head.bias`),
+# and destroys its groups, so rank 1 fails, still in step 0. The fix: freeze the layer on every rank,
+# before wrapping.
 
 
 # %%
@@ -391,6 +391,12 @@ def advised(group, short):
     models.append(freeze_on_rank_0(lambda m: TorchDDP(m, process_group=group, find_unused_parameters=True)))
 
 
+def gist(line):
+    """A C++ warning's first sentence and its advice."""
+    parts = line.split(". ")
+    return ". … ".join([parts[0]] + [part for part in parts[1:] if "turning this flag off" in part])
+
+
 models = []
 with cpp_warnings() as warned:
     raised = torch_does(advised)
@@ -405,7 +411,7 @@ lesson.claim(
 warnings_of = each_rank(warned)
 for r, theirs in enumerate(warnings_of):
     for line in theirs:
-        lesson.say(f"torch's C++ warning on rank {r}: {line}")
+        lesson.say(f"torch's C++ warning on rank {r}: {gist(line)}")
 lesson.claim(
     not warnings_of[0]
     and len(warnings_of[1]) == 1
@@ -452,9 +458,13 @@ def flagged(wrapper, **kwargs):
 
 
 models = []
-lesson.say("The fix, find_unused_parameters=True, run under torch:")
-with cpp_warnings():  # hides torch's C++ warnings (the cell above caught one)
+lesson.say("The fix under torch:")
+with cpp_warnings() as warned:
     raised = torch_does(lambda group, short: models.append(flagged(TorchDDP, process_group=group)))
+for r, theirs in enumerate(each_rank(warned)):
+    for line in theirs:
+        advice = "advised, as above, turning this flag off" if "turning this flag off" in line else gist(line)
+        lesson.say(f"torch's C++ warning on rank {r} ({'took' if r == 0 else 'skipped'} the branch): {advice}")
 with quiet() as said:
     model = flagged(DistributedDataParallel)
 lesson.claim(
@@ -469,7 +479,9 @@ lesson.claim(
 # A wrapper built in debug mode has three parts one built with it paused lacks: a *watch* (it runs the
 # forward and step checks), the `DebugReducer` (a *reducer* averages the gradients; this one's
 # all_reduces go through the collective check) and the plan check. The forward, plan and step checks
-# each add a collective to a step (section 5 lists step 2's).
+# each add a collective to a step (section 5 lists step 2's); every checked call also posts to the
+# store and reads the others' posts, and the `DebugReducer` waits for each bucket's sum, so no bucket
+# travels while backward computes. No cell here times them.
 
 
 # %%
