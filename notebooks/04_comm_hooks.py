@@ -22,21 +22,21 @@
 #
 # * `fp16` / `bf16`: cast the bucket to a 16-bit float, divide it by the world size, all_reduce (the sum of the
 #   divided values: the average), cast back: half the bytes;
-# * `powersgd`: approximate each large gradient matrix by `P Qᵀ`, two thin factors, and send `P` and `Q`
-#   instead (the other tensors go uncompressed), with *error feedback*: each rank keeps a
-#   tensor per bucket that it adds to that bucket's gradient on the next step.
+# * `powersgd`: approximate each gradient matrix it compresses (which: "PowerSGD, step by step") by `P Qᵀ`, two
+#   thin factors, and send `P` and `Q` instead (the other tensors go uncompressed), with *error feedback*: each
+#   rank keeps a tensor per bucket that it adds to that bucket's gradient on the next step.
 #
 # A **rank** is one of the training processes; PowerSGD's **matrix rank** r (`matrix_approximation_rank`; not
 # 01's r, a rank's index) is the number of columns of `P` and `Q`.
 #
-# Each hook trains the workload of notebooks 02 to 06 in `03_build_up`'s `bucket-async` stage, from the same
-# start on the same batches. For each hook we read:
+# Each hook trains its own copy of the workload of notebooks 02 to 06 in `03_build_up`'s `bucket-async` stage,
+# all from the same start. For each hook we read:
 #
 # * the all_reduces a step and their *payload*, counted by the hook's traffic meter: the bytes the step's
 #   all_reduces reduce (numel × element size), not the bytes a rank sends (2(n − 1)/n of it, on a ring of n ranks);
 # * the *relative gradient error* `‖ĝ − g‖ / ‖g‖`: how far the hook's average `ĝ` is from the *reference
-#   average* `g`, the float32 average of the same step's gradients by plain averaging's own division and sum, in
-#   an extra all_reduce before the hook's, not counted as traffic. A hook handing back zeros would score 1.
+#   average* `g`, the float32 average of the same copy's gradients that step by plain averaging's own division
+#   and sum, in an extra all_reduce before the hook's, not counted as traffic.
 #
 # Sizes are binary (a KiB is 2¹⁰ bytes, a MiB 2²⁰), link rates decimal (a Gbit/s is 10⁹ bits/s, a GB/s 10⁹
 # bytes/s).
@@ -56,6 +56,8 @@ HOOKS = {
     # as in torch: plain averaging for the first iterations, then PowerSGD of matrix rank 1 with error feedback
     "powersgd": {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2},
 }
+# each Trainee makes its hook's state (PowerSGD's from these options), wraps the hook to measure its error and
+# registers it with its model's register_comm_hook(state, hook), as in torch
 STEPS = 4  # 2 of plain averaging (PowerSGD's start) and 2 that compress
 # warmup=0: no step is taken while building, so step 1 below is each trainee's first and the steps count from it
 trainees = {
@@ -73,7 +75,8 @@ lesson.say(f"Each hook trained {STEPS} steps in the bucket-async stage.")
 # %% [markdown]
 # ## Payload and gradient error
 #
-# The table is each hook's last step. `bucket-async` sends each bucket once a step (02's *sync*).
+# The table is each hook's last step, each row's error against its own copy's g. `bucket-async` sends each
+# bucket once a step (02's *sync*).
 #
 # The cell after the table checks fp16's and bf16's error against a worst-case bound on rounding alone
 # (`minddp.comm.measure.rounding_bound`): value i of the average is off by at most
@@ -150,9 +153,9 @@ cast_up = math.ceil(cast[top] * 10) / 10  # printed rounded up: still a bound
 f16, b16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
 lesson.claim(
     cast[top] < f16.max and err["fp16"] < err["bf16"],
-    f"No gradient value either trainee cast in its {STEPS} steps can exceed {cast_up:.1f} in magnitude, a bound, "
+    f"No gradient value the fp16 or bf16 copy cast in its {STEPS} steps can exceed {cast_up:.1f} in magnitude, a bound, "
     f"not a measured value: a rank's |value i| is at most the ranks' sum, n · a_i, so at most n times the norm of "
-    f"the a_i (largest on step {top}). float16's largest value is {f16.max:.0f} (bfloat16's, like float32's, "
+    f"the a_i. float16's largest value is {f16.max:.0f} (bfloat16's, like float32's, "
     f"about {b16.max:.1e}), so none overflowed float16; bfloat16, whose eps is "
     f"{b16.eps / f16.eps:.0f} times float16's, has the larger error for as many bytes.",
 )
@@ -239,9 +242,8 @@ low, high = round(math.sqrt(max(through**2 - norm2**2, 0)), 2), min(through, fed
 err1, norm1, err2 = shown.loc[first, ERR], shown.loc[first, NORM], shown.loc[second, ERR]
 # the relative error is ‖ĝ − g‖ over ‖g‖: said when it rose while ‖ĝ − g‖ fell
 rose = (
-    f" From step {first} to step {second} ‖ĝ − g‖ fell from {fed_back:.2f} to {through:.2f}, but ‖g‖ from {norm1:.2f} "
-    f"to {norm2:.2f}: so the relative "
-    f"error rose to {err2:.3f}" + (", above the 1 of a hook handing back zeros." if err2 > 1 else ".")
+    f" The relative error rose to {err2:.3f} as ‖g‖ fell from {norm1:.2f} to {norm2:.2f}, by a larger factor than ‖ĝ − g‖ "
+    f"({fed_back:.2f} to {through:.2f})."
     if through < fed_back and norm2 < norm1 and err2 > err1
     else ""
 )
@@ -256,7 +258,12 @@ lesson.say(
         if low > 0
         else f"at most {high:.2f} (a bound, not a measured share)"
     )
-    + (f", so most of step {second}'s ‖ĝ − g‖ is step {first}'s residual sent on." if low > through / 2 else ".")
+    + (
+        f", so most of step {second}'s ‖ĝ − g‖ is what step {first} left out, sent a step late, which this step's "
+        "relative error counts as error."
+        if low > through / 2
+        else "."
+    )
     + rose
 )
 # g is each trainee's own. At step 1 both start from the same weights and batches: their ‖g‖ differ only by the
@@ -268,7 +275,7 @@ lesson.say(
 rel = (steps[NORM] - steps["plain averaging ‖g‖"]).abs() / steps["plain averaging ‖g‖"]
 lesson.claim(
     rel.iloc[0] <= 1e-3 and (rel.loc[second:] > 0.1).all(),
-    f"‖g‖ is each trainee's own: on step 1, from the same weights, PowerSGD's is within 1e-3 of plain averaging's, "
+    f"‖g‖ is each copy's own: on step 1, from the same weights, PowerSGD's is within 1e-3 of plain averaging's, "
     f"relative to it; from step {second} the two are more than a tenth "
     f"apart, {steps.loc[second, NORM]:.2f} against {steps.loc[second, 'plain averaging ‖g‖']:.2f}, as "
     f"PowerSGD's step-{first} update, made from its ĝ, differed.",
@@ -309,7 +316,7 @@ lesson.claim(
     f"On it, half the payload halves all but the messages' fixed costs: fp16 takes {link_ms_of['fp16']:.1f} ms "
     f"against plain averaging's {link_ms_of['allreduce']:.1f} ms, that is ({link_ms_of['allreduce']:.1f} − "
     f"{fixed['fp16']:.1f}) / 2 + {fixed['fp16']:.1f}, where {fixed['fp16']:.1f} ms is the sum of the fixed costs "
-    f"of the {reduced['fp16'][0]} messages each of these two hooks makes, {per_message:.2f} ms each.",
+    f"of each hook's {reduced['fp16'][0]} messages, {per_message:.2f} ms each.",
 )
 link_share, pay_share = (
     link_ms_of["powersgd"] / link_ms_of["allreduce"],
@@ -400,8 +407,7 @@ wins.round(3)
 #
 # ## torch compatibility
 #
-# minddp's hooks (`minddp.comm.default_hooks`, `minddp.comm.powerSGD_hook`) are registered with
-# `register_comm_hook(state, hook)` as in torch. minddp's PowerSGD hook waits inside itself for the P factors'
+# minddp's PowerSGD hook (`minddp.comm.powerSGD_hook`) waits inside itself for the P factors'
 # all_reduce (and the uncompressed tensors', if any), where torch's chains that work on a Future: backward stands
 # still for that wait, once a bucket, for a time not measured here.
 #

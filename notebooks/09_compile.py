@@ -131,7 +131,7 @@ lesson.say(
 # that call (a sum) and keeps its Future without waiting on it; the figure does not show what runs in a grey after its
 # tick. After the last grey, the reducer's end-of-backward callback waits for each bucket's `all_reduce` in turn and
 # copies its buffer (now the average) back into the gradients: the figure leaves that blank, and as each row is scaled
-# to its own step, a blank's share is no measure of that wait.
+# to its own step, no row's blank, whatever its length, measures that wait.
 #
 # What to look for: with the cut, as in eager, a gradient node ran after each tick but the last (why, with the cut: next section);
 # without it, after none (every tick comes after the last blue).
@@ -200,7 +200,7 @@ with ddp.no_sync():  # no_sync(): the reducer expects no gradients from this for
     pieces = nodes.compiled_pieces(ddp(torch.randn(32, WIDTH)), ddp.module)  # the training's shape
 buckets = looks[CUT]["buckets"]
 for i, piece in enumerate(pieces):
-    lesson.say(f"piece {i} (backward runs it {'first' if i == 0 else 'next'}): {', '.join(piece)}")
+    lesson.say(f"piece {i}: {', '.join(piece)}")
 size = nodes.parameter_bytes(ddp.module)  # each parameter's bytes, by its name in the model (the forward's order)
 for i, bucket in enumerate(buckets):
     names = sorted(bucket, key=list(size).index)  # in the forward's order, as the pieces' names are
@@ -259,7 +259,7 @@ def my_handed_over_after(pieces, cap):
 check_handover(my_handed_over_after)
 
 # %% [markdown]
-# Stuck? The model answer and the checker's verdict on it are in the collapsed cell below: click to show them.
+# Stuck? The collapsed cell below holds a model answer and the checker's verdict on it.
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true}
 from minddp.exercises import solutions
