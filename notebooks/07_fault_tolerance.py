@@ -32,7 +32,7 @@
 #    failure may be broken);
 # 3. a process that comes back is **healed**: it receives the trained state from a peer, over the group,
 #    no file (the parameters, the optimizer's state, the count of steps committed), before DDP's wrapper is
-#    built (`wrap()`), which broadcasts the state of the group's first member (*rank* below), maybe the fresh one;
+#    built (`wrap()`), which broadcasts the parameters of the group's first member (*rank* below), maybe the fresh one;
 # 4. **the work** (`work` below): the members split the step's global batch among themselves (the exercise
 #    below);
 # 5. **should_commit**: the members vote yes or no; the attempt is committed if every member voted yes, else
@@ -117,7 +117,7 @@ for line in run.report():
 # asked: the survivors ask after they vote, and slot 1 stays live until the launcher records its process's
 # exit, a fixed wait (`EXIT_WAIT_S`, for a result still in flight) after finding the process ended.
 #
-# The cell below prints each fault's recovery and its moments from the fault. Its `✓`
+# The cell below prints each fault's recovery, split in its parts. Its `✓`
 # lines are **claims**: `lesson.claim` checks each on the run shown (the cell fails if one does not hold).
 
 # %%
@@ -213,7 +213,7 @@ lesson.claim(
 # Three more properties (`consistency` in `minddp/ft/report.py`) of the parameters and the optimizer's
 # state (AdamW's moments and its step count per parameter): the slots end equal (those tensors and the
 # count of steps committed, compared by value); every member of an attempt started it from the same bytes
-# (their *before* digests, healed processes included); and a discarded attempt changed nothing (each
+# (their *before* digests, taken after `wrap()`); and a discarded attempt changed nothing (each
 # member's before digest against its digest after the discard). A killed process records nothing for the
 # attempt it died in, so the checks cover the members that recorded a digest.
 

@@ -169,7 +169,7 @@ class FaultTolerantTrainer:
             world_size=quorum.world,
             timeout=timedelta(seconds=self.hang_s),
         )
-        healed = self.heal(quorum)  # 3. before wrap(): DDP broadcasts rank 0's state when built, maybe a fresh one
+        healed = self.heal(quorum)  # 3. before wrap(): DDP broadcasts rank 0's parameters when built, maybe a fresh one
         self.wrap()
         self.group_tag = quorum.tag
         return healed

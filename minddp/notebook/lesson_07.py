@@ -5,8 +5,8 @@ Each function reads a run of :func:`minddp.ft.launch_ft` and one of its faults (
 it defines no measure of its own. The notebook keeps its claims in its cells; these print or read:
 
 * :func:`print_phase_lines`: the lines of the rung and of the lighthouse that run each phase of an attempt;
-* :func:`print_recoveries`: each fault's recovery, its share of the hang bound, and its moments from the fault,
-  then what the kill's next quorum waited for;
+* :func:`print_recoveries`: each fault's recovery, its share of the hang bound, and its parts, with what the
+  kill's next quorum waited for;
 * :func:`print_rejoin`: the parts of a kill's rejoin, and what the survivors did meanwhile;
 
 and three readers of the members' entries (one per member and attempt) for the cells' claims: :func:`attempts`,
@@ -70,31 +70,23 @@ def ms(seconds: float) -> int:
 
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
-    """Each fault's recovery, in whole ms, and its share of the hang bound, then its moments in ms from the fault,
-    in order: another member's all_reduce failed; the members of the next quorum had all asked for it; for the
-    kill, the launcher found the process ended and recorded its exit (after its fixed wait, ``EXIT_WAIT_S``),
-    which that quorum needs too; the next quorum; the commit. Then whether either waited out the hang bound."""
+    """Each fault's recovery, in whole ms, and its share of the hang bound, split in its parts: until the members
+    of the next quorum had all asked for it; from then to that quorum (for the kill, which waits for the
+    launcher's record of the process's exit, after its fixed wait ``EXIT_WAIT_S``); from that quorum to the
+    commit. Then whether either waited out the hang bound."""
     for o in (kill, raised):
         recovery, quorum, asked, error = ms(o.recovery_s), ms(o.quorum_s), ms(asked_s(run, o)), ms(peer_error_s(run, o))
-        moments = [
-            (error, "another member's all_reduce failed"),
-            (asked, "the next quorum's members had all asked for it"),
-            (quorum, "the next quorum came"),
-            (recovery, f"step {o.committed_step} was committed, trained again in a new group"),
-        ]
-        if o is kill:
-            moments += [
-                (ms(o.seen_s), f"the launcher found slot {o.fault.slot}'s process ended"),
-                (
-                    ms(o.exit_s),
-                    f"the launcher recorded slot {o.fault.slot}'s exit "
-                    f"(after a fixed wait, EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms)",
-                ),
-            ]
+        waited = ""
+        if o is kill and ms(o.exit_s) > asked:
+            waited = (
+                f", waiting for the launcher's record of slot {o.fault.slot}'s exit (found ended at "
+                f"{ms(o.seen_s)} ms, recorded at {ms(o.exit_s)} ms, after EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms)"
+            )
         print(
-            f"{o.fault}: recovery {recovery} ms, {o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s); "
-            f"from the {o.fault.kind}: "
-            + ", ".join(f"at {t} ms {what}" for t, what in sorted(moments, key=lambda m: m[0]))
+            f"{o.fault}: recovery {recovery} ms, {o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s), "
+            f"from the {o.fault.kind} (another member's all_reduce failed at {error} ms): {asked} ms until the next "
+            f"quorum's members had all asked, {quorum - asked} ms more until it came{waited}, {recovery - quorum} ms "
+            f"from it to the commit of step {o.committed_step}, trained again in a new group"
         )
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
@@ -111,14 +103,13 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     """For a kill ``o``: the rejoin, split in the parts that add up to it, each with its share of the rejoin: until
     the launcher started the slot's new process; that process's start-up to its first quorum request (forked from
-    a server that had imported torch; in it, building its first optimizer); from that request to the quorum.
+    minddp's process server, which had imported torch); from that request to the quorum.
     Then what the survivors did meanwhile, and whether they waited for the start-up because the run's
     ``full_world_at`` scripted it."""
     slot, step = o.fault.slot, o.fault.step
     others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
     last_step, last = o.last_commit
     rejoin, start, asked = ms(o.rejoin_s), ms(o.restart_s), ms(first_request_s(run, o))
-    built_s, _ = run.results[slot]["optimizer_built"]  # the slot's last process: the new one
     startup = asked - start
 
     def share(t_ms: int) -> str:
@@ -128,9 +119,8 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill{most}:")
     print(f"  {start} ms ({share(start)}) until the launcher started the new process")
     print(
-        f"  {startup} ms ({share(startup)}) the new process's start-up (forked from a server that had imported "
-        f"torch), to its first quorum request; in it, {ms(built_s)} ms ({share(ms(built_s))}) building its first "
-        "optimizer"
+        f"  {startup} ms ({share(startup)}) the new process's start-up (forked from minddp's process server, "
+        "which had imported torch), to its first quorum request"
     )
     print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
     survivors = f"slots {' and '.join(others)}"
