@@ -23,26 +23,14 @@ CHECKED = ("simple", "ga", "hook", "hook-async", "bucket", "bucket-async")
 
 def say_spread(looks: dict) -> None:
     """How much the same network's last backward (less the check) varied between these steps, over the stages
-    whose last backward holds no wait for a message (torch's waits are not seen, so it is left out), split by
-    whether the stage sends from inside the backward."""
+    whose last backward holds no wait for a message (torch's waits are not seen, so it is left out)."""
     rows = {s: backward_less_check(v) for s, v in looks.items() if v.get("waits") and not v["waits_in_backward"]}
     rows |= {s: backward_less_check(v) for s, v in looks.items() if not v["calls"]}  # single: no message at all
     rows = {s: rows[s] for s in looks if s in rows}  # in the table's order
-    inside = {s: ms for s, ms in rows.items() if looks[s]["calls_in_backward"]}
-    outside = {s: ms for s, ms in rows.items() if s not in inside}
-
-    def span(group: dict) -> str:
-        lo, hi = f"{min(group.values()):.0f}", f"{max(group.values()):.0f}"
-        return f"({', '.join(group)}) {lo if lo == hi else f'{lo} to {hi}'} ms"
-
-    said = [
-        f"those that send {w} {span(g)}" for w, g in (("inside it", inside), ("after it or not at all", outside)) if g
-    ]
-    if inside and outside and round(min(inside.values())) > round(max(outside.values())):
-        said.append("each that sends inside it ran longer than each that does not")
+    lo, hi = f"{min(rows.values()):.0f}", f"{max(rows.values()):.0f}"
     say(
         "One step each, the same network's last backward less the check, in the rows whose backward holds no wait "
-        f"for a message (torch's waits are not seen): {'; '.join(said)}."
+        f"for a message (torch's waits are not seen): {lo if lo == hi else f'{lo} to {hi}'} ms ({', '.join(rows)})."
     )
 
 
@@ -300,7 +288,7 @@ def say_met(name: str, runs: dict, blog_buckets: int) -> None:
 
 def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
     """Each sized link's rungs: link time and exposed, and each rung's backward against the one the
-    link was sized from (``sized_ms``, by setting), grouped by where the rung sends from (``in_backward``); a
+    link was sized from (``sized_ms``, by setting); a
     whole-ms match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
         say(
@@ -308,15 +296,12 @@ def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
             + "; ".join(f"{s} {r['link_ms']:.0f} and {r['exposed_ms']:.0f} ms" for s, r in runs.items())
             + "."
         )
-        sized, parts = sized_ms[name], []
+        sized = sized_ms[name]
         bare = {s: r for s, r in runs.items() if not r["waits_in_backward"]}  # a backward of compute, no wait in it
         apart = max(max(r["backward_ms"], sized) / min(r["backward_ms"], sized) for r in bare.values())
-        for where, group in (("from a grad hook", True), ("after backward", False)):
-            times = {s: r["backward_ms"] / sized_ms[name] for s, r in bare.items() if r["in_backward"] == group}
-            if times:
-                lo, hi = min(times.values()), max(times.values())
-                span = f"{lo:.1f}" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f} to {hi:.1f}"
-                parts.append(f"those that send {where} ({', '.join(times)}) {span} times")
+        times = {s: r["backward_ms"] / sized for s, r in bare.items()}
+        lo, hi = f"{min(times.values()):.1f}", f"{max(times.values()):.1f}"
+        parts = [f"{lo if lo == hi else f'{lo} to {hi}'} times ({', '.join(times)})"]
         held = [s for s in runs if s not in bare]
         say(
             f"Against the {sized_ms[name]:.0f} ms backward the link of {name} was sized from, the backwards that hold "
