@@ -101,6 +101,7 @@ def streaming_steps(row: dict, events: list, warm: int, title: str):
     waits = [(s, e - s) for s, e in row["waits"]]  # inside an optimizer step: drawn again, over its green
     ax.broken_barh(waits, (-0.40, 0.40), facecolors=COLORS["wait"], zorder=3)
     ax.set_xlim(right=1.04 * ax.get_xlim()[1])  # room after the last step's marks
+    ax.set_ylim(ax.get_ylim()[0], -0.62)  # room above the row for the apply triangles and their labels
     ax.set_xlabel(f"ms since step {warm + 1}'s forward started", fontsize=8)
     named = {"message on the wire": "message on the link (modeled)", "handed to the wire": "handed to the link"}
     handles, labels = ax.get_legend_handles_labels()
