@@ -23,8 +23,8 @@
 #    (or `torch.distributed`, for the script's own collectives). Unlike in a real job, where all share
 #    the *default group* (the process group the ranks started with), here the script's own collectives
 #    run on a new group, `short` (*the short group*), and torch's DDP on another new one, `group`, with
-#    torch's default timeout (the set-up cell prints both): a rank waiting on `group` is released when a
-#    failing rank destroys its groups;
+#    torch's default timeout (the set-up cell prints both), so a hang ends in seconds, not at torch's
+#    default: a rank waiting on `group` is released when a failing rank destroys its groups;
 # 2. **minddp in debug mode**: its DDP's checks, and the *collective check* of every call on the
 #    default group, where the script's own collectives run here. A `DebugError` is raised
 #    on every rank at the first check that sees the bug (for section 3's bug, a `DebugWarning`, and
@@ -102,7 +102,8 @@ lesson.say(f"The short group's timeout is {WAIT_S} s; `group`'s, torch's default
 # Anything that changes a parameter on some ranks only breaks that: here rank 1 nudges one weight
 # after step 1. In debug mode, before each forward whose backward will average the gradients (the
 # *forward check*), every rank all-gathers a row of integers, `int64[8]` for `Net()`: its 4 parameter
-# tensors' `requires_grad` flags, then their fingerprints (checksums of their 16-bit words). The fix:
+# tensors' `requires_grad` flags, then their fingerprints (checksums of their 16-bit words); a mismatch
+# adds an all_gather of the tensors, for the size of the difference. The fix:
 # change parameters the same way on every rank.
 
 
@@ -217,7 +218,8 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # metrics on every rank.
 #
 # Debug mode numbers each rank's collectives on the default group from 0 at the set-up cell, while
-# it is on (*collective #K*), and compares the ranks' calls of the same number. A call
+# it is on (*collective #K*), and compares the ranks' calls of the same number before it is sent, via
+# the default group's key-value store (not a collective). A call
 # is written as op(dtype[shape], ...), with its reduce op if any, then the step: `(step 0)` for a call
 # made in a wrapper's step (from its forward to its `optimizer.step()`), `(after step S)` for a
 # script's own call made after the last step a wrapper took on that rank: this script has no wrapper,
@@ -327,8 +329,8 @@ lesson.claim(
 )
 lesson.claim(
     watched == [0, 0] and compared[0] == compared[1] > 0,
-    "under join() the forward and step checks, which caught sections 1 to 3's bugs, never ran (no call was theirs); "
-    "the collective check found every call matched",
+    "the forward and step checks pause inside join() (no call was theirs), so there they would miss sections "
+    "1 to 3's bugs; the collective check found every call matched",
 )
 
 # %% [markdown]
@@ -336,7 +338,7 @@ lesson.claim(
 #
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only makes the ranks disagree on what they send:
-# the forward check's `requires_grad` flags differ before step 0's forward.
+# the ranks' `requires_grad` flags differ at step 0.
 # Under torch's DDP rank 0, without `head`'s gradients, never launches their bucket's all_reduce and ends
 # step 0, while rank 1 waits in it. At step 1's forward rank 0 raises, naming by index the parameters
 # without a gradient (from 0 in the set-up cell's list: 2 and 3 are `head.weight` and `head.bias`),
@@ -424,8 +426,8 @@ lesson.claim(
 
 # %% [markdown]
 # A branch (`extra`) taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
-# *is* the fix: a rank that did not take the branch has a true gradient of zero for it. Debug mode's
-# step check finds it. Under torch the ranks swap roles.
+# *is* the fix: a rank that did not take the branch has a true gradient of zero for it. Under torch
+# the ranks swap roles.
 
 # %%
 # %%distributed
@@ -459,12 +461,8 @@ def flagged(wrapper, **kwargs):
 
 models = []
 lesson.say("The fix under torch:")
-with cpp_warnings() as warned:
+with cpp_warnings():  # kept from the output: torch's advice to turn the flag off, wrong here
     raised = torch_does(lambda group, short: models.append(flagged(TorchDDP, process_group=group)))
-for r, theirs in enumerate(each_rank(warned)):
-    for line in theirs:
-        advice = "advised, as above, turning this flag off" if "turning this flag off" in line else gist(line)
-        lesson.say(f"torch's C++ warning on rank {r} ({'took' if r == 0 else 'skipped'} the branch): {advice}")
 with quiet() as said:
     model = flagged(DistributedDataParallel)
 lesson.claim(
@@ -479,9 +477,7 @@ lesson.claim(
 # A wrapper built in debug mode has three parts one built with it paused lacks: a *watch* (it runs the
 # forward and step checks), the `DebugReducer` (a *reducer* averages the gradients; this one's
 # all_reduces go through the collective check) and the plan check. The forward, plan and step checks
-# each add a collective to a step (section 5 lists step 2's); every checked call also posts to the
-# store and reads the others' posts, and the `DebugReducer` waits for each bucket's sum, so no bucket
-# travels while backward computes. No cell here times them.
+# each add a collective to a step outside `join()` (section 5 lists step 2's).
 
 
 # %%
