@@ -73,9 +73,8 @@ lesson.say(
 # Every table and figure below shows rank 0's trace. The measures on this machine (CPU, gloo):
 #
 # * **compute**: a *training thread* inside an `aten::` operator, with a core or not (forward, backward, the
-#   optimizer, the stages' copies into and out of buckets); every thread that runs no `gloo:*` range (nor a link
-#   run's `minddp.link:*` one, below) is a training thread (the Python thread, and the autograd engine's where it
-#   has its own);
+#   optimizer, the stages' copies into and out of buckets); every thread that runs no `gloo:*` range (nor the link
+#   run's link thread) is a training thread (the Python thread, and the autograd engine's where it has its own);
 # * **in flight**: one of gloo's threads inside a `gloo:*` range (the range is *open*): every collective, not
 #   only the gradients';
 # * **overlap**: the share (%) of the time in flight that is compute too;
@@ -109,10 +108,10 @@ lesson.say(
 # checks (`simple`'s k, one in `ga` to `bucket-async`): a long part in the check is time its range was held
 # open (the caveat).
 #
-# What the table does not show (the trace shows when a range was open, not why):
+# What the table and the figure do not show (the trace shows when a range was open, not why):
 #
-# * whether a difference between two rows would hold on a re-run: each row is one step, the stages profiled
-#   one after another on a shared machine;
+# * whether a difference between two rows (a step's length too) would hold on a re-run: each row is one step,
+#   the stages profiled one after another on a shared machine;
 # * why two rows differ, or whether the other rank or a core held a range open.
 
 # %%
@@ -197,10 +196,6 @@ lesson.say(lesson_05.band_non_compute(result, RUN, anatomy.index[anatomy["during
 buckets = lesson_05.rank0(result.buckets)
 mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 (mine["numel"] * 4 / 2**20).round(3).to_frame("MiB")  # float32: 4 bytes a number
-
-# %% [markdown]
-# The same analysis from a shell, with an HTML report: `python -m minddp.analyze
-# traces/notebooks/05_reading_traces --report`.
 
 # %% [markdown]
 # ## The link run

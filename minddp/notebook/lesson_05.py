@@ -188,17 +188,18 @@ def band_non_compute(result, run: Path, stages) -> str:
     more = round(round(off, 1) - round(off1, 1), 1)
     share = 100 * more / excess
     how = f"{share:.0f} % of the excess: " + ("most" if share > 50 else "less than half")
+    waits = f" ({st} waits for each message inside the backward)" if st in ("hook", "bucket") else ""
     return (
         f"{st}'s longest backward band, {band['ms']:.0f} ms, is {excess} ms longer than single's longest, "
-        f"{alone['ms']:.0f} ms. No training thread inside an operator: {off:.1f} ms of {st}'s band, {off1:.1f} ms "
-        "of single's"
+        f"{alone['ms']:.0f} ms. Time in it with no training thread inside an operator, in flight or not (so not "
+        f"non-compute): {off:.1f} ms of {st}'s band, {off1:.1f} ms of single's"
         + (
             f", {more:.1f} ms more, {share:.0f} % of the excess: all of the band's excess, in this step, is time "
             f"{st}'s training threads ran no operator, and its operators took {more - excess:.1f} ms less than "
             "single's."
             if more >= excess  # band = operators + the rest: the rest's excess past the band's is operators' time
             else f", {more:.1f} ms more, {how} of the band's excess, in this step, is time {st}'s training threads "
-            "ran no operator."
+            f"ran no operator{waits}."
             if more > 0
             else f": none of the band's excess, in this step, is time {st}'s training threads ran no operator."
         )
@@ -235,12 +236,10 @@ NOT_DRAWN = {"gloo:broadcast": "the model's buffers, broadcast in a forward"}
 
 def not_drawn(parts: dict) -> str:
     """A line to print (``parts``: stage -> :func:`in_flight_parts`): the gloo ranges in flight that are neither an
-    all_reduce nor a check, in which stages, and each such stage's time in flight outside its all_reduce ranges and
-    checks (ms); empty where there are none.
+    all_reduce nor a check, and in which stages; empty where there are none.
 
     >>> print(not_drawn({"b": (9.0, 0.0, []), "d": (11.0, 1.0, ["gloo:broadcast"])}))  # doctest: +NORMALIZE_WHITESPACE
-    Also in flight, outside the all_reduce ranges and the checks: gloo:broadcast ranges (the model's buffers,
-    broadcast in a forward) in d: d 1.0 ms.
+    Also in the table's in flight: gloo:broadcast ranges (the model's buffers, broadcast in a forward) in d.
     """
 
     def names(stages):
@@ -254,13 +253,13 @@ def not_drawn(parts: dict) -> str:
         f"{n} ranges ({NOT_DRAWN[n]}) in {names(sts)}" if n in NOT_DRAWN else f"{n} ranges in {names(sts)}"
         for n, sts in other.items()
     )
-    sizes = ", ".join(f"{st} {parts[st][1]:.1f} ms" for st in parts if parts[st][2])
-    return f"Also in flight, outside the all_reduce ranges and the checks: {what}: {sizes}." if other else ""
+    return f"Also in the table's in flight: {what}." if other else ""
 
 
 def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
     """A line to print: for each (one message a parameter, buckets) pair of stages, from ``table``'s printed columns,
-    how much longer or shorter rank 0 waited and how much the link time fell; where waited fell, and its part with
+    how much longer or shorter rank 0 waited and how much the link time fell (where it rose: exposed and waited −
+    exposed before and after); where waited fell, and its part with
     the link idle (waited − exposed) fell by more than half of that and by more than the link time, that said in
     words ("all" where it fell by as much as waited: exposed did not fall); one profiled step each, not claimed.
 
@@ -271,12 +270,12 @@ def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
     From one message a parameter to buckets, in this step: h → b, rank 0 waited 4.0 ms less with 1.0 ms less link
     time: what buckets removed was all waiting with the link idle (waited − exposed 5.0 → 1.0 ms), not the link's
     cost of a message; ha → ba, rank 0 waited 2.0 ms more with 1.0 ms less link time: here buckets made rank 0 wait
-    longer.
+    longer (exposed 0.0 → 5.9 ms, waited − exposed 4.0 → 0.1 ms).
     """
-    w, r, lt = "waited (ms)", "waited − exposed (ms)", "link time (ms)"
+    w, r, lt, x = "waited (ms)", "waited − exposed (ms)", "link time (ms)", "exposed (ms)"
     parts = []
     for a, b in pairs:
-        (wa, ra, la), (wb, rb, lb) = (table.loc[st, [w, r, lt]] for st in (a, b))
+        (wa, ra, la, xa), (wb, rb, lb, xb) = (table.loc[st, [w, r, lt, x]] for st in (a, b))
         fell, fell_idle, saved = round(wa - wb, 1), round(ra - rb, 1), round(la - lb, 1)
         how = "as long" if fell == 0 else f"{abs(fell):.1f} ms {'less' if fell > 0 else 'more'}"
         line = f"{a} → {b}, rank 0 waited {how} with {saved:.1f} ms less link time"
@@ -287,7 +286,10 @@ def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
                 " ms), not the link's cost of a message"
             )
         elif fell < 0:
-            line += ": here buckets made rank 0 wait longer"
+            line += (
+                f": here buckets made rank 0 wait longer (exposed {xa:.1f} → {xb:.1f} ms, waited − exposed "
+                f"{ra:.1f} → {rb:.1f} ms)"
+            )
         parts.append(line)
     return f"From one message a parameter to buckets, in this step: {'; '.join(parts)}."
 
@@ -366,7 +368,5 @@ def link_after_backward(linked, link, run: Path, stages) -> str:
         if work_b > ahead_b and round(work_b - ahead_b, 1) > round(end_a, 1):
             why = f" That bound is later than {a}'s link finished, so {b}'s finished later."
     return (
-        f"In the link run, rank 0's link finished the step's last transfer {', '.join(said)}. A message is handed over "
-        f"once its last gradient is ready, and the link carries one at a time from its hand-over on: "
-        f"{'; '.join(lead)}.{why}"
+        f"In the link run, rank 0's link finished the step's last transfer {', '.join(said)}: {'; '.join(lead)}.{why}"
     )
