@@ -42,13 +42,22 @@ def test_wrappers_are_modules_like_torch_ddp():
 
 
 def freed_after_training():
-    """Each wrapper after one synced step, its last name deleted: is it gone (as torch's DDP is)?"""
+    """Each wrapper after one synced step, its last name deleted: is it gone (as torch's DDP is)?
+
+    The user's model also starts a collective of its own inside the forward and holds its Work past the check:
+    gloo's Work keeps the thread's state of its start (the autograd saved-tensor hooks among it) until the Work is
+    dropped, as gloo's worker also does for a while after ``wait()`` returns. What a wrapper puts in that state
+    must not keep the wrapper alive.
+    """
     import gc
     import weakref
 
-    gone = {}
+    import torch.distributed as dist
+
+    gone, works = {}, []
     for name in [*STAGES, "torch"]:
         model = toy_models.build("bn", 0)
+        model.register_forward_pre_hook(lambda m, args: works.append(dist.all_reduce(torch.ones(1), async_op=True)))
         ddp = (
             TorchDDP(model) if name == "torch" else build_stage(name, model, **options_for(name, bucket_cap_mb=0.0005))
         )
@@ -59,6 +68,8 @@ def freed_after_training():
         del ddp, model
         gc.collect()
         gone[name] = [r() is None for r in refs]
+    for work in works:  # held (unwaited) until now
+        work.wait()
     return gone
 
 

@@ -69,11 +69,17 @@ class Unit:
 class Saved:
     """What the saved-tensor hook keeps instead of a piece of a unit's full parameter (part 3)."""
 
+    owner: "FullyShardedDataParallel"  # held by the graph, as Unshard's ctx holds it: backward needs it
     unit: int
     param: int
     size: torch.Size
     stride: tuple
     offset: int
+
+
+def unpack(saved):
+    """Part 4's hook: a saved tensor as it was; a note, by the wrapper that wrote it."""
+    return saved.owner._unpack(saved) if isinstance(saved, Saved) else saved
 
 
 class Unshard(torch.autograd.Function):
@@ -205,7 +211,11 @@ class FullyShardedDataParallel(DataParallelBase):
         if self.compute_dtype is not None:  # floating inputs compute in the compute dtype too
             cast = lambda t: t.to(self.compute_dtype) if t.is_floating_point() else t  # noqa: E731
             inputs, kwargs = map_tensors(cast, (inputs, kwargs))
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack), self._replicated_in_compute_dtype():
+        # the hooks reach the wrapper weakly (a note holds it): a collective started in here keeps them (gloo's Work
+        # holds the state of the thread that started it) until its Work is dropped, maybe after wait() returned
+        me = weakref.ref(self)
+        hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: me()._pack(t), unpack)
+        with hooks, self._replicated_in_compute_dtype():
             outputs = self.module(*inputs, **kwargs)
         if self.seen_order:
             self.forward_order = self.seen_order  # prefetch by what ran, next time
@@ -249,12 +259,10 @@ class FullyShardedDataParallel(DataParallelBase):
         where = self.live.get(tensor.untyped_storage().data_ptr())
         if where is None:
             return tensor
-        return Saved(*where, tensor.size(), tensor.stride(), tensor.storage_offset())
+        return Saved(self, *where, tensor.size(), tensor.stride(), tensor.storage_offset())
 
-    def _unpack(self, saved):
+    def _unpack(self, saved: Saved) -> torch.Tensor:
         """Part 4: the note becomes the tensor again, from the unit's parameters gathered anew."""
-        if not isinstance(saved, Saved):
-            return saved
         self._backward_started()
         unit = self.units[saved.unit]
         self._gather(unit)  # at once if prefetched (or kept from the forward)
