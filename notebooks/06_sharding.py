@@ -551,7 +551,7 @@ lines = [  # (part, method, a text that the line doing it holds)
     ("part 3", "_after_forward", "unit.index == self.forward_order[-1]"),
     ("part 3", "_after_forward", "return  # the backward starts"),
     ("part 3", "_after_forward", "self._free(unit)"),
-    ("part 3", "forward", "saved_tensors_hooks(self._pack, self._unpack)"),
+    ("part 3", "forward", "saved_tensors_hooks(lambda t: me()._pack(t), unpack)"),
     ("part 4", "_unpack", "self._gather(unit)"),
     ("part 4", "_unpack", "if unit.index not in self.backward_seen"),
     ("part 4", "_unpack", "self._prefetch(unit, -1)"),
