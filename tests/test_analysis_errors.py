@@ -4,9 +4,11 @@ import gzip
 import json
 
 import pytest
+import torch
 from analysis_fixtures import half_covered_step, write_stage
 from cli_checks import usage_error
 
+from minddp import launch
 from minddp.analysis.__main__ import main
 
 
@@ -88,10 +90,44 @@ def test_ranks_a_moment_apart_are_one_run_and_hours_apart_are_refused(tmp_path):
     def trace(rank, start_us):
         return RankTrace(rank, tmp_path / f"rank{rank}.json", [{"ts": start_us, "dur": 1000.0, "ph": "X"}])
 
-    # the single-process baseline's ranks never talk: one may record its step just after the other's ended
+    # traces that name no job (another tool's) are judged by their clocks: the single-process baseline's ranks
+    # never talk, and one may record its step just after the other's ended
     _check_recorded_together(tmp_path, {0: trace(0, 0.0), 1: trace(1, 1000.0 + SAME_RUN_GAP_US / 4)})
     with pytest.raises(TraceError, match="not recorded at the same time"):
         _check_recorded_together(tmp_path, {0: trace(0, 0.0), 1: trace(1, 3600e6)})
+
+
+def _profiled_alone(folder):
+    """Each rank profiles a step of its own, never communicating (as the single baseline does)."""
+    import torch.distributed as dist
+
+    from minddp.runtime.profiling import StepProfiler
+
+    with StepProfiler(folder, rank=dist.get_rank(), total_steps=1, memory=False) as prof:
+        torch.ones(4, 4) @ torch.ones(4, 4)
+        prof.step()
+    return prof.written
+
+
+def test_traces_name_their_job_and_only_one_jobs_traces_are_one_run(tmp_path):
+    """minddp's launcher gives its ranks one job id, which their traces name: one job's ranks are one run whatever
+    their clocks say, two jobs' ranks are refused even where their clocks overlap."""
+    from minddp.analysis.events import TraceError, _check_recorded_together, read_trace
+    from minddp.runtime.profiling import JOB
+
+    first = launch(_profiled_alone, str(tmp_path / "a"), world_size=2, timeout_s=60)
+    second = launch(_profiled_alone, str(tmp_path / "b"), world_size=2, timeout_s=60)
+    a = {r: read_trace(p, r) for r, p in enumerate(first)}
+    b = {r: read_trace(p, r) for r, p in enumerate(second)}
+    assert len({t.meta[JOB] for t in a.values()}) == 1 and a[0].meta[JOB] != b[0].meta[JOB]
+    for t in a.values():  # an hour apart: still one job's
+        t.events = [{**e, "ts": e["ts"] + 3600e6 * t.rank} for e in t.events]
+    _check_recorded_together(tmp_path, a)
+    with pytest.raises(TraceError, match="come from different jobs"):
+        _check_recorded_together(tmp_path, {0: a[0], 1: b[1]})
+    b[1].meta.pop(JOB)  # one names a job, the other none (another tool's): not one job either
+    with pytest.raises(TraceError, match="rank 1: none"):
+        _check_recorded_together(tmp_path, {0: a[0], 1: b[1]})
 
 
 def test_printed_tables_read_in_ms_and_percent_within_120_columns(tmp_path, capsys):

@@ -40,6 +40,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minddp.runtime.profiling import JOB
+
 #: minddp's own name for a rank's trace (``python -m minddp.train`` writes these).
 _RANK_FILE = re.compile(r"^rank(\d+)\.pt\.trace\.json(\.gz)?$")
 #: A rank in any other trace's name: ``rank-0``, ``sampled_rank_1``, ``Rank3``.
@@ -248,12 +250,23 @@ def load_stage(folder: Path, name: str | None = None) -> StageTraces:
 
 #: Ranks of one job may record their steps apart: ranks that never communicate (the single-process baseline)
 #: drift by their own start-up, which on a loaded 2-core machine passed 2 s (a fresh-clone CI's notebook 05);
-#: traces left from another run are minutes or hours apart. A minute keeps both sides of that line.
+#: traces left from another run are minutes or hours apart. A minute keeps both sides of that line. Only traces
+#: that name no job (another tool's) are judged by their clocks.
 SAME_RUN_GAP_US = 60e6
 
 
 def _check_recorded_together(folder: Path, ranks: dict[int, RankTrace]) -> None:
-    """Ranks of one job run at the same time: their traces' time ranges overlap, or nearly (``SAME_RUN_GAP_US``)."""
+    """Ranks of one job: their traces name the same job (minddp's, :data:`~minddp.runtime.profiling.JOB`); traces
+    that name none must overlap in time, or nearly (``SAME_RUN_GAP_US``)."""
+    jobs = {r: t.meta.get(JOB) for r, t in ranks.items()}
+    if len(set(jobs.values())) > 1:
+        named = ", ".join(f"rank {r}: {job or 'none'}" for r, job in sorted(jobs.items()))
+        raise TraceError(
+            f"the rank traces in {folder} come from different jobs ({named}): traces of different runs are "
+            "mixed; re-run the profile into an empty folder"
+        )
+    if next(iter(jobs.values())) is not None:
+        return
     spans = {r: t.span() for r, t in ranks.items()}
     latest_start = max(s for s, _ in spans.values())
     earliest_end = min(e for _, e in spans.values())

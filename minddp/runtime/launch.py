@@ -34,12 +34,13 @@ import signal
 import sys
 import time
 import traceback
+import uuid
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
-from minddp.runtime import compat, hang, loopback
+from minddp.runtime import compat, hang, loopback, profiling
 from minddp.runtime.cli import fresh_line
 from minddp.runtime.device import DEFAULT_TIMEOUT_S, Placement, choose, timeout_delta, use
 from minddp.runtime.processes import (
@@ -528,8 +529,11 @@ def _prepare_rank(local_rank: int, local_world: int, placement: Placement) -> No
 
 
 def open_store(world_size: int, timeout_s: float | None = None) -> dist.TCPStore:
-    """Step 1: the rendezvous store, on a port the OS picks, on the loopback address, owned by the calling process."""
-    return loopback.loopback_store(0, world_size, timeout_delta(timeout_s))
+    """Step 1: the rendezvous store, on a port the OS picks, on the loopback address, owned by the calling process;
+    it holds a fresh id for the job, which each rank takes as it joins (profiling.JOB_ENV: its traces name it)."""
+    store = loopback.loopback_store(0, world_size, timeout_delta(timeout_s))
+    store.set(profiling.JOB_ENV, uuid.uuid4().hex)
+    return store
 
 
 def join_group(
@@ -553,6 +557,7 @@ def join_group(
         placement = choose(placement, local_world_size=world_size)
     _prepare_rank(rank, world_size, placement)
     store = dist.TCPStore(loopback.loopback_host(), port, world_size, is_master=False, timeout=timeout_delta(timeout_s))
+    os.environ[profiling.JOB_ENV] = store.get(profiling.JOB_ENV).decode()
     global _rank_store
     _rank_store = store
     if prefix:

@@ -9,6 +9,9 @@ traces/<run>`` reads them. :class:`StepProfiler` takes a rank's trace the blog's
 3. export the trace when the active steps are done, through a temporary file checked complete and
    then renamed: a full disk loses the trace, not the run (:attr:`StepProfiler.error` says why).
 
+Each trace names its job (:func:`job_id`, under the key :data:`JOB`), so that the analysis can tell the traces
+of one job from traces of another left in the same folder without comparing clocks.
+
 ``docs/analysis.md`` (*Where the traces come from*) shows the layout and each step in full.
 
 Example::
@@ -31,6 +34,18 @@ import shutil
 from gzip import open as gzip_open
 
 from torch.profiler import ProfilerActivity, profile, schedule
+
+#: The trace's top-level key that names the job its rank belonged to (what :func:`job_id` returns).
+JOB = "minddp_job"
+#: The variable minddp's launchers set in every rank of one job to the same fresh id.
+JOB_ENV = "MINDDP_JOB"
+
+
+def job_id() -> str | None:
+    """The id every rank of this job shares: minddp's launchers' (:data:`JOB_ENV`), else torchrun's run id
+    (``TORCHELASTIC_RUN_ID``: fresh under ``--standalone``, ``--rdzv-id``'s value otherwise); None outside both."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID")
+    return os.environ.get(JOB_ENV) or (run if run and run != "none" else None)
 
 
 def quiet_kineto() -> None:
@@ -186,6 +201,8 @@ class StepProfiler:
     def __enter__(self) -> "StepProfiler":
         if self._prof is not None:
             self._prof.__enter__()
+            if job_id() is not None:  # added while the profiler runs, so the export holds it
+                self._prof.add_metadata_json(JOB, json.dumps(job_id()))
         return self
 
     def step(self) -> None:
