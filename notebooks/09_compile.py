@@ -17,9 +17,9 @@
 # # 09 · Compiled: `torch.compile` and buckets handed over during backward
 #
 # Autograd runs the backward pass as *nodes*, here of two kinds. A parameter's `AccumulateGrad` node adds its gradient
-# into the parameter's `.grad`; `ddp` (minddp's `DistributedDataParallel`) hooks its *reducer*, the part that fills
-# the buckets, in there. Every other node is a *gradient node*: it computes gradients (the model's nodes, and the
-# loss's).
+# into the parameter's `.grad`; `ddp` (minddp's `DistributedDataParallel`) hooks its *reducer* in there, which groups
+# the gradients into *buckets* by a byte limit, the *bucket cap*, and sums each bucket over the ranks with one
+# `all_reduce`. Every other node is a *gradient node*: it computes gradients (the model's nodes, and the loss's).
 #
 # A bucket is *handed over* (the tick in the figure) when the reducer calls `all_reduce` on it, once its last gradient
 # is there and every earlier bucket has been handed over. A gradient node *ran after* a hand-over if it ends after it
@@ -128,17 +128,15 @@ lesson.say(
 # start), gradient nodes (blue), `AccumulateGrad` nodes (grey), a tick where the reducer's hook calls `all_reduce` on a
 # bucket, and the optimizer step (green). The hook runs in every `AccumulateGrad` node; in the one where a bucket is
 # handed over it copies the bucket's gradients into its buffer, scales it by one over the number of ranks, then makes
-# that call (a sum) and keeps its Future without waiting on it; the figure does not show what runs in a grey after its
-# tick. After the last grey, the reducer's end-of-backward callback waits for each bucket's `all_reduce` in turn and
-# copies its buffer (now the average) back into the gradients: the figure leaves that blank, and as each row is scaled
-# to its own step, no row's blank, whatever its length, measures that wait.
+# that call (a sum); the figure does not show what a grey runs after its tick. After the last grey, the reducer's
+# end-of-backward callback waits for each bucket's `all_reduce` in turn and copies its buffer (now the average) back
+# into the gradients, in the blank before the optimizer step.
 #
 # What to look for: with the cut, as in eager, a gradient node ran after each tick but the last (why, with the cut: next section);
 # without it, after none (every tick comes after the last blue).
 #
-# Count pieces and buckets in the row labels, not in the bars (blue is the loss's nodes, then several per layer in
-# eager, the whole graph's one without the cut, one per piece with it): nodes run back to back may draw as one
-# stretch or split by a white line, and a node narrower than a pixel as a sliver or nothing.
+# Count pieces and buckets in the row labels, not in the bars: nodes run back to back may draw as one stretch or split
+# by a white line, and a node narrower than a pixel as a sliver or nothing.
 
 # %%
 # %%distributed
@@ -161,7 +159,7 @@ lesson.claim(
 # the reducer's hook runs in each parameter's AccumulateGrad node, after the gradient is accumulated
 lesson.claim(
     all(all(v["inside_accumulate"]) for v in looks.values()),
-    "In all three runs each bucket was handed over inside an AccumulateGrad node, where the reducer's hook runs.",
+    "In all three runs each bucket was handed over inside an AccumulateGrad node.",
 )
 # aot_eager runs eager's aten ops, but a GEMM may reach BLAS in another layout and round its sums in another order;
 # rounding_bound says how far that can move the parameters, k the terms summed behind a weight's gradient: at most
@@ -217,8 +215,7 @@ lesson.claim(
 runs = {label: looks[label]["pieces_run"] for label in (NO_CUT, CUT)}
 lesson.claim(
     runs == {NO_CUT: 1, CUT: len(pieces)},
-    f"In the profiled step, backward ran one CompiledFunctionBackward node (the whole graph's) without the cut and "
-    f"{len(pieces)} with it, one per piece.",
+    f"Backward ran one CompiledFunctionBackward node without the cut, {len(pieces)} with it: one per piece.",
 )
 piece_of = {name: i for i, piece in enumerate(pieces) for name in piece}
 homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
@@ -307,9 +304,9 @@ reasons = {
 }
 counts = {label: sum(by_reason.values()) for label, by_reason in reasons.items()}
 lesson.say(
-    f"Graph breaks (Dynamo's counter) in one training step of MLP(depth=2), wrappers at bucket_cap_mb={CAP:g}: "
-    f"{ALONE} {counts[ALONE]}, {OURS} {counts[OURS]}, {THEIRS} {counts[THEIRS]}, at {len(reasons[THEIRS])} calls (Dynamo's reason, "
-    "then its count): " + lesson_09.untraced_calls(reasons[THEIRS])
+    f"Graph breaks in one training step of MLP(depth=2): {ALONE} {counts[ALONE]}, {OURS} {counts[OURS]}, {THEIRS} "
+    f"{counts[THEIRS]}, at {len(reasons[THEIRS])} call{'s' * (len(reasons[THEIRS]) != 1)} (reason, count): "
+    + lesson_09.untraced_calls(reasons[THEIRS])
 )
 lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
 lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {ALONE} does not.")
@@ -318,8 +315,8 @@ lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {
 # ## A bucket cap of 0.5 MiB
 #
 # Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: the refusal, or what
-# its first training step and one more forward gave. A first step's buckets follow torch's first-iteration
-# plan: with `find_unused_parameters` off, as here, one bucket per dtype and device.
+# its first training step and one more forward gave. With `find_unused_parameters` off, as here, a first step has one
+# bucket per dtype and device; the cap sets the buckets from the second step.
 
 
 # %%
@@ -347,9 +344,12 @@ outcomes = {  # one training step each, then one more forward: what happened, in
     for who, wrapper in wrappers.items()
     for pattern, build in patterns.items()
 }
+refusals = {}  # each refusal once, with the builds that gave it; the claims below say what the others' step gave
 for (who, pattern), (line, apart) in outcomes.items():
-    if apart is None:  # refused; the claims below say what the others' step gave
-        lesson.say(f"{who}, {pattern}, bucket_cap_mb={SMALL:g}: {line}")
+    if apart is None:
+        refusals.setdefault(line, []).append(f"{who}, {pattern}")
+for line, builds in refusals.items():
+    lesson.say(f"{'; '.join(builds)}: {line}")
 refused = "AssertionError: First bucket"
 lesson.claim(
     torch_first > SMALL
@@ -358,9 +358,9 @@ lesson.claim(
         and "(raised in torch/_dynamo/" in outcomes["torch's DDP", pattern][0]
         for pattern in patterns
     ),
-    f"With torch {torch.__version__} and the cut on, at a bucket cap of {SMALL:g} MiB torch's DDP does not compile, "
-    f"with either pattern: Dynamo's cap for its first piece (its 'First bucket'), {torch_first:g} MiB, is larger "
-    "than the bucket cap, and Dynamo asserts.",
+    f"At a bucket cap of {SMALL:g} MiB (torch {torch.__version__}, the cut on) torch's DDP does not compile with "
+    f"either pattern: Dynamo's cap for its first piece (its 'First bucket'), {torch_first:g} MiB, is above the bucket "
+    "cap and Dynamo asserts.",
 )
 ours = [outcomes["minddp's ddp", pattern] for pattern in patterns]
 worst = max(apart for _, apart in ours)

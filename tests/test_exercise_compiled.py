@@ -537,6 +537,16 @@ def test_each_handover_mistake_is_named(fn, named):
     assert not verdict.ok and named in verdict.line, verdict.line
 
 
+@pytest.mark.parametrize("fn", [last_bucket_after_backward, last_bucket_where_it_opened])
+def test_a_last_bucket_hint_points_to_the_piece_of_its_last_gradient(fn):
+    # read 20-h 1: these verdicts said the last bucket goes after `len(pieces) - 1` ("the last piece"); a learner who
+    # followed that wrote last_bucket_at_the_last_piece, which the next verdict marks wrong (a last piece can be empty)
+    hint = check_handover(fn).line
+    assert not check_handover(last_bucket_at_the_last_piece).ok
+    assert "len(pieces) - 1" not in hint and "the last piece" not in hint, hint
+    assert "after the backward of the piece of its last gradient" in hint, hint
+
+
 def test_empty_pieces_dropped_before_numbering_is_named():
     # read 17-b 6: the empty pieces filtered out, then numbered; right wherever no piece is empty
     def drops_empty_pieces(pieces, cap):

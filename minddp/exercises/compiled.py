@@ -213,7 +213,7 @@ WALKS = {
     "last bucket where it opened": (
         {"last_opened": True},
         "the last bucket was given the piece where it opened: like every bucket it is handed over when its last "
-        "gradient is there, after the backward of the piece that produces it (the last piece)",
+        "gradient is there, after the backward of the piece of its last gradient",
     ),
     "bytes dropped at piece end": (
         {"forget": True},
@@ -341,13 +341,13 @@ MISTAKES = {
     ),
     "never closed": (
         lambda pieces, cap: _walk(pieces, math.inf),
-        "no bucket was ever closed: every gradient went into one bucket, handed over after the last piece; check the "
-        "cap at every gradient and close the bucket at the first one that takes it to the cap or past it",
+        "no bucket was ever closed: every gradient went into one bucket; check the cap at every gradient and close "
+        "the bucket at the first one that takes it to the cap or past it",
     ),
     "last bucket after backward": (
         _after_backward,
         "the last bucket, not full, was given `len(pieces)`, as if handed over after backward: it is handed over "
-        "when its last gradient is there, after the backward of the piece that produces it (`len(pieces) - 1`)",
+        "when its last gradient is there, after the backward of the piece of its last gradient",
     ),
     "cap in MiB": (
         lambda pieces, cap: _walk(pieces, cap * 2**20),
