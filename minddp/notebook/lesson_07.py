@@ -5,8 +5,8 @@ Each function reads a run of :func:`minddp.ft.launch_ft` and one of its faults (
 it defines no measure of its own. The notebook keeps its claims in its cells; these print or read:
 
 * :func:`print_phase_lines`: the lines of the rung and of the lighthouse that run each phase of an attempt;
-* :func:`print_recoveries`: each fault's recovery, its share of the hang bound, and its parts, with what the
-  kill's next quorum waited for;
+* :func:`print_recoveries`: each fault's recovery and its parts, with what the kill's next quorum waited for,
+  and which recovery was the longer;
 * :func:`print_rejoin`: the parts of a kill's rejoin, and what the survivors did meanwhile;
 
 and three readers of the members' entries (one per member and attempt) for the cells' claims: :func:`attempts`,
@@ -32,7 +32,6 @@ RUNG_LINES = [
     ("phase 3", "heal", "payload = self.state_bytes()"),
     ("phase 3", "heal", "dist.send(torch.frombuffer("),
     ("phase 3", "heal", "dist.recv(payload"),
-    ("phase 3", "heal", "self.load_state_bytes("),
     ("phase 4", "until_committed", "value = work(quorum, entry)"),
     ("phase 4", "forward_backward", "shard = self.task.shard("),
     ("after a failure", "until_committed", "self.drop_group()"),
@@ -70,23 +69,25 @@ def ms(seconds: float) -> int:
 
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
-    """Each fault's recovery, in whole ms, and its share of the hang bound, split in its parts: until the members
-    of the next quorum had all asked for it; from then to that quorum (for the kill, which waits for the
-    launcher's record of the process's exit, after its fixed wait ``EXIT_WAIT_S``); from that quorum to the
-    commit. Then whether either waited out the hang bound."""
+    """Each fault's recovery, in whole ms, split in its parts: until the members of the next quorum had all asked
+    for it; from then to that quorum (for the kill, which waits for the launcher's record of the process's exit,
+    after its fixed wait ``EXIT_WAIT_S``); from that quorum to the commit. Then whether either waited out the hang
+    bound, and which took the longer, with the parts in which the kill's was later (its peers' first error, the
+    wait for the exit record)."""
+    errors, exit_waits = {}, {}
     for o in (kill, raised):
         recovery, quorum, asked, error = ms(o.recovery_s), ms(o.quorum_s), ms(asked_s(run, o)), ms(peer_error_s(run, o))
-        waited = ""
+        errors[o.fault.kind], waited = error, ""
         if o is kill and ms(o.exit_s) > asked:
+            exit_waits[o.fault.kind] = quorum - asked
             waited = (
                 f", waiting for the launcher's record of slot {o.fault.slot}'s exit (found ended at "
                 f"{ms(o.seen_s)} ms, recorded at {ms(o.exit_s)} ms, after EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms)"
             )
         print(
-            f"{o.fault}: recovery {recovery} ms, {o.recovery_s / hang_s:.1%} of the hang bound ({hang_s:g} s), "
-            f"from the {o.fault.kind} (another member's all_reduce failed at {error} ms): {asked} ms until the next "
-            f"quorum's members had all asked, {quorum - asked} ms more until it came{waited}, {recovery - quorum} ms "
-            f"from it to the commit of step {o.committed_step}, trained again in a new group"
+            f"{o.fault}: recovery {recovery} ms from the {o.fault.kind} (another member's all_reduce failed at "
+            f"{error} ms): {asked} ms until the next quorum's members had all asked, {quorum - asked} ms more until "
+            f"it came{waited}, {recovery - quorum} ms from it to the commit of step {o.committed_step}"
         )
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
@@ -95,15 +96,25 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         )
     else:
         print(
-            f"Both recoveries took {max(kill.recovery_s, raised.recovery_s) / hang_s:.1%} of the hang bound or less: "
-            "neither waited it out (question 1 freezes a process instead)"
+            f"Both recoveries took {max(kill.recovery_s, raised.recovery_s) / hang_s:.1%} of the hang bound "
+            f"({hang_s:g} s) or less: neither waited it out (question 1 freezes a process instead)"
         )
+    if ms(kill.recovery_s) == ms(raised.recovery_s):
+        print("The two recoveries took the same, to the ms")
+        return
+    longer = kill if kill.recovery_s > raised.recovery_s else raised
+    why = []
+    if longer is kill and errors["kill"] > errors["raise"]:
+        why.append(f"another member's all_reduce failed later ({errors['kill']} against {errors['raise']} ms)")
+    if longer is kill and "kill" in exit_waits:
+        why.append(f"the next quorum waited for the launcher's record of slot {kill.fault.slot}'s exit")
+    print(f"The {longer.fault.kind}'s recovery was the longer" + (": " + ", and ".join(why) if why else ""))
 
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     """For a kill ``o``: the rejoin, split in the parts that add up to it, each with its share of the rejoin: until
-    the launcher started the slot's new process; that process's start-up to its first quorum request (forked from
-    minddp's process server, which had imported torch); from that request to the quorum.
+    the launcher started the slot's new process; that process's start-up to its first quorum request (with the time
+    it spent building its optimizer, and whether torch imported its compiler then); from that request to the quorum.
     Then what the survivors did meanwhile, and whether they waited for the start-up because the run's
     ``full_world_at`` scripted it."""
     slot, step = o.fault.slot, o.fault.step
@@ -118,10 +129,12 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     most = ", most of it the new process's own start-up" if startup * 2 > rejoin else ""
     print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill{most}:")
     print(f"  {start} ms ({share(start)}) until the launcher started the new process")
-    print(
-        f"  {startup} ms ({share(startup)}) the new process's start-up (forked from minddp's process server, "
-        "which had imported torch), to its first quorum request"
-    )
+    built_s, compiler = run.results[slot]["optimizer_built"]  # the new process's (its slot's last)
+    built = ""
+    if ms(built_s) <= startup:  # built before its first request: a part of the start-up
+        built = f"; {ms(built_s)} ms of it building its optimizer"
+        built += ", during which torch imported its compiler" if compiler else ""
+    print(f"  {startup} ms ({share(startup)}) the new process's start-up, to its first quorum request{built}")
     print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
     survivors = f"slots {' and '.join(others)}"
     steps = f"step {step}" if last_step == step else f"steps {step}-{last_step}"
@@ -130,11 +143,7 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     print(
         f"{survivors}: committed {steps} at world {len(others)}, the last {ms(last)} ms after the kill; then "
         f"{rejoin - ms(last)} ms to step {o.healed_at}'s quorum"
-        + (
-            ", which waited for the new process (full_world_at: that step's first quorum waits for every slot)"
-            if scripted
-            else ""
-        )
+        + (", which waited for the new process (full_world_at)" if scripted else "")
     )
 
 
