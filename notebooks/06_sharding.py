@@ -78,8 +78,7 @@ print("all pieces gathered:", whole.tolist(), "= all_reduce:", torch.equal(whole
 
 # %% [markdown]
 # The ring all_reduce of the earlier notebooks is the same two steps: `ring_all_reduce` cuts any length
-# into n pieces with `tensor_split` (lengths differ by at most one element), reduce-scatters and
-# all-gathers them:
+# into n pieces with `tensor_split`, reduce-scatters and all-gathers them:
 
 # %%
 # %%rank 0
@@ -134,7 +133,7 @@ lesson.say(
 # lie in a parameter's storage or, for fsdp, a gathered unit's), and fsdp's *gathered units* at their
 # peak: the full parameters it has gathered and the buffers its all-gathers receive into (zero1's and
 # zero2's all-gather buffers are not measured). `lesson.Trainee(stage, warmup=0)` builds each stage
-# without a step, so the measured step is its first, the *memory step*, in which zero2 gathers nothing.
+# without a step, so the measured step is its first, the *memory step*.
 
 # %%
 # %%distributed
@@ -179,9 +178,8 @@ lesson.claim(
     and all(memory[s]["gradients"] < between[s] for s in ("zero2", "fsdp")),
     "The gradients column is taken at the update, after the last backward's sync. The most gradient bytes each "
     "stage held as a micro-batch's forward started in the memory step were the whole gradients', "
-    f"{lesson.mib(between['ddp'])}, which the {accum - 1} micro-batches before the last accumulated under notebook "
-    "03's no_sync(). "
-    "So zero2 and fsdp hold the smaller gradients of the column only from the last backward on.",
+    f"{lesson.mib(between['ddp'])}, accumulated under notebook 03's no_sync(): zero2 and fsdp hold the column's "
+    "smaller gradients only from the last backward on.",
 )
 act = {s: memory[s]["activations"] for s in STAGES}
 cut = (table.loc["ddp", "model state MiB"] - table["model state MiB"]) * 2**20  # what each takes off ddp's
@@ -354,8 +352,6 @@ lesson.claim(
 
 # %%
 # %%rank 0
-from minddp.sharding.memory import PRECISIONS
-
 formulas = pd.DataFrame(
     {
         r["stage"]: {
@@ -365,10 +361,6 @@ formulas = pd.DataFrame(
         for r in measured[: len(STAGES)]
     }
 ).T
-lesson.say(
-    f"Bytes per parameter value (parameter, gradient, optimizer): fp32 {PRECISIONS['fp32']}, the ZeRO paper's mixed "
-    f"precision {PRECISIONS['bf16-mixed']}."
-)
 formulas.round(2)
 
 # %% [markdown]
@@ -397,7 +389,7 @@ lesson.say(
 
 # %% [markdown]
 # Its `step()`, the update: set each chunk's `.grad` to its chunk of the averaged gradient, run the local
-# optimizer (an ordinary `torch.optim.AdamW` over the chunks, views into the parameters), then
+# optimizer over the chunks (views into the parameters), then
 # all-gather the chunks (parts 3 and 4; parts 1 and 2, planning and making the chunks, run in
 # `__init__`):
 
@@ -568,7 +560,7 @@ print(key_lines(FullyShardedDataParallel, lines))
 from minddp.sharding.memory import gathered_bytes
 
 fsdp = trainees["fsdp"].model
-unit = max(fsdp.units, key=lambda u: sum(u.numels))  # the largest unit
+unit = fsdp.units[0]  # the units are all one size (the claim checks it)
 unit_bytes = sum(unit.numels) * 4  # its full fp32 parameters
 idle = gathered_bytes(fsdp)  # between steps: nothing gathered, nothing prefetched
 fsdp._start_gather(unit)  # this unit alone, gathered as a forward does
@@ -579,17 +571,20 @@ fsdp._free(unit)
 peak = memory["fsdp"]["gathered"]
 # the buffer holds the unit's chunks, padded to equal length where n does not divide a tensor: under 0.1 % over
 lesson.claim(
-    idle == 0 and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, unpacked)),
-    "Gathering a unit fills two storages: the buffer its all-gather receives into and the full parameters "
-    f"unpacked from it, each {lesson.mib(unit_bytes)} for the largest unit gathered alone "
-    "between steps, "
+    idle == 0
+    and len({sum(u.numels) for u in fsdp.units}) == 1
+    and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, unpacked)),
+    "Gathering any unit (all are one size) fills two storages, the buffer its all-gather receives into and the "
+    f"parameters unpacked from it, each {lesson.mib(unit_bytes)}, "
     + ("exactly" if received == unpacked == unit_bytes else "to within 0.1 %")
     + " its full parameters.",
 )
+# the unpack moment comes with or without a prefetch; a peak no higher means the prefetch's moment (one unit's
+# parameters beside the next unit's buffer, as many bytes) raised nothing
 lesson.claim(
-    received + unpacked == peak and len({sum(u.numels) for u in fsdp.units}) == 1,
-    f"fsdp's gathered units peak at {lesson.mib(peak)} in the memory step, as many bytes as those two storages "
-    "of one unit (its units are all one size).",
+    received + unpacked == peak,
+    f"fsdp's gathered units peak at {lesson.mib(peak)} in the memory step: those two storages, held together as a "
+    "unit is unpacked; the prefetch (one unit's parameters beside the next one's buffer) raises it no higher.",
 )
 f = looks["fsdp"]
 lesson.claim(

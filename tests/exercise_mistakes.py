@@ -876,6 +876,17 @@ def _halves_plain_all_reduce(tensor, group):
     dist.all_reduce(tensor, group=group)
 
 
+def _halves_on_the_ring(tensor, group):
+    """Pads right, then sums with the ring's two halves (notebook 06's first cell): point-to-point messages."""
+    from minddp.collectives import TRANSPORTS
+
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    TRANSPORTS["ring"].reduce_scatter(piece, padded, group)
+    TRANSPORTS["ring"].all_gather(padded, piece, group)
+    tensor.copy_(padded[: flat.numel()].view_as(tensor))
+
+
 def _padded(tensor, group):
     """Step 1 of the model answer: ``(flat, padded, n)``, the flat tensor padded to a multiple of the world size."""
     n = dist.get_world_size(group)
@@ -1237,6 +1248,7 @@ def _halves_with(name: str, transport) -> type:
 
 
 HalvesPlainAllReduce = _halves_with("HalvesPlainAllReduce", _halves_plain_all_reduce)
+HalvesOnTheRing = _halves_with("HalvesOnTheRing", _halves_on_the_ring)
 HalvesNotWrittenBack = _halves_with("HalvesNotWrittenBack", _halves_padding_kept)
 HalvesNotPadded = _halves_with("HalvesNotPadded", _halves_not_padded)
 HalvesAveraged = _halves_with("HalvesAveraged", _halves_averaged)

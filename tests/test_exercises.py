@@ -348,6 +348,15 @@ MISTAKES = [
     (wrong.AsyncDividesFirstNeverCleared, "hook-async", "waited again for 6 all_reduce calls started in step 1"),
     (wrong.BucketAsyncNeverCleared, "bucket-async", "waited again for 2 all_reduce calls started in step 1"),
     (wrong.HalvesPlainAllReduce, "halves", "other collectives: 2 all_reduce calls in step 1"),
+    # the ring's halves (notebook 06's first cell) sum right through send/recv: named as point-to-point messages
+    (
+        wrong.HalvesOnTheRing,
+        "halves",
+        (
+            "point-to-point messages (send/recv, as minddp's ring makes them), not the backend's collectives",
+            "then one all_gather_single",
+        ),
+    ),
     # notebook 06's transport: the hook has divided already, and the tensor handed over is what must hold the sum
     (wrong.HalvesNotWrittenBack, "halves", "left the sum out of the tensor it was handed; write it into that tensor"),
     (wrong.HalvesRebound, "halves", "rebinding the name or returning the sum does not reach the caller"),

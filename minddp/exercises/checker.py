@@ -1088,9 +1088,7 @@ def calls_text(kinds: dict) -> str:
 
 
 #: What to do when the collectives are of other kinds than the model answer's, by ``like``.
-KIND_HINTS = {
-    "halves": "sum each bucket with one reduce_scatter_single, then one all_gather_single (not dist.all_reduce)"
-}
+KIND_HINTS = {"halves": "sum each bucket with one reduce_scatter_single, then one all_gather_single"}
 
 
 def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
@@ -1110,6 +1108,13 @@ def _counts_problem(report: dict, like: str | None, cap: float) -> str | None:
             )
         if set(m) != set(r):
             hint = KIND_HINTS.get(like, "use the collective the model answer uses")
+            if (p2p := report.get("p2p", [0] * step)[step - 1]) and not m:  # a transport made of send/recv
+                return (
+                    f"your stage summed with {p2p} point-to-point messages (send/recv, as minddp's ring makes them), "
+                    f"not the backend's collectives: no collective calls in step {step}, where '{like}' makes "
+                    f"{calls_text(r)}: {hint}"
+                )
+            hint += " (not dist.all_reduce)" if "all_reduce" in m else ""
             return f"other collectives: {calls_text(m)} in step {step}, where '{like}' makes {calls_text(r)}: {hint}"
     for step, (m, r) in enumerate(zip(mine, ref), start=1):
         total_m, total_r = sum(m.values()), sum(r.values())

@@ -171,6 +171,9 @@ def reporting(progress: Progress, files: set[str], report: dict):
 #: The collectives a stage may start, by the dispatcher's op name, and the name the verdicts use (a broadcast
 #: during the steps is counted too: no model answer makes one, so one there is traffic the stage adds).
 COLLECTIVES = {op: kind for op, (kind, _) in compat.DISPATCHED_COLLECTIVES.items()}
+#: A point-to-point message by the dispatcher's op name (a ``send``, as minddp's ring makes them): no collective,
+#: counted apart so that a verdict can say what the stage made instead of one.
+POINT_TO_POINT = "c10d.send.default"
 
 
 #: Where torch's and minddp's own code lives: their calls are not the learner's.
@@ -405,6 +408,8 @@ class Events(TorchDispatchMode):
         counted = kind is not None and _carries_floats(args[_SENT_ARGUMENT[str(func)]])
         if counted:
             self._note("launch", kind)
+        elif str(func) == POINT_TO_POINT:
+            self._note("p2p", None)
         if counted and self.handed is not None:  # inside a transport: the order of its two calls
             self._gathered_here = self._gathered_here or (kind == "all_gather" and not self._scattered_here)
             self._scattered_here = self._scattered_here or kind == "reduce_scatter"
@@ -720,7 +725,7 @@ def summarize(log: list, phases: list[str]) -> dict:
     counts = {name: 0 for name in phases}
     counts["elsewhere"] = 0
     kinds: dict[str, int] = {}
-    in_flight = 0
+    in_flight = p2p = 0
     current, pending, at_last_ready = None, 0, 0
     for what, name in log:
         if what == "begin":
@@ -737,7 +742,9 @@ def summarize(log: list, phases: list[str]) -> dict:
             pending = 0
         elif what == "ready":
             at_last_ready = pending  # the last ready of the backward is the one that counts
-    return {"counts": counts, "kinds": kinds, "in_flight": in_flight}
+        elif what == "p2p":
+            p2p += 1
+    return {"counts": counts, "kinds": kinds, "in_flight": in_flight, "p2p": p2p}
 
 
 # ------------------------------------------------------------------------------------------ one step
@@ -1029,7 +1036,8 @@ def train(
     ``unused``, under ``no_gradient``, that of :func:`no_gradient_finding` after the steps: the checker names it
     only once the steps' averages passed on every world size it checks)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    out: dict = {"counts": [], "kinds": [], "in_flight": [], "finding": None, "checked_steps": 0, "has_no_sync": False}
+    out: dict = {"counts": [], "kinds": [], "in_flight": [], "p2p": []}
+    out.update(finding=None, checked_steps=0, has_no_sync=False)
     module = make_net(seed=rank)  # a different init on every rank: the broadcast must fix it
     out["tensors"] = sum(1 for p in module.parameters() if p.requires_grad)  # what one sync per tensor sends
     events = Events(module)  # its hooks before the stage's: they fire first
@@ -1057,7 +1065,7 @@ def train(
             # the averaged slices back into the gradients leaves these values there (the same on every rank)
             values = {n: p.detach().clone() for n, p in module.named_parameters()}
         record = run_step(model, optimizer, module, micro, progress, step, events)
-        for key in ("counts", "kinds", "in_flight"):
+        for key in ("counts", "kinds", "in_flight", "p2p"):
             out[key].append(record[key])
         out["has_no_sync"] = record["has_no_sync"]
         if not compare:
