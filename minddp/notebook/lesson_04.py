@@ -69,7 +69,7 @@ def presets() -> dict:
 def link_figure(reduced: dict, n: int, link, crossover):
     """Plain averaging's and PowerSGD's link time per step against the bandwidth, 0.01 Gbit/s to 10 Tbit/s: a line
     each at ``link``'s α, a grey line at its B* (``crossover(α)``, bytes/s), and each preset as a marker at its
-    own α and bandwidth, in its hook's colour, named beside its circle."""
+    own α and bandwidth, in its hook's colour, named beside its circle, a dotted line joining its two markers."""
     import matplotlib.pyplot as plt
 
     from minddp.comm.link import GBIT, LinkSpec
@@ -101,7 +101,16 @@ def link_figure(reduced: dict, n: int, link, crossover):
             zorder=3,
             label=f"{NAMES[hook]}, each preset at its own α",
         )
-    for name, spec in links.items():  # the name by the preset's own markers, not above the lines' α
+    for i, (name, spec) in enumerate(links.items()):  # the name by the preset's own markers, not above the lines' α
+        ax.plot(  # a preset's two markers share its B: joined, so that the triangle goes with the named circle
+            [spec.bandwidth / GBIT] * 2,
+            [link_ms(reduced[hook], spec, n) for hook in colors],
+            color="grey",
+            ls=":",
+            lw=0.8,
+            zorder=2,
+            label="one preset's two markers (named at the circle)" if i == 0 else None,
+        )
         ax.annotate(
             name,
             (spec.bandwidth / GBIT, link_ms(reduced["allreduce"], spec, n)),
