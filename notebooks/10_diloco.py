@@ -117,11 +117,11 @@ lesson.claim(
 #
 # Averaging the weights is the same as taking the synced weights θ and stepping them by the replicas' average of
 # `θ − local` with learning rate 1 and no momentum. DiLoCo gives that quantity, the **pseudo-gradient**, to a real
-# optimizer, the outer one: SGD with lr 0.7 and Nesterov momentum 0.9 by default. Below, `diloco.py`'s own list
-# of what it does (items 1 to 3; 4 to 6 are streaming DiLoCo's), then the change from `local_sgd.py` for DiLoCo
-# not streamed (the whole model is fragment 0): `-` local SGD's lines, `+` diloco.py's from `_send`, `_apply`
-# and `_outer_sync`, a few left out (`mean_pseudo`: the averaged pseudo-gradient). `_apply` unpacks
-# `self.in_flight` as `future` (a left-out line) and waits; streaming puts steps between:
+# optimizer, the outer one: SGD with Nesterov momentum (`DiLoCo`'s default today: lr 0.7, momentum 0.9). Below,
+# `diloco.py`'s own list of what it does (items 1 to 3; 4 to 6 are streaming DiLoCo's), then the change from
+# `local_sgd.py` for DiLoCo not streamed (the whole model is fragment 0): `-` local SGD's lines, `+` diloco.py's
+# from `_send`, `_apply` and `_outer_sync`, a few left out (`mean_pseudo`: the averaged pseudo-gradient).
+# `_apply` unpacks `self.in_flight` as `future` (a left-out line) and waits; streaming puts steps between:
 
 # %%
 import inspect
@@ -134,10 +134,10 @@ print(doc.split("a few left out::")[1].split("Example")[0].rstrip())
 
 # %% [markdown]
 # One run of local SGD and of DiLoCo (its default outer SGD) on the two ranks, DDP beside them, from the same start
-# on the same chains (300 steps, H = 10), by `train_config`, the bench's run: AdamW with lr 3·10⁻³ down a half
-# cosine to a tenth of it, and the expected loss scored on the weights the replicas *agree on*: DDP's, local SGD's
-# last average (rank 0's own weights before the first), DiLoCo's synced weights (until its first sync *the
-# untrained start*: every run's random weights, not a uniform guess):
+# on the same chains (300 steps, H = 10), by `train_config`, the bench's run: AdamW with lr 3·10⁻³, and the
+# expected loss scored on the weights the replicas *agree on*: DDP's, local SGD's last average (rank 0's own weights
+# before the first), DiLoCo's synced weights (until its first sync *the untrained start*: every run's random
+# weights, not a uniform guess):
 
 # %%
 # %%distributed
@@ -160,7 +160,7 @@ lesson.claim(
 # replicas, 5 seeds; the figure and numbers below are read from its committed results
 # (`docs/diloco/convergence.json`), not run here. Its
 # runs: `ddp`; `single` (a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100);
-# `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (those outer learning rates, no momentum set; not drawn);
+# `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (those outer learning rates; not drawn);
 # `streaming-h100` (H = 100, 2 fragments, split as the profiled run below prints, τ = 5, α = 0.5; its syncs are
 # *fragment syncs*, one fragment's each, 2 every H steps; scored on the synced weights, which no replica trains
 # from). All by `train_config` as above.
@@ -291,7 +291,7 @@ lrs = sorted(results["configs"][n]["outer_lr"] for n in sweep)
 lesson.claim(
     all(min(final(n)) > max(final("single")) for n in ("diloco-h100", *sweep)),
     f"but DiLoCo at H = 100 ends worse than one replica alone, in every seed, at every outer lr tried "
-    f"({', '.join(f'{lr:g}' for lr in lrs)} and the default)",
+    f"({', '.join(f'{lr:g}' for lr in lrs)} and the unrecorded default)",
 )
 rise = {r: round(statistics.mean(final(f"{r}-h100")), 4) - round(statistics.mean(final(f"{r}-h10")), 4)
         for r in ("diloco", "local-sgd")}  # fmt: skip
@@ -338,7 +338,7 @@ lesson.claim(
 
 # %% [markdown]
 # Torch's SGD sets the momentum buffer to g₁, the averaged pseudo-gradient (−m₁, m₁ the replicas' average move),
-# so with momentum 0.9 (the default now; the bench's is not recorded, only shown above not to be 0) its first
+# so with momentum 0.9 (today's default; the bench's is only shown above not to be 0) its first
 # Nesterov step is lr·1.9·m₁: at lr 1, 0.9·m₁ past the replicas' average weights, where local SGD lands. The
 # second sync's step is −lr·(1.9·g₂ + 0.81·g₁), g₁ still in it. Whether that makes diloco-h100's mean rise at its
 # second sync, or DiLoCo end behind local SGD, was not tested.
@@ -476,40 +476,35 @@ lesson.say(
 )
 lesson.claim(
     len(sends) == len(applies) == FRAGMENTS and all(step_of(a) - step_of(s) == TAU for s, a in zip(sends, applies)),
-    f"what the schedule guarantees: each fragment's message was handed over in one step's post-hook, and nothing "
-    f"asked for its result until the post-hook of the {TAU}th = τth step after, which applied it (the order of "
-    "events on the training thread)",
+    f"what the schedule guarantees: each fragment's message was handed over in one step's post-hook and applied in "
+    f"the post-hook of the {TAU}th = τth step after (the order of events on the training thread)",
 )
-windows = []  # per message: (fragment, ms on the link, ms of steps before the wait, ms waited)
+windows = []  # per message: (fragment, ms waited)
 for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     asked = link.waits[m["seq"]]  # when step a's post-hook called wait(), on the link's clock (s)
-    on_link, before = (m["modeled_end"] - m["start"]) * 1e3, (asked - m["start"]) * 1e3
-    waited = metrics.waited([(asked, max(asked, m["delivered"]))]) * 1e3
-    windows.append((order[s].rpartition("#")[2], round(on_link, 1), round(before, 1), waited))
+    # ms from the message's start on the link, rounded as printed first, so that the printed numbers add up
+    on_link, before, delivered = (round((t - m["start"]) * 1e3, 1) for t in (m["modeled_end"], asked, m["delivered"]))
+    waited = metrics.waited([(before, max(before, delivered))])  # ms
+    fragment = order[s].rpartition("#")[2]
+    windows.append((fragment, waited))
+    late = f", delivered {delivered - on_link:.1f} ms later" if waited > 0 and delivered > on_link else ""
     lesson.say(
-        f"fragment {order[s].rpartition('#')[2]} ({m['bytes'] / 1e3:.1f} kB), handed over in step {step_of(s)}: "
-        f"{on_link:.1f} ms on the link, {before:.1f} ms of steps until step {step_of(a)}'s wait(): "
-        + ("delivered by then, no wait" if waited < 0.05 else f"the training thread waited {waited:.1f} ms for it")
+        f"fragment {fragment} ({m['bytes'] / 1e3:.1f} kB), handed over in step {step_of(s)}: {on_link:.1f} ms on the "
+        f"link{late}; {before:.1f} ms of steps until step {step_of(a)}'s wait(): "
+        + (f"the training thread waited {waited:.1f} ms for it" if waited > 0 else "delivered by then, no wait")
     )
 span = view["row"]["end"]  # ms from step WARM + 1's forward to step WARM + H's optimizer step's end
-short = [f for f, on_link, before, _ in windows if before < on_link]  # messages longer than their steps
-total = round(sum(round(w[3], 1) for w in windows), 1)  # the waits as printed above, so that their sum holds
-worst = max(windows, key=lambda w: w[3])
-# which fragments outlasted their window depends on how long this machine's steps took, so it is said, not claimed
+short = [f for f, waited in windows if waited > 0]  # the messages the training thread waited for
+total = round(sum(w for _, w in windows), 1)
+worst = max(windows, key=lambda w: w[1])
+# which messages were waited for depends on how long this machine's steps took, so it is said, not claimed
 lesson.say(
-    (
-        "so on this link the steps from tick to wait() were shorter than the time on the link of "
-        + ("both messages" if len(short) == 2 else " and ".join(f"fragment {f}'s message" for f in short))
-        if short
-        else "so each message's time on the link fit in the steps from its tick to its wait()"
-    )
-    + (
-        f"; the training thread waited {total:.1f} ms in all, {100 * total / span:.0f} % of the {span:.1f} ms of "
-        f"steps {WARM + 1} to {WARM + H}"
-        + (f", {worst[3]:.1f} ms of it for fragment {worst[0]}'s" if len(short) > 1 else "")
-        if total > 0
-        else "; the training thread waited for none"
-    )
+    "so the training thread waited for "
+    + ("both messages" if len(short) == 2 else f"fragment {short[0]}'s message")
+    + f": {total:.1f} ms in all, {100 * total / span:.0f} % of the {span:.1f} ms of steps {WARM + 1} to {WARM + H}"
+    + (f", {worst[1]:.1f} ms of it for fragment {worst[0]}'s" if len(short) > 1 else "")
+    if short
+    else "so each message was delivered by its wait(): the training thread waited for none"
 )
 
 # %% [markdown]
@@ -620,20 +615,19 @@ print(
     "its own), one after another, "
     f"each 2 hops × {spec.latency * 1e3:g} ms + {size / 1e6:.0f} MB at "
     f"{spec.bandwidth * 8 / 1e9:g} Gbit/s = {each * 1e3:.1f} ms; the first handed over {start * 1e3:.1f} ms into "
-    f"the step (the forward, {cp.forward * 1e3:.1f} ms, 2/6 of the step's compute; then its own tensor's share of "
-    f"the backward, {cp.backward * 1e3:.1f} ms ÷ {len(cp.nbytes)}), the last delivered at {start * 1e3:.1f} + {len(buckets)} × "
+    f"the step, the last delivered at {start * 1e3:.1f} + {len(buckets)} × "
     f"{each * 1e3:.1f} = {(start + len(buckets) * each) * 1e3:.0f} ms, the step's end: it computes "
     f"{table[first]['ddp']['compute_s'] * 1e3:.0f} ms of it ({pct(table[first]['ddp']['utilisation'])}). Of the "
-    f"{len(buckets) * each:.2f} s its messages take on the link, {len(buckets) * 2 * spec.latency:.2f} s "
-    f"({100 * 2 * spec.latency / each:.0f} %) is the latency; the bytes "
-    f"take the other {len(buckets) * size / spec.bandwidth:.2f} s"
+    f"{len(buckets) * each:.2f} s its messages take on the link, their {2 * len(buckets)} hops' latency is "
+    f"{len(buckets) * 2 * spec.latency:.2f} s ({100 * 2 * spec.latency / each:.0f} %), their bytes the other "
+    f"{len(buckets) * size / spec.bandwidth:.2f} s"
 )
 computing = 100 * table[first]["diloco"]["compute_s"]  # a period's compute: 100 inner steps' (s)
 sync_wait = 100 * table[first]["diloco"]["exposed_s"]  # and the wait for its one whole-model sync (s)
 lesson.say(
     f"DiLoCo not streamed (H = 100, the whole model at once) on '{first}', in the step-time model: a period computes 100 × "
     f"{table[first]['diloco']['compute_s'] * 1e3:.2f} ms = {computing:.3f} s, then the replica waits {sync_wait:.3f} s "
-    f"for its sync (one message, its latency paid once: 2 hops × {spec.latency * 1e3:g} ms + {4 * PARAMS / 1e9:.2f} GB at "
+    f"for its sync (one message: 2 hops × {spec.latency * 1e3:g} ms + {4 * PARAMS / 1e9:.2f} GB at "
     f"{spec.bandwidth * 8 / 1e9:g} Gbit/s = {(2 * spec.latency + 4 * PARAMS / spec.bandwidth):.3f} s): "
     f"{computing:.3f} / ({computing:.3f} + {sync_wait:.3f}) = {pct(table[first]['diloco']['utilisation'])}"
 )
@@ -706,7 +700,7 @@ lesson.claim(
 #   helps was not separated.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so that it travels
-#   during those steps; the replica waits only when its time on the link outlasts them.
+#   during those steps; the replica waits when its time on the link outlasts them.
 # * The step-time model *predicts* (a 360 M-parameter model, H = 100; not measured here): on `wan` DDP computes
 #   less than 5 % of the time, and streaming DiLoCo with 4 fragments and τ = 10 all of it (time, not progress); streaming computes all
 #   of the time only where a fragment's time on the link fits in its τ steps, and on `100mbit` and `home` less
