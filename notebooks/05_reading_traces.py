@@ -50,7 +50,7 @@ for stage in profiled:
     lesson.Trainee(stage).profile(RUN, steps=1)
 lesson.say(lesson.describe())
 lesson.say(lesson.machine(link=False))
-lesson.say(f"Profiled one step of each of: {', '.join(profiled)}, into {RUN.relative_to(lesson.ROOT)}.")
+lesson.say(f"Profiled one step of each of the {len(profiled)} stages, into {RUN.relative_to(lesson.ROOT)}.")
 # the blog's six stages again, their gradients' all_reduces over an emulated 1 Gbit/s network (the last section)
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
 if rank == 0:
@@ -61,7 +61,7 @@ for stage in blog:
     lesson.Trainee(stage, link="1gbit").profile(LINKED, steps=1)
 lesson.say(
     f"Profiled one step of each of: {', '.join(blog)} over an emulated 1gbit link, into "
-    f"{LINKED.relative_to(lesson.ROOT)}; in this run the emulated link's thread shares the cores too."
+    f"{LINKED.relative_to(lesson.ROOT)}; the link's thread shares the cores too."
 )
 
 # %%
@@ -85,7 +85,7 @@ lesson.say(
 # The caveat: a gloo range lasts from the moment gloo's thread picks the collective up until it is done, so it is
 # also *held open* until the other rank joins the same collective, and while gloo's thread has no core; it can
 # end after the training thread that needed it has gone on. A range's length is how long it was open, not how
-# long its bytes took. `single` has nothing in flight and is not in the table.
+# long its bytes took.
 #
 # More terms:
 #
@@ -124,20 +124,21 @@ from minddp.notebook import lesson, lesson_05
 RUN = lesson.trace_dir("05_reading_traces")
 result = analyze_run(RUN)
 zero = lesson_05.summary(result)  # rank 0's summary row of each stage but single
-shares = lesson_05.shares(zero, RUN)
+shares = lesson_05.shares(zero, RUN)  # last column: lesson.non_compute_in_checks, non-compute in the checks' ranges
 lesson.say(f"k = {lesson.SETTINGS.grad_accum} micro-batches a step.")
 display(shares)
 
 # %% [markdown]
-# The two claims hold by construction (the definitions' arithmetic, on unrounded values; both bucket stages
-# plan with `minddp.stages.bucket_plan`); the lines after them are this run's.
+# The two claims hold by construction (the definitions' arithmetic, on unrounded values; `single` runs no
+# collective; both bucket stages plan with `minddp.stages.bucket_plan`); the lines after them are this run's.
 
 # %%
 tied = (zero["non_compute_time_us"] - (1 - zero["comm_comp_overlap_pctg"] / 100) * zero["comm_time_per_step_us"]).abs()
 # exact by the definitions (one profiled step: the step is the window); the margin is float rounding only
 lesson.claim(
-    (tied <= 1e-9 * zero["comm_time_per_step_us"] + 1e-3).all(),
-    "For every stage, non-compute = (100 % − overlap) × in flight.",
+    (tied <= 1e-9 * zero["comm_time_per_step_us"] + 1e-3).all()
+    and lesson_05.rank0(result.summary).set_index("stage").loc["single", "comm_time_per_step_us"] == 0,
+    "For every stage, non-compute = (100 % − overlap) × in flight; single (not in the table) has nothing in flight.",
 )
 sizes = lesson_05.rank0(result.buckets).groupby("stage")["numel"].apply(sorted)
 lesson.claim(
@@ -177,15 +178,18 @@ fig = draw_steps(rows, title=f"One step of each stage, on one time axis: run {re
 lesson_05.show(fig, RUN / "one_step_each_stage.png")
 
 # %% [markdown]
-# The plot's messages: how many were handed over (ticks), and how many during a backward; then, of the stages that
-# send during one, the longest backward band against `single`'s.
+# The plot's messages: how many were handed over (ticks), and how many during a backward; then the step's last
+# backward band of `single` and of each stage that sends during one: its length, its time with no training thread
+# inside an operator (*no operator*), and the non-compute in it.
 
 # %%
 anatomy = lesson_05.anatomy(result, zero.index)
 display(anatomy)
 
 # %%
-lesson.say(lesson_05.band_non_compute(result, RUN, anatomy.index[anatomy["during a backward"] > 0]))
+bands = lesson_05.last_backward(result, RUN, anatomy.index[anatomy["during a backward"] > 0])
+display(bands)
+lesson.say(lesson_05.band_line(bands, result))
 
 # %% [markdown]
 # One stage's buckets (`bucket-async`): `order`, the bucket's place in the sending order; `MiB`, its gradients'
@@ -216,10 +220,9 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 #   `wait()` on one (the call that returns once the message is delivered; a blocking stage calls it after each
 #   hand-over) to its delivery. The parameter check is not a message and is not counted,
 #   so waited is not non-compute, even of one run;
-# * **exposed**: the part of that union during which rank 0's link carried a transfer; link time − exposed is
-#   the link's work while rank 0 waited for no message (a blocking stage's too: the link starts a message before
-#   the `wait()`); waited − exposed, the waits' part in which it carried nothing: a transfer done, not yet
-#   delivered (the real all_reduce, or the link's thread, late).
+# * **exposed**: the part of that union during which rank 0's link carried a transfer; waited − exposed, the
+#   waits' part in which it carried nothing: a transfer done, not yet delivered (the real all_reduce, or the
+#   link's thread, late).
 
 # %%
 from minddp.comm.link import parse_link

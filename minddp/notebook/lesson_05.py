@@ -162,47 +162,57 @@ def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[s
     )
 
 
-def band_non_compute(result, run: Path, stages) -> str:
-    """A line to print: of ``stages``, the one with the longest backward band (rank 0's step), how much longer that
-    band is than ``single``'s longest, how much of each of the two bands is not compute (no training thread inside
-    an operator), and the difference as a share of the excess; in words; one profiled step, not claimed."""
+def last_backward(result, run: Path, stages) -> pd.DataFrame:
+    """Per stage (``single``, then ``stages``; rank 0's profiled step): its last backward band's length, the time in
+    it with no training thread inside an operator, in flight or not (*no operator*), and the non-compute in it
+    (``metrics.breakdown`` over the band), ms to 0.1."""
     from minddp.analysis import metrics
 
     p = rank0(result.phases)
-    back = p[p["phase"] == "backward"].assign(ms=lambda f: (f["end_us"] - f["start_us"]) / 1e3)
+    back = p[p["phase"] == "backward"]
+    rows = {}
+    for st in ["single", *stages]:
+        band = back[back["stage"] == st].sort_values("start_us").iloc[-1]
+        iv, s0, _ = lesson.parameter_checks(run, st)
+        parts = metrics.breakdown([(s0 + band["start_us"], s0 + band["end_us"])], iv.compute, iv.comm)
+        rows[st] = {
+            "last backward (ms)": parts["total_time_us"] / 1e3,
+            "no operator (ms)": (parts["total_time_us"] - parts["compute_time_us"]) / 1e3,
+            "of it, non-compute (ms)": parts["non_compute_time_us"] / 1e3,
+        }
+    return pd.DataFrame(rows).T.round(1)
 
-    def idle(stage, band):  # ms of the band (µs from the step's start) with no training thread inside an operator
-        iv, s0, _ = lesson.parameter_checks(run, stage)
-        window = [(s0 + band["start_us"], s0 + band["end_us"])]
-        parts = metrics.breakdown(window, iv.compute, iv.comm)  # not compute: non-compute and idle together
-        return (parts["total_time_us"] - parts["compute_time_us"]) / 1e3
 
-    alone = back.loc[back.loc[back["stage"] == "single", "ms"].idxmax()]
-    mine = back[back["stage"].isin(list(stages))]
-    band = mine.loc[mine["ms"].idxmax()]
-    st = band["stage"]
-    excess = round(band["ms"]) - round(alone["ms"])
-    if excess <= 0:
-        return f"{st}'s longest backward band, {band['ms']:.0f} ms, is no longer than single's longest."
-    off, off1 = idle(st, band), idle("single", alone)
-    more = round(round(off, 1) - round(off1, 1), 1)
-    share = 100 * more / excess
-    how = f"{share:.0f} % of the excess: " + ("most" if share > 50 else "less than half")
-    waits = f" ({st} waits for each message inside the backward)" if st in ("hook", "bucket") else ""
+def band_line(bands: pd.DataFrame, result) -> str:
+    """A line to print (``bands``: :func:`last_backward`'s printed columns): the stage whose last backward band is the
+    longest, its excess over ``single``'s split into time with no operator and time with one; and how far apart
+    ``single``'s own backward bands are (rank 0's step); one profiled step, not claimed.
+
+    >>> b = pd.DataFrame({"last backward (ms)": [130.0, 290.0, 150.0], "no operator (ms)": [7.0, 160.0, 30.0]},
+    ...                  index=["single", "h", "a"])
+    >>> ph = pd.DataFrame({"rank": 0, "stage": "single", "phase": "backward", "start_us": [0.0, 200e3],
+    ...                    "end_us": [110e3, 330e3]})
+    >>> print(band_line(b, type("R", (), {"phases": ph})))  # doctest: +NORMALIZE_WHITESPACE
+    h's last backward band is 160.0 ms longer than single's: 153.0 ms more with no operator, 7.0 ms more with one.
+    single's own 2 backward bands differ by up to 20 ms, less than that excess.
+    """
+    col, off = "last backward (ms)", "no operator (ms)"
+    st = bands[col].drop("single").idxmax()
+    excess = round(bands.loc[st, col] - bands.loc["single", col], 1)
+    more = round(bands.loc[st, off] - bands.loc["single", off], 1)
+    ops = round(excess - more, 1)
+
+    def by(x):
+        return f"{abs(x):.1f} ms {'more' if x >= 0 else 'less'}"
+
+    p = rank0(result.phases)
+    alone = p[(p["stage"] == "single") & (p["phase"] == "backward")]
+    ms = (alone["end_us"] - alone["start_us"]) / 1e3
+    how, spread = f"{excess:.1f} ms longer than" if excess > 0 else "no longer than", ms.max() - ms.min()
     return (
-        f"{st}'s longest backward band, {band['ms']:.0f} ms, is {excess} ms longer than single's longest, "
-        f"{alone['ms']:.0f} ms. Time in it with no training thread inside an operator, in flight or not (so not "
-        f"non-compute): {off:.1f} ms of {st}'s band, {off1:.1f} ms of single's"
-        + (
-            f", {more:.1f} ms more, {share:.0f} % of the excess: all of the band's excess, in this step, is time "
-            f"{st}'s training threads ran no operator, and its operators took {more - excess:.1f} ms less than "
-            "single's."
-            if more >= excess  # band = operators + the rest: the rest's excess past the band's is operators' time
-            else f", {more:.1f} ms more, {how} of the band's excess, in this step, is time {st}'s training threads "
-            f"ran no operator{waits}."
-            if more > 0
-            else f": none of the band's excess, in this step, is time {st}'s training threads ran no operator."
-        )
+        f"{st}'s last backward band is {how} single's: {by(more)} with no operator, {by(ops)} with one. "
+        f"single's own {len(ms)} backward bands differ by up to {spread:.0f} ms"
+        + (f", {'less' if round(spread) < excess else 'no less'} than that excess." if excess > 0 else ".")
     )
 
 
@@ -236,10 +246,12 @@ NOT_DRAWN = {"gloo:broadcast": "the model's buffers, broadcast in a forward"}
 
 def not_drawn(parts: dict) -> str:
     """A line to print (``parts``: stage -> :func:`in_flight_parts`): the gloo ranges in flight that are neither an
-    all_reduce nor a check, and in which stages; empty where there are none.
+    all_reduce nor a check, in which stages, and the most time in flight outside every all_reduce and check range of
+    a stage; empty where there are none.
 
-    >>> print(not_drawn({"b": (9.0, 0.0, []), "d": (11.0, 1.0, ["gloo:broadcast"])}))  # doctest: +NORMALIZE_WHITESPACE
-    Also in the table's in flight: gloo:broadcast ranges (the model's buffers, broadcast in a forward) in d.
+    >>> print(not_drawn({"b": (9.0, 0.0, []), "d": (11.0, 1.04, ["gloo:broadcast"])}))  # doctest: +NORMALIZE_WHITESPACE
+    Also in the table's in flight: gloo:broadcast ranges (the model's buffers, broadcast in a forward) in d; they
+    add at most 1.0 ms to a stage's in flight.
     """
 
     def names(stages):
@@ -253,24 +265,26 @@ def not_drawn(parts: dict) -> str:
         f"{n} ranges ({NOT_DRAWN[n]}) in {names(sts)}" if n in NOT_DRAWN else f"{n} ranges in {names(sts)}"
         for n, sts in other.items()
     )
-    return f"Also in the table's in flight: {what}." if other else ""
+    most = max(parts[st][1] for st in parts)
+    add = f"at most {most:.1f} ms" if round(most, 1) > 0 else "under 0.1 ms"
+    return f"Also in the table's in flight: {what}; they add {add} to a stage's in flight." if other else ""
 
 
 def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
     """A line to print: for each (one message a parameter, buckets) pair of stages, from ``table``'s printed columns,
-    how much longer or shorter rank 0 waited and how much the link time fell (where it rose: exposed and waited −
-    exposed before and after); where waited fell, and its part with
-    the link idle (waited − exposed) fell by more than half of that and by more than the link time, that said in
-    words ("all" where it fell by as much as waited: exposed did not fall); one profiled step each, not claimed.
+    how much longer or shorter rank 0 waited and how much the link time fell (where waited rose: exposed before and
+    after); where waited fell, and its part with the link idle (waited − exposed) fell by more than half of that and
+    by more than the link time, that said in words, the threshold with it ("all" where it fell by as much as
+    waited); one profiled step each, not claimed.
 
     >>> t = pd.DataFrame({"link time (ms)": [3.0, 2.0, 3.0, 2.0], "waited (ms)": [9.0, 5.0, 4.0, 6.0],
     ...                   "exposed (ms)": [4.0, 4.0, 0.0, 5.9]}, index=["h", "b", "ha", "ba"])
     >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
     >>> print(bucket_pairs(t, [("h", "b"), ("ha", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
     From one message a parameter to buckets, in this step: h → b, rank 0 waited 4.0 ms less with 1.0 ms less link
-    time: what buckets removed was all waiting with the link idle (waited − exposed 5.0 → 1.0 ms), not the link's
-    cost of a message; ha → ba, rank 0 waited 2.0 ms more with 1.0 ms less link time: here buckets made rank 0 wait
-    longer (exposed 0.0 → 5.9 ms, waited − exposed 4.0 → 0.1 ms).
+    time; waited − exposed fell 4.0 ms (5.0 → 1.0), as much as waited or more: all of the waiting that went was
+    with the link idle, not the link's cost of a message; ha → ba, rank 0 waited 2.0 ms more with 1.0 ms less link
+    time (exposed 0.0 → 5.9 ms).
     """
     w, r, lt, x = "waited (ms)", "waited − exposed (ms)", "link time (ms)", "exposed (ms)"
     parts = []
@@ -280,16 +294,13 @@ def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
         how = "as long" if fell == 0 else f"{abs(fell):.1f} ms {'less' if fell > 0 else 'more'}"
         line = f"{a} → {b}, rank 0 waited {how} with {saved:.1f} ms less link time"
         if fell > 0 and fell_idle > fell / 2 and fell_idle > saved > 0:
+            share = "as much as waited or more: all" if fell_idle >= fell else "more than half as much as waited: most"
             line += (
-                f": what buckets removed was {'all' if fell_idle >= fell else 'mostly'} waiting with the link idle "
-                f"(waited − exposed {ra:.1f} → {rb:.1f}"
-                " ms), not the link's cost of a message"
+                f"; waited − exposed fell {fell_idle:.1f} ms ({ra:.1f} → {rb:.1f}), {share} of the waiting that went "
+                "was with the link idle, not the link's cost of a message"
             )
         elif fell < 0:
-            line += (
-                f": here buckets made rank 0 wait longer (exposed {xa:.1f} → {xb:.1f} ms, waited − exposed "
-                f"{ra:.1f} → {rb:.1f} ms)"
-            )
+            line += f" (exposed {xa:.1f} → {xb:.1f} ms)"
         parts.append(line)
     return f"From one message a parameter to buckets, in this step: {'; '.join(parts)}."
 
@@ -339,34 +350,19 @@ def outside_checks(shares: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
 
 
 def link_after_backward(linked, link, run: Path, stages) -> str:
-    """A line to print (``run``: the link run's folder): for each of ``stages``, when rank 0's link ended its last
-    transfer of the profiled step, against the end of the step's last backward band (ms); then how long before that
-    end each stage handed over its first message, against its link time (:func:`link_ms`). The link starts a message
-    no earlier than its hand-over and carries one at a time for its modeled time, so it cannot end before the first
-    hand-over plus the link time: said where that bound falls after the backward's end; for two stages, where the
-    second's bound is later than the first's link finished, that said; one step, not claimed."""
+    """A line to print (``run``: the link run's folder): for each of ``stages``, how long before the end of its last
+    backward band (rank 0's profiled step) it handed over its first message, against its link time
+    (:func:`link_ms`). The link starts a message no earlier than its hand-over and carries one at a time for its
+    modeled time, so it cannot end before the first hand-over plus the link time: said where that bound falls after
+    the backward's end; one step, not claimed."""
     p = rank0(linked.phases)
     sent = rank0(linked.buckets)
-    said, lead, marks = [], [], []
+    lead = []
     for st in stages:
-        iv, s0, _ = lesson.parameter_checks(run, st)
-        s1 = iv.steps[-1][2]
         end_rel = p.loc[(p["stage"] == st) & (p["phase"] == "backward"), "end_us"].max()
-        last = max(b for a, b in iv.link if s0 <= a <= s1)
-        d = (last - s0 - end_rel) / 1e3
-        when = f"{d:.1f} ms after" if round(d, 1) > 0 else f"{-d:.1f} ms before" if round(d, 1) < 0 else "as"
-        said.append(f"{when} the step's last backward ended in {st}" if not said else f"{when} in {st}")
         ahead = (end_rel - sent.loc[sent["stage"] == st, "ready_us"].min()) / 1e3
         work = link_ms(linked, link, st)
         late = f", so its link could not finish before {work - ahead:.1f} ms after that end" if work > ahead else ""
         first = f"{st} handed over its first message" if not lead else f"{st} its first"
-        lead.append(f"{first} {ahead:.1f} ms before that end, with {work:.1f} ms of link time{late}")
-        marks.append((ahead, d, work))
-    why = ""
-    if len(stages) == 2:  # the second stage's bound (printed) against the first's finish (printed)
-        (a, b), ((_, end_a, _), (ahead_b, _, work_b)) = stages, marks
-        if work_b > ahead_b and round(work_b - ahead_b, 1) > round(end_a, 1):
-            why = f" That bound is later than {a}'s link finished, so {b}'s finished later."
-    return (
-        f"In the link run, rank 0's link finished the step's last transfer {', '.join(said)}: {'; '.join(lead)}.{why}"
-    )
+        lead.append(f"{first} {ahead:.1f} ms before its last backward ended, with {work:.1f} ms of link time{late}")
+    return f"In the link run, {'; '.join(lead)}."
