@@ -19,12 +19,12 @@
 # A data-parallel script can be wrong in ways a single process never is. We break DDP on purpose,
 # nine bugs in six sections, and run each three ways on the two ranks:
 #
-# 1. **torch**, debug mode *paused* (`minddp.debug.disable()`): what torch's DDP says
-#    (or `torch.distributed`, for the script's own collectives). Unlike in a real job, where all share
-#    the *default group* (the process group the ranks started with), here the script's own collectives
-#    run on a new group, `short` (*the short group*), and torch's DDP on another new one, `group`, with
-#    torch's default timeout (the set-up cell prints both), so a hang ends in seconds, not at torch's
-#    default: a rank waiting on `group` is released when a failing rank destroys its groups;
+# 1. **torch**, debug mode *paused* (`minddp.debug.disable()`), torch's own off (its default): what
+#    torch's DDP says (or `torch.distributed`, for the script's own collectives). In a real job all
+#    share the *default group* (the process group the ranks started with); here the script's own
+#    collectives run on a new group, `short` (*the short group*), whose calls give up after seconds,
+#    and torch's DDP on another, `group`, with torch's default timeout (the set-up cell prints both and
+#    torch's debug level); a rank that fails destroys both, releasing a partner waiting on `group`;
 # 2. **minddp in debug mode**: its DDP's checks, and the *collective check* of every call on the
 #    default group, where the script's own collectives run here. A `DebugError` is raised
 #    on every rank at the first check that sees the bug (for section 3's bug, a `DebugWarning`, and
@@ -42,21 +42,20 @@
 
 # %% [markdown]
 # The set-up cell's helpers (`minddp/notebook/lesson_08.py`) give every rank the same model (its
-# *replica*), `build()`'s `Net` (`encoder` 8→16, tanh, `head` 16→4; `Net(extra=True)` adds `extra`
-# 16→4, a second head added to `head`'s output in a forward given `use_extra=True`), wrapped
-# (`model`, *the wrapper*, is the DDP object; `model.module` is the `Net` it wraps), and its own
-# batches of 6 examples (its shard); `train(model, optimizer, steps)` takes that many correct steps
-# on them. They run each script three ways:
+# *replica*), `build()`'s `Net` (`encoder`, tanh, `head`; `Net(extra=True)` adds a second head,
+# `extra`, in a forward given `use_extra=True`), wrapped (`model`, *the wrapper*, is the DDP object;
+# `model.module` is the `Net` it wraps), and its own batches of 6 examples (its shard);
+# `train(model, optimizer, steps)` takes that many correct steps on them. `apart(model)` is the
+# largest difference between a rank's parameters and rank 0's. They run each script three ways:
 #
-# * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised,
-#   its step if raised in `train()` (`torch_step`), and the seconds from the script's start
+# * `torch_does`: `script(group, short)` with debug mode paused; an excerpt (… marks a cut) of what
+#   each rank raised, its step if in `train()` (`torch_step`) and the seconds from the script's start
 #   (`torch_took`), or "raised nothing"; `torch_drifts(script)`: `script(model, optimizer)` on
-#   `build()`'s model in torch's DDP;
+#   `build()`'s model in torch's DDP, its ✓ line checking that no rank raised and `apart(model)` > 0;
 # * `minddp_says`: the `DebugError` debug mode raised on rank 0, then whether each other rank raised
-#   the same (a place it names is in its own copy of the cell);
-# * `fixed`: the corrected script in debug mode; its ✓ line checks that nothing is said (`quiet()`
-#   collected no `DebugWarning`; an error would raise) and that `apart(model)`, the largest difference
-#   between a rank's parameters and rank 0's, is 0.
+#   the same; its ✓ line checks that every rank raised one containing the cause the cell passes;
+# * `fixed`: the corrected script in debug mode; its ✓ line checks that nothing is said (no
+#   `DebugWarning`; an error would raise) and that `apart(model)` is 0.
 
 # %%
 # %%distributed
@@ -81,7 +80,7 @@ from minddp.notebook.lesson_08 import (
     each_rank,  # every rank's value, in rank order
     fixed,
     minddp_says,
-    peer_gone,  # whether an error says the partner closed the connection (gloo's "Connection closed by peer")
+    peer_gone,  # whether an error says a partner's process is gone ("closed by peer", "reset by peer", ...)
     quiet,
     say_each,  # rank 0's line printed, then whether each other rank's is the same
     torch_does,
@@ -93,7 +92,10 @@ from minddp.notebook.lesson_08 import (
 
 minddp.debug.enable()  # what `MINDDP_DEBUG=1 torchrun ...` does for every rank when it imports minddp
 lesson.say(f"Net(extra=True)'s parameters, in order: {', '.join(n for n, _ in Net(extra=True).named_parameters())}")
-lesson.say(f"The short group's timeout is {WAIT_S} s; `group`'s, torch's default, is {DEFAULT_WAIT_S / 60:.0f} min.")
+lesson.say(
+    f"The short group's timeout is {WAIT_S} s; `group`'s, torch's default, is {DEFAULT_WAIT_S / 60:.0f} min. "
+    f"torch's debug level (TORCH_DISTRIBUTED_DEBUG): {dist.get_debug_level().name}."
+)
 
 # %% [markdown]
 # ## 1. Replicas that drift apart
@@ -103,8 +105,8 @@ lesson.say(f"The short group's timeout is {WAIT_S} s; `group`'s, torch's default
 # after step 1. In debug mode, before each forward whose backward will average the gradients (the
 # *forward check*), every rank all-gathers a row of integers, `int64[8]` for `Net()`: its 4 parameter
 # tensors' `requires_grad` flags, then their fingerprints (checksums of their 16-bit words); a mismatch
-# adds an all_gather of the tensors, for the size of the difference. The fix:
-# change parameters the same way on every rank.
+# adds an all_gather of the tensors, for the size of the difference. The fix: change parameters the
+# same way on every rank.
 
 
 # %%
@@ -132,12 +134,11 @@ fixed(drifting_loop, "without the edit", edit=False)
 # DDP averages the gradients of a backward whose forward went through the wrapper. Call the module
 # itself (`model.module(x)`, or a submodule) and backward leaves each rank its own gradient; the
 # optimizer then steps each replica its own way. Before each `optimizer.step()` the *step check*
-# all-gathers another row, `int64[17]` for `Net()`: one integer of *notes* (bits, among them whether
-# a forward bypassed the wrapper and whether the step's last forward ran inside `no_sync()`, the
-# wrapper's block whose forwards' backwards skip the averaging: this section's two bugs); then four
-# groups of one per parameter: whether it has a gradient, that gradient's fingerprint, whether this
-# step's backward computed one, and the local gradient's fingerprint (before averaging). The fix: call
-# the wrapper.
+# all-gathers another row, `int64[17]` for `Net()`: one integer of *notes* (bits, among them this
+# section's two bugs: a forward that bypassed the wrapper, a step's last forward run inside
+# `no_sync()`, the wrapper's block whose backwards skip the averaging); then four integers per
+# parameter: whether it has a gradient, its fingerprint, whether this step's backward computed one,
+# and the local gradient's fingerprint (before averaging). The fix: call the wrapper.
 
 
 # %%
@@ -154,8 +155,8 @@ fixed(one_step, "through the wrapper", through_wrapper=True)
 
 # %% [markdown]
 # The other way to get there: gradient accumulation, step 0's gradient summed over three backwards
-# (*micro-batches*), all inside `no_sync()`, the last one included. Whether a backward averages is
-# decided by its forward, so the fix: the last micro-batch's forward and backward outside `no_sync()`.
+# (*micro-batches*), all inside `no_sync()`. Whether a backward averages is decided by its forward,
+# so the fix: the last micro-batch's forward and backward outside `no_sync()`.
 
 
 # %%
@@ -175,7 +176,7 @@ fixed(accumulate, "the last micro-batch synced", last_syncs=True)
 # %% [markdown]
 # ## 3. Every rank reading the same data
 #
-# Without a `DistributedSampler` (or any other shard), every rank reads the same batches. The step check
+# Without a `DistributedSampler` (or another shard), every rank reads the same batches. The step check
 # sees it from the local gradients' fingerprints: the same on every rank three steps in a row. The fix:
 # a shard per rank.
 
@@ -205,7 +206,7 @@ lines = read(*build())
 say_each(lines[0] if lines else None, "warned")
 lesson.claim(
     len(lines) == 1 and lines[0].startswith("DebugWarning: minddp debug"),
-    "debug mode warned once on every rank (the 4 steps' one Python warning), and the steps ran to the end",
+    "debug mode warned once on every rank, and the 4 steps ran to the end",
 )
 lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, no warning at all")
 
@@ -213,15 +214,13 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # ## 4. Mismatched collectives, the script's own included
 #
 # A script's own collectives must match across ranks too: the same op, shape and dtype, in the same
-# order. Here rank 0 logs two metrics and rank 1 one. Under torch, gloo pairs an all_reduce of 2
-# values with one of 1 and the ranks wait until a timeout, here the short group's. The fix: the same
-# metrics on every rank.
+# order. Under torch, gloo pairs an all_reduce of 2 values with one of 1 and the ranks wait until a
+# timeout, here the short group's. The fix: the same metrics on every rank.
 #
-# Debug mode numbers each rank's collectives on the default group from 0 at the set-up cell, while
-# it is on (*collective #K*), and compares the ranks' calls of the same number before it is sent, via
-# the default group's key-value store (not a collective). A call
-# is written as op(dtype[shape], ...), with its reduce op if any, then the step: `(step 0)` for a call
-# made in a wrapper's step (from its forward to its `optimizer.step()`), `(after step S)` for a
+# Debug mode numbers each rank's collectives on the default group while it is on (*collective #K*),
+# and compares the ranks' calls of the same number before it is sent, via the default group's
+# key-value store (not a collective). A call is written as op(dtype[shape], ...), with its reduce op
+# if any, then the step: `(step 0)` for a call made in a wrapper's step (from its forward to its `optimizer.step()`), `(after step S)` for a
 # script's own call made after the last step a wrapper took on that rank: this script has no wrapper,
 # so its step is the last of section 3's fix.
 
@@ -324,26 +323,25 @@ steps, compared = each_rank(stepped), each_rank(len(calls))
 watched = each_rank(sum("minddp debug's" in call.where for call in calls))
 lesson.claim(
     not said and steps == [4, 3] and torch.equal(nn.utils.parameters_to_vector(model.parameters()), left),
-    f"the fix: under model.join() rank 0 took {steps[0]} steps and rank 1 {steps[1]}, then both passed the barrier; "
+    f"the fix: under model.join() rank 0 took {steps[0]} steps and rank 1 {steps[1]}; "
     "nothing is said and both ranks end with the parameters rank 0 had when it left its loop",
 )
 lesson.claim(
     watched == [0, 0] and compared[0] == compared[1] > 0,
-    "the forward and step checks pause inside join() (no call was theirs), so there they would miss sections "
-    "1 to 3's bugs; the collective check found every call matched",
+    f"none of each rank's {compared[0]} checked calls in the fix was a forward or step check's: both pause inside "
+    "join()",
 )
 
 # %% [markdown]
 # ## 6. A layer frozen on some ranks is not an unused parameter
 #
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
-# fixes. A layer frozen on rank 0 only makes the ranks disagree on what they send:
-# the ranks' `requires_grad` flags differ at step 0.
-# Under torch's DDP rank 0, without `head`'s gradients, never launches their bucket's all_reduce and ends
-# step 0, while rank 1 waits in it. At step 1's forward rank 0 raises, naming by index the parameters
-# without a gradient (from 0 in the set-up cell's list: 2 and 3 are `head.weight` and `head.bias`),
-# and destroys its groups, so rank 1 fails, still in step 0. The fix: freeze the layer on every rank,
-# before wrapping.
+# fixes. A layer frozen on rank 0 only makes the ranks disagree on what they send: the ranks'
+# `requires_grad` flags differ at step 0. Under torch's DDP rank 0, without `head`'s gradients, never
+# launches their bucket's all_reduce and ends step 0, while rank 1 waits in it. At step 1's forward
+# rank 0 raises (its indices count from 0 in the set-up cell's list: 2 and 3 are `head.weight` and
+# `head.bias`), so rank 1 fails, still in step 0. The fix: freeze the layer on every rank, before
+# wrapping.
 
 
 # %%
@@ -373,8 +371,7 @@ lesson.claim(
 minddp_says(
     lambda: freeze_on_rank_0(DistributedDataParallel),
     ("requires_grad differs across ranks: parameter 'head.weight'", "at step 0"),
-    "debug mode stopped every rank at step 0, a step before torch's DDP's own error (rank 0's \"Expected to have "
-    'finished reduction", in step 1)',
+    "debug mode stopped every rank at step 0, a step before torch's DDP's own error (rank 0's, in step 1)",
     also=torch_step[0] == 1 and "Expected to have finished reduction" in raised[0],
 )
 with quiet() as said:
@@ -446,8 +443,7 @@ lesson.claim(
 minddp_says(
     lambda: train(*build(extra=True), 1, use_extra=rank == 0),
     ("Fix: pass find_unused_parameters=True", "in step 0"),
-    "debug mode stopped every rank in step 0, a step before torch's DDP's own error (rank 1's \"Expected to have "
-    'finished reduction", in step 1)',
+    "debug mode stopped every rank in step 0, a step before torch's DDP's own error (rank 1's, in step 1)",
     also=torch_step[1] == 1 and "Expected to have finished reduction" in raised[1],
 )
 
@@ -477,7 +473,8 @@ lesson.claim(
 # A wrapper built in debug mode has three parts one built with it paused lacks: a *watch* (it runs the
 # forward and step checks), the `DebugReducer` (a *reducer* averages the gradients; this one's
 # all_reduces go through the collective check) and the plan check. The forward, plan and step checks
-# each add a collective to a step outside `join()` (section 5 lists step 2's).
+# each add a collective to a step (section 5 lists step 2's); inside `join()` the forward and step
+# checks pause.
 
 
 # %%
@@ -499,8 +496,8 @@ lesson.claim(
     and on.watch is not None
     and type(on.reducer).__name__ == "DebugReducer"
     and on.check_consistency,
-    f"minddp's DDP built with debug mode paused has no watch, the plain reducer ({type(paused.reducer).__name__}), "
-    f"no per-step plan check; built with it on: a watch, the {type(on.reducer).__name__}, the plan check",
+    f"built with debug mode paused, minddp's DDP has a {type(paused.reducer).__name__}, no watch, no plan check; "
+    f"built with it on, a {type(on.reducer).__name__}, a watch, the plan check",
 )
 # Both reducers divide by the world size, then sum. tol, a loose float32 bound: per step, 16 roundings of 2⁻²⁴ of
 # the largest parameter.
@@ -510,6 +507,20 @@ lesson.claim(
     gap <= tol,
     "after the same 5 steps, each rank's parameters with debug mode on equal its own with it paused "
     + ("bit for bit" if gap == 0 else f"to within {gap:.1e} (float32 rounding: tol {tol:.1e})"),
+)
+finished = []  # one more step with debug mode on: whether each bucket's sum had finished when its launch returned
+launch = on.reducer._launch
+
+
+def launch_and_look(b):
+    launch(b)
+    finished.append(on.reducer.pending[-1].future.done())
+
+
+on.reducer._launch = launch_and_look
+train(on, torch.optim.SGD(on.parameters(), lr=0.0), steps=1)
+lesson.claim(
+    bool(finished) and all(finished), "in debug mode each bucket's all_reduce had finished before backward went on"
 )
 
 # %%

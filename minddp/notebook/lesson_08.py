@@ -20,6 +20,7 @@ the notebook's cluster; the one example below runs on one rank (the doctests' on
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import tempfile
@@ -144,11 +145,11 @@ def each_rank(value) -> list:
 
 def torch_does(script) -> list[str]:
     """Run ``script(group, short)`` with debug mode paused; print and return whether each rank raised, in a line
-    (an error: its type, the step of :func:`train` it was raised in if any, the seconds until it was raised, its
-    first two sentences, any later one naming ``find_unused_parameters`` (torch's advice), and the line naming the
-    parameter indices if it has one; for gloo's errors, nothing from its guess at a cause, "This is typically caused
-    by ...", on); each rank's seconds until it raised (or finished) are left in :data:`torch_took`, and its step in
-    :data:`torch_step`.
+    (an error: its type, the step of :func:`train` it was raised in if any, the seconds until it was raised, and an
+    excerpt: its first two sentences, any later one naming ``find_unused_parameters`` (torch's advice), and the line
+    naming the parameter indices if it has one, in brackets; for gloo's errors, nothing from its guess at a cause,
+    "This is typically caused by ...", on; "…" where sentences were cut); each rank's seconds until it raised (or
+    finished) are left in :data:`torch_took`, and its step in :data:`torch_step`.
 
     ``group``: a new group for torch's DDP, with torch's default timeout (:data:`DEFAULT_WAIT_S`); ``short``: one
     whose calls give up after :data:`WAIT_S`, for the script's own collectives. A rank that fails destroys both, as a
@@ -164,12 +165,7 @@ def torch_does(script) -> list[str]:
         script(*groups)
         mine, took = "raised nothing", time.perf_counter() - start
     except RuntimeError as error:  # torch's and gloo's errors: the lines the docstring names
-        lines = str(error).strip().splitlines()
-        sentences = " ".join(x.strip() for x in lines if "indices" not in x).split(". ")
-        guess = [i for i, x in enumerate(sentences) if x.startswith("This is typically caused by")]
-        sentences = sentences[: (guess or [len(sentences)])[0]]  # gloo's guess at a cause, and what follows it, cut
-        excerpt = ". ".join(sentences[:2] + [x for x in sentences[2:] if "find_unused_parameters" in x])
-        excerpt += "".join(f" ({x.strip()})" for x in lines if "indices" in x)
+        excerpt = _excerpt(str(error))
         took, step = time.perf_counter() - start, _in_step[0]
         where = "" if step is None else f" in step {step}"
         mine = f"{type(error).__name__}{where} after {took:.2f} s: {excerpt}"
@@ -187,6 +183,30 @@ def torch_does(script) -> list[str]:
     torch_took[:] = [took for _, took, _ in everyone]
     torch_step[:] = [step for _, _, step in everyone]
     return [outcome for outcome, _, _ in everyone]
+
+
+def _excerpt(message: str) -> str:
+    r""":func:`torch_does`'s excerpt of an error ``message``: the sentences its docstring names, "…" for each cut.
+
+    >>> _excerpt("A. B. C, twice. See find_unused_parameters and\nso on.\nParameter indices: 2 3\nIn addition, set X")
+    'A. B. … See find_unused_parameters and so on. (Parameter indices: 2 3) …'
+    >>> _excerpt("[pair.cc:553] Connection closed by peer [127.0.0.1]:1. This is typically caused by a crash. GLHF!")
+    '[pair.cc:553] Connection closed by peer [127.0.0.1]:1. …'
+    """
+    sentences: list[str] = []  # a sentence may run over lines; a line naming the indices is one of its own
+    for indices, run in itertools.groupby(message.strip().splitlines(), key=lambda line: "indices" in line):
+        lines = [line.strip() for line in run]
+        sentences += lines if indices else [s for s in re.split(r"(?<=\.)\s+", " ".join(lines)) if s]
+    guess = next((i for i, s in enumerate(sentences) if s.startswith("This is typically caused by")), len(sentences))
+    said: list[str] = []
+    for i, sentence in enumerate(sentences):
+        if i < guess and "indices" in sentence:
+            said.append(f"({sentence})")
+        elif i < guess and (i < 2 or "find_unused_parameters" in sentence):
+            said.append(sentence)
+        elif not said or said[-1] != "…":
+            said.append("…")  # gloo's guess at a cause, and what follows it, cut too
+    return " ".join(said)
 
 
 def torch_drifts(script) -> None:
