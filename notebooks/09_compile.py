@@ -18,8 +18,10 @@
 #
 # Autograd runs the backward pass as *nodes*, here of two kinds. A parameter's `AccumulateGrad` node adds its gradient
 # into the parameter's `.grad`; `ddp` (minddp's `DistributedDataParallel`) hooks its *reducer* in there, which groups
-# the gradients into *buckets* by a byte limit, the *bucket cap*, and sums each bucket over the ranks with one
-# `all_reduce`. Every other node is a *gradient node*: it computes gradients (the model's nodes, and the loss's).
+# the gradients into *buckets* and sums each bucket over the ranks with one `all_reduce`. Its first step, with
+# `find_unused_parameters` off as here, has one bucket per dtype and device; from the second, a byte limit, the
+# *bucket cap*, cuts the buckets. Every other node is a *gradient node*: it computes gradients (the model's nodes, and
+# the loss's).
 #
 # A bucket is *handed over* (the tick in the figure) when the reducer calls `all_reduce` on it, once its last gradient
 # is there and every earlier bucket has been handed over. A gradient node *ran after* a hand-over if it ends after it
@@ -39,10 +41,10 @@
 # gradient node. A bucket whose last gradient a piece produces can then be handed over before the next piece's backward
 # begins.
 #
-# The figure shows one training step of `ddp` in each of three runs, one row each: eager (not compiled), compiled
-# without the cut (`torch._dynamo.config.optimize_ddp = False`) and compiled with it. The model: an MLP of 1 MiB layers
-# without biases (eight; two after the exercise). The backend is `aot_eager`, which runs the graph with the *aten*
-# operators an uncompiled model calls.
+# The figure shows the backward pass of one training step of `ddp` in each of three runs, one row each: eager (not
+# compiled), compiled without the cut (`torch._dynamo.config.optimize_ddp = False`) and compiled with it. The model: an
+# MLP of 1 MiB layers without biases (eight; two after the exercise). The backend is `aot_eager`, which runs the graph
+# with the *aten* operators an uncompiled model calls.
 
 # %%
 # %load_ext minddp.notebook
@@ -121,16 +123,11 @@ lesson.say(
 
 
 # %% [markdown]
-# ## One step of each run, each row from its forward's start
+# ## The backward pass of each run
 #
-# Each row is one run's third step on rank 0, from its forward's start to the black line where its optimizer step ends,
-# scaled to that step: pale up to the first gradient node (the forward, the loss's included, and the backward pass's
-# start), gradient nodes (blue), `AccumulateGrad` nodes (grey), a tick where the reducer's hook calls `all_reduce` on a
-# bucket, and the optimizer step (green). The hook runs in every `AccumulateGrad` node; in the one where a bucket is
-# handed over it copies the bucket's gradients into its buffer, scales it by one over the number of ranks, then makes
-# that call (a sum); the figure does not show what a grey runs after its tick. After the last grey, the reducer's
-# end-of-backward callback waits for each bucket's `all_reduce` in turn and copies its buffer (now the average) back
-# into the gradients, in the blank before the optimizer step.
+# Each row is the backward pass of one run's third step on rank 0 (pale), from its first node's start to its last
+# node's end, scaled to that span: its gradient nodes (blue) and a tick where the reducer's hook calls `all_reduce` on a
+# bucket. The figure does not split the pale, which holds the `AccumulateGrad` nodes, and draws no `all_reduce`.
 #
 # What to look for: with the cut, as in eager, a gradient node ran after each tick but the last (why, with the cut: next section);
 # without it, after none (every tick comes after the last blue).
@@ -140,8 +137,8 @@ lesson.say(
 
 # %%
 # %%distributed
-title = f"ddp on rank 0, buckets of {CAP:g} MiB: eager, compiled without the cut, compiled with it\n"
-title += "one step each, scaled to its length: read the order of events, not lengths"
+title = f"ddp on rank 0, buckets of {CAP:g} MiB, one step's backward pass: eager, compiled without the cut, with it\n"
+title += "each scaled to its length: read the order of ticks and gradient nodes, not lengths"
 nodes.picture(looks, title)  # rank 0 draws
 # orders of events, not timings: without the cut every tick comes in an AccumulateGrad node, which runs once
 # the graph's one gradient node, the last gradient node, has produced its gradient
@@ -222,14 +219,14 @@ homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
 # each bucket's parameters lie in one piece (its home), the homes in backward order
 lesson.claim(
     all(len(home) == 1 for home in homes) and [h[0] for h in homes] == sorted(h[0] for h in homes),
-    "Compiled with the cut, each bucket's gradients all come from one piece's backward, the buckets in backward order.",
+    "Each bucket's gradients come from one piece, the buckets in the pieces' order.",
 )
 # an order autograd keeps (a ready AccumulateGrad node runs first: markdown above), not a timing
 ended, begun = (looks[CUT][key] for key in ("pieces_ended_at_handover", "pieces_begun_at_handover"))
 lesson.claim(
     ended == begun == [home[0] + 1 for home in homes],
-    "In the profiled step each bucket was handed over after the backward of its piece ended, and each "
-    "but the last before the backward of the next piece began.",
+    "In the profiled step each bucket was handed over after its piece's backward ended, each but the last "
+    "before the next piece's backward began.",
 )
 
 # %% [markdown]
@@ -315,8 +312,7 @@ lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {
 # ## A bucket cap of 0.5 MiB
 #
 # Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: the refusal, or what
-# its first training step and one more forward gave. With `find_unused_parameters` off, as here, a first step has one
-# bucket per dtype and device; the cap sets the buckets from the second step.
+# its first training step and one more forward gave.
 
 
 # %%

@@ -5,8 +5,8 @@ splits them in two: a parameter's ``AccumulateGrad`` node (where the reducer's h
 once a bucket's last one is, hands the bucket over, ``c10d::allreduce_``), and every other node, a *gradient
 node*; a compiled piece's gradient node is ``CompiledFunctionBackward``. :func:`node_view` reads one
 ``train_step`` under :func:`minddp.analysis.live.profiler` that way, on top of
-:func:`~minddp.analysis.live.step_view`; :func:`picture` draws the three runs' rows, each scaled to its own step
-(:func:`in_percent`), with the nodes as bars and the legend in the notebook's words; :func:`bucket_names`,
+:func:`~minddp.analysis.live.step_view`; :func:`picture` draws the three runs' backward passes, each scaled to its
+own length (:func:`in_percent`), with the gradient nodes as bars and the handovers as ticks; :func:`bucket_names`,
 :func:`parameter_bytes`, :func:`compiled_pieces` and :func:`refusal` keep the notebook's plumbing out of its cells.
 
 Example (one rank here; notebook 09 runs it on every rank): two layers of 0.25 MiB, a bucket each::
@@ -46,9 +46,9 @@ PIECE = f"{NODE}: CompiledFunctionBackward"  #: the gradient node of one compile
 def node_view(prof) -> dict:
     """:func:`~minddp.analysis.live.step_view` of one profiled step, with, from the same events:
 
-    * ``row["backward"]``: one bar per gradient node, ``row["accumulate"]``: one per ``AccumulateGrad`` node
-      (ms since the step's forward began, as the row is drawn; ``step_view`` draws one bar per backward); the row
-      draws no gloo ranges (``row["messages"]`` empty): the notebook reads the order of hand-overs and nodes;
+    * ``row``: the step's backward pass alone, from its first node's start (0 ms) to its last node's ``end``: one
+      ``backward`` bar per gradient node and one ``sent`` tick per handover, nothing else (no forward, optimizer
+      step, ``AccumulateGrad`` node or gloo range): the notebook reads the order of handovers and gradient nodes;
     * ``node_after_handover``: for each handover, in order, whether a gradient node ran after it (was still
       running then, or began after: its range ends after the handover);
     * ``inside_accumulate``: for each handover, whether it fell inside an ``AccumulateGrad`` node's range;
@@ -57,9 +57,9 @@ def node_view(prof) -> dict:
     """
     events = compat.profiler_events(prof)
     view = live.step_view(prof)
-    t0 = min(e.time_range.start for e in events if e.name == "minddp.forward_backward")  # the row's zero
     handovers = sorted(e.time_range.start for e in events if e.name == live.CALL)  # when each bucket went to gloo
     ran = [e for e in events if e.name.startswith(NODE)]
+    t0 = min(e.time_range.start for e in ran)  # the row's zero: the backward pass's first node starts
     accumulate = [e for e in ran if "AccumulateGrad" in e.name]
     nodes = [e for e in ran if "AccumulateGrad" not in e.name]  # gradient nodes
     pieces = [e for e in nodes if e.name == PIECE]
@@ -74,7 +74,9 @@ def node_view(prof) -> dict:
     view["pieces_run"] = len(pieces)
     view["pieces_ended_at_handover"] = [sum(e.time_range.end <= t for e in pieces) for t in handovers]
     view["pieces_begun_at_handover"] = [sum(e.time_range.start <= t for e in pieces) for t in handovers]
-    view["row"].update(backward=ms(nodes), accumulate=ms(accumulate), finish=[], messages=[])
+    end = (max(e.time_range.end for e in ran) - t0) / 1e3  # the backward pass's last node ends
+    sent = [(t - t0) / 1e3 for t in handovers]
+    view["row"].update(forward=[], backward=ms(nodes), optimizer=[], finish=[], messages=[], sent=sent, end=end)
     return view
 
 
@@ -117,28 +119,22 @@ def refusal(error: BaseException) -> str:
 
 
 #: the library's legend words (minddp.analysis.timeline) -> notebook 09's
-WORDS = {
-    "forward": "before the first gradient node",
-    "backward": "gradient nodes",
-    "handed to the wire": "handed over",
-}
+WORDS = {"backward": "gradient nodes", "handed to the wire": "handed over"}
 
 
 def in_percent(row: dict) -> dict:
-    """``row`` (a :func:`node_view`'s) with every time as a percentage of its step, from its forward's start (0) to
-    its ``end`` (100): rows of steps of different lengths then end together, and show only the order of events."""
+    """``row`` (a :func:`node_view`'s) with every time as a percentage of its backward pass, from its first node's
+    start (0) to its last node's ``end`` (100): passes of different lengths then end together, and show only the
+    order of events."""
     scale = 100 / row["end"]
-    spans = ("forward", "backward", "accumulate", "optimizer", "finish", "messages")
-    scaled = {key: [(s * scale, e * scale) for s, e in row[key]] for key in spans if key in row}
-    return dict(row, **scaled, sent=[t * scale for t in row["sent"]], end=100.0)
+    return dict(row, backward=[(s * scale, e * scale) for s, e in row["backward"]],
+                sent=[t * scale for t in row["sent"]], end=100.0)  # fmt: skip
 
 
 def picture(looks: dict, title: str):
-    """The rows of ``looks`` (each a :func:`node_view`), each scaled to its own step (:func:`in_percent`), as
-    :func:`minddp.notebook.lesson.picture` draws them, with a grey bar per ``AccumulateGrad`` node under the blue
-    gradient nodes, and the legend in :data:`WORDS` (grey beside blue). Rank 0 draws; the others get ``None``."""
-    from matplotlib.lines import Line2D
-
+    """The rows of ``looks`` (each a :func:`node_view`), each scaled to its own backward pass (:func:`in_percent`),
+    as :func:`minddp.notebook.lesson.picture` draws them, over a pale bar for the whole pass and without the line
+    where a step ends, with the legend in :data:`WORDS`. Rank 0 draws; the others get ``None``."""
     from minddp.analysis.timeline import legend_above
     from minddp.notebook import lesson
 
@@ -147,14 +143,13 @@ def picture(looks: dict, title: str):
     if figure is None:
         return None
     ax = figure.axes[0]
-    for y, look in enumerate(looks.values()):
-        spans = [(s, e - s) for s, e in look["row"]["accumulate"]]
-        ax.broken_barh(spans, (y - 0.40, 0.40), facecolors="#9e9e9e", label="AccumulateGrad nodes")
-    ax.set_xlabel("% of the row's step, from its forward's start to its optimizer step's end", fontsize=8)
+    for line in [line for line in ax.get_lines() if line.get_label() == "step ends"]:
+        line.remove()  # each pass ends at 100: the pale bar's end
+    for y in range(len(looks)):
+        ax.broken_barh([(0, 100)], (y - 0.40, 0.40), facecolors="#e6e6e6", zorder=0.5, label="backward pass")
+    ax.set_xlabel("% of the row's backward pass, from its first node's start to its last node's end", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     named = {WORDS.get(label, label): h for label, h in zip(labels, handles) if not label.startswith("_")}
-    if "step ends" in named:  # the mark on the axes is a vertical line: so is its sample
-        named["step ends"] = Line2D([], [], color="black", marker="|", linestyle="none", markersize=10, mew=1.2)
-    order = [WORDS["forward"], WORDS["backward"], "AccumulateGrad nodes", *named]
-    legend_above(ax, {key: named[key] for key in dict.fromkeys(order) if key in named}, len(named))
+    order = ["backward pass", *WORDS.values()]
+    legend_above(ax, {key: named[key] for key in order if key in named}, len(order))
     return figure
