@@ -353,8 +353,6 @@ lesson.claim(
     v["waits_in_backward"] == 0,
     "None of its waits begins inside a backward.",
 )
-if v["waited_ms"] < 0.5:  # the line above rounds it to 0 ms: say why the row draws no red
-    lesson.say(f"Its {v['waits']} waits, all in finish, found their messages back already: its row has no red.")
 
 # %% [markdown]
 # What to look for: messages on the wire while the backward goes on, and no wait for a message inside
@@ -434,13 +432,6 @@ lesson.claim(
     abs(prev["link_ms"] - v["link_ms"] - (prev["calls"] - v["calls"]) * per_message) < 1e-6 * prev["link_ms"],
     f"On the link that saves {prev['calls'] - v['calls']} fixed costs of {per_message:.1f} ms: "
     f"{prev['link_ms'] - v['link_ms']:.1f} ms of {prev['link_ms']:.0f} ms.",
-)
-hk, after = looks["hook"], {s: looks[s]["waited_ms"] - looks[s]["exposed_ms"] for s in ("hook", "bucket")}
-off = after["hook"] - after["bucket"]
-lesson.say(  # measured, one step each: waiting the link does not model
-    f"Off the link, waiting after delivery: hook {after['hook']:.0f} ms over {hk['waits']} waits, bucket "
-    f"{after['bucket']:.0f} ms over {v['waits']}"
-    + (f": in this step, {off:.0f} ms less, more than the link saved." if off > prev["link_ms"] - v["link_ms"] else ".")
 )
 lesson.claim(
     v["waits"] == v["waits_in_backward"] == v["calls"], "Like hook, it waits for each bucket inside the backward."
@@ -617,8 +608,8 @@ lesson_03.look_table(looks, checks)
 # ## The bucket lesson: what buckets trade
 #
 # `hook-async` and `bucket-async` send the same bytes, one message per gradient against one per
-# bucket, both during the last backward, and wait for them in finish. On the link (off it, their waiting
-# after delivery differs too: `bucket`'s cell), a bucketed stage trades three things against a per-gradient one:
+# bucket, both during the last backward, and wait for them in finish. On the link, a bucketed stage
+# trades three things against a per-gradient one:
 #
 # 1. **per message**: every all_reduce pays 2(n−1)·α on the link; buckets pay it once per bucket
 #    instead of once per gradient tensor, and copy each

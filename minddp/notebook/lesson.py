@@ -405,6 +405,7 @@ def say_look(looks: dict, stage: str) -> None:
         )
         return
     link, exposed = link_parts(v)
+    waited = round(v["waited_ms"])  # whole ms, as the table prints it: the part after delivery is their difference
     say(
         f"On the emulated link its messages took {link} ms (modeled). The training thread stood waiting through "
         f"{exposed} ms of them (exposed)"
@@ -424,12 +425,12 @@ def say_look(looks: dict, stage: str) -> None:
             if link - exposed
             else "."
         )
-        + f" It waited {v['waited_ms']:.0f} ms in all for its messages ({v['waits_in_backward']} of its {v['waits']} "
+        + f" It waited {waited} ms in all for its messages ({v['waits_in_backward']} of its {v['waits']} "
         "waits began inside a backward)"
         + (
-            f": the {exposed} exposed, and {v['waited_ms'] - exposed:.0f} ms after the link had delivered, until the "
+            f": the {exposed} exposed, and {waited - exposed} ms after the link had delivered, until the "
             "real all_reduce returned, once every rank had joined it: a wait the emulated link does not model."
-            if round(v["waited_ms"]) - exposed >= 1
+            if waited - exposed >= 1
             else "."
         )
     )

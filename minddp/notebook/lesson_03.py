@@ -335,26 +335,40 @@ def _ran_on(ms: float, back_ms: float) -> str:
     return f"was done {-ms:.1f} ms before the end of {back}" if round(ms, 1) < 0 else f"was done as {back} ended"
 
 
-def _steps(h_ms: float, b_ms: float, h_back: float, b_back: float) -> str:
-    """Two steps' links after backward (ms) in words: a step's link after backward also measures its own backward
-    (less the check, ms), and a longer one leaves its messages more time to hide, so the steps rank the two where
-    the later end had the longer backward, or else where the ends differ by more than the backwards."""
+def _steps(h_ms: float, b_ms: float, h_back: float, b_back: float) -> str | None:
+    """The side whose step left less link after backward (ms), or None where the steps do not rank them: a step's
+    link after backward also depends on its own backward (less the check, ms), as a longer one leaves more of its
+    link time before its end, so the steps rank the two where the later end had the longer backward, or else where
+    the ends differ by more than the backwards."""
     gap, apart = abs(round(h_ms, 1) - round(b_ms, 1)), abs(round(h_back) - round(b_back))
-    apart_said = f"ends {gap:.1f} ms apart, backwards {apart:.0f} ms"
     less = _less(h_ms, b_ms)
     later_back, less_back = (h_back, b_back) if less == "bucket-async" else (b_back, h_back)
     if less is None or (gap <= apart and round(later_back) < round(less_back)):
-        return f"the steps do not rank them ({apart_said})"
-    return f"in the step, {WORDS[less]} left less ({apart_said})"
+        return None
+    return less
 
 
-def _model(h_ms: float, b_ms: float, miss: float, on: str) -> str:
-    """The step-time model's two links after backward (ms) in words, ranked only where they differ by more than
-    its furthest miss (ms) against the measured steps on that link (``on``: the step it missed most)."""
-    gap, missed = abs(round(h_ms, 1) - round(b_ms, 1)), f"its {miss:.1f} ms miss on {on}'s step"
-    if gap <= miss:
-        return f"the model does not rank them ({gap:.1f} ms apart, within {missed})"
-    return f"in the model, {WORDS[_less(h_ms, b_ms)]} left less ({gap:.1f} ms apart, past {missed})"
+def _model(h_ms: float, b_ms: float, miss: float) -> str | None:
+    """The side whose modeled link after backward (ms) is shorter, or None where the two differ by no more than the
+    model's furthest miss (ms) against the measured steps on that link."""
+    return None if abs(round(h_ms, 1) - round(b_ms, 1)) <= miss else _less(h_ms, b_ms)
+
+
+def _verdict(where: str, step: str | None, model: str | None | bool = False) -> str:
+    """Which left less link after backward ``where``, in words, by the steps (:func:`_steps`) and by the model
+    (:func:`_model`; ``False``: no model there)."""
+    no_step, no_model = "the steps do not rank them", "the model does not rank them"
+    if model is False:
+        return f"{where}, {WORDS[step]} (the steps)" if step else f"{where}, {no_step}"
+    if step == model:
+        return (
+            f"{where}, {WORDS[step]} (the steps and the model)" if step else f"{where}, {no_step}, nor does the model"
+        )
+    if step and model:
+        return f"{where}, the steps say {WORDS[step]}, the model {WORDS[model]}"
+    return (
+        f"{where}, {WORDS[step]} (the steps; {no_model})" if step else f"{where}, {WORDS[model]} (the model; {no_step})"
+    )
 
 
 def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, here, saved_ms: float,
@@ -386,9 +400,7 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
     miss = misses[missed]
     say(
         f"On this notebook's link, one step each (backwards less the check): hook-async's link "
-        f"{_ran_on(h_end, h_back)} and it exposed {h['exposed_ms']:.0f} ms; bucket-async's, at the "
-        f"workload's {here:g} MiB cap, {_ran_on(b_end, backs[here])}, and it exposed "
-        f"{swept[here]['exposed_ms']:.0f} ms. "
+        f"{_ran_on(h_end, h_back)}; bucket-async's, at the workload's {here:g} MiB cap, {_ran_on(b_end, backs[here])}. "
         + (f"At every one of the {len(ends)}" if longer == len(ends) else f"At {longer or 'none'} of the {len(ends)}")
         + f" caps run bucket-async's link ran on longer than hook-async's (least {ends[best_run]:.1f} ms, at "
         f"{cap_name(best_run)}, after a {backs[best_run]:.0f} ms backward). The step-time model, on one "
@@ -420,26 +432,35 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
         "hook-async's backward ran longer than bucket-async's on "
         + ("all 3 links (" if ran_longer == 3 else f"{ran_longer} of the 3 links (")
         + ", ".join(f"{a:.0f} against {b:.0f} ms" for a, b in pairs)
-        + "), one step each: a step's link after backward also measures its own backward, and a longer one gives "
-        "its messages more time to hide, so the steps rank the two only where the later end had the longer "
-        "backward or the ends differ by more than the backwards; the model, one backward for both, only past its "
-        "furthest miss against that link's steps."
+        + "), one step each. A longer backward leaves more of a step's link time before its end, so the steps rank "
+        "the two only where the later end had the longer backward or the ends differ by more than the backwards; the "
+        "model, one backward for both, only where its two differ by more than its furthest miss against that link's "
+        "steps."
     )
     leasts = f"the steps' at {cap_name(best_run)}, the model's at {' and '.join(at_least)} MiB"
     if best_run is not None and at_least == [f"{best_run:g}"]:
-        leasts = f"the steps' and the model's both at {cap_name(best_run)}"
-    here_said = (
-        f"on this notebook's link, at the workload's cap {_steps(h_end, b_end, h_back, backs[here])}, and "
-        f"{_model(m_h, m_here, miss, missed)}; at bucket-async's least ({leasts}) "
-        f"{_steps(h_end, ends[best_run], h_back, backs[best_run])}, and {_model(m_h, least, miss, missed)}"
-    )
-    t4_steps = _steps(ht, bt, t4["hook-async"]["backward_ms"], t4["bucket-async"]["backward_ms"])
-    t4_said = f"with the ratios of 4 × T4 {t4_steps}, and {_model(mh4, mb4, misses4[missed4], missed4)}"
-    far_steps = _steps(hf["end_ms"], bf["end_ms"], hf["backward_ms"], bf["backward_ms"])
-    far_said = f"with the ratios of 1024 ranks {far_steps}; exposed: hook-async {hf['exposed_ms']:.0f} ms, " + (
-        f"bucket-async {bf['exposed_ms']:.0f} ms"
-    )
-    say(f"In words: {here_said}; {t4_said}; {far_said}.")
+        leasts = f"{cap_name(best_run)}"
+    said = [
+        _verdict(
+            f"on this notebook's link at the workload's {here:g} MiB cap",
+            _steps(h_end, b_end, h_back, backs[here]),
+            _model(m_h, m_here, miss),
+        ),
+        _verdict(
+            f"at bucket-async's least ({leasts})",
+            _steps(h_end, ends[best_run], h_back, backs[best_run]),
+            _model(m_h, least, miss),
+        ),
+        _verdict(
+            "with the ratios of 4 × T4",
+            _steps(ht, bt, t4["hook-async"]["backward_ms"], t4["bucket-async"]["backward_ms"]),
+            _model(mh4, mb4, misses4[missed4]),
+        ),
+        _verdict(
+            "with the ratios of 1024 ranks", _steps(hf["end_ms"], bf["end_ms"], hf["backward_ms"], bf["backward_ms"])
+        ),
+    ]
+    say("In words, which left less link after backward: " + "; ".join(said) + ".")
     why = []  # the cause: by the model (one backward for both) on this link, by the link's clock at 1024 ranks
     parts = (
         f"the {here:g} MiB buckets' late start (first message {1e3 * at[here].first_at:.1f} ms into the model's "
