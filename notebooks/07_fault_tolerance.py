@@ -18,11 +18,12 @@
 #
 # Every stage so far keeps the classic contract: a process that dies ends the run, and the next run starts
 # from the last checkpoint. At scale failures come during the run (*The Llama 3 Herd of Models*,
-# arXiv:2407.21783, section 3.3.4, counts those of its pre-training), and each one costs the work since that
-# checkpoint plus a restart. The `ft` **rung** (a rung above notebook 03's ladder, in `minddp/ft/`, after
-# torchft, PyTorch's fault-tolerance library) keeps training instead: it runs the ladder's `ddp` stage
-# inside the phases below. Each try at a step (an **attempt**) is **committed** (it counts) or **discarded**
-# (its step is tried again), on every member alike; it goes through these phases (2 and 3 only when needed):
+# arXiv:2407.21783, section 3.3.4, counts 419 unexpected interruptions in a 54-day snapshot of its
+# pre-training), and each one costs the work since that checkpoint plus a restart. The `ft` **rung** (a rung
+# above notebook 03's ladder, in `minddp/ft/`, after torchft, PyTorch's fault-tolerance library) keeps
+# training instead: it runs the ladder's `ddp` stage inside the phases below. Each try at a step (an
+# **attempt**) is **committed** (it counts) or **discarded** (its step is tried again), on every member
+# alike; it goes through these phases (2 and 3 only when needed):
 #
 # 1. a **quorum**: before each attempt, a coordinator (the *lighthouse*, a process of its own) answers who
 #    trains it, the attempt's **members**, and which step: the largest any member asked to train
@@ -111,11 +112,12 @@ for line in run.report():
     print(line)
 
 # %% [markdown]
-# How the other members learn of each fault: a kill through its connections, which close as the kernel ends its process;
-# a raise through the raising process dropping its group, which closes its connections. Each member that
-# caught an error votes no, and the attempt is discarded. The next quorum waits until every live slot has
-# asked: the survivors ask after they vote, and slot 1 stays live until the launcher records its process's
-# exit, a fixed wait (`EXIT_WAIT_S`, for a result still in flight) after finding the process ended.
+# How the other members learn of each fault: their all_reduce fails once the faulting process's connections
+# close. The kernel closes a killed process's connections while ending it, after freeing its memory; a
+# raising process closes them by dropping its group. Each member that caught an error votes no, and the
+# attempt is discarded. The next quorum waits until every live slot has asked: the survivors ask after they
+# vote, and slot 1 stays live until the launcher records its process's exit, a fixed wait (`EXIT_WAIT_S`,
+# for a result still in flight) after finding the process ended.
 #
 # The cell below prints each fault's recovery, split in its parts. Its `✓`
 # lines are **claims**: `lesson.claim` checks each on the run shown (the cell fails if one does not hold).
@@ -125,11 +127,8 @@ from minddp.ft import fault_outcomes
 
 kill, raised = fault_outcomes(run)
 lesson.claim(
-    run.errors(raised.fault.step)[0][0] == raised.fault.slot
-    and not run.exits(after=raised.fired)
-    and raised.world == 3,
-    f"raise: the first error was slot {raised.fault.slot}'s own, no process died after it, and step "
-    f"{raised.committed_step} was committed at world 3",
+    run.errors(raised.fault.step)[0][0] == raised.fault.slot and not run.exits(after=raised.fired),
+    f"raise: the first error was slot {raised.fault.slot}'s own, and no process died after it",
 )
 lesson.claim(
     kill.exit_s is not None and kill.exit_s <= kill.quorum_s,
@@ -212,9 +211,9 @@ lesson.claim(
 # Three more properties (`consistency` in `minddp/ft/report.py`) of the parameters and the optimizer's
 # state (AdamW's moments and its step count per parameter): the slots end equal (those tensors and the
 # count of steps committed, compared by value); every member of an attempt started it from the same bytes
-# (their *before* digests, taken after `wrap()`); and a discarded attempt changed nothing (each
-# member's before digest against its digest after the discard). A killed process records nothing for the
-# attempt it died in, so the checks cover the members that recorded a digest.
+# (their *before* digests, taken after `wrap()`, whose broadcast makes the parameters equal in a new
+# group, not the optimizer's state); and a discarded attempt changed nothing (each member's before digest
+# against its digest after the discard).
 
 # %%
 from minddp.ft import consistency
@@ -229,8 +228,8 @@ lesson.claim(
 )
 lesson.claim(
     checks.discards_kept,
-    f"each of the {checks.discarded} discarded attempts left each recording member's parameters and optimizer state "
-    "as they were just before its work (its before digest)",
+    f"each of the {checks.discarded} discarded attempts changed nothing: each recording member's digest after it "
+    "equals its before digest",
 )
 
 # %% [markdown]
@@ -293,13 +292,12 @@ show_source(solutions.ft_shard)
 #
 # <details><summary>1. A frozen process</summary>
 #
-# A killed process's connections end with it, so its peers' all_reduce fails without waiting for the
-# group's timeout, and the launcher records its exit. A frozen process (`SIGSTOP`) keeps its sockets open
-# and says nothing: its slot stays live, and the next quorum waits for it, until it has been silent for
-# `hang_s`; its peers' all_reduce ends at the group's timeout (also `hang_s`) or when the launcher then ends
-# the frozen process (the cell prints what each caught). So the recovery is about `hang_s`, and halving
-# `hang_s` shortens it by about what the bound lost (the cell prints both): the first cell below runs two
-# bounds, one half the other (6 steps, no restart, no 10 ms pause).
+# Unlike a killed process, a frozen one (`SIGSTOP`) keeps its sockets open and says nothing: its slot stays
+# live, and the next quorum waits for it, until it has been silent for `hang_s`; its peers' all_reduce ends
+# at the group's timeout (also `hang_s`) or when the launcher then ends the frozen process (the cell prints
+# what each caught). So the recovery follows `hang_s`: the first cell below runs two bounds, one half the
+# other (6 steps, no restart, no 10 ms pause), and checks that each recovery took at least half its bound
+# and that halving the bound shortened it (it prints by how much).
 #
 # </details>
 #
@@ -338,8 +336,8 @@ for bound in (2.0, 1.0):
 # the next quorum waits for the frozen slot until it has been silent for hang_s, counted from its last beat (every
 # BEAT_S) before the freeze; on a busy machine a beat can be held back, so only half the bound is claimed
 lesson.claim(
-    all(o.recovery_s >= 0.5 * bound for bound, o in stops.items()),
-    "each recovery from the freeze took at least half its hang bound",
+    all(o.recovery_s >= 0.5 * bound for bound, o in stops.items()) and stops[1.0].recovery_s < stops[2.0].recovery_s,
+    "each recovery from the freeze took at least half its hang bound, and the halved bound's was the shorter",
 )
 printed = {b: f"{o.recovery_s:.3f}" for b, o in stops.items()}  # the recoveries as the report lines print them, s
 shorter = round((float(printed[2.0]) - float(printed[1.0])) * 1000)  # ms, from the printed values
@@ -347,8 +345,8 @@ lesson.say(
     f"Halving the bound took the recovery from {printed[2.0]} s to {printed[1.0]} s: "
     + (
         f"{shorter} ms shorter, against the {(2.0 - 1.0) * 1000:g} ms the bound lost"
-        if shorter > 0
-        else "not shorter here" + (f" ({-shorter} ms longer)" if shorter else " (the same to the ms)")
+        if shorter
+        else "the same to the ms"
     )
 )
 
@@ -399,7 +397,7 @@ lesson.claim(
 )
 lesson.claim(
     "though the processes' own checks all pass" in fixed.line,
-    "and all three checks passed on the checker's run (one run for both splits): none of them compares with the data",
+    "and all three checks passed on the checker's run: none of them compares with the data",
 )
 
 # %% [markdown]

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
 from minddp.ft.launch import EXIT_WAIT_S
-from minddp.ft.report import asked_s, first_request_s, peer_error_s
+from minddp.ft.report import asked_s, first_request_s, heal_s, peer_error_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
 
 #: (phase, method, a text that the line doing it holds), in the rung (:class:`FaultTolerantTrainer`)
 RUNG_LINES = [
     ("each step", "train", "self.until_committed("),
-    ("the loop", "until_committed", "def until_committed("),
     ("phase 1", "until_committed", "quorum = self.coordinator.quorum("),
     ("phase 2", "until_committed", "if quorum.tag != self.group_tag"),
     ("phases 2 and 3", "until_committed", 'entry["healed"] = self.rebuild_group('),
@@ -84,10 +83,11 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
                 f", waiting for the launcher's record of slot {o.fault.slot}'s exit (found ended at "
                 f"{ms(o.seen_s)} ms, recorded at {ms(o.exit_s)} ms, after EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms)"
             )
+        came = f"{quorum - asked} ms more until it came" if quorum > asked else "it came at once"
         print(
             f"{o.fault}: recovery {recovery} ms from the {o.fault.kind} (another member's all_reduce failed at "
-            f"{error} ms): {asked} ms until the next quorum's members had all asked, {quorum - asked} ms more until "
-            f"it came{waited}, {recovery - quorum} ms from it to the commit of step {o.committed_step}"
+            f"{error} ms): {asked} ms until the next quorum's members had all asked, {came}{waited}, "
+            f"{recovery - quorum} ms from it to the commit of step {o.committed_step}"
         )
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
@@ -97,7 +97,7 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
     else:
         print(
             f"Both recoveries took {max(kill.recovery_s, raised.recovery_s) / hang_s:.1%} of the hang bound "
-            f"({hang_s:g} s) or less: neither waited it out (question 1 freezes a process instead)"
+            f"({hang_s:g} s) or less: neither waited it out"
         )
     if ms(kill.recovery_s) == ms(raised.recovery_s):
         print("The two recoveries took the same, to the ms")
@@ -107,7 +107,7 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
     if longer is kill and errors["kill"] > errors["raise"]:
         why.append(f"another member's all_reduce failed later ({errors['kill']} against {errors['raise']} ms)")
     if longer is kill and "kill" in exit_waits:
-        why.append(f"the next quorum waited for the launcher's record of slot {kill.fault.slot}'s exit")
+        why.append(f"its next quorum waited for slot {kill.fault.slot}'s exit record")
     print(f"The {longer.fault.kind}'s recovery was the longer" + (": " + ", and ".join(why) if why else ""))
 
 
@@ -115,8 +115,8 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     """For a kill ``o``: the rejoin, split in the parts that add up to it, each with its share of the rejoin: until
     the launcher started the slot's new process; that process's start-up to its first quorum request (with the time
     it spent building its optimizer, and whether torch imported its compiler then); from that request to the quorum.
-    Then what the survivors did meanwhile, and whether they waited for the start-up because the run's
-    ``full_world_at`` scripted it."""
+    Then the heal after it (:func:`~minddp.ft.report.heal_s`, and the bytes received), what the survivors did
+    meanwhile, and whether they waited for the start-up because the run's ``full_world_at`` scripted it."""
     slot, step = o.fault.slot, o.fault.step
     others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
     last_step, last = o.last_commit
@@ -124,7 +124,7 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     startup = asked - start
 
     def share(t_ms: int) -> str:
-        return f"{'under 1%' if 0 < t_ms < rejoin / 200 else f'{t_ms / rejoin:.0%}'} of the rejoin"
+        return "under 1%" if 0 < t_ms < rejoin / 200 else f"{t_ms / rejoin:.0%}"
 
     most = ", most of it the new process's own start-up" if startup * 2 > rejoin else ""
     print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill{most}:")
@@ -133,18 +133,26 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     built = ""
     if ms(built_s) <= startup:  # built before its first request: a part of the start-up
         built = f"; {ms(built_s)} ms of it building its optimizer"
-        built += ", during which torch imported its compiler" if compiler else ""
+        # torch.optim's add_param_group is marked for Dynamo to skip, which imports Dynamo at a process's first build
+        built += ", as torch imported its compiler, Dynamo, which a process's first optimizer does" if compiler else ""
     print(f"  {startup} ms ({share(startup)}) the new process's start-up, to its first quorum request{built}")
     print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
+    healed = heal_s(run, o)
+    if healed is not None:
+        print(
+            f"then {ms(healed)} ms from the quorum to its work: the group, the heal ("
+            f"{run.results[slot]['healed_bytes']:,} bytes of state received and loaded), DDP's wrapper, the digest"
+        )
     survivors = f"slots {' and '.join(others)}"
     steps = f"step {step}" if last_step == step else f"steps {step}-{last_step}"
     # they had committed the step before and asked before the new process did: the scripted quorum waited for it
     scripted = o.healed_at in full_world_at and ms(last) < asked
-    print(
-        f"{survivors}: committed {steps} at world {len(others)}, the last {ms(last)} ms after the kill; then "
-        f"{rejoin - ms(last)} ms to step {o.healed_at}'s quorum"
-        + (", which waited for the new process (full_world_at)" if scripted else "")
+    then = (
+        f"waited {rejoin - ms(last)} ms for the new process (full_world_at)"
+        if scripted
+        else (f"{rejoin - ms(last)} ms to step {o.healed_at}'s quorum")
     )
+    print(f"{survivors}: committed {steps} at world {len(others)} by {ms(last)} ms after the kill, then {then}")
 
 
 def attempts(run, step: int, *, committed: bool) -> list[tuple[int, dict]]:
