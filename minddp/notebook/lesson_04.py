@@ -44,17 +44,17 @@ def preset_table(reduced: dict, n: int, crossover):
 
 
 def where_shorter(table) -> str:
-    """Which hook's messages take less link time on which presets, from :func:`preset_table`'s rows: PowerSGD's
-    presets by name, plain averaging's with both link times and its margin."""
-    plain, psgd = table["plain averaging, link ms"], table["PowerSGD, link ms"]
-    faster = psgd < plain
-    margins = [
-        f"{nm} ({plain[nm]:.3f} against {psgd[nm]:.3f} ms: {1 - plain[nm] / psgd[nm]:.0%} less)"
-        for nm in table.index[~faster]
-    ]
+    """Which hook's messages take less link time on which presets, from :func:`preset_table`'s rows, each preset
+    named with what it models (its ``about``), after a dash."""
+    links = presets()
+    faster = table["PowerSGD, link ms"] < table["plain averaging, link ms"]
+
+    def named(names) -> str:
+        return "; ".join(f"{nm} — {links[nm].about}" for nm in names) or "none"
+
     return (
-        f"PowerSGD's messages take less link time on {', '.join(table.index[faster]) or 'none'}; plain averaging's on "
-        + (" and ".join(margins) or "none")
+        f"PowerSGD's messages take less link time on {named(table.index[faster])}. Plain averaging's on "
+        f"{named(table.index[~faster])}"
     )
 
 
