@@ -179,8 +179,8 @@ lesson_05.show(fig, RUN / "one_step_each_stage.png")
 
 # %% [markdown]
 # The plot's messages: how many were handed over (ticks), and how many during a backward; then the step's last
-# backward band of `single` and of each stage that sends during one: its length, its time with no training thread
-# inside an operator (*no operator*), and the non-compute in it.
+# backward band of `single` and of each stage that sends during one: its length and its time with no training
+# thread inside an operator (*no operator*).
 
 # %%
 anatomy = lesson_05.anatomy(result, zero.index)
@@ -189,7 +189,7 @@ display(anatomy)
 # %%
 bands = lesson_05.last_backward(result, RUN, anatomy.index[anatomy["during a backward"] > 0])
 display(bands)
-lesson.say(lesson_05.band_line(bands, result))
+lesson.say(lesson_05.band_line(bands, result, ["hook", "bucket"]))
 
 # %% [markdown]
 # One stage's buckets (`bucket-async`): `order`, the bucket's place in the sending order; `MiB`, its gradients'
@@ -258,10 +258,10 @@ lesson.claim(
     and abs(saved - fewer * fixed) < 1e-9 * ms["ga"],
     f"Buckets cut the messages from {sends['hook-async']} to {sends['bucket-async']} with the bytes unchanged; "
     f"the link time falls by exactly the fixed cost of the {fewer} messages not sent, {fewer} × 2(n−1)·α = "
-    f"{fewer} × {2 * (n - 1)} × {link.latency * 1e6:.0f} µs = {saved:.1f} ms ({ms['hook-async']:.1f} → "
-    f"{ms['bucket-async']:.1f} ms, {100 * saved / ms['hook-async']:.1f} % less).",
+    f"{fewer} × {2 * (n - 1)} × {link.latency * 1e6:.0f} µs = {saved:.1f} ms, {100 * saved / ms['hook-async']:.1f} % "
+    "of hook-async's link time.",
 )
 blocking = ["simple", "ga", "hook", "bucket"]
 lesson.say(lesson_05.exposed_share(on_link, blocking, ["hook-async", "bucket-async"]))
 lesson.say(lesson_05.bucket_pairs(on_link, [("hook", "bucket"), ("hook-async", "bucket-async")]))
-lesson.say(lesson_05.link_after_backward(linked, link, LINKED, ["hook-async", "bucket-async"]))
+lesson.say(lesson_05.link_after_backward(linked, LINKED, ["hook-async", "bucket-async"], lesson.SETTINGS.bucket_cap_mb))

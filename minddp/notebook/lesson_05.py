@@ -145,15 +145,15 @@ def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[s
     ...                  index=["b", "a", "c"])
     >>> print(exposed_share(t, ["b"], ["a", "c"]))  # doctest: +NORMALIZE_WHITESPACE
     Exposed, as a share of the link time: 10.0 % in a, 0.0 % in c, 90.0 % at least in the blocking stages (b's):
-    rank 0 waited through less of the link's work in each of a and c than in each blocking stage.
+    smaller in each of a and c than in each blocking stage.
     """
     share = 100 * table["exposed (ms)"] / table["link time (ms)"]
     low, high = share[asynchronous], share[blocking]
     names = " and ".join(asynchronous)
     verdict = (
-        f"rank 0 waited through less of the link's work in each of {names} than in each blocking stage"
+        f"smaller in each of {names} than in each blocking stage"
         if low.max() < high.min()
-        else f"not each of {names} below each blocking stage"
+        else f"not smaller in each of {names} than in each blocking stage"
     )
     each = ", ".join(f"{low[st]:.1f} % in {st}" for st in asynchronous)
     return (
@@ -163,9 +163,9 @@ def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[s
 
 
 def last_backward(result, run: Path, stages) -> pd.DataFrame:
-    """Per stage (``single``, then ``stages``; rank 0's profiled step): its last backward band's length, the time in
-    it with no training thread inside an operator, in flight or not (*no operator*), and the non-compute in it
-    (``metrics.breakdown`` over the band), ms to 0.1."""
+    """Per stage (``single``, then ``stages``; rank 0's profiled step): its last backward band's length and the time
+    in it with no training thread inside an operator, in flight or not (*no operator*; ``metrics.breakdown`` over
+    the band), ms to 0.1."""
     from minddp.analysis import metrics
 
     p = rank0(result.phases)
@@ -178,23 +178,24 @@ def last_backward(result, run: Path, stages) -> pd.DataFrame:
         rows[st] = {
             "last backward (ms)": parts["total_time_us"] / 1e3,
             "no operator (ms)": (parts["total_time_us"] - parts["compute_time_us"]) / 1e3,
-            "of it, non-compute (ms)": parts["non_compute_time_us"] / 1e3,
         }
     return pd.DataFrame(rows).T.round(1)
 
 
-def band_line(bands: pd.DataFrame, result) -> str:
+def band_line(bands: pd.DataFrame, result, blocking=()) -> str:
     """A line to print (``bands``: :func:`last_backward`'s printed columns): the stage whose last backward band is the
-    longest, its excess over ``single``'s split into time with no operator and time with one; and how far apart
+    longest, its excess over ``single``'s split into time with no operator and time with one (where the stage is one
+    of ``blocking``, why in words: its hooks get each message back inside the backward); and how far apart
     ``single``'s own backward bands are (rank 0's step); one profiled step, not claimed.
 
     >>> b = pd.DataFrame({"last backward (ms)": [130.0, 290.0, 150.0], "no operator (ms)": [7.0, 160.0, 30.0]},
     ...                  index=["single", "h", "a"])
     >>> ph = pd.DataFrame({"rank": 0, "stage": "single", "phase": "backward", "start_us": [0.0, 200e3],
     ...                    "end_us": [110e3, 330e3]})
-    >>> print(band_line(b, type("R", (), {"phases": ph})))  # doctest: +NORMALIZE_WHITESPACE
-    h's last backward band is 160.0 ms longer than single's: 153.0 ms more with no operator, 7.0 ms more with one.
-    single's own 2 backward bands differ by up to 20 ms, less than that excess.
+    >>> print(band_line(b, type("R", (), {"phases": ph}), ["h"]))  # doctest: +NORMALIZE_WHITESPACE
+    h's last backward band is 160.0 ms longer than single's: 153.0 ms more with no operator (h, a blocking stage,
+    gets each message back inside the backward), 7.0 ms more with one. single's own 2 backward bands differ by up
+    to 20 ms, less than that excess.
     """
     col, off = "last backward (ms)", "no operator (ms)"
     st = bands[col].drop("single").idxmax()
@@ -205,12 +206,13 @@ def band_line(bands: pd.DataFrame, result) -> str:
     def by(x):
         return f"{abs(x):.1f} ms {'more' if x >= 0 else 'less'}"
 
+    why = f" ({st}, a blocking stage, gets each message back inside the backward)" if st in blocking else ""
     p = rank0(result.phases)
     alone = p[(p["stage"] == "single") & (p["phase"] == "backward")]
     ms = (alone["end_us"] - alone["start_us"]) / 1e3
     how, spread = f"{excess:.1f} ms longer than" if excess > 0 else "no longer than", ms.max() - ms.min()
     return (
-        f"{st}'s last backward band is {how} single's: {by(more)} with no operator, {by(ops)} with one. "
+        f"{st}'s last backward band is {how} single's: {by(more)} with no operator{why}, {by(ops)} with one. "
         f"single's own {len(ms)} backward bands differ by up to {spread:.0f} ms"
         + (f", {'less' if round(spread) < excess else 'no less'} than that excess." if excess > 0 else ".")
     )
@@ -272,37 +274,31 @@ def not_drawn(parts: dict) -> str:
 
 def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
     """A line to print: for each (one message a parameter, buckets) pair of stages, from ``table``'s printed columns,
-    how much longer or shorter rank 0 waited and how much the link time fell (where waited rose: exposed before and
-    after); where waited fell, and its part with the link idle (waited − exposed) fell by more than half of that and
-    by more than the link time, that said in words, the threshold with it ("all" where it fell by as much as
-    waited); one profiled step each, not claimed.
+    how much longer or shorter rank 0 waited, and exposed before and after; where waited fell and its part with the
+    link idle (waited − exposed) fell by more than half as much, that said in words ("all" where it fell by as much
+    as waited or more); one profiled step each, not claimed.
 
     >>> t = pd.DataFrame({"link time (ms)": [3.0, 2.0, 3.0, 2.0], "waited (ms)": [9.0, 5.0, 4.0, 6.0],
     ...                   "exposed (ms)": [4.0, 4.0, 0.0, 5.9]}, index=["h", "b", "ha", "ba"])
     >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
     >>> print(bucket_pairs(t, [("h", "b"), ("ha", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
-    From one message a parameter to buckets, in this step: h → b, rank 0 waited 4.0 ms less with 1.0 ms less link
-    time; waited − exposed fell 4.0 ms (5.0 → 1.0), as much as waited or more: all of the waiting that went was
-    with the link idle, not the link's cost of a message; ha → ba, rank 0 waited 2.0 ms more with 1.0 ms less link
-    time (exposed 0.0 → 5.9 ms).
+    From one message a parameter to buckets: h → b, rank 0 waited 4.0 ms less (exposed 4.0 → 4.0 ms); waited −
+    exposed fell 4.0 ms (5.0 → 1.0): all of the waiting that went was with the link idle; ha → ba, rank 0 waited
+    2.0 ms more (exposed 0.0 → 5.9 ms).
     """
-    w, r, lt, x = "waited (ms)", "waited − exposed (ms)", "link time (ms)", "exposed (ms)"
+    w, r, x = "waited (ms)", "waited − exposed (ms)", "exposed (ms)"
     parts = []
     for a, b in pairs:
-        (wa, ra, la, xa), (wb, rb, lb, xb) = (table.loc[st, [w, r, lt, x]] for st in (a, b))
-        fell, fell_idle, saved = round(wa - wb, 1), round(ra - rb, 1), round(la - lb, 1)
+        (wa, ra, xa), (wb, rb, xb) = (table.loc[st, [w, r, x]] for st in (a, b))
+        fell, fell_idle = round(wa - wb, 1), round(ra - rb, 1)
         how = "as long" if fell == 0 else f"{abs(fell):.1f} ms {'less' if fell > 0 else 'more'}"
-        line = f"{a} → {b}, rank 0 waited {how} with {saved:.1f} ms less link time"
-        if fell > 0 and fell_idle > fell / 2 and fell_idle > saved > 0:
-            share = "as much as waited or more: all" if fell_idle >= fell else "more than half as much as waited: most"
-            line += (
-                f"; waited − exposed fell {fell_idle:.1f} ms ({ra:.1f} → {rb:.1f}), {share} of the waiting that went "
-                "was with the link idle, not the link's cost of a message"
-            )
-        elif fell < 0:
-            line += f" (exposed {xa:.1f} → {xb:.1f} ms)"
+        line = f"{a} → {b}, rank 0 waited {how} (exposed {xa:.1f} → {xb:.1f} ms)"
+        if fell > 0 and fell_idle > fell / 2:
+            share = "all" if fell_idle >= fell else "most"
+            line += f"; waited − exposed fell {fell_idle:.1f} ms ({ra:.1f} → {rb:.1f}): {share} of the waiting "
+            line += "that went was with the link idle"
         parts.append(line)
-    return f"From one message a parameter to buckets, in this step: {'; '.join(parts)}."
+    return f"From one message a parameter to buckets: {'; '.join(parts)}."
 
 
 def overlap_order(ov: pd.Series, blocking: list[str], asynchronous: list[str]) -> str:
@@ -349,20 +345,35 @@ def outside_checks(shares: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
     return f"Non-compute outside the parameter checks: {each}: {word}."
 
 
-def link_after_backward(linked, link, run: Path, stages) -> str:
-    """A line to print (``run``: the link run's folder): for each of ``stages``, how long before the end of its last
-    backward band (rank 0's profiled step) it handed over its first message, against its link time
-    (:func:`link_ms`). The link starts a message no earlier than its hand-over and carries one at a time for its
-    modeled time, so it cannot end before the first hand-over plus the link time: said where that bound falls after
-    the backward's end; one step, not claimed."""
-    p = rank0(linked.phases)
-    sent = rank0(linked.buckets)
-    lead = []
+def link_after_backward(linked, run: Path, stages, cap_mb: float) -> str:
+    """A line to print (``run``: the link run's folder; ``stages``: one that sends a message a parameter, then its
+    bucketed twin, both waiting in the finish): for each, how long rank 0's link still carried transfers after the
+    last backward band ended (``metrics.in_flight`` of the link's transfers after it: an upper bound on exposed,
+    whose waits all come later), that band's length and when in it the first message was handed over; where the
+    bucketed stage's came later, why in words (a bucket is handed over once it holds ``cap_mb`` MiB); one step, not
+    claimed."""
+    from minddp.analysis import metrics
+    from minddp.analysis.cpu import rank_intervals
+    from minddp.analysis.events import load_stage
+
+    p, sent = rank0(linked.phases), rank0(linked.buckets)
+    after, length, first = {}, {}, {}
     for st in stages:
-        end_rel = p.loc[(p["stage"] == st) & (p["phase"] == "backward"), "end_us"].max()
-        ahead = (end_rel - sent.loc[sent["stage"] == st, "ready_us"].min()) / 1e3
-        work = link_ms(linked, link, st)
-        late = f", so its link could not finish before {work - ahead:.1f} ms after that end" if work > ahead else ""
-        first = f"{st} handed over its first message" if not lead else f"{st} its first"
-        lead.append(f"{first} {ahead:.1f} ms before its last backward ended, with {work:.1f} ms of link time{late}")
-    return f"In the link run, {'; '.join(lead)}."
+        iv = rank_intervals(load_stage(Path(run) / st).ranks[0])
+        _, s0, s1 = iv.steps[-1]
+        band = p[(p["stage"] == st) & (p["phase"] == "backward")].sort_values("start_us").iloc[-1]
+        after[st] = metrics.in_flight(iv.link, [(s0 + band["end_us"], s1)]) / 1e3
+        length[st] = (band["end_us"] - band["start_us"]) / 1e3
+        first[st] = (sent.loc[sent["stage"] == st, "ready_us"].min() - band["start_us"]) / 1e3
+    a, b = stages
+
+    def each(values):
+        return " and ".join(f"{values[st]:.1f}" for st in stages)
+
+    later = first[b] > first[a]
+    why = f": later in {b}, whose first bucket is handed over once it holds {cap_mb:g} MiB" if later else ""
+    return (
+        f"After the last backward ended, rank 0's link still carried transfers for {after[a]:.1f} ms in {a} and "
+        f"{after[b]:.1f} ms in {b}; those backwards lasted {each(length)} ms, and the first message was handed "
+        f"over {each(first)} ms into each{why}."
+    )
