@@ -44,7 +44,7 @@
 # The set-up cell's helpers (`minddp/notebook/lesson_08.py`) give every rank the same model (its
 # *replica*), `build()`'s `Net` (`encoder`, tanh, `head`; `Net(extra=True)` adds a second head,
 # `extra`, in a forward given `use_extra=True`), wrapped (`model`, *the wrapper*, is the DDP object;
-# `model.module` is the `Net` it wraps), and its own batches of 6 examples (its shard);
+# `model.module` is the `Net` it wraps), and its own batches (its shard);
 # `train(model, optimizer, steps)` takes that many correct steps on them. `apart(model)` is the
 # largest difference between a rank's parameters and rank 0's. They run each script three ways:
 #
@@ -67,7 +67,6 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import minddp.debug
 from minddp import DistributedDataParallel
-from minddp.debug.collective_check import recorded  # yields the calls the collective check saw in a block
 from minddp.notebook import lesson
 from minddp.notebook.lesson_08 import (
     DEFAULT_WAIT_S,
@@ -104,9 +103,9 @@ lesson.say(
 # Anything that changes a parameter on some ranks only breaks that: here rank 1 nudges one weight
 # after step 1. In debug mode, before each forward whose backward will average the gradients (the
 # *forward check*), every rank all-gathers a row of integers, `int64[8]` for `Net()`: its 4 parameter
-# tensors' `requires_grad` flags, then their fingerprints (checksums of their 16-bit words); a mismatch
-# adds an all_gather of the tensors, for the size of the difference. The fix: change parameters the
-# same way on every rank.
+# tensors' `requires_grad` flags, then each one's *fingerprint* (a checksum of its 16-bit words); a
+# mismatch adds an all_gather of the tensors, for the size of the difference. The fix: change
+# parameters the same way on every rank.
 
 
 # %%
@@ -134,11 +133,10 @@ fixed(drifting_loop, "without the edit", edit=False)
 # DDP averages the gradients of a backward whose forward went through the wrapper. Call the module
 # itself (`model.module(x)`, or a submodule) and backward leaves each rank its own gradient; the
 # optimizer then steps each replica its own way. Before each `optimizer.step()` the *step check*
-# all-gathers another row, `int64[17]` for `Net()`: one integer of *notes* (bits, among them this
-# section's two bugs: a forward that bypassed the wrapper, a step's last forward run inside
-# `no_sync()`, the wrapper's block whose backwards skip the averaging); then four integers per
-# parameter: whether it has a gradient, its fingerprint, whether this step's backward computed one,
-# and the local gradient's fingerprint (before averaging). The fix: call the wrapper.
+# all-gathers another row, `int64[17]` for `Net()`: one integer of flags (e.g. a forward bypassed the
+# wrapper), then four per parameter: whether it has a gradient, that gradient's fingerprint (a
+# mismatch stops the step), whether this step's backward computed a *local gradient* (this rank's,
+# before averaging), and the local gradient's fingerprint. The fix: call the wrapper.
 
 
 # %%
@@ -271,7 +269,7 @@ def log_loss(model, optimizer, short=None, everywhere=False):
 raised = torch_does(lambda group, short: log_loss(*build(TorchDDP, process_group=group), short=short))
 lesson.claim(
     "Timed out" in raised[0] and torch_took[0] >= WAIT_S and raised[1] == "raised nothing",
-    f"under torch here rank 0 waited until the short group's {WAIT_S} s timeout; rank 1 stepped on, raising nothing",
+    f"under torch rank 0 timed out after the short group's {WAIT_S} s; rank 1 raised nothing",
 )
 minddp_says(lambda: log_loss(*build()), "mismatched collectives", numbered=True)
 fixed(log_loss, "the loss logged on every rank", everywhere=True)
@@ -283,18 +281,19 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # 0 starts a step whose collectives rank 1 will never make. Under torch neither rank's error says
 # which rank ran out, or when. The collective check pairs rank 1's barrier with rank 0's next forward
 # check: rank 1 has left its loop. The fix: the wrapper's `join()` around the loop, the barrier after
-# it: a rank that has run out makes the others' remaining collectives, and once every rank has left
-# its loop, each takes the parameters of the last to leave (rank 0, here).
+# it: a rank that has run out makes the others' remaining collectives, and at the end all ranks take
+# the same parameters.
 
 
 # %%
 # %%distributed
-def uneven(model, optimizer, short=None):
-    for step in range(4 if rank == 0 else 3):  # the bug: rank 1 runs out of data first
-        x, y = batch(step)
-        nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
+def uneven(model, optimizer, short=None, joined=False):
+    with model.join() if joined else contextlib.nullcontext():  # the fix: under the wrapper's join()
+        for step in range(4 if rank == 0 else 3):  # the bug: rank 1 runs out of data first
+            x, y = batch(step)
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
     dist.barrier(group=short)
 
 
@@ -305,32 +304,7 @@ lesson.claim(
     "partner is gone",
 )
 minddp_says(lambda: uneven(*build()), "uneven inputs: rank 1 left the training loop after step 2", numbered=True)
-model, optimizer = build()
-stepped = 0
-with quiet() as said, recorded() as calls:
-    with model.join():
-        for step in range(4 if rank == 0 else 3):
-            x, y = batch(step)
-            nn.functional.mse_loss(model(x), y).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            stepped += 1
-        left = nn.utils.parameters_to_vector(model.parameters()).detach()  # as this rank leaves its loop
-    dist.barrier()  # the script's final barrier, outside the join: every rank has left its loop
-dist.broadcast(left, src=0)  # rank 0's
-steps, compared = each_rank(stepped), each_rank(len(calls))
-# the calls placed "in minddp debug's ... check" (as in section 4's error): the forward and step checks'
-watched = each_rank(sum("minddp debug's" in call.where for call in calls))
-lesson.claim(
-    not said and steps == [4, 3] and torch.equal(nn.utils.parameters_to_vector(model.parameters()), left),
-    f"the fix: under model.join() rank 0 took {steps[0]} steps and rank 1 {steps[1]}; "
-    "nothing is said and both ranks end with the parameters rank 0 had when it left its loop",
-)
-lesson.claim(
-    watched == [0, 0] and compared[0] == compared[1] > 0,
-    f"none of each rank's {compared[0]} checked calls in the fix was a forward or step check's: both pause inside "
-    "join()",
-)
+fixed(uneven, "under model.join()", joined=True)
 
 # %% [markdown]
 # ## 6. A layer frozen on some ranks is not an unused parameter
@@ -338,8 +312,8 @@ lesson.claim(
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only makes the ranks disagree on what they send: the ranks'
 # `requires_grad` flags differ at step 0. Under torch's DDP rank 0, without `head`'s gradients, never
-# launches their bucket's all_reduce and ends step 0, while rank 1 waits in it. At step 1's forward
-# rank 0 raises (its indices count from 0 in the set-up cell's list: 2 and 3 are `head.weight` and
+# launches the gradients' all_reduce and ends step 0, while rank 1 waits in it. In step 1 rank 0
+# raises (its indices count from 0 in the set-up cell's list: 2 and 3 are `head.weight` and
 # `head.bias`), so rank 1 fails, still in step 0. The fix: freeze the layer on every rank, before
 # wrapping.
 
@@ -457,7 +431,7 @@ def flagged(wrapper, **kwargs):
 
 models = []
 lesson.say("The fix under torch:")
-with cpp_warnings():  # kept from the output: torch's advice to turn the flag off, wrong here
+with cpp_warnings():  # keeps torch's C++ warnings (stderr) out of the output
     raised = torch_does(lambda group, short: models.append(flagged(TorchDDP, process_group=group)))
 with quiet() as said:
     model = flagged(DistributedDataParallel)
@@ -473,8 +447,7 @@ lesson.claim(
 # A wrapper built in debug mode has three parts one built with it paused lacks: a *watch* (it runs the
 # forward and step checks), the `DebugReducer` (a *reducer* averages the gradients; this one's
 # all_reduces go through the collective check) and the plan check. The forward, plan and step checks
-# each add a collective to a step (section 5 lists step 2's); inside `join()` the forward and step
-# checks pause.
+# each add a collective to a step (section 5 lists step 2's).
 
 
 # %%
@@ -507,20 +480,6 @@ lesson.claim(
     gap <= tol,
     "after the same 5 steps, each rank's parameters with debug mode on equal its own with it paused "
     + ("bit for bit" if gap == 0 else f"to within {gap:.1e} (float32 rounding: tol {tol:.1e})"),
-)
-finished = []  # one more step with debug mode on: whether each bucket's sum had finished when its launch returned
-launch = on.reducer._launch
-
-
-def launch_and_look(b):
-    launch(b)
-    finished.append(on.reducer.pending[-1].future.done())
-
-
-on.reducer._launch = launch_and_look
-train(on, torch.optim.SGD(on.parameters(), lr=0.0), steps=1)
-lesson.claim(
-    bool(finished) and all(finished), "in debug mode each bucket's all_reduce had finished before backward went on"
 )
 
 # %%

@@ -281,11 +281,7 @@ def stretches(calls: list) -> list[tuple[int, int, str, list[str], list[str]]]:
     each one's op, dtypes and shapes, so two ranks' stretches are equal only if their calls are."""
     if not calls:
         return []
-    parts = (
-        [(0, calls[0].seq - 1, "before this run (all earlier calls, the notebook's helpers' included)", [], [])]
-        if calls[0].seq
-        else []
-    )
+    parts = [(0, calls[0].seq - 1, "before this run", [], [])] if calls[0].seq else []
     built = ours = False  # ours: a wrapper's call seen in this run (without one, a step is an earlier wrapper's)
     for call in calls:
         built = built or "forward check" in call.where
