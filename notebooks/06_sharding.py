@@ -21,7 +21,7 @@
 # stages here, each a *rung* of the notebooks' ladder, follow ZeRO, the *Zero Redundancy Optimizer*
 # (Rajbhandari et al., 2019, arXiv 1910.02054, "the ZeRO paper"), and FSDP, *Fully Sharded Data
 # Parallel*, PyTorch's version of ZeRO's third stage. They keep DDP's computation and repeat less of the
-# state. On n ranks they cut each *parameter tensor* into n *chunks*, one per rank; the chunk a rank
+# state. On n ranks they cut *parameter tensors* into n *chunks*, one per rank; the chunk a rank
 # updates is its *shard*. Besides the all_reduce they use the reduce-scatter and the all-gather (next
 # section):
 #
@@ -29,7 +29,7 @@
 #   in DDP, and the updated shards all-gathered;
 # * `zero2`: the gradients are sharded too: a reduce-scatter leaves each rank only the piece of the
 #   averaged gradients it updates;
-# * `fsdp`: the parameters are sharded too (except the few in no decoder layer, kept whole on every rank
+# * `fsdp`: the parameters are sharded too (except the few in no decoder layer, kept unsharded on every rank
 #   and all-reduced: its *replicated* tensors), and each decoder layer (a *unit*) is gathered for its
 #   forward and again for its backward (the last unit stays gathered between the two), the next unit's
 #   gather started one unit ahead (a *prefetch*).
@@ -128,7 +128,7 @@ lesson.say(
 # (and for fsdp's replicated tensors). `zero2` keeps the whole parameters too (its shards are views into
 # them); `fsdp` keeps only the shards and its replicated tensors.
 # `minddp.sharding.memory.Probe` measures one step of each stage from the tensors the rank holds:
-# parameters and gradients just before the update, optimizer state just after, the activations (the most
+# parameters and their `.grad`s just before the update, optimizer state just after, the activations (the most
 # bytes autograd saved for the backward during one micro-batch's forward, leaving out saved tensors that
 # lie in a parameter's storage or, for fsdp, a gathered unit's), and fsdp's *gathered units* at their
 # peak: the full parameters it has gathered and the buffers its all-gathers receive into (zero1's and
@@ -146,7 +146,7 @@ for name, t in trainees.items():
     probe = Probe(t.model, t.model.module, t.optimizer)
     t.step()
     memory[name] = probe.result()
-    between[name] = probe.gradients_between  # the most gradient bytes held as a micro-batch's forward starts
+    between[name] = probe.gradients_between  # the most .grad bytes (fsdp: its units' sums) as a forward starts
 
 # %% [markdown]
 # The *memory table* sets each stage's measured model state (parameters + gradients + optimizer state)
@@ -176,10 +176,10 @@ lesson.say(f"Ψ = {memory['ddp']['psi']:,} trainable parameter values (elements)
 lesson.claim(
     all(between[s] == 4 * memory[s]["psi"] for s in STAGES)
     and all(memory[s]["gradients"] < between[s] for s in ("zero2", "fsdp")),
-    "The gradients column is taken at the update, after the last backward's sync. The most gradient bytes each "
-    "stage held as a micro-batch's forward started in the memory step were the whole gradients', "
-    f"{lesson.mib(between['ddp'])}, accumulated under notebook 03's no_sync(): zero2 and fsdp hold the column's "
-    "smaller gradients only from the last backward on.",
+    "The gradients column counts `.grad` storages at the update, after the last backward's sync. The most `.grad` "
+    "bytes each stage held as a micro-batch's forward started in the memory step (fsdp: with its units' no_sync sums) "
+    f"were the whole gradients', {lesson.mib(between['ddp'])}: zero2 and fsdp hold the column's smaller gradients "
+    "only from the last backward on.",
 )
 act = {s: memory[s]["activations"] for s in STAGES}
 cut = (table.loc["ddp", "model state MiB"] - table["model state MiB"]) * 2**20  # what each takes off ddp's
@@ -204,20 +204,22 @@ lesson.claim(
     f"parameter tensor ({tensors} × 4 = {4 * tensors} bytes), which the formulas leave out.",
 )
 names = {id(p): n for n, p in trainees["fsdp"].model.module.named_parameters()}
-left_whole = {id(p): p for _, _, p in trainees["fsdp"].model.replicated}
+replicated = {id(p): p for _, _, p in trainees["fsdp"].model.replicated}
 lesson.say(
-    f"fsdp's {len(left_whole)} replicated tensors: "
-    + ", ".join(f"{names[i]} ({p.numel():,} values)" for i, p in left_whole.items())
+    f"fsdp's {len(replicated)} replicated tensors: "
+    + ", ".join(f"{names[i]} ({p.numel():,} values)" for i, p in replicated.items())
     + f"; Ψᵣ = {memory['fsdp']['replicated']:,}."
 )
 reducers = {s: trainees[s].model.reducer for s in ("ddp", "zero1")}  # minddp's DistributedDataParallel's
 buffers = {s: sum(b.untyped_storage().nbytes() for b in r.buffers) for s, r in reducers.items()}
+# zero2 and fsdp pack a bucket's (a unit's) gradients into a new flat tensor as they send it, and drop it after
 lesson.claim(
-    not any(r.gradient_as_bucket_view for r in reducers.values()),
-    "ddp and zero1 copy their gradients into a flat buffer per gradient bucket (the gradients are not views into "
-    "it), storage of its own which no column counts: "
+    not any(r.gradient_as_bucket_view for r in reducers.values())
+    and not any(hasattr(trainees[s].model, "reducer") for s in ("zero2", "fsdp")),
+    "No column counts the flat copies a stage sends gradients from: ddp and zero1 keep one per gradient bucket, "
+    "not a view of the gradients ("
     + ", ".join(f"{s} {lesson.mib(b)}" for s, b in buffers.items())
-    + " on rank 0 after the step.",
+    + " on rank 0 after the step); zero2 and fsdp, with no reducer, pack one per bucket or unit as they send it.",
 )
 
 # %% [markdown]
@@ -273,14 +275,12 @@ norm32 = sum(b for (dtype, m), b in by.items() if dtype == "float32" and m.endsw
 other = f16["activations"] - low  # every byte not saved in bf16, in any dtype, by any module
 # in fp32 the bytes saved in bf16 here are twice as many and the others the same: the others keep it above half
 lesson.claim(
-    2 * f16["gathered"] == f32["gathered"]
-    and abs(2 * low + other - f32["activations"]) < 1e-3 * f32["activations"]
-    and norm32 > other / 2,
+    2 * f16["gathered"] == f32["gathered"] and abs(2 * low + other - f32["activations"]) < 1e-3 * f32["activations"],
     f"Its gathered units peak at {lesson.mib(f16['gathered'])}, exactly half fp32 fsdp's "
     f"{lesson.mib(f32['gathered'])}. Its activations are {f16['activations'] / f32['activations']:.2f} times fp32 fsdp's "
     f"({lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}), not half: {low / 2**20:.2f} MiB "
-    f"of them are saved in bf16 and {other / 2**20:.2f} MiB not (most of those in fp32 by the "
-    f"RMSNorms); twice the first plus the second come to fp32 fsdp's {lesson.mib(f32['activations'])}.",
+    f"of them are saved in bf16 and {other / 2**20:.2f} MiB not ({norm32 / 2**20:.2f} MiB of those in fp32 by "
+    f"the RMSNorms); twice the first plus the second come to fp32 fsdp's {lesson.mib(f32['activations'])}.",
 )
 
 # %% [markdown]
@@ -333,8 +333,7 @@ kept_as_was = (in_bf16.float() * (1 - decay)).to(torch.bfloat16) == in_bf16
 lesson.claim(
     decay < 2**-9 and bool(kept_as_was.all()),
     f"lr · λ = {decay:.1e}, {2**-9 / decay:.0f} times under 2⁻⁹ = {2**-9:.2e}: the decay leaves every one of the "
-    f"{values.numel():,} values held in bf16 as it was. Weights held in bf16 would lose their weight decay at every "
-    "update at this lr and λ.",
+    f"{values.numel():,} values held in bf16 as it was.",
 )
 
 # %% [markdown]
@@ -368,8 +367,8 @@ formulas.round(2)
 #
 # Each parameter tensor of `numel` elements is cut, flattened, into n chunks of `ceil(numel/n)` elements,
 # in rank order, the last ranks' shorter or empty (padded with zeros where sent); rank `r` keeps the
-# optimizer state of chunk `r` of each. (An optimizer that is not element-wise needs whole tensors: one
-# rank then owns each, `owned_whole` below; AdamW is element-wise.) The updated chunks are all-gathered
+# optimizer state of chunk `r` of each. (An optimizer that is not element-wise needs tensors uncut: one
+# rank then keeps each one's state, `owned_whole` below; AdamW is element-wise.) The updated chunks are all-gathered
 # in buckets of their own (`BUCKET_CAP_MB`, printed), not the stage's 4 MiB gradient buckets:
 
 # %%
@@ -380,11 +379,10 @@ zero = trainees["zero1"].optimizer
 name, p = next((n, p) for n, p in trainees["zero1"].model.module.named_parameters() if p.dim() == 2)
 start, end = zero.ranges[zero.index[id(p)]][rank]
 print(f"rank {rank}: chunk {rank} of {name} is its elements {start:,} to {end - 1:,}, of {p.numel():,}")
-whole_owned = sum(zero.owned_whole(p) for p in zero.params)
+uncut = sum(zero.owned_whole(p) for p in zero.params)
 lesson.say(
-    f"Parameter tensors one rank owns whole: {whole_owned} of {len(zero.params)}. All-gather buckets of at most "
-    f"BUCKET_CAP_MB = {BUCKET_CAP_MB:g} MiB of full parameters: {len(zero.buckets)}, for the whole model's "
-    f"{lesson.mib(model_bytes)}" + (", which fits in one." if len(zero.buckets) == 1 else ".")
+    f"Parameter tensors left uncut (`owned_whole`): {uncut} of {len(zero.params)}. All-gather buckets of at most "
+    f"BUCKET_CAP_MB = {BUCKET_CAP_MB:g} MiB: {len(zero.buckets)}, for the model's {lesson.mib(model_bytes)}."
 )
 
 # %% [markdown]
@@ -458,7 +456,7 @@ z = looks["zero2"]
 lesson.claim(
     z["bytes"] == looks["ddp"]["bytes"],
     f"zero2's gradient collectives are given ddp's bytes, {lesson.mib(z['bytes'])}, the whole gradients (a "
-    "reduce-scatter is given the whole bucket too): what rank 0 sends is measured on the ring below.",
+    "reduce-scatter is given the whole bucket too).",
 )
 units = len(trainees["fsdp"].model.units)
 outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
@@ -503,12 +501,12 @@ lesson.claim(
 )
 f_sent = rings["fsdp"]["sent"]
 passes = f_sent["all_gather"] / one_pass  # what a rank sent gathering units, in passes of the whole model
-# one reduce-scatter pass, at most two gathering passes per micro-batch (the α-β count's bound); the tensors left
-# whole are all-reduced (2 (n - 1)/n of their bytes sent), which the bound's gathers of them more than cover
+# one reduce-scatter pass, at most two gathering passes per micro-batch (the α-β count's bound); the replicated
+# tensors are all-reduced (2 (n - 1)/n of their bytes sent), which the bound's gathers of them more than cover
 lesson.claim(
     total["fsdp"] <= fsdp_most and passes < 2 * accum and f_sent["all_gather"] > total["fsdp"] / 2,
     f"fsdp sent {f_sent['reduce_scatter'] / 2**20:.2f} MiB reduce-scattering its units' gradients, "
-    f"{f_sent.get('all_reduce', 0) / 1024:.0f} KiB all-reducing the {outside} parameter tensors it leaves whole, "
+    f"{f_sent.get('all_reduce', 0) / 1024:.0f} KiB all-reducing its {outside} replicated tensors, "
     f"and {f_sent['all_gather'] / 2**20:.2f} MiB gathering units for each micro-batch's forward and backward "
     f"(most of what it sent): {passes:.2f} passes of the model, "
     f"{passes / accum:.2f} a micro-batch, under the bound's 2. In all {total['fsdp'] / 2**20:.2f} "
@@ -595,8 +593,7 @@ lesson.claim(
 )
 lesson.claim(
     f["calls"] == units + outside,
-    f"fsdp's {f['calls']} gradient collectives: one per unit ({units}) and one per parameter tensor it leaves whole "
-    f"({outside}).",
+    f"fsdp's {f['calls']} gradient collectives: one per unit ({units}) and one per replicated tensor ({outside}).",
 )
 
 # %% [markdown]
@@ -672,25 +669,32 @@ lesson.say(
 # %% [markdown]
 # ## What each rung trades
 #
-# Rank 0's model state at the update (the memory table) beside what it sent in a step on minddp's ring
-# (the ring table). The model state is not all a rank holds (bucket buffers, all-gather buffers), so zero2's lead over zero1 is in model state at the update only; no cell measures their peaks.
+# Rank 0's model state at the update (the memory table: no bucket or all-gather buffers) beside what it
+# sent in a step on minddp's ring (the ring table).
 
 # %%
 # %%rank 0
 trade = pd.DataFrame({"model state MiB": table["model state MiB"], "sent a step MiB": pd.Series(total) / 2**20})
 spared = trade.loc["ddp", "model state MiB"] - trade["model state MiB"]  # against ddp's, at the update
 handed = {s: looks[s]["calls"] + looks[s]["gathers"] for s in STAGES}  # collectives in the gloo looks (the figure's)
+same = abs(total["zero2"] - total["ddp"]) < 1e-3 * total["ddp"]  # to within the chunks' padding
+lesson.claim(
+    spared["zero2"] > 0 and same and handed["zero2"] - handed["ddp"] == looks["zero2"]["gathers"] > 0,
+    f"zero2 holds {spared['zero2']:.1f} MiB less model state at the update than ddp, sending "
+    + ("the same bytes" if total["zero2"] == total["ddp"] else "within 0.1 % of its bytes")
+    + f" on the ring; it adds its {looks['zero2']['gathers']} all-gathers of parameters: "
+    f"{handed['zero2']} collectives handed over in the gloo looks against ddp's {handed['ddp']}.",
+)
 lesson.claim(
     spared["fsdp"] > spared["zero2"] and total["fsdp"] > total["zero2"] and handed["fsdp"] > handed["zero2"],
-    f"fsdp buys {spared['fsdp'] - spared['zero2']:.1f} MiB less model state at the update than zero2 with "
-    f"{total['fsdp'] / total['zero2']:.1f} times its bytes sent on the ring and {handed['fsdp'] / handed['zero2']:.1f} "
-    f"times its collectives handed over in the gloo looks ({handed['fsdp']} against {handed['zero2']}): at {accum} "
-    "micro-batches a step it gathers its units in every micro-batch, zero2 its buckets once a step.",
+    f"fsdp holds {spared['fsdp'] - spared['zero2']:.1f} MiB less model state than zero2 with "
+    f"{total['fsdp'] / total['zero2']:.1f} times its bytes sent and {handed['fsdp']} collectives handed over "
+    f"against its {handed['zero2']}: it gathers its units in each of the {accum} micro-batches, zero2 its buckets "
+    "once a step.",
 )
 lesson.claim(
     (trade.loc["zero2"] < trade.loc["zero1"]).all(),
-    "In both of the table's columns zero2 is under minddp's zero1: less model state at the update and, on the ring, "
-    "fewer bytes sent a step (zero1 all-reduces the gradients that zero2 reduce-scatters).",
+    "zero2 is under minddp's zero1 in both columns (zero1 all-reduces the gradients that zero2 reduce-scatters).",
 )
 trade.round(1)
 
