@@ -2,12 +2,12 @@
 
 :func:`compile_at` builds a model wrapped in a DDP (torch's or minddp's) and compiled with either pattern (the model
 first, nanoGPT's, or ``torch.compile(wrapper)``; the notebook's cell writes each out), trains one step and says what
-happened: the refusal torch raised, or the step's buckets, Dynamo's count of graph breaks and the compiled pieces of
-one more forward, each bucket and piece in brackets; with the line, how far the trained parameters lie from eager
-ddp's. :func:`flat` is that comparison's vector, :func:`rounding_bound` the distance a change in the order of a
-sum's rounding can explain; :func:`untraced_calls` says where Dynamo broke a graph, and why. The notebook keeps its
-claims in its cells; these only compute and print. The notebook's other plumbing (its step's autograd nodes, the
-figure) is :mod:`minddp.notebook.nodes`.
+happened: the refusal torch raised, or the step's buckets, Dynamo's count of graph breaks and the compiled pieces of one
+more forward, each bucket and piece in brackets; with the line, how far the trained parameters lie from eager ddp's.
+:func:`flat` is that comparison's vector, :func:`rounding_bound` the distance a change in the order of a sum's rounding
+can explain; :func:`third_step` runs each of the figure's runs; :func:`untraced_calls` says where Dynamo broke a graph,
+and why. The notebook keeps its claims in its cells; these only compute and print. The notebook's other plumbing (its
+step's autograd nodes, the figure) is :mod:`minddp.notebook.nodes`.
 
 Example (one rank here; notebook 09 runs it on every rank): two layers of 16 KiB, a cap below one layer, so
 one compiled piece per layer::
@@ -36,13 +36,35 @@ one compiled piece per layer::
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import torch
 
+from minddp.analysis import live
 from minddp.ladder.loop import train_step
 from minddp.notebook import nodes
 from minddp.runtime.compat import dynamo_reset, graph_breaks, uncompiled
+
+
+def third_step(ddp, model, data, loss_fn) -> dict:
+    """Three SGD steps (lr 0.01) of ``ddp``, which wraps ``model`` (compiled or not), on ``data``'s next batches: the
+    first compiles, the second rebuilds the buckets, the third is profiled. Returns the third's
+    :func:`~minddp.notebook.nodes.node_view`, its bars the model's gradient nodes
+    (:func:`~minddp.notebook.nodes.node_names` of one more forward), with ``buckets``
+    (:func:`~minddp.notebook.nodes.bucket_names`), ``params`` (:func:`flat`, after the steps) and ``moved`` (each
+    step's largest parameter move, lr·max|g|, for :func:`rounding_bound`)."""
+    optimizer, moved = torch.optim.SGD(model.parameters(), lr=0.01), []
+    for step in range(3):
+        before, batch = flat(model), next(data)
+        with live.profiler() if step == 2 else contextlib.nullcontext() as prof:
+            train_step(ddp, optimizer, batch, loss_fn)
+        moved.append((flat(model) - before).abs().max().item())
+    with ddp.no_sync():  # a forward whose backward never runs: the names of the nodes the model records
+        drawn = nodes.node_names(ddp(torch.randn_like(batch[0])))
+    view = nodes.node_view(prof, drawn)
+    view.update(buckets=nodes.bucket_names(ddp), params=flat(model), moved=moved)
+    return view
 
 
 def flat(model) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Notebook 09's look at one profiled step by autograd node: what ran after each bucket was handed over.
+"""Notebook 09's look at one profiled step by autograd node: whether a gradient node ended after each hand-over.
 
 Autograd records one ``autograd::engine::evaluate_function: <node>`` range per node it runs. Notebook 09
 splits them in two: a parameter's ``AccumulateGrad`` node (where the reducer's hook marks its gradient ready and,
@@ -7,7 +7,8 @@ node*; a compiled piece's gradient node is ``CompiledFunctionBackward``. :func:`
 ``train_step`` under :func:`minddp.analysis.live.profiler` that way, on top of
 :func:`~minddp.analysis.live.step_view`; :func:`picture` draws the three runs' backward passes, each scaled to its
 own length (:func:`in_percent`), with the gradient nodes as bars and the handovers as ticks; :func:`bucket_names`,
-:func:`parameter_bytes`, :func:`compiled_pieces` and :func:`refusal` keep the notebook's plumbing out of its cells.
+:func:`node_names`, :func:`parameter_bytes`, :func:`compiled_pieces` and :func:`refusal` keep the notebook's
+plumbing out of its cells.
 
 Example (one rank here; notebook 09 runs it on every rank): two layers of 0.25 MiB, a bucket each::
 
@@ -25,7 +26,7 @@ Example (one rank here; notebook 09 runs it on every rank): two layers of 0.25 M
     >>> view = node_view(prof)
     >>> view["calls"], view["inside_accumulate"]           # each bucket handed over inside an AccumulateGrad node
     (2, [True, True])
-    >>> view["node_after_handover"]    # the first layer's backward ran after the first bucket, no node after the last
+    >>> view["node_after_handover"]    # the first layer's backward ended after the first bucket, no node after the last
     [True, False]
 """
 
@@ -43,14 +44,16 @@ NODE = "autograd::engine::evaluate_function"  #: one range per autograd node run
 PIECE = f"{NODE}: CompiledFunctionBackward"  #: the gradient node of one compiled piece
 
 
-def node_view(prof) -> dict:
+def node_view(prof, drawn: set[str] | None = None) -> dict:
     """:func:`~minddp.analysis.live.step_view` of one profiled step, with, from the same events:
 
     * ``row``: the step's backward pass alone, from its first node's start (0 ms) to its last node's ``end``: one
-      ``backward`` bar per gradient node and one ``sent`` tick per handover, nothing else (no forward, optimizer
-      step, ``AccumulateGrad`` node or gloo range): the notebook reads the order of handovers and gradient nodes;
-    * ``node_after_handover``: for each handover, in order, whether a gradient node ran after it (was still
-      running then, or began after: its range ends after the handover);
+      ``backward`` bar per gradient node named in ``drawn`` (every one if ``None``; the notebook passes the model's,
+      :func:`node_names`, leaving out the loss's) and one ``sent`` tick per handover, nothing else (no forward,
+      optimizer step, ``AccumulateGrad`` node or gloo range): the notebook reads the order of handovers and gradient
+      nodes;
+    * ``node_after_handover``: for each handover, in order, whether a gradient node ended after it (was still
+      running then, or began after);
     * ``inside_accumulate``: for each handover, whether it fell inside an ``AccumulateGrad`` node's range;
     * ``pieces_run``: how many compiled pieces' gradient nodes ran; ``pieces_ended_at_handover`` and
       ``pieces_begun_at_handover``: for each handover, how many of them had ended, and begun, by then.
@@ -76,8 +79,25 @@ def node_view(prof) -> dict:
     view["pieces_begun_at_handover"] = [sum(e.time_range.start <= t for e in pieces) for t in handovers]
     end = (max(e.time_range.end for e in ran) - t0) / 1e3  # the backward pass's last node ends
     sent = [(t - t0) / 1e3 for t in handovers]
-    view["row"].update(forward=[], backward=ms(nodes), optimizer=[], finish=[], messages=[], sent=sent, end=end)
+    bars = [e for e in nodes if drawn is None or e.name.split(": ", 1)[1] in drawn]
+    view["row"].update(forward=[], backward=ms(bars), optimizer=[], finish=[], messages=[], sent=sent, end=end)
     return view
+
+
+def node_names(output) -> set[str]:
+    """The names of the gradient nodes autograd reaches from ``output`` (every node but the ``AccumulateGrad`` ones):
+    a model's output, those its forward records, without the loss's.
+
+    >>> sorted(node_names(torch.nn.Linear(2, 2)(torch.ones(1, 2)).relu()))
+    ['AddmmBackward0', 'ReluBackward0', 'TBackward0']
+    """
+    names, todo = set(), [output.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and not hasattr(node, "variable"):  # an AccumulateGrad node holds its parameter
+            names.add(node.name())
+            todo += [n for n, _ in node.next_functions]
+    return names
 
 
 def bucket_names(ddp) -> list[list[str]]:
@@ -119,7 +139,9 @@ def refusal(error: BaseException) -> str:
 
 
 #: the library's legend words (minddp.analysis.timeline) -> notebook 09's
-WORDS = {"backward": "gradient nodes", "handed to the wire": "handed over"}
+WORDS = {"backward": "the model's gradient nodes", "handed to the wire": "a bucket handed over"}
+#: the pale bar's legend: what it holds where no bar is drawn
+PALE = "the rest of the backward pass: the loss's nodes, AccumulateGrad nodes, hooks (its length not read)"
 
 
 def in_percent(row: dict) -> dict:
@@ -134,7 +156,7 @@ def in_percent(row: dict) -> dict:
 def picture(looks: dict, title: str):
     """The rows of ``looks`` (each a :func:`node_view`), each scaled to its own backward pass (:func:`in_percent`),
     as :func:`minddp.notebook.lesson.picture` draws them, over a pale bar for the whole pass and without the line
-    where a step ends, with the legend in :data:`WORDS`. Rank 0 draws; the others get ``None``."""
+    where a step ends, with the legend in :data:`PALE` and :data:`WORDS`. Rank 0 draws; the others get ``None``."""
     from minddp.analysis.timeline import legend_above
     from minddp.notebook import lesson
 
@@ -146,10 +168,10 @@ def picture(looks: dict, title: str):
     for line in [line for line in ax.get_lines() if line.get_label() == "step ends"]:
         line.remove()  # each pass ends at 100: the pale bar's end
     for y in range(len(looks)):
-        ax.broken_barh([(0, 100)], (y - 0.40, 0.40), facecolors="#e6e6e6", zorder=0.5, label="backward pass")
+        ax.broken_barh([(0, 100)], (y - 0.40, 0.40), facecolors="#e6e6e6", zorder=0.5, label=PALE)
     ax.set_xlabel("% of the row's backward pass, from its first node's start to its last node's end", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     named = {WORDS.get(label, label): h for label, h in zip(labels, handles) if not label.startswith("_")}
-    order = ["backward pass", *WORDS.values()]
+    order = [PALE, *WORDS.values()]
     legend_above(ax, {key: named[key] for key in order if key in named}, len(order))
     return figure
