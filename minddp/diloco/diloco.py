@@ -33,15 +33,12 @@ the synced weights, ``synced.lerp_(local, α)``. Two deliberate differences: one
 fragment (only the fragment whose turn it is has a ``.grad`` during its step, so the others keep their weights and
 state; torchft's DiLoCo would step them too with the inner gradients they still hold, so its users give one outer
 optimizer per fragment, which this class takes as well), and the synced weights stay on the parameters' device
-(torchft keeps them in host memory). The change, for plain DiLoCo (the whole model fragment 0, the last), in lines
-of ``_send``, ``_apply`` and ``_outer_sync`` (send and wait apart, for streaming), a few left out::
+(torchft keeps them in host memory). The change, for plain DiLoCo, in lines of ``_send`` and ``_outer_sync``,
+a few left out::
 
     -        bucket = GradBucket(0, torch.cat([p.detach().reshape(-1) for p in params]), params, is_last=True)
     +        pseudo = torch.cat([(s - p.detach()).reshape(-1) for p, s in zip(params, synced)])  # item 2
-    +        bucket = GradBucket(fragment, pseudo, params, is_last=fragment == len(self.fragments) - 1)
-    -        average = send(self.comm_hook, self.comm_state, bucket).wait()
-    +        self.in_flight = (fragment, send(self.comm_hook, self.comm_state, bucket))  # item 2; item 3 waits for it
-    +        mean_pseudo, self.in_flight = future.wait(), None  # in _apply: the kept Future waited for
+             ...  # item 2: averaged by the comm hook as local SGD's weights were, into mean_pseudo
     -        for param, mean in zip(params, average.split([p.numel() for p in params])):
     -            param.copy_(mean.view_as(param))
     +        for param, weights, grad in zip(params, synced, mean_pseudo.split([p.numel() for p in params])):
