@@ -62,8 +62,8 @@ lesson_07.print_phase_lines()
 # ## A run with two faults
 #
 # The cell below starts a lighthouse and a training process in each of three slots and trains 14 steps of
-# a toy task (`ToyTask`: an MLP regression, 12 rows per global batch, AdamW, and a 10 ms pause per
-# step standing in for compute) on gloo, torch's CPU backend. The settings:
+# a toy task (`ToyTask`: an MLP regression, AdamW, and a 10 ms pause per step standing in for compute) on
+# gloo, torch's CPU backend. The settings:
 #
 # * `world_size=3`: the number of slots (torch's `world_size` is each attempt's world);
 # * `faults`: `kill@4:1`, slot 1 kills itself with SIGKILL (a signal no process can catch or outlive) in step 4
@@ -113,11 +113,11 @@ for line in run.report():
 
 # %% [markdown]
 # How the other members learn of each fault: their all_reduce fails once the faulting process's connections
-# close. The kernel closes a killed process's connections while ending it, after freeing its memory; a
-# raising process closes them by dropping its group. Each member that caught an error votes no, and the
-# attempt is discarded. The next quorum waits until every live slot has asked: the survivors ask after they
-# vote, and slot 1 stays live until the launcher records its process's exit, a fixed wait (`EXIT_WAIT_S`,
-# for a result still in flight) after finding the process ended.
+# close (the kernel closes a killed process's; a raising process closes its own by dropping its group).
+# Each member that caught an error votes no, and the attempt is discarded. The next quorum waits until every
+# live slot has asked: the survivors ask after they vote, and slot 1 stays live until the launcher records
+# its process's exit, a fixed wait (`EXIT_WAIT_S`, for a result still in flight) after finding the process
+# ended.
 #
 # The cell below prints each fault's recovery, split in its parts. Its `✓`
 # lines are **claims**: `lesson.claim` checks each on the run shown (the cell fails if one does not hold).
@@ -292,12 +292,11 @@ show_source(solutions.ft_shard)
 #
 # <details><summary>1. A frozen process</summary>
 #
-# Unlike a killed process, a frozen one (`SIGSTOP`) keeps its sockets open and says nothing: its slot stays
-# live, and the next quorum waits for it, until it has been silent for `hang_s`; its peers' all_reduce ends
-# at the group's timeout (also `hang_s`) or when the launcher then ends the frozen process (the cell prints
-# what each caught). So the recovery follows `hang_s`: the first cell below runs two bounds, one half the
-# other (6 steps, no restart, no 10 ms pause), and checks that each recovery took at least half its bound
-# and that halving the bound shortened it (it prints by how much).
+# Unlike a killed process, a frozen one (`SIGSTOP`) keeps its sockets open and says nothing. Two waits run
+# side by side: its peers' all_reduce, until the group's timeout (`hang_s`) or until the launcher ends the
+# frozen process (the cell prints what each caught), and the next quorum, until its slot has been silent for
+# `hang_s`. So the recovery is about one `hang_s`, not two, and halving `hang_s` shortens it. The first cell
+# below runs a bound and its half (6 steps, no restart, no 10 ms pause) and checks both.
 #
 # </details>
 #
@@ -334,10 +333,13 @@ for bound in (2.0, 1.0):
         print(f"  slot {slot}, step 4: {error}")
     stops[bound] = fault_outcomes(stopped)[0]
 # the next quorum waits for the frozen slot until it has been silent for hang_s, counted from its last beat (every
-# BEAT_S) before the freeze; on a busy machine a beat can be held back, so only half the bound is claimed
+# BEAT_S) before the freeze; on a busy machine a beat can be held back, so only half the bound is claimed; the
+# two waits run side by side, so each recovery stays under 1.5 bounds (two waits in a row would take two)
 lesson.claim(
-    all(o.recovery_s >= 0.5 * bound for bound, o in stops.items()) and stops[1.0].recovery_s < stops[2.0].recovery_s,
-    "each recovery from the freeze took at least half its hang bound, and the halved bound's was the shorter",
+    all(0.5 * bound <= o.recovery_s < 1.5 * bound for bound, o in stops.items())
+    and stops[1.0].recovery_s < stops[2.0].recovery_s,
+    "each recovery from the freeze took between half and 1.5 times its hang bound, and the halved bound's was the "
+    "shorter",
 )
 printed = {b: f"{o.recovery_s:.3f}" for b, o in stops.items()}  # the recoveries as the report lines print them, s
 shorter = round((float(printed[2.0]) - float(printed[1.0])) * 1000)  # ms, from the printed values

@@ -100,21 +100,6 @@ def fault_outcomes(run) -> list[FaultOutcome]:
     return out
 
 
-def peer_error_s(run, o: FaultOutcome) -> float | None:
-    """Seconds from fault ``o`` to the first error a member other than its slot caught at its step (``None``: none).
-
-    >>> from types import SimpleNamespace
-    >>> o = SimpleNamespace(fault=SimpleNamespace(step=4, slot=1), fired=10.0)
-    >>> run = SimpleNamespace(entries=[(1, 0, {"step": 4, "t_error": 10.25}), (0, 0, {"step": 4, "t_error": 10.5}),
-    ...                                (2, 0, {"step": 4, "t_error": 10.75}), (0, 0, {"step": 4})])
-    >>> peer_error_s(run, o)
-    0.5
-    """
-    step, slot = o.fault.step, o.fault.slot
-    caught = [e["t_error"] for s, _, e in run.entries if e["step"] == step and "t_error" in e and s != slot]
-    return min(caught) - o.fired if caught else None
-
-
 def asked_s(run, o: FaultOutcome) -> float | None:
     """Seconds from fault ``o`` to the last of the requests that its first new quorum answered (each member's first
     request under that quorum's tag); ``None``: no new quorum, or entries without these times.

@@ -6,7 +6,7 @@ it defines no measure of its own. The notebook keeps its claims in its cells; th
 
 * :func:`print_phase_lines`: the lines of the rung and of the lighthouse that run each phase of an attempt;
 * :func:`print_recoveries`: each fault's recovery and its parts, with what the kill's next quorum waited for,
-  and which recovery was the longer;
+  and by how much the longer recovery was longer, part by part;
 * :func:`print_rejoin`: the parts of a kill's rejoin, and what the survivors did meanwhile;
 
 and three readers of the members' entries (one per member and attempt) for the cells' claims: :func:`attempts`,
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
 from minddp.ft.launch import EXIT_WAIT_S
-from minddp.ft.report import asked_s, first_request_s, heal_s, peer_error_s
+from minddp.ft.report import asked_s, first_request_s, heal_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
 
@@ -71,23 +71,22 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms, split in its parts: until the members of the next quorum had all asked
     for it; from then to that quorum (for the kill, which waits for the launcher's record of the process's exit,
     after its fixed wait ``EXIT_WAIT_S``); from that quorum to the commit. Then whether either waited out the hang
-    bound, and which took the longer, with the parts in which the kill's was later (its peers' first error, the
-    wait for the exit record)."""
-    errors, exit_waits = {}, {}
+    bound, and by how much the longer was longer, part by part (the parts' differences add up to it)."""
+    parts = {}
     for o in (kill, raised):
-        recovery, quorum, asked, error = ms(o.recovery_s), ms(o.quorum_s), ms(asked_s(run, o)), ms(peer_error_s(run, o))
-        errors[o.fault.kind], waited = error, ""
+        recovery, quorum = ms(o.recovery_s), ms(o.quorum_s)
+        asked = min(ms(asked_s(run, o)), quorum)  # the quorum answered the last request, so came after it
+        parts[o.fault.kind] = (asked, quorum - asked, recovery - quorum)
+        waited = ""
         if o is kill and ms(o.exit_s) > asked:
-            exit_waits[o.fault.kind] = quorum - asked
             waited = (
                 f", waiting for the launcher's record of slot {o.fault.slot}'s exit (found ended at "
                 f"{ms(o.seen_s)} ms, recorded at {ms(o.exit_s)} ms, after EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms)"
             )
         came = f"{quorum - asked} ms more until it came" if quorum > asked else "it came at once"
         print(
-            f"{o.fault}: recovery {recovery} ms from the {o.fault.kind} (another member's all_reduce failed at "
-            f"{error} ms): {asked} ms until the next quorum's members had all asked, {came}{waited}, "
-            f"{recovery - quorum} ms from it to the commit of step {o.committed_step}"
+            f"{o.fault}: recovery {recovery} ms from the {o.fault.kind}: {asked} ms until the next quorum's members "
+            f"had all asked, {came}{waited}, {recovery - quorum} ms from it to the commit of step {o.committed_step}"
         )
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
@@ -99,16 +98,15 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
             f"Both recoveries took {max(kill.recovery_s, raised.recovery_s) / hang_s:.1%} of the hang bound "
             f"({hang_s:g} s) or less: neither waited it out"
         )
-    if ms(kill.recovery_s) == ms(raised.recovery_s):
+    longer, shorter = sorted(parts, key=lambda kind: sum(parts[kind]), reverse=True)
+    gap = sum(parts[longer]) - sum(parts[shorter])
+    if not gap:
         print("The two recoveries took the same, to the ms")
         return
-    longer = kill if kill.recovery_s > raised.recovery_s else raised
-    why = []
-    if longer is kill and errors["kill"] > errors["raise"]:
-        why.append(f"another member's all_reduce failed later ({errors['kill']} against {errors['raise']} ms)")
-    if longer is kill and "kill" in exit_waits:
-        why.append(f"its next quorum waited for slot {kill.fault.slot}'s exit record")
-    print(f"The {longer.fault.kind}'s recovery was the longer" + (": " + ", and ".join(why) if why else ""))
+    labels = ("until the members had all asked", "until the quorum came", "from it to the commit")
+    diffs = [a - b for a, b in zip(parts[longer], parts[shorter])]
+    said = [f"{abs(d)} ms {'more' if d > 0 else 'less'} {w}" if d else f"the same {w}" for d, w in zip(diffs, labels)]
+    print(f"The {longer}'s recovery was {gap} ms longer: " + ", ".join(said))
 
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
@@ -134,7 +132,7 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     if ms(built_s) <= startup:  # built before its first request: a part of the start-up
         built = f"; {ms(built_s)} ms of it building its optimizer"
         # torch.optim's add_param_group is marked for Dynamo to skip, which imports Dynamo at a process's first build
-        built += ", as torch imported its compiler, Dynamo, which a process's first optimizer does" if compiler else ""
+        built += ", as torch imported its compiler, Dynamo" if compiler else ""
     print(f"  {startup} ms ({share(startup)}) the new process's start-up, to its first quorum request{built}")
     print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
     healed = heal_s(run, o)
