@@ -165,7 +165,7 @@ lesson.claim(
 # gradient as syncing after every one. Inside `with model.no_sync():` a forward records that its
 # backward must not sync; the last micro-batch runs outside the block. The decision is taken in
 # `forward`, as in torch. The idea, in a training step of k micro-batches, as the ladder's loop
-# (`minddp.ladder.loop.train_step`) and the checker drive every stage:
+# (`minddp.ladder.loop.train_step`) drives every stage:
 #
 # ```python
 # no_sync = getattr(model, "no_sync", None)                          # simple has none
@@ -286,7 +286,7 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: the messages and the waits have moved into the last backward, which stops at
-# every gradient until its all_reduce is back (each stop a red wait); the check (hatched) opens it.
+# every gradient until its all_reduce is back (each stop a red wait).
 #
 # ### Your turn: `hook`
 #
@@ -576,11 +576,10 @@ lesson.claim(
 # ## Side by side: the ladder on one time axis
 #
 # Every profiled step above on one axis, and their numbers (units in the column names). *Last
-# backward* is the backward of the step's last micro-batch, measured
-# once on a shared machine; *at the check* the time the parameters-used check held each rank, summed
-# over the step's checks (not on the link, so in neither waited nor exposed; "–": no check). From
-# `hook` to `bucket-async` the last backward holds the check, and for `hook` and `bucket` their waits
-# too. torch's waits are not seen (–).
+# backward less the check*: the backward of the step's last micro-batch, measured once on a shared
+# machine, less rank 0's time at the check inside it (from `hook` to `bucket-async`); `hook`'s and
+# `bucket`'s hold their waits. *At the check*: the time the check held each rank, summed over the step's checks (in
+# neither waited nor exposed; "–": no check). torch's waits are not seen (–).
 
 # %%
 # %%distributed
@@ -591,7 +590,6 @@ lesson.picture(
     title="One step of every stage on one time axis, each message over the emulated 1 Gbit/s link (rank 0)",
 )
 ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
-lesson_03.say_spread(looks)  # how much the same network's backward varied between these steps
 checks = lesson_03.checks_on_ranks(looks, ladder)  # each rank's own time at the check
 
 # %%
@@ -611,9 +609,9 @@ lesson_03.look_table(looks, checks)
 # bucket, both during the last backward, and wait for them in finish. On the link, a bucketed stage
 # trades three things against a per-gradient one:
 #
-# 1. **per message**: every all_reduce pays 2(n−1)·α on the link; buckets pay it once per bucket
-#    instead of once per gradient tensor, and copy each
-#    gradient into its bucket;
+# 1. **per message**: every all_reduce pays 2(n−1)·α on the link, and the host hands it over;
+#    buckets pay both once per bucket instead of once per gradient tensor, and copy each gradient
+#    into its bucket;
 # 2. **the late start**: nothing goes to the link before some bucket's last gradient is ready, while a
 #    per-gradient stage's first message needs only one gradient. The first message is the
 #    bucket that fills first, not always the plan's first;
@@ -672,7 +670,7 @@ table
 # timings scaled to the median of the five steps' backwards (less the check). The figure sets the
 # model's *link after backward* against each step's own; its grey lines: hook-async's, model and step. The
 # lower panel shows the three costs of each cap on the grid by the model (None's: the table); "first
-# message leaves" is into the model's backward.
+# message ready" is into the model's backward.
 
 # %%
 # %%distributed
@@ -699,7 +697,7 @@ lesson.claim(
     + ".",
 )
 here = lesson.SETTINGS.bucket_cap_mb
-lesson_03.say_sweep(swept, model, default, per_gradient, this_run)
+lesson_03.say_sweep(swept, model, default, per_gradient, this_run, cp)
 if rank == 0:
     lesson_03.sweep_figure(swept, model, default, per_gradient, LINK.name, world_size, here, looks["hook-async"])
 
@@ -813,9 +811,7 @@ lesson.claim(  # the link's modeled clock: 291 fixed costs against 26
 # the step-time model on the link with the ratios of 4 × T4: the bare network, scaled as above, at that link's cap
 t4_link = blog_links["4 × T4"]
 on_t4 = [plan_costs(cp, s, c, t4_link, world_size) for s, c in (("bucket-async", caps["4 × T4"]), ("hook-async", None))]
-lesson_03.say_bucket_lesson(
-    model, per_gradient, default, swept, looks["hook-async"], here, saved, on_t4, t4, far, this_run
-)
+lesson_03.say_bucket_lesson(model, per_gradient, default, swept, looks["hook-async"], here, saved, on_t4, t4, far, cp)
 
 # %%
 # %dist_shutdown

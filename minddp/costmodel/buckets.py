@@ -105,7 +105,7 @@ class PlanCosts:
     messages: int
     per_message: float  # 2(n−1)·α: one message's fixed cost
     link: float  # every transfer of the step's sync, back to back
-    first_at: float  # first hand-over, after the last backward began
+    first_at: float  # the first message ready (its last gradient in), after the last backward began
     first_gradients: int  # gradients in the first message
     last_bytes: int
     tail: float  # the last message's own transfer
@@ -131,7 +131,7 @@ class PlanCosts:
         return {
             "buckets": self.messages,
             "fixed costs, ms (buckets × 2(n−1)·α)": 1e3 * self.fixed,
-            "first message leaves, ms into the model's backward": 1e3 * self.first_at,
+            "first message ready, ms into the model's backward": 1e3 * self.first_at,
             "last message's transfer, ms": 1e3 * self.tail,
             "link, ms": 1e3 * self.link,
             "link after backward, ms (step-time model)": 1e3 * self.after_backward,

@@ -21,19 +21,6 @@ from minddp.notebook.lesson import backward_less_check, say
 CHECKED = ("simple", "ga", "hook", "hook-async", "bucket", "bucket-async")
 
 
-def say_spread(looks: dict) -> None:
-    """How much the same network's last backward (less the check) varied between these steps, over the stages
-    whose last backward holds no wait for a message (torch's waits are not seen, so it is left out)."""
-    rows = {s: backward_less_check(v) for s, v in looks.items() if v.get("waits") and not v["waits_in_backward"]}
-    rows |= {s: backward_less_check(v) for s, v in looks.items() if not v["calls"]}  # single: no message at all
-    rows = {s: rows[s] for s in looks if s in rows}  # in the table's order
-    lo, hi = f"{min(rows.values()):.0f}", f"{max(rows.values()):.0f}"
-    say(
-        "One step each, the same network's last backward less the check, in the rows whose backward holds no wait "
-        f"for a message (torch's waits are not seen): {lo if lo == hi else f'{lo} to {hi}'} ms ({', '.join(rows)})."
-    )
-
-
 def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
     """Each of ``stages``' time at the parameters-used check (ms, summed over the step's checks) on every rank, from
     every rank's own look. Call on every rank (an all_gather_object)."""
@@ -68,6 +55,9 @@ def say_check(stage: str, on_ranks: list[float], spans: list) -> None:
 def look_table(looks: dict, checks: dict[str, list[float]]):
     """The side-by-side table (:func:`minddp.notebook.lesson.look_table`) with the check's time on each rank."""
     table = lesson.look_table(looks).drop(columns="step, ms")  # one step's compute varies: no sentence uses it
+    # the backward every later line quotes (backward_less_check), so that no reader subtracts two rounded columns
+    table["last backward, ms"] = [round(backward_less_check(v)) for v in looks.values()]
+    table = table.rename(columns={"last backward, ms": "last backward less the check, ms"})
     for r in range(len(next(iter(checks.values()), [0]))):
         table[f"at the check, ms, rank {r}"] = [round(checks[s][r]) if s in checks else "–" for s in looks]
     return table
@@ -127,11 +117,9 @@ def least_caps(model: list) -> tuple[float, list[str]]:
     return least, [f"{c.cap_mb:g}" for c in model if round(1e3 * c.after_backward, 1) == least]
 
 
-def say_sweep(swept: dict, model: list, default, per_gradient, this_run_s: float) -> None:
-    """The cap sweep in sentences: torch's default plan, the model's link after backward, and on which side of it
-    the measured steps' fell (their numbers are in :func:`sweep_table`)."""
-    from minddp.costmodel.buckets import on_the_link
-
+def say_sweep(swept: dict, model: list, default, per_gradient, this_run_s: float, cp) -> None:
+    """The cap sweep in sentences: torch's default plan and the model's link after backward (the measured steps'
+    are in :func:`sweep_table`). ``cp``: the model's compute profile, for what lengthens its backward."""
     own = {c: backward_less_check(v) for c, v in swept.items()}
     say(
         f"torch's default (None) makes {default.messages} buckets here, its last of "
@@ -145,28 +133,18 @@ def say_sweep(swept: dict, model: list, default, per_gradient, this_run_s: float
         f"{own[long]:.0f} ms ({cap_name(long)}), {own[long] / own[short]:.1f} times as long."
     )
     say(
-        f"The step-time model replays every cap with one backward, {1e3 * this_run_s:.0f} ms (their median"
+        f"The step-time model replays every cap with one backward's compute, {1e3 * this_run_s:.0f} ms (their median"
         + (f": the {median_of[0]} step's own" if median_of else "")
-        + f"); it leaves {1e3 * model[0].after_backward:.1f} ms of link after backward at {model[0].cap_mb:g} MiB"
+        + "), which copying the gradients into buckets"
+        + (f" and {1e3 * cp.per_message:.2f} ms per hand-over" if cp.per_message else "")
+        + f" lengthens; it leaves {1e3 * model[0].after_backward:.1f} ms of link after backward at "
+        f"{model[0].cap_mb:g} MiB"
         + (
             ", the grid's smallest cap and its least (no smaller cap was tried)"
             if at_least == [f"{model[0].cap_mb:g}"]
             else f" (least {least:.1f} ms, at {' and '.join(at_least)} MiB)"
         )
         + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient."
-    )
-    at = {c.cap_mb: c for c in model} | {None: default}
-    off = {  # of the one-decimal values the table prints, so that the difference adds up
-        c: round(on_the_link(v["row"])["end_ms"], 1) - round(1e3 * at[c].after_backward, 1)
-        for c, v in swept.items()
-        if c in at
-    }
-    far = max(off, key=lambda c: abs(off[c]))
-    said = " (the longest of these steps)" if far == long else " (the shortest of these steps)" if far == short else ""
-    say(
-        f"The bucket-async step furthest from the model is {cap_name(far)}'s: its own link after backward "
-        f"{abs(off[far]):.1f} ms {'below' if off[far] < 0 else 'above'} the model's; its backward ran "
-        f"{own[far]:.0f} ms{said}, the model's one backward {1e3 * this_run_s:.0f} ms."
     )
 
 
@@ -348,34 +326,49 @@ def _steps(h_ms: float, b_ms: float, h_back: float, b_back: float) -> str | None
     return less
 
 
+def _gap(h_ms: float, b_ms: float) -> float:
+    """Two links after backward (ms) apart, of the one-decimal values printed (a model's two, or a model's miss)."""
+    return round(abs(round(h_ms, 1) - round(b_ms, 1)), 1)
+
+
 def _model(h_ms: float, b_ms: float, miss: float) -> str | None:
     """The side whose modeled link after backward (ms) is shorter, or None where the two differ by no more than the
     model's furthest miss (ms) against the measured steps on that link."""
-    return None if abs(round(h_ms, 1) - round(b_ms, 1)) <= miss else _less(h_ms, b_ms)
+    return None if _gap(h_ms, b_ms) <= miss else _less(h_ms, b_ms)
 
 
-def _verdict(where: str, step: str | None, model: str | None | bool = False) -> str:
+def _margin(h_ms: float, b_ms: float, miss: float, missed: str) -> str:
+    """What a model's verdict rests on, in words: its two ends' gap beside its furthest miss (``missed``'s)."""
+    gap = _gap(h_ms, b_ms)
+    return f", by {gap:.1f} ms, {gap - miss:.1f} ms more than its furthest miss there, {missed}'s {miss:.1f} ms"
+
+
+def _verdict(where: str, step: str | None, model: str | None | bool = False, how: str = "") -> str:
     """Which left less link after backward ``where``, in words, by the steps (:func:`_steps`) and by the model
-    (:func:`_model`; ``False``: no model there)."""
+    (:func:`_model`; ``False``: no model there; ``how``: :func:`_margin`, said where the model ranks them)."""
     no_step, no_model = "the steps do not rank them", "the model does not rank them"
     if model is False:
         return f"{where}, {WORDS[step]} (the steps)" if step else f"{where}, {no_step}"
     if step == model:
         return (
-            f"{where}, {WORDS[step]} (the steps and the model)" if step else f"{where}, {no_step}, nor does the model"
+            f"{where}, {WORDS[step]} (the steps and the model{how})"
+            if step
+            else f"{where}, {no_step}, nor does the model"
         )
     if step and model:
-        return f"{where}, the steps say {WORDS[step]}, the model {WORDS[model]}"
+        return f"{where}, the steps say {WORDS[step]}, the model {WORDS[model]}{how}"
     return (
-        f"{where}, {WORDS[step]} (the steps; {no_model})" if step else f"{where}, {WORDS[model]} (the model; {no_step})"
+        f"{where}, {WORDS[step]} (the steps; {no_model})"
+        if step
+        else f"{where}, {WORDS[model]} (the model{how}; {no_step})"
     )
 
 
 def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, here, saved_ms: float,
-                      on_t4: tuple, t4: dict, far: dict, this_run_s: float) -> None:  # fmt: skip
+                      on_t4: tuple, t4: dict, far: dict, cp) -> None:  # fmt: skip
     """The bucket lesson's result in link after backward, link by link: each measured step (one each, beside its
-    backward less the check) and the step-time model (one backward, ``this_run_s``, for every stage, no comm-hook
-    call priced; ``default``: torch's default plan), then in words. A step ranks the two only where their ends
+    backward less the check) and the step-time model (one backward's compute, ``cp``'s, for every stage;
+    ``default``: torch's default plan), then in words. A step ranks the two only where their ends
     differ by more than their backwards (:func:`_steps`), the model only where its ends differ by more than its
     furthest miss against that link's steps (:func:`_model`). On this notebook's link: ``h`` (hook-async's look)
     against ``swept`` (cap -> bucket-async's look), ``here`` the workload's cap, ``saved_ms`` the fixed costs
@@ -391,10 +384,8 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
     m_h, m_here = 1e3 * per_gradient.after_backward, 1e3 * at[here].after_backward
     least, at_least = least_caps(model)
     best_run = min(ends, key=ends.get)
-    misses = {"hook-async": abs(round(h_end, 1) - round(m_h, 1))} | {  # each step on this link against its model
-        f"bucket-async {cap_name(c)}": abs(round(e, 1) - round(1e3 * at[c].after_backward, 1))
-        for c, e in ends.items()
-        if c in at
+    misses = {"hook-async": _gap(h_end, m_h)} | {  # each step on this link against its model
+        f"bucket-async {cap_name(c)}": _gap(e, 1e3 * at[c].after_backward) for c, e in ends.items() if c in at
     }
     missed = max(misses, key=misses.get)
     miss = misses[missed]
@@ -403,15 +394,12 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
         f"{_ran_on(h_end, h_back)}; bucket-async's, at the workload's {here:g} MiB cap, {_ran_on(b_end, backs[here])}. "
         + (f"At every one of the {len(ends)}" if longer == len(ends) else f"At {longer or 'none'} of the {len(ends)}")
         + f" caps run bucket-async's link ran on longer than hook-async's (least {ends[best_run]:.1f} ms, at "
-        f"{cap_name(best_run)}, after a {backs[best_run]:.0f} ms backward). The step-time model, on one "
-        f"{1e3 * this_run_s:.0f} ms backward: hook-async {m_h:.1f} ms ({abs(round(h_end, 1) - round(m_h, 1)):.1f} ms "
-        f"{'above' if m_h > h_end else 'below'} its step), bucket-async {m_here:.1f} ms at {here:g} MiB and "
-        f"{least:.1f} ms at its best, {' and '.join(at_least)} MiB."
+        f"{cap_name(best_run)}, after a {backs[best_run]:.0f} ms backward)."
     )
     b4, h4 = on_t4
     ht, bt = t4["hook-async"]["end_ms"], t4["bucket-async"]["end_ms"]
     mh4, mb4 = 1e3 * h4.after_backward, 1e3 * b4.after_backward
-    misses4 = {"hook-async": abs(round(ht, 1) - round(mh4, 1)), "bucket-async": abs(round(bt, 1) - round(mb4, 1))}
+    misses4 = {"hook-async": _gap(ht, mh4), "bucket-async": _gap(bt, mb4)}
     missed4 = max(misses4, key=misses4.get)
     idle = round(t4["hook-async"]["exposed_ms"]) == round(t4["bucket-async"]["exposed_ms"]) == 0
     say(
@@ -430,12 +418,12 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
     ran_longer = sum(round(a) > round(b) for a, b in pairs)
     say(
         "hook-async's backward ran longer than bucket-async's on "
-        + ("all 3 links (" if ran_longer == 3 else f"{ran_longer} of the 3 links (")
-        + ", ".join(f"{a:.0f} against {b:.0f} ms" for a, b in pairs)
-        + "), one step each. A longer backward leaves more of a step's link time before its end, so the steps rank "
-        "the two only where the later end had the longer backward or the ends differ by more than the backwards; the "
-        "model, one backward for both, only where its two differ by more than its furthest miss against that link's "
-        "steps."
+        + ("all 3 links" if ran_longer == 3 else f"{ran_longer} of the 3 links")
+        + ", one step each; the model (on the first two) gives both the same backward compute and "
+        + (f"{1e3 * cp.per_message:.2f} ms per hand-over" if cp.per_message else "no time per hand-over (none timed)")
+        + ". A longer backward leaves more of a step's link time before its end, so the steps rank the two only where "
+        "the later end had the longer backward or the ends differ by more than the backwards; the model only where "
+        "its two differ by more than its furthest miss against that link's steps."
     )
     leasts = f"the steps' at {cap_name(best_run)}, the model's at {' and '.join(at_least)} MiB"
     if best_run is not None and at_least == [f"{best_run:g}"]:
@@ -445,16 +433,19 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
             f"on this notebook's link at the workload's {here:g} MiB cap",
             _steps(h_end, b_end, h_back, backs[here]),
             _model(m_h, m_here, miss),
+            _margin(m_h, m_here, miss, missed),
         ),
         _verdict(
             f"at bucket-async's least ({leasts})",
             _steps(h_end, ends[best_run], h_back, backs[best_run]),
             _model(m_h, least, miss),
+            _margin(m_h, least, miss, missed),
         ),
         _verdict(
             "with the ratios of 4 × T4",
             _steps(ht, bt, t4["hook-async"]["backward_ms"], t4["bucket-async"]["backward_ms"]),
             _model(mh4, mb4, misses4[missed4]),
+            _margin(mh4, mb4, misses4[missed4], missed4),
         ),
         _verdict(
             "with the ratios of 1024 ranks", _steps(hf["end_ms"], bf["end_ms"], hf["backward_ms"], bf["backward_ms"])
@@ -463,11 +454,11 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
     say("In words, which left less link after backward: " + "; ".join(said) + ".")
     why = []  # the cause: by the model (one backward for both) on this link, by the link's clock at 1024 ranks
     parts = (
-        f"the {here:g} MiB buckets' late start (first message {1e3 * at[here].first_at:.1f} ms into the model's "
-        f"backward, against {1e3 * per_gradient.first_at:.1f} ms) and tail ({1e3 * at[here].tail:.1f} ms against "
-        f"{1e3 * per_gradient.tail:.1f} ms)"
+        f"the {here:g} MiB buckets' late start (first message ready {1e3 * at[here].first_at:.1f} ms into "
+        f"the model's backward, against {1e3 * per_gradient.first_at:.1f} ms) and tail ({1e3 * at[here].tail:.1f} "
+        f"ms against {1e3 * per_gradient.tail:.1f} ms)"
     )
-    gap = abs(round(m_here, 1) - round(m_h, 1))  # as :func:`_model` ranks them
+    gap = _gap(m_h, m_here)  # as :func:`_model` ranks them
     if gap <= miss:
         why.append(
             f"on this notebook's link the model's {gap:.1f} ms between them is within its miss, so this "
@@ -477,8 +468,7 @@ def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, 
         more = m_here > m_h
         why.append(
             f"on this notebook's link, in the model, {parts} cost {'more' if more else 'less'} than the "
-            f"{saved_ms:.1f} ms of fixed costs saved: {gap:.1f} ms {'more' if more else 'less'} "
-            "with buckets"
+            f"{saved_ms:.1f} ms of fixed costs saved"
         )
     if hf["link_ms"] > hf["backward_ms"] and bf["link_ms"] < hf["link_ms"]:
         why.append(
