@@ -372,10 +372,11 @@ wins.round(3)
 # Write `my_fp16_hook` in the cell below (torch's is `fp16_compress_hook`): cast the bucket's flat gradient to
 # `float16`, divide it by the world size before the sum, start the all_reduce with `async_op=True`, and hand back a
 # Future whose value is the average as one `float32` tensor of the bucket's size. `check_hook` runs it on 2 ranks,
-# then, if it passes, 3: on a bucket of known gradients (it must return before its all_reduce is waited for), on one whose undivided
-# float16 sum overflows, and for 3 training steps, then 1, in `bucket-async`, where the ranks' parameters must stay
-# equal. It prints, unjudged, the largest difference from torch's DDP with torch's hook: a hook that casts and divides
-# in another order may differ more and still pass. Its error and bound are its test bucket's, not the workload's.
+# then, if it passes, 3: on a bucket of known gradients (it must return before its all_reduce is waited for), on one
+# whose undivided float16 sum overflows, and for 3 training steps, then 1, in `bucket-async`, where the ranks'
+# parameters must stay equal. It prints, unjudged, the largest difference from torch's DDP with torch's hook: a hook
+# that casts and divides in another order may differ more and still pass. Its error and bound are its test bucket's,
+# not the workload's.
 #
 # On the checker's ranks `world_size`, `rank` and `n` are not defined: ask `dist.get_world_size(process_group)`.
 
