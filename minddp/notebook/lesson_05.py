@@ -145,15 +145,15 @@ def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[s
     ...                  index=["b", "a", "c"])
     >>> print(exposed_share(t, ["b"], ["a", "c"]))  # doctest: +NORMALIZE_WHITESPACE
     Exposed, as a share of the link time: 10.0 % in a, 0.0 % in c, 90.0 % at least in the blocking stages (b's):
-    smaller in each of a and c than in each blocking stage.
+    smaller in both than in each blocking stage.
     """
     share = 100 * table["exposed (ms)"] / table["link time (ms)"]
     low, high = share[asynchronous], share[blocking]
-    names = " and ".join(asynchronous)
+    names = "both" if len(asynchronous) == 2 else "each of " + " and ".join(asynchronous)
     verdict = (
-        f"smaller in each of {names} than in each blocking stage"
+        f"smaller in {names} than in each blocking stage"
         if low.max() < high.min()
-        else f"not smaller in each of {names} than in each blocking stage"
+        else f"not smaller in each of {' and '.join(asynchronous)} than in each blocking stage"
     )
     each = ", ".join(f"{low[st]:.1f} % in {st}" for st in asynchronous)
     return (
@@ -385,8 +385,10 @@ def link_after_backward(linked, link, run: Path, stages) -> str:
     def each(values, names):
         return " and ".join(f"{values(st):.1f}" for st in names)
 
-    line = "After the last backward ended (rank 0's first wait() comes later, in the finish), its link still carried "
-    line += "transfers for " + " and ".join(f"{after[st]:.1f} ms in {st}" for st in stages)
+    line = (
+        "After the last backward ended (before rank 0's first wait(), in the finish), its link carried transfers for "
+    )
+    line += " and ".join(f"{after[st]:.1f} ms in {st}" for st in stages)
     if shown:
         where = "" if shown == list(stages) else f" in {' and '.join(shown)}"
         line += (
