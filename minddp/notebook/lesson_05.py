@@ -185,18 +185,19 @@ def last_backward(result, run: Path, stages) -> pd.DataFrame:
 def band_line(bands: pd.DataFrame, result, stages, blocking=()) -> str:
     """A line to print (``bands``: :func:`last_backward`'s printed columns): for each of ``stages``, how much longer
     its last backward band is than ``single``'s and the larger part of that excess, the time with no operator or
-    with one (where it is the first and the stage is one of ``blocking``, why in words: its hooks get each message
-    back inside the backward); and how far apart ``single``'s own backward bands are (rank 0's step); one profiled
-    step, not claimed.
+    with one, and the other part where it fell (where the first is larger and the stage is one of ``blocking``, why
+    in words: its hooks get each message back inside the backward); and how far apart ``single``'s own backward
+    bands are (rank 0's step); one profiled step, not claimed.
 
-    >>> b = pd.DataFrame({"last backward (ms)": [130.0, 290.0, 250.0], "no operator (ms)": [7.0, 160.0, 30.0]},
-    ...                  index=["single", "h", "b"])
+    >>> b = pd.DataFrame({"last backward (ms)": [130.0, 290.0, 250.0, 180.0], "no operator (ms)": [7.0, 160.0, 30.0,
+    ...                   107.0]}, index=["single", "h", "b", "x"])
     >>> ph = pd.DataFrame({"rank": 0, "stage": "single", "phase": "backward", "start_us": [0.0, 200e3],
     ...                    "end_us": [110e3, 330e3]})
-    >>> print(band_line(b, type("R", (), {"phases": ph}), ["h", "b"], ["h"]))  # doctest: +NORMALIZE_WHITESPACE
+    >>> print(band_line(b, type("R", (), {"phases": ph}), ["h", "b", "x"], ["h"]))  # doctest: +NORMALIZE_WHITESPACE
     Last backward band against single's: h's 160.0 ms longer, 153.0 ms more with no operator (h, a blocking stage,
-    gets each message back inside the backward); b's 120.0 ms longer, 97.0 ms more with an operator. single's own 2
-    backward bands differ by up to 20 ms, less than each excess.
+    gets each message back inside the backward); b's 120.0 ms longer, 97.0 ms more with an operator; x's 50.0 ms
+    longer, 100.0 ms more with no operator and 50.0 ms less with one. single's own 2 backward bands differ by up to
+    20 ms, less than each excess.
     """
     col, off = "last backward (ms)", "no operator (ms)"
     parts, excesses, waiting = [], [], []
@@ -208,10 +209,12 @@ def band_line(bands: pd.DataFrame, result, stages, blocking=()) -> str:
         if excess <= 0:
             parts.append(f"{st}'s no longer")
         elif more >= ops:
-            parts.append(f"{st}'s {excess:.1f} ms longer, {more:.1f} ms more with no operator")
+            rest = f" and {-ops:.1f} ms less with one" if ops < 0 else ""  # the operators' time fell
+            parts.append(f"{st}'s {excess:.1f} ms longer, {more:.1f} ms more with no operator{rest}")
             waiting += [(len(parts) - 1, st)] if st in blocking else []
         else:
-            parts.append(f"{st}'s {excess:.1f} ms longer, {ops:.1f} ms more with an operator")
+            rest = f" and {-more:.1f} ms less with none" if more < 0 else ""
+            parts.append(f"{st}'s {excess:.1f} ms longer, {ops:.1f} ms more with an operator{rest}")
     if waiting:  # why, once, after the last stage it explains
         names = " and ".join(st for _, st in waiting)
         who = f"{names}, a blocking stage, gets" if len(waiting) == 1 else f"{names}, blocking stages, get"
@@ -219,12 +222,12 @@ def band_line(bands: pd.DataFrame, result, stages, blocking=()) -> str:
     p = rank0(result.phases)
     alone = p[(p["stage"] == "single") & (p["phase"] == "backward")]
     ms = (alone["end_us"] - alone["start_us"]) / 1e3
-    spread, least = ms.max() - ms.min(), min(excesses)
-    each = "each excess" if len(stages) > 1 else "that excess"
+    longer = [(e, st) for e, st in zip(excesses, stages) if e > 0]  # the excesses the spread is set against
+    spread, (least, who) = ms.max() - ms.min(), min(longer, default=(0.0, ""))
+    each = "each excess" if len(longer) > 1 else f"{who}'s excess"
     return (
         f"Last backward band against single's: {'; '.join(parts)}. single's own {len(ms)} backward bands differ by up "
-        f"to {spread:.0f} ms"
-        + (f", {'less' if round(spread) < least else 'no less'} than {each}." if least > 0 else ".")
+        f"to {spread:.0f} ms" + (f", {'less' if round(spread) < least else 'no less'} than {each}." if longer else ".")
     )
 
 
@@ -292,9 +295,8 @@ def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
     ...                   "exposed (ms)": [4.0, 4.0, 0.0, 5.9]}, index=["h", "b", "ha", "ba"])
     >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
     >>> print(bucket_pairs(t, [("h", "b"), ("ha", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
-    From one message a parameter to buckets: h → b, rank 0 waited 4.0 ms less (exposed 4.0 → 4.0 ms); waited −
-    exposed fell 4.0 ms: all of the waiting that went was with the link idle; ha → ba, rank 0 waited 2.0 ms more
-    (exposed 0.0 → 5.9 ms).
+    h → b: rank 0 waited 4.0 ms less (exposed 4.0 → 4.0 ms); waited − exposed fell 4.0 ms: all of the waiting that
+    went was with the link idle; ha → ba: rank 0 waited 2.0 ms more (exposed 0.0 → 5.9 ms).
     """
     w, r, x = "waited (ms)", "waited − exposed (ms)", "exposed (ms)"
     parts = []
@@ -302,13 +304,13 @@ def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
         (wa, ra, xa), (wb, rb, xb) = (table.loc[st, [w, r, x]] for st in (a, b))
         fell, fell_idle = round(wa - wb, 1), round(ra - rb, 1)
         how = "as long" if fell == 0 else f"{abs(fell):.1f} ms {'less' if fell > 0 else 'more'}"
-        line = f"{a} → {b}, rank 0 waited {how} (exposed {xa:.1f} → {xb:.1f} ms)"
+        line = f"{a} → {b}: rank 0 waited {how} (exposed {xa:.1f} → {xb:.1f} ms)"
         if fell > 0 and fell_idle > fell / 2:
             share = "all" if fell_idle >= fell else "most"
             line += f"; waited − exposed fell {fell_idle:.1f} ms: {share} of the waiting "
             line += "that went was with the link idle"
         parts.append(line)
-    return f"From one message a parameter to buckets: {'; '.join(parts)}."
+    return f"{'; '.join(parts)}."
 
 
 def overlap_order(ov: pd.Series, blocking: list[str], asynchronous: list[str]) -> str:
