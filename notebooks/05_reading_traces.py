@@ -189,12 +189,11 @@ display(anatomy)
 # %%
 bands = lesson_05.last_backward(result, RUN, anatomy.index[anatomy["during a backward"] > 0])
 display(bands)
-lesson.say(lesson_05.band_line(bands, result, ["hook", "bucket"]))
+lesson.say(lesson_05.band_line(bands, result, ["hook", "bucket"], blocking))
 
 # %% [markdown]
 # One stage's buckets (`bucket-async`): `order`, the bucket's place in the sending order; `MiB`, its gradients'
-# size. A bucket closes once its parameters hold 4 MiB or more, so one can be a little over 4 MiB; the last holds
-# what is left:
+# size. A bucket closes once its parameters hold 4 MiB or more; the last holds what is left:
 
 # %%
 buckets = lesson_05.rank0(result.buckets)
@@ -258,10 +257,9 @@ lesson.claim(
     and abs(saved - fewer * fixed) < 1e-9 * ms["ga"],
     f"Buckets cut the messages from {sends['hook-async']} to {sends['bucket-async']} with the bytes unchanged; "
     f"the link time falls by exactly the fixed cost of the {fewer} messages not sent, {fewer} × 2(n−1)·α = "
-    f"{fewer} × {2 * (n - 1)} × {link.latency * 1e6:.0f} µs = {saved:.1f} ms, {100 * saved / ms['hook-async']:.1f} % "
-    "of hook-async's link time.",
+    f"{saved:.1f} ms, {100 * saved / ms['hook-async']:.1f} % of hook-async's link time.",
 )
 blocking = ["simple", "ga", "hook", "bucket"]
 lesson.say(lesson_05.exposed_share(on_link, blocking, ["hook-async", "bucket-async"]))
 lesson.say(lesson_05.bucket_pairs(on_link, [("hook", "bucket"), ("hook-async", "bucket-async")]))
-lesson.say(lesson_05.link_after_backward(linked, LINKED, ["hook-async", "bucket-async"], lesson.SETTINGS.bucket_cap_mb))
+lesson.say(lesson_05.link_after_backward(linked, link, LINKED, ["hook-async", "bucket-async"]))

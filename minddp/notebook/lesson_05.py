@@ -145,15 +145,15 @@ def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[s
     ...                  index=["b", "a", "c"])
     >>> print(exposed_share(t, ["b"], ["a", "c"]))  # doctest: +NORMALIZE_WHITESPACE
     Exposed, as a share of the link time: 10.0 % in a, 0.0 % in c, 90.0 % at least in the blocking stages (b's):
-    smaller in each of a and c than in each blocking stage.
+    smaller in both than in each blocking stage.
     """
     share = 100 * table["exposed (ms)"] / table["link time (ms)"]
     low, high = share[asynchronous], share[blocking]
-    names = " and ".join(asynchronous)
+    names = "both" if len(asynchronous) == 2 else "each of " + " and ".join(asynchronous)
     verdict = (
-        f"smaller in each of {names} than in each blocking stage"
+        f"smaller in {names} than in each blocking stage"
         if low.max() < high.min()
-        else f"not smaller in each of {names} than in each blocking stage"
+        else f"not smaller in each of {' and '.join(asynchronous)} than in each blocking stage"
     )
     each = ", ".join(f"{low[st]:.1f} % in {st}" for st in asynchronous)
     return (
@@ -182,39 +182,52 @@ def last_backward(result, run: Path, stages) -> pd.DataFrame:
     return pd.DataFrame(rows).T.round(1)
 
 
-def band_line(bands: pd.DataFrame, result, blocking=()) -> str:
-    """A line to print (``bands``: :func:`last_backward`'s printed columns): the stage whose last backward band is the
-    longest, its excess over ``single``'s split into time with no operator and time with one (where the stage is one
-    of ``blocking``, why in words: its hooks get each message back inside the backward); and how far apart
-    ``single``'s own backward bands are (rank 0's step); one profiled step, not claimed.
+def band_line(bands: pd.DataFrame, result, stages, blocking=()) -> str:
+    """A line to print (``bands``: :func:`last_backward`'s printed columns): for each of ``stages``, how much longer
+    its last backward band is than ``single``'s and the larger part of that excess, the time with no operator or
+    with one, and the other part where it fell (where the first is larger and the stage is one of ``blocking``, why
+    in words: its hooks get each message back inside the backward); and how far apart ``single``'s own backward
+    bands are (rank 0's step); one profiled step, not claimed.
 
-    >>> b = pd.DataFrame({"last backward (ms)": [130.0, 290.0, 150.0], "no operator (ms)": [7.0, 160.0, 30.0]},
-    ...                  index=["single", "h", "a"])
+    >>> b = pd.DataFrame({"last backward (ms)": [130.0, 290.0, 250.0, 180.0], "no operator (ms)": [7.0, 160.0, 30.0,
+    ...                   107.0]}, index=["single", "h", "b", "x"])
     >>> ph = pd.DataFrame({"rank": 0, "stage": "single", "phase": "backward", "start_us": [0.0, 200e3],
     ...                    "end_us": [110e3, 330e3]})
-    >>> print(band_line(b, type("R", (), {"phases": ph}), ["h"]))  # doctest: +NORMALIZE_WHITESPACE
-    h's last backward band is 160.0 ms longer than single's: 153.0 ms more with no operator (h, a blocking stage,
-    gets each message back inside the backward), 7.0 ms more with one. single's own 2 backward bands differ by up
-    to 20 ms, less than that excess.
+    >>> print(band_line(b, type("R", (), {"phases": ph}), ["h", "b", "x"], ["h"]))  # doctest: +NORMALIZE_WHITESPACE
+    Last backward band against single's: h's 160.0 ms longer, 153.0 ms more with no operator (h, a blocking stage,
+    gets each message back inside the backward); b's 120.0 ms longer, 97.0 ms more with an operator; x's 50.0 ms
+    longer, 100.0 ms more with no operator and 50.0 ms less with one. single's own 2 backward bands differ by up to
+    20 ms, less than each excess.
     """
     col, off = "last backward (ms)", "no operator (ms)"
-    st = bands[col].drop("single").idxmax()
-    excess = round(bands.loc[st, col] - bands.loc["single", col], 1)
-    more = round(bands.loc[st, off] - bands.loc["single", off], 1)
-    ops = round(excess - more, 1)
-
-    def by(x):
-        return f"{abs(x):.1f} ms {'more' if x >= 0 else 'less'}"
-
-    why = f" ({st}, a blocking stage, gets each message back inside the backward)" if st in blocking else ""
+    parts, excesses, waiting = [], [], []
+    for st in stages:
+        excess = round(bands.loc[st, col] - bands.loc["single", col], 1)
+        more = round(bands.loc[st, off] - bands.loc["single", off], 1)
+        ops = round(excess - more, 1)
+        excesses.append(excess)
+        if excess <= 0:
+            parts.append(f"{st}'s no longer")
+        elif more >= ops:
+            rest = f" and {-ops:.1f} ms less with one" if ops < 0 else ""  # the operators' time fell
+            parts.append(f"{st}'s {excess:.1f} ms longer, {more:.1f} ms more with no operator{rest}")
+            waiting += [(len(parts) - 1, st)] if st in blocking else []
+        else:
+            rest = f" and {-more:.1f} ms less with none" if more < 0 else ""
+            parts.append(f"{st}'s {excess:.1f} ms longer, {ops:.1f} ms more with an operator{rest}")
+    if waiting:  # why, once, after the last stage it explains
+        names = " and ".join(st for _, st in waiting)
+        who = f"{names}, a blocking stage, gets" if len(waiting) == 1 else f"{names}, blocking stages, get"
+        parts[waiting[-1][0]] += f" ({who} each message back inside the backward)"
     p = rank0(result.phases)
     alone = p[(p["stage"] == "single") & (p["phase"] == "backward")]
     ms = (alone["end_us"] - alone["start_us"]) / 1e3
-    how, spread = f"{excess:.1f} ms longer than" if excess > 0 else "no longer than", ms.max() - ms.min()
+    longer = [(e, st) for e, st in zip(excesses, stages) if e > 0]  # the excesses the spread is set against
+    spread, (least, who) = ms.max() - ms.min(), min(longer, default=(0.0, ""))
+    each = "each excess" if len(longer) > 1 else f"{who}'s excess"
     return (
-        f"{st}'s last backward band is {how} single's: {by(more)} with no operator{why}, {by(ops)} with one. "
-        f"single's own {len(ms)} backward bands differ by up to {spread:.0f} ms"
-        + (f", {'less' if round(spread) < excess else 'no less'} than that excess." if excess > 0 else ".")
+        f"Last backward band against single's: {'; '.join(parts)}. single's own {len(ms)} backward bands differ by up "
+        f"to {spread:.0f} ms" + (f", {'less' if round(spread) < least else 'no less'} than {each}." if longer else ".")
     )
 
 
@@ -282,9 +295,8 @@ def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
     ...                   "exposed (ms)": [4.0, 4.0, 0.0, 5.9]}, index=["h", "b", "ha", "ba"])
     >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
     >>> print(bucket_pairs(t, [("h", "b"), ("ha", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
-    From one message a parameter to buckets: h → b, rank 0 waited 4.0 ms less (exposed 4.0 → 4.0 ms); waited −
-    exposed fell 4.0 ms (5.0 → 1.0): all of the waiting that went was with the link idle; ha → ba, rank 0 waited
-    2.0 ms more (exposed 0.0 → 5.9 ms).
+    h → b: rank 0 waited 4.0 ms less (exposed 4.0 → 4.0 ms); waited − exposed fell 4.0 ms: all of the waiting that
+    went was with the link idle; ha → ba: rank 0 waited 2.0 ms more (exposed 0.0 → 5.9 ms).
     """
     w, r, x = "waited (ms)", "waited − exposed (ms)", "exposed (ms)"
     parts = []
@@ -292,13 +304,13 @@ def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
         (wa, ra, xa), (wb, rb, xb) = (table.loc[st, [w, r, x]] for st in (a, b))
         fell, fell_idle = round(wa - wb, 1), round(ra - rb, 1)
         how = "as long" if fell == 0 else f"{abs(fell):.1f} ms {'less' if fell > 0 else 'more'}"
-        line = f"{a} → {b}, rank 0 waited {how} (exposed {xa:.1f} → {xb:.1f} ms)"
+        line = f"{a} → {b}: rank 0 waited {how} (exposed {xa:.1f} → {xb:.1f} ms)"
         if fell > 0 and fell_idle > fell / 2:
             share = "all" if fell_idle >= fell else "most"
-            line += f"; waited − exposed fell {fell_idle:.1f} ms ({ra:.1f} → {rb:.1f}): {share} of the waiting "
+            line += f"; waited − exposed fell {fell_idle:.1f} ms: {share} of the waiting "
             line += "that went was with the link idle"
         parts.append(line)
-    return f"From one message a parameter to buckets: {'; '.join(parts)}."
+    return f"{'; '.join(parts)}."
 
 
 def overlap_order(ov: pd.Series, blocking: list[str], asynchronous: list[str]) -> str:
@@ -345,35 +357,45 @@ def outside_checks(shares: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
     return f"Non-compute outside the parameter checks: {each}: {word}."
 
 
-def link_after_backward(linked, run: Path, stages, cap_mb: float) -> str:
-    """A line to print (``run``: the link run's folder; ``stages``: one that sends a message a parameter, then its
-    bucketed twin, both waiting in the finish): for each, how long rank 0's link still carried transfers after the
-    last backward band ended (``metrics.in_flight`` of the link's transfers after it: an upper bound on exposed,
-    whose waits all come later), that band's length and when in it the first message was handed over; where the
-    bucketed stage's came later, why in words (a bucket is handed over once it holds ``cap_mb`` MiB); one step, not
-    claimed."""
+def link_after_backward(linked, link, run: Path, stages) -> str:
+    """A line to print (``run``: the link run's folder; ``stages``: ones whose first ``wait()`` is in the finish): for
+    each, how long rank 0's link still carried transfers after the last backward band ended (``metrics.in_flight``
+    of the link's transfers after it: an upper bound on exposed, whose waits all come later), and the least it could
+    have: the link carries messages one at a time, each from its hand-over on, so the messages handed over from L ms
+    before that end on, whose link time is T, leave at least T − L ms of transfers after it; the largest such T − L
+    over the step's messages, with its T and L; one step, not claimed."""
     from minddp.analysis import metrics
     from minddp.analysis.cpu import rank_intervals
     from minddp.analysis.events import load_stage
 
-    p, sent = rank0(linked.phases), rank0(linked.buckets)
-    after, length, first = {}, {}, {}
+    p, sent, nbytes = rank0(linked.phases), rank0(linked.buckets), message_bytes(linked)
+    world = int(linked.summary["rank"].nunique())
+    after, bound = {}, {}
     for st in stages:
         iv = rank_intervals(load_stage(Path(run) / st).ranks[0])
         _, s0, s1 = iv.steps[-1]
-        band = p[(p["stage"] == st) & (p["phase"] == "backward")].sort_values("start_us").iloc[-1]
-        after[st] = metrics.in_flight(iv.link, [(s0 + band["end_us"], s1)]) / 1e3
-        length[st] = (band["end_us"] - band["start_us"]) / 1e3
-        first[st] = (sent.loc[sent["stage"] == st, "ready_us"].min() - band["start_us"]) / 1e3
-    a, b = stages
+        end = p[(p["stage"] == st) & (p["phase"] == "backward")].sort_values("start_us").iloc[-1]["end_us"]
+        after[st] = metrics.in_flight(iv.link, [(s0 + end, s1)]) / 1e3
+        mine = sent[sent["stage"] == st].sort_values("ready_us")
+        left = [1e3 * link.seconds("all_reduce", b, world) for b in nbytes[mine.index]]
+        leads = [max(0.0, (end - r) / 1e3) for r in mine["ready_us"]]
+        tails = [(sum(left[i:]) - leads[i], sum(left[i:]), leads[i]) for i in range(len(left))]
+        worst = max(tails)
+        bound[st] = (round(worst[1], 1) - round(worst[2], 1), worst[1], worst[2])  # as printed: T − L of T and L
+    shown = [st for st in stages if bound[st][0] > 0]
 
-    def each(values):
-        return " and ".join(f"{values[st]:.1f}" for st in stages)
+    def each(values, names):
+        return " and ".join(f"{values(st):.1f}" for st in names)
 
-    later = first[b] > first[a]
-    why = f": later in {b}, whose first bucket is handed over once it holds {cap_mb:g} MiB" if later else ""
-    return (
-        f"After the last backward ended, rank 0's link still carried transfers for {after[a]:.1f} ms in {a} and "
-        f"{after[b]:.1f} ms in {b}; those backwards lasted {each(length)} ms, and the first message was handed "
-        f"over {each(first)} ms into each{why}."
+    line = (
+        "After the last backward ended (before rank 0's first wait(), in the finish), its link carried transfers for "
     )
+    line += " and ".join(f"{after[st]:.1f} ms in {st}" for st in stages)
+    if shown:
+        where = "" if shown == list(stages) else f" in {' and '.join(shown)}"
+        line += (
+            f"; it could not carry less than {each(lambda st: bound[st][0], shown)} ms{where}: the messages handed "
+            f"over from {each(lambda st: bound[st][2], shown)} ms before that end on take "
+            f"{each(lambda st: bound[st][1], shown)} ms of link time"
+        )
+    return line + "."
