@@ -27,7 +27,7 @@
 # %dist_init --world-size 2
 
 # %% [markdown]
-# Each rank starts with `torch`, `dist`, `rank`, `world_size` and `device` defined. `%%distributed` runs a cell on every rank; each rank's output appears under its label, and a final expression is shown like in any notebook.
+# `%%distributed` runs a cell on every rank; each rank's output appears under its label, and a final expression is shown like in any notebook.
 
 # %%
 # %%distributed
@@ -76,7 +76,7 @@ plt.show()
 
 # %% [markdown]
 # When one rank fails, the cell fails. Here rank 1 raises before the `all_reduce`; rank 0 waits in it
-# until the runner has rank 1 destroy its process group, then raises. gloo's message guesses that a
+# until the runner *releases* it, by having rank 1 destroy its process group, then raises. gloo's message guesses that a
 # remote worker crashed: none did, as a cell below checks.
 #
 # A traceback names the cell `<In [N], rank R>`: Jupyter's `In [N]`, as rank R ran it, its lines
@@ -102,7 +102,7 @@ before = t.clone()
 dist.all_reduce(t)
 lesson.claim(
     torch.equal(before, total) and torch.equal(t, world_size * total),
-    f"the all_reduce works again: on every rank `t` went from the sum above, {before.tolist()}, to {t.tolist()}, the "
+    f"the all_reduce works again: `t` went from the sum above, {before.tolist()}, to {t.tolist()}, the "
     f"sum of the {world_size} ranks' copies",
 )
 t

@@ -143,8 +143,9 @@ def each_rank(value) -> list:
     return everyone
 
 
-def torch_does(script) -> list[str]:
-    """Run ``script(group, short)`` with debug mode paused; print and return whether each rank raised, in a line
+def torch_does(script, say: bool = True) -> list[str]:
+    """Run ``script(group, short)`` with debug mode paused; print (unless not ``say``) and return whether each rank
+    raised, in a line
     (an error: its type, the step of :func:`train` it was raised in if any, the seconds until it was raised, and an
     excerpt: its first two sentences, any later one naming ``find_unused_parameters`` (torch's advice), and the line
     naming the parameter indices if it has one, in brackets; for gloo's errors, nothing from its guess at a cause,
@@ -178,7 +179,7 @@ def torch_does(script) -> list[str]:
     dist.all_gather_object(everyone, (mine, took, step))
     for g in groups:
         dist.destroy_process_group(g)
-    for r, (outcome, _, _) in enumerate(everyone):
+    for r, (outcome, _, _) in enumerate(everyone if say else []):
         lesson.say(f"torch, rank {r}: {outcome}")
     torch_took[:] = [took for _, took, _ in everyone]
     torch_step[:] = [step for _, _, step in everyone]
