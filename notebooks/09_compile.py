@@ -41,7 +41,8 @@
 # gradient node. A bucket whose last gradient a piece produces can then be handed over before the next piece's backward
 # begins.
 #
-# The figure shows the backward pass of the third training step (the buckets rebuilt) of `ddp` in each of three runs,
+# The figure shows the backward pass of the third training step (the first compiles, the second rebuilds the buckets)
+# of `ddp` in each of three runs,
 # one row each: eager (not compiled), compiled without the cut (`torch._dynamo.config.optimize_ddp = False`) and
 # compiled with it. The model: an MLP of 1 MiB layers without biases (eight; two after the exercise). The backend is
 # `aot_eager`, which runs the graph with the *aten* operators an uncompiled model calls.
@@ -117,7 +118,7 @@ lesson.say(
 #
 # Each row is one run's backward pass on rank 0 (the pale bar), from its first node's start to its last node's end,
 # scaled to that span, with the model's gradient nodes in blue and a tick where the reducer's hook calls `all_reduce`
-# on a bucket. The loss's nodes, first, and the `AccumulateGrad` nodes stay pale; the notebook reads no pale length.
+# on a bucket. The loss's nodes, first, and the `AccumulateGrad` nodes stay pale.
 #
 # What to look for: with the cut, as in eager, a gradient node ends after each tick but the last (why, with the cut:
 # next section); without it, none does (every tick comes after the last blue).
@@ -147,13 +148,24 @@ lesson.claim(
     all(all(v["inside_accumulate"]) for v in looks.values()),
     "In all three runs each bucket was handed over inside an AccumulateGrad node.",
 )
-# aot_eager runs eager's aten ops, but a GEMM may round its sums in another order: rounding_bound says how far
-# apart that may leave the parameters (k: its docstring)
+# aot_eager runs eager's aten ops, whose sums may still round in another order: rounding_bound bounds how far apart
+# that leaves the parameters; k, the terms summed behind a weight's gradient: width per layer each way, plus the rows
 eager = looks["eager"]
 apart = max((v["params"] - eager["params"]).abs().max().item() for v in looks.values())
 bound = lesson_09.rounding_bound(eager["moved"], eager["params"].abs().max().item(), k=2 * DEPTH * WIDTH + 32)
 near = "to the bit" if apart == 0 else f"to {apart:.1e}, within the {bound:.1e} that summing in another order allows"
 lesson.claim(apart <= bound, f"The three trainings end with the same parameters, {near}.")
+stretch = {label: v["first_stretch"] for label, v in looks.items() if v["first_stretch"]}  # rows with blue after tick 1
+said = {"c10d::allreduce_": "the all_reduce call"}  # the hook's call, at the tick
+parts = []
+for label, (share, ops) in stretch.items():
+    top = sorted(ops, key=ops.get, reverse=True)[:2]  # the most own time (time in no op nested in them)
+    shares = ", ".join(f"{said.get(name, name)} {ops[name] / sum(ops.values()):.0%}" for name in top)
+    parts.append(f"{label} {f'{share:.0f}%' if share >= 0.5 else 'under 1%'}: {shares}")
+lesson.say(
+    "The pale stretch from the last blue before the first tick to the next blue, in % of the pass, and the two ops "
+    "the training thread spent most of it in (own time, without ops nested in them): " + "; ".join(parts)
+)
 
 
 # %% [markdown]
@@ -190,8 +202,7 @@ for i, bucket in enumerate(buckets):
     lesson.say(f"bucket {i} ({sum(size[name] for name in bucket) / 2**20:g} MiB): {', '.join(names)}")
 lesson.claim(
     len(pieces) > 1 and sorted(sum(pieces, [])) == sorted(sum(buckets, [])) == sorted(size) and len(size) == DEPTH,
-    f"The graph is cut into {len(pieces)} pieces, which together produce the gradients of all "
-    f"{DEPTH} parameters, each once.",
+    f"The {len(pieces)} pieces together produce each of the {DEPTH} parameters' gradients once.",
 )
 lesson.claim(
     sum(size[name] for name in pieces[0]) / 2**20 == CAP == sum(size[name] for name in buckets[0]) / 2**20,
@@ -213,15 +224,15 @@ lesson.claim(
 ended, begun = (looks[CUT][key] for key in ("pieces_ended_at_handover", "pieces_begun_at_handover"))
 lesson.claim(
     ended == begun == [home[0] + 1 for home in homes],
-    "In the profiled step each bucket was handed over after its piece's backward ended, each but the last "
-    "before the next piece's backward began.",
+    "Each bucket was handed over after its piece's backward ended, and all but the last before the next "
+    "piece's backward began.",
 )
 
 # %% [markdown]
 # ### Your turn: after which piece is each bucket handed over?
 #
 # Write `my_handed_over_after(pieces, cap)`: `pieces` lists pieces in the order the backward pass runs them, each as its
-# gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes (`CAP` above is in MiB), every
+# gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes, every
 # bucket's, the first included. Pieces and gradients are any sizes, empty and 0 bytes too, not only those a cut at `cap`
 # makes, so a bucket can take gradients from several pieces. Fill the buckets in arrival order, as `ddp` plans them from
 # its second step on (a bucket closes at the first gradient that takes it to the cap or past it; the gradients left at
@@ -256,9 +267,8 @@ print(check_handover(solutions.handed_over_after))
 # graph Dynamo has begun where it stops the graph, runs Python, and starts a new one. minddp's `ddp` marks its whole
 # `forward` for Dynamo to skip (`torch.compiler.disable(forward, recursive=False)`): Dynamo runs it as Python, so
 # begins no graph and counts no break there, and compiles the module it calls apart. torch's DDP marks only
-# `_inside_ddp_forward`, which sets `_active_ddp_module` around its module's call; Dynamo traces the rest of its
-# `forward`, breaks the graph at that call and at a call it cannot trace, and compiles the module, called after the
-# break, apart. The counts below are Dynamo's counter of breaks, which can count more than one at a call. Dynamo's
+# `_inside_ddp_forward`, which sets `_active_ddp_module` around its module's call, and Dynamo traces the rest of its
+# `forward`. Below is Dynamo's counter of graph breaks, by the reason it logged: a count, not a list of places. Dynamo's
 # cut into pieces is no graph break (the next section shows pieces with none).
 
 
@@ -288,8 +298,7 @@ reasons = {
 counts = {label: sum(by_reason.values()) for label, by_reason in reasons.items()}
 lesson.say(
     f"Graph breaks in one training step of MLP(depth=2): {ALONE} {counts[ALONE]}, {OURS} {counts[OURS]}, {THEIRS} "
-    f"{counts[THEIRS]}, at {len(reasons[THEIRS])} call{'s' * (len(reasons[THEIRS]) != 1)} (reason, count): "
-    + lesson_09.untraced_calls(reasons[THEIRS])
+    f"{counts[THEIRS]}; by reason: " + lesson_09.untraced_calls(reasons[THEIRS])
 )
 lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
 lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {ALONE} does not.")
@@ -311,7 +320,7 @@ start = lesson_09.flat(reference)
 optimizer = torch.optim.SGD(reference.parameters(), lr=0.01)
 train_step(DistributedDataParallel(reference, bucket_cap_mb=SMALL), optimizer, next(batches()), loss_fn)
 moved = (lesson_09.flat(reference) - start).abs().max().item()  # the step's largest move: lr·max|g|
-# as in the figure's cell: how far summing in another order can move the parameters (k for 2 layers)
+# as in the figure's cell: how far summing in another order can move the parameters (k, the terms summed, for 2 layers)
 bound = lesson_09.rounding_bound([moved], lesson_09.flat(reference).abs().max().item(), k=2 * 2 * WIDTH + 32)
 
 wrappers = {"torch's DDP": torch.nn.parallel.DistributedDataParallel, "minddp's ddp": DistributedDataParallel}
@@ -340,8 +349,8 @@ lesson.claim(
         and "(raised in torch/_dynamo/" in outcomes["torch's DDP", pattern][0]
         for pattern in patterns
     ),
-    f"At a bucket cap of {SMALL:g} MiB (torch {torch.__version__}, the cut on) torch's DDP does not compile with "
-    f"either pattern: Dynamo's cap for its first piece, {torch_first:g} MiB, is above the bucket cap.",
+    f"With the cut on, at a bucket cap of {SMALL:g} MiB torch's DDP compiles with neither pattern: Dynamo's cap for "
+    f"its first piece, {torch_first:g} MiB, is above it.",
 )
 ours = [outcomes["minddp's ddp", pattern] for pattern in patterns]
 worst = max(apart for _, apart in ours)
@@ -357,11 +366,10 @@ lesson.claim(
 #
 # * The third step of the model compiled, then wrapped (nanoGPT's pattern): with the cut, as in eager, a gradient
 #   node ended after the hand-over of each bucket but the last, the order those buckets' `all_reduce`s need to run
-#   while gradients are still computed; without it, none did. (The first step has one bucket, handed over last.)
+#   while gradients are still computed; without it, none did.
 #
-# * `torch.compile(wrapper)`: torch's DDP adds graph breaks (Dynamo's count), at a call it marks for Dynamo to skip
-#   inside its traced `forward` and at one Dynamo cannot trace; `ddp`, which has Dynamo skip its whole `forward`, adds
-#   none.
+# * `torch.compile(wrapper)`: torch's DDP adds graph breaks (Dynamo's count; its reasons name a call it marks for
+#   Dynamo to skip and one Dynamo cannot trace); `ddp`, which has Dynamo skip its whole `forward`, adds none.
 #
 # * At a bucket cap of 0.5 MiB, with the cut on (the default), torch's DDP of the version above does not compile:
 #   Dynamo's cap for its first piece is above the bucket cap. minddp's `ddp`, which sets that cap to the bucket cap it

@@ -251,9 +251,7 @@ def fragment_to_send(step: int, sync_every: int, fragments: int, delay: int) -> 
 
 def handed_over_after(pieces: list[list[int]], cap: int) -> list[int]:
     """Notebook 09: for each bucket, the piece after whose backward it is handed over
-    (:func:`minddp.exercises.check_handover`). ``pieces`` in the order backward runs them, each its gradients'
-    sizes in bytes in the order they arrive; a bucket closes at the first gradient that takes it to ``cap`` or past
-    it, and the gradients left after the last full bucket make one more, handed over with the last gradient."""
+    (:func:`minddp.exercises.check_handover`)."""
     after, bucket, last = [], [], 0  # bucket: the sizes of the open bucket's gradients
     for i, piece in enumerate(pieces):
         for size in piece:
