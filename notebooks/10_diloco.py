@@ -113,7 +113,7 @@ lesson.claim(
 #
 # Averaging the weights is the same as taking the synced weights θ and stepping them by the replicas' average of
 # `θ − local` with learning rate 1 and no momentum. DiLoCo gives that quantity, the **pseudo-gradient**, to a real
-# optimizer, the outer one: SGD with Nesterov momentum (`DiLoCo`'s default today: lr 0.7, momentum 0.9). Below,
+# optimizer, the outer one: SGD with Nesterov momentum (`DiLoCo`'s default: lr 0.7, momentum 0.9). Below,
 # `diloco.py`'s own list of what it does (items 1 to 3; 4 to 6 are streaming DiLoCo's), then the change from
 # `local_sgd.py` for DiLoCo not streamed: `-` local SGD's lines, `+` diloco.py's (`mean_pseudo`: the averaged
 # pseudo-gradient):
@@ -171,6 +171,7 @@ import statistics
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import torch
 
 from minddp.notebook import lesson, lesson_10
 
@@ -248,11 +249,16 @@ lesson.claim(
 
 ddp_bytes = statistics.mean(c["bytes"][-1] for c in curves["ddp"])
 
-known = {"rung", "sync_every", "fragments", "fragment_delay", "fragment_alpha"}  # the settings other than outer ones
-outer_set = {n: set(c) - known for n, c in results["configs"].items()}
+outer = {n: c["outer"] for n, c in results["configs"].items() if c["rung"] == "diloco"}  # each DiLoCo run's outer SGD
+mu, lr0 = outer["diloco-h100"]["momentum"], outer["diloco-h100"]["lr"]
 lesson.claim(
-    all(s == ({"outer_lr"} if n in sweep else set()) for n, s in outer_set.items()),
-    f"the file records one outer setting, the outer lr, for the {len(sweep)} lr runs and none for any other run",
+    all(
+        o["momentum"] == mu and o["nesterov"] and o["lr"] == results["configs"][n].get("outer_lr", lr0)
+        for n, o in outer.items()
+    )
+    and all(n.endswith(f"-lr{outer[n]['lr']:g}") for n in sweep),
+    f"the file records every DiLoCo run's outer SGD: Nesterov momentum {mu:g}, and lr {lr0:g} but in the "
+    f"{len(sweep)} lr runs (their names give theirs)",
 )
 lesson.claim(
     all(
@@ -274,8 +280,8 @@ lesson.claim(
     and min(behind) > 0
     and 2 * ahead10 < len(curves["diloco-h10"]),  # the takeaway's "behind local SGD in most seeds"
     f"at step 300 the bench has the run above's order in every seed (DDP lowest, then local SGD, then DiLoCo at "
-    f"H = 10, {min(behind):.3f} to {max(behind):.3f} nats behind local SGD; the order only: the bench has 4 "
-    "replicas and its lr decays over 2000 steps, so its losses are not the run above's). DiLoCo's mean is below local SGD's "
+    f"H = 10, {min(behind):.3f} to {max(behind):.3f} nats behind local SGD; the order only, not "
+    "the losses). DiLoCo's mean is below local SGD's "
     f"at steps {', '.join(map(str, steps[1:cross]))}, above from step {steps[cross]} on; by step 2000 DiLoCo is below local "
     f"SGD in {ahead10} of {len(curves['diloco-h10'])} seeds",
 )
@@ -283,11 +289,11 @@ lesson.claim(
     all(max(final(f"local-sgd-h{h}")) < min(final("single")) for h in (10, 50, 100)),
     "local SGD ends below one replica alone (a quarter of the data) at every H, in every seed",
 )
-lrs = sorted(results["configs"][n]["outer_lr"] for n in sweep)
+lrs = sorted(outer[n]["lr"] for n in ("diloco-h100", *sweep))
 lesson.claim(
     all(min(final(n)) > max(final("single")) for n in ("diloco-h100", *sweep)),
     f"but DiLoCo at H = 100 ends worse than one replica alone, in every seed, at every outer lr tried "
-    f"({', '.join(f'{lr:g}' for lr in lrs)} and diloco-h100's unrecorded one)",
+    f"({', '.join(f'{lr:g}' for lr in lrs)})",
 )
 higher = {r: round(statistics.mean(final(f"{r}-h100")), 4) - round(statistics.mean(final(f"{r}-h10")), 4)
           for r in ("diloco", "local-sgd")}  # fmt: skip
@@ -307,9 +313,9 @@ lesson.claim(
     f"from DiLoCo at the same H in three settings at once: {streaming['fragments']} fragments that sync one after "
     f"another, τ = {tau} and α = {alpha}: which of them helps was not separated",
 )
-lr1, at100 = results["configs"]["diloco-h100-lr1"], steps.index(100)  # H = 100's first sync
-alike = all(  # recorded as local-sgd-h100 but for the rung and the outer lr
-    {k: v for k, v in results["configs"][n].items() if k not in ("rung", "outer_lr")}
+at100 = steps.index(100)  # H = 100's first sync
+alike = all(  # recorded as local-sgd-h100 but for the rung and the outer SGD
+    {k: v for k, v in results["configs"][n].items() if k not in ("rung", "outer_lr", "outer")}
     == {k: v for k, v in results["configs"]["local-sgd-h100"].items() if k != "rung"}
     for n in ("diloco-h100", "diloco-h100-lr1")
 )
@@ -323,12 +329,16 @@ def seeds(n, i):  # each seed's score i of run n
 
 above = all(o > s for o, s in zip(seeds("diloco-h100-lr1", at100), seeds("diloco-h100-lr1", 0)))
 beats = all(d < lo for d, lo in zip(seeds("diloco-h100", at100), seeds("local-sgd-h100", at100)))
+w = torch.zeros(1, requires_grad=True)  # one weight whose averaged pseudo-gradient is 1: the outer SGD's first step
+w.grad = torch.ones(1)
+torch.optim.SGD([w], **outer["diloco-h100-lr1"]).step()
 lesson.claim(
-    alike and lr1["outer_lr"] == 1 and one > start > sgd > h100 and above and beats,
-    "the file records diloco-h100 and diloco-h100-lr1 as local-sgd-h100 but for the rung and lr1's outer lr 1. After "
-    f"the first sync (step 100), mean over the seeds: at lr 1 the expected loss is {one:.3f}, above the untrained "
-    f"start's {start:.3f} and local SGD's {sgd:.3f}, so that outer step was not local SGD's average; in "
-    f"diloco-h100 it is {h100:.3f}, below local SGD's; both in every seed",
+    alike and outer["diloco-h100-lr1"]["lr"] == 1 and -w.item() > 1 and one > start > sgd > h100 and above and beats,
+    "diloco-h100 and diloco-h100-lr1 are recorded as local-sgd-h100 but for their outer SGD. At lr 1 the momentum "
+    f"makes the first outer step move the synced weights {-w.item():.2g} times the averaged pseudo-gradient, past the "
+    "replicas' average (local SGD's: 1 time). After that sync (step 100), mean over the seeds: at lr 1 the expected "
+    f"loss is {one:.3f}, above the untrained start's {start:.3f} and local SGD's {sgd:.3f}; in diloco-h100 it is "
+    f"{h100:.3f}, below local SGD's; both in every seed",
 )
 
 
@@ -459,8 +469,8 @@ sizes = [sum(p.numel() * p.element_size() for p in fragment) for fragment in str
 biggest = max(model.parameters(), key=lambda p: p.numel())
 lesson.say(
     "the fragments: "
-    + " and ".join(f"{n / 1e3:.1f} kB ({100 * n / sum(sizes):.0f} % of the model)" for n in sizes)
-    + f"; the {'×'.join(map(str, biggest.shape))} weight alone is {100 * biggest.numel() * 4 / sum(sizes):.0f} % "
+    + " and ".join(f"{n / 1e3:.1f} kB" for n in sizes)
+    + f" ({' and '.join(f'{100 * n / sum(sizes):.0f}' for n in sizes)} % of the model); the {'×'.join(map(str, biggest.shape))} weight alone is {100 * biggest.numel() * 4 / sum(sizes):.0f} % "
     "of the model, and fragment 0 takes it whole"
 )
 lesson.claim(
@@ -483,12 +493,17 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     )
 span = view["row"]["end"]  # ms from step WARM + 1's forward to step WARM + H's optimizer step's end
 short = [f for f, waited in windows if waited > 0]  # the messages the training thread waited for
+share = {f"{i}": 100 * n / sum(sizes) for i, n in enumerate(sizes)}  # each fragment's % of the model
 total = round(sum(w for _, w in windows), 1)
 # which messages were waited for depends on how long this machine's steps took, so it is said, not claimed
 lesson.say(
     f"so the training thread waited {total:.1f} ms, {100 * total / span:.0f} % of the {span:.1f} ms of steps "
     f"{WARM + 1} to {WARM + H}: "
-    + ("each message" if len(short) == len(windows) else f"fragment {short[0]}'s message")
+    + (
+        "each message"
+        if len(short) == len(windows)
+        else f"fragment {short[0]}'s message ({share[short[0]]:.0f} % of the model)"
+    )
     + f" outlasted the τ = {TAU} steps after its hand-over"
     if short
     else f"so each message was delivered within the τ = {TAU} steps after its hand-over: the training thread waited for none"
@@ -587,9 +602,8 @@ buckets = synthesize(cp, "ddp", 25.0, 2).messages  # the messages ddp_step repla
 size, start = buckets[0].nbytes, min(m.at for m in buckets)
 each = 2 * spec.latency + size / spec.bandwidth  # 2 hops, each paying the latency; on 2 ranks 1× the bytes in all
 print(
-    f"DDP on '{first}': {len(buckets)} messages a step, one per gradient tensor (each of the model's "
-    f"{len(cp.nbytes)} tensors of {size / 1e6:.0f} MB is more than DDP's 25 MiB bucket cap, so each is a bucket of "
-    "its own), one after another, "
+    f"DDP on '{first}': {len(buckets)} messages a step, one per gradient tensor (each over DDP's 25 MiB bucket cap), "
+    "one after another, "
     f"each 2 hops × {spec.latency * 1e3:g} ms + {size / 1e6:.0f} MB at "
     f"{spec.bandwidth * 8 / 1e9:g} Gbit/s = {each * 1e3:.1f} ms; the first handed over {start * 1e3:.1f} ms into "
     f"the step, the last delivered at {start * 1e3:.1f} + {len(buckets)} × "
@@ -663,19 +677,19 @@ lesson.claim(
 #
 # * Local SGD and DiLoCo send H times fewer bytes than DDP. With no more payload than DDP has handed over by its
 #   first score after the start, each drawn run that talks rarely is below DDP's loss there; step for step, after
-#   the start, DDP's mean over the seeds is below each of theirs.
+#   the start, DDP's mean is below each of theirs.
 # * In the bench (this task and model) DiLoCo not streamed ended behind local SGD in most seeds at H = 10 and in
 #   every seed at H = 50 and 100; at H = 100, at every outer lr
-#   tried, it ended worse than one replica alone in every seed, while local SGD ended below one replica alone at
-#   every H, in every seed. An outer step can raise the synced weights' loss: at outer lr 1 DiLoCo's first sync
-#   took them above the untrained start, in every seed, and a later sync raised diloco-h100's and streaming-h100's
+#   tried, it ended worse than one replica alone in every seed, while local SGD ended below it at
+#   every H, in every seed. An outer step can raise the synced weights' loss: DiLoCo's first sync at outer lr 1,
+#   whose momentum steps past the replicas' average, took them above the untrained start, in every seed, and a later sync raised diloco-h100's and streaming-h100's
 #   mean. Of the bench's runs that talk rarely, streaming DiLoCo (H = 100, 2 fragments, τ = 5, α = 0.5) ended closest to DDP, scored on its synced weights; which of the last three
 #   helps was not separated.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it, so that it travels
 #   during those steps; the replica waits when its time on the link outlasts them.
-# * The step-time model *predicts* (a 360 M-parameter model, H = 100; not measured here): on `wan` DDP computes
-#   less than 5 % of the time, and streaming DiLoCo with 4 fragments and τ = 10 all of it (time, not progress); streaming computes all
+# * The step-time model *predicts* (a 360 M-parameter model, H = 100): on `wan` DDP computes
+#   less than 5 % of the time, and streaming DiLoCo with 4 equal fragments and τ = 10 all of it (time, not progress); streaming computes all
 #   of the time only where a fragment's time on the link fits in its τ steps, and on `100mbit` and `home` less
 #   than one percentage point more than DiLoCo not streamed.
 

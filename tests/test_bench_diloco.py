@@ -87,10 +87,36 @@ def test_a_small_convergence_run_writes_its_curves_and_counts_the_bytes(tmp_path
     assert ddp["bytes"] == [0, 10 * params * 4, 20 * params * 4]  # every step, the whole model in float32
     assert diloco["bytes"] == [0, params * 4, 2 * params * 4] and diloco["syncs"] == [0, 1, 2]
     assert ddp["loss"][0] == diloco["loss"][0] and all(x > results["floor"] for x in ddp["loss"])
+    # each DiLoCo run's whole outer SGD is recorded (the sweep's outer_lr alone left its momentum unsaid)
+    assert results["configs"]["diloco-h10"]["outer"] == convergence.outer_settings("diloco-h10")
+    assert "outer" not in results["configs"]["ddp"]
     assert {p.name for p in out.iterdir()} == {"convergence.json", "table.md", "loss_vs_steps.png", "loss_vs_bytes.png"}
     assert "| diloco-h10 |" in (out / "table.md").read_text() and "| 10 |" in (out / "table.md").read_text()
     (out / "table.md").unlink()
     assert convergence.main(["--plot", str(out)]) == 0 and (out / "table.md").exists()  # drawn again from the curves
+
+
+def _outer_sgds_built() -> dict:
+    """Each DiLoCo configuration's outer SGD as :func:`minddp.ladder.slow_link` builds it for the bench."""
+    from minddp.ladder import slow_link
+
+    built = {}
+    for name, (kind, sync_every, options) in convergence.CONFIGS.items():
+        if kind == "diloco":
+            model = build_student(0)
+            rung = slow_link(kind, model, torch.optim.AdamW(model.parameters()), sync_every, **options)
+            built[name] = {k: rung.outer[0].param_groups[0][k] for k in ("lr", "momentum", "nesterov")}
+            rung.close()
+    return built
+
+
+def test_the_recorded_outer_settings_are_the_outer_sgd_each_run_builds():
+    from minddp.runtime.launch import launch
+
+    built = launch(_outer_sgds_built, world_size=1)[0]
+    assert built == {n: convergence.outer_settings(n) for n in built}
+    assert built["diloco-h100-lr1"] == {"lr": 1.0, "momentum": 0.9, "nesterov": True}
+    assert all(convergence.outer_settings(n) is None for n in convergence.CONFIGS if n not in built)
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,8 @@ assuming it. One run:
    to the all_reduce so far are read off a metered :class:`~minddp.comm.wire.Wire`;
 3. **repeated** for ``--seeds`` seeds (the seed changes the student's start and every chain), so the
    spread between seeds is stated beside every difference;
-4. **reports** into ``--out``: ``convergence.json`` (every curve), ``loss_vs_steps.png``,
+4. **reports** into ``--out``: ``convergence.json`` (every curve; each DiLoCo run's outer SGD under
+   ``configs``), ``loss_vs_steps.png``,
    ``loss_vs_bytes.png`` and ``table.md`` (the expected loss at the end, mean and range over the
    seeds, its gap to DDP's in percent of the loss and of the excess over the floor, bytes per
    replica and how many times fewer than DDP's).
@@ -58,6 +59,15 @@ CONFIGS: dict[str, tuple[str, int | None, dict]] = {
     "streaming-h100": ("diloco", 100, {"fragments": 2, "fragment_delay": 5, "fragment_alpha": 0.5}),
     **{f"diloco-h100-lr{lr:g}": ("diloco", 100, {"outer_lr": lr}) for lr in (0.3, 0.5, 1.0)},
 }
+
+
+def outer_settings(name: str) -> dict | None:
+    """The outer SGD a ``diloco`` configuration runs (:data:`~minddp.diloco.OUTER_DEFAULTS` with its
+    ``outer_lr``, as :func:`minddp.ladder.slow_link` builds it), ``None`` for the rungs without one."""
+    from minddp.diloco import OUTER_DEFAULTS
+
+    kind, _, options = CONFIGS[name]
+    return {**OUTER_DEFAULTS, "lr": options.get("outer_lr", OUTER_DEFAULTS["lr"])} if kind == "diloco" else None
 
 
 class MarkovTask:
@@ -435,7 +445,11 @@ def main(argv: list[str] | None = None) -> int:
         "batch": args.batch,
         "lr": args.lr,
         "eval_every": args.eval_every,
-        "configs": {n: {"rung": CONFIGS[n][0], "sync_every": CONFIGS[n][1], **CONFIGS[n][2]} for n in names},
+        "configs": {
+            n: {"rung": CONFIGS[n][0], "sync_every": CONFIGS[n][1], **CONFIGS[n][2]}
+            | ({"outer": outer_settings(n)} if outer_settings(n) else {})
+            for n in names
+        },
         "machine": machine(),
         "command": " ".join([PROG, *argv]),
         "wall_s": round(time.time() - started, 1),
