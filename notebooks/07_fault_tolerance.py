@@ -33,7 +33,7 @@
 #    failure may be broken);
 # 3. a process that comes back is **healed**: it receives the trained state from a peer, over the group,
 #    no file (the parameters, the optimizer's state, the count of steps committed), before DDP's wrapper is
-#    built (`wrap()`), which broadcasts the parameters of the group's first member (*rank* below), maybe the fresh one;
+#    built (`wrap()`), which broadcasts the parameters of the group's first member (its rank 0; *rank* below), maybe the fresh one;
 # 4. **the work** (`work` below): the members split the step's global batch among themselves (the exercise
 #    below);
 # 5. **should_commit**: the members vote yes or no; the attempt is committed if every member voted yes, else
@@ -48,8 +48,7 @@
 #   1, in step 4);
 # * a process's **rank** is its index among the attempt's members (its rank in the group built for them),
 #   and the **world** is their number: after slot 1 is lost, slots 0 and 2 are ranks 0 and 1 of world 2;
-# * a quorum's **tag** names its group: a new tag when a new group is built (phase 2), else the last one's;
-# * a **holder** is a process that holds the trained state: a member of the newest committed step.
+# * a quorum's **tag** names its group: a new tag when a new group is built (phase 2), else the last one's.
 #
 # The cell below prints the rung's and the lighthouse's lines for these phases (*live* is defined below).
 
@@ -65,12 +64,12 @@ lesson_07.print_phase_lines()
 # a toy task (`ToyTask`: an MLP regression, AdamW, and a 10 ms pause per step standing in for compute) on
 # gloo, torch's CPU backend. The settings:
 #
-# * `world_size=3`: the number of slots (torch's `world_size` is each attempt's world);
+# * `world_size=3`: the number of slots, not the world (the members' number, torch's `world_size`);
 # * `faults`: `kill@4:1`, slot 1 kills itself with SIGKILL (a signal no process can catch or outlive) in step 4
 #   after its forward, before its all_reduce;
 #   `raise@11:2`, slot 2's comm hook (the function that averages the gradients with an all_reduce, as in
 #   notebook 04) raises in step 11, before its all_reduce (slot 2's process stays);
-# * `hang_s=5.0`, the **hang bound**: the group's collective timeout, and the lighthouse's bound below.
+# * `hang_s=30.0`, the **hang bound**: the group's collective timeout, and the lighthouse's bound below.
 #   A process's **heartbeat** is a count that a thread, started once its model and optimizer are built, just
 #   before its first request, writes every 50 ms, `BEAT_S`, to the lighthouse's **store** (torch's
 #   `TCPStore`, a key-value store over TCP), where the processes also post their requests and votes and read
@@ -95,7 +94,7 @@ lesson_07.print_phase_lines()
 from minddp.ft import ToyTask, launch_ft, parse_faults
 from minddp.notebook import lesson
 
-hang_s = 5.0  # the hang bound, in seconds
+hang_s = 30.0  # the hang bound, in seconds
 full_world_at = (9,)
 run = launch_ft(
     ToyTask(compute_s=0.01),
@@ -244,8 +243,9 @@ lesson.claim(
 # any group, so it refuses a split that reads `dist.get_rank()`, `dist.get_world_size()` or the environment
 # (the launcher's `RANK` is the slot).
 #
-# `check_shard` first calls your function, in this process, for each rank of worlds 3, 2 and 1 on a 10-row
-# batch, and names a split that gives each row once but its busiest rank more than ceil(B / world).
+# `check_shard` first calls your function twice, in this process, for each rank of worlds 3, 2 and 1 on a
+# 10-row batch, and names the first fault: an exception, a return that is not the same rows of x and y, two
+# calls that disagree, or a busiest rank with more than ceil(B / world) rows.
 # Then it trains it on the `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3) and compares
 # the parameters with a single process trained on each step's whole batch (both with plain SGD; each rank's
 # loss is its rows' summed squared error times world / B, so the ranks' averaged gradient is the whole batch's
@@ -284,8 +284,8 @@ show_source(solutions.ft_shard)
 # 2. What happens with `kill@4:0,kill@4:1,kill@4:2`, and why can this design not heal that?
 # 3. Suppose a split used 3, the run's first world, in place of `world`, whatever the world now: of a
 #    global batch of `B` rows, rank `r` takes rows `r·B // 3` up to, not including, `(r+1)·B // 3`. Which
-#    rows would a step at world 2 skip, and which of the three checks above (slots equal, the same bytes at each attempt's start, a discard changes
-#    nothing) would still pass?
+#    rows of the checker's 10-row batch would a step at world 2 skip, and which of the three checks above
+#    (slots equal, the same bytes at each attempt's start, a discard changes nothing) would still pass?
 #
 # Model answers, each hidden under its number (click to open it); the three cells after them run
 # questions 1, 2 and 3.
@@ -295,15 +295,15 @@ show_source(solutions.ft_shard)
 # Unlike a killed process, a frozen one (`SIGSTOP`) keeps its sockets open and says nothing. Two waits run
 # side by side: its peers' all_reduce, until the group's timeout (`hang_s`) or until the launcher ends the
 # frozen process (the cell prints what each caught), and the next quorum, until its slot has been silent for
-# `hang_s`. So the recovery is about one `hang_s`, not two, and halving `hang_s` shortens it. The first cell
-# below runs a bound and its half (6 steps, no restart, no 10 ms pause), checks that the next quorum waited for
-# the frozen slot's eviction and prints how much halving shortened the recovery.
+# `hang_s`. The first cell below runs a bound and its half (6 steps, no restart, no 10 ms pause), checks that
+# the next quorum waited for the frozen slot's eviction and prints what halving did to the recovery.
 #
 # </details>
 #
 # <details><summary>2. Three kills</summary>
 #
-# Killing all three in the same step leaves no holder: in this design the trained state lives only in
+# Killing all three in the same step leaves no **holder** (a process that holds the trained state: a member
+# of the newest committed step): in this design the trained state lives only in
 # the training processes. The processes started again would hold a fresh initialisation, so
 # minddp stops the run with one line rather than train the committed steps again (-9 in it is the exit
 # code of a process ended by signal 9, SIGKILL). The second cell below runs it with the main run's settings
@@ -314,12 +314,11 @@ show_source(solutions.ft_shard)
 # <details><summary>3. A split fixed at world 3</summary>
 #
 # At world 2 the ranks are 0 and 1, whichever slot died, so they take the rows ranks 0 and 1 take at world
-# 3, and rank 2's rows at world 3, `2B // 3` up to `B`, are trained by no one: rows 6-9 in the
-# checker's run (B = 10, slot 1 killed). All three checks would still pass: each compares the processes
+# 3, and rank 2's rows at world 3, `2B // 3` up to `B`, are trained by no one: rows 6-9 of the
+# checker's 10. All three checks would still pass: each compares the processes
 # with each other or with themselves, never with the data, and every member steps from the same state with
-# the same averaged gradient. Only a comparison with a single
-# process on the whole batch shows rows 6-9 untrained: the third cell below runs this split in the
-# checker's run, where all three checks pass and that comparison fails.
+# the same averaged gradient. Only a comparison with a single process on the whole batch shows them
+# untrained: the third cell below runs this split in the checker's run.
 #
 # </details>
 
@@ -334,9 +333,7 @@ for bound in (2.0, 1.0):
         print(f"  slot {slot}, step 4: {error}")
     o = stops[bound] = fault_outcomes(stopped)[0]
     evicted[bound] = [e[3] - o.fired for e in stopped.events if e[0] == "evict" and e[1] == o.fault.slot]
-# the lighthouse forms no quorum while the frozen slot is live (it never asks) and evicts it, once silent for
-# hang_s, in the pass before the one that forms the next quorum: an order the code keeps on any machine. How long
-# after the freeze that comes depends on the last beat before it, which load can hold back: printed, not claimed
+# the lighthouse forms no quorum until it evicts the frozen slot, on any machine (when it evicts, load can move)
 lesson.claim(
     all(o.quorum_s is not None and any(t <= o.quorum_s for t in evicted[b]) for b, o in stops.items()),
     "in each run the next quorum came only after the lighthouse evicted the frozen slot as silent",
@@ -346,17 +343,12 @@ lesson.say(
     + " and ".join(f"{evicted[b][0]:.3f} s (hang_s = {b:g} s)" for b in stops)
     + " after the freeze."
 )
-printed = {b: f"{o.recovery_s:.3f}" for b, o in stops.items()}  # the recoveries as the report lines print them, s
-shorter = round((float(printed[2.0]) - float(printed[1.0])) * 1000)  # ms, from the printed values
+slow, fast = (round(stops[b].recovery_s, 3) for b in (2.0, 1.0))  # s, as the report lines print them
+shorter = round((slow - fast) * 1000)  # ms
 lesson.say(
-    f"Halving the bound took the recovery from {printed[2.0]} s to {printed[1.0]} s: "
-    + (
-        f"{shorter} ms shorter, against the {(2.0 - 1.0) * 1000:g} ms the bound lost"
-        if shorter > 0
-        else f"{-shorter} ms longer: this machine's load outweighed the bound"
-        if shorter < 0
-        else "the same to the ms"
-    )
+    f"Halving the bound took the recovery from {slow:.3f} s to {fast:.3f} s: "
+    + (f"{abs(shorter)} ms {'shorter' if shorter > 0 else 'longer'}" if shorter else "the same to the ms")
+    + (f", against the {(2.0 - 1.0) * 1000:g} ms the bound lost" if shorter > 0 else "")
 )
 
 # %%
@@ -368,7 +360,7 @@ try:  # question 2: every slot killed in the same step
         6,
         world_size=3,
         faults=parse_faults("kill@4:0,kill@4:1,kill@4:2"),
-        hang_s=5.0,
+        hang_s=hang_s,
         restart_after_steps=1,
         run_timeout_s=300,
     )

@@ -5,8 +5,7 @@ Each function reads a run of :func:`minddp.ft.launch_ft` and one of its faults (
 it defines no measure of its own. The notebook keeps its claims in its cells; these print or read:
 
 * :func:`print_phase_lines`: the lines of the rung and of the lighthouse that run each phase of an attempt;
-* :func:`print_recoveries`: each fault's recovery and its parts, with what the kill's next quorum waited for,
-  and by how much the longer recovery was longer, part by part;
+* :func:`print_recoveries`: each fault's recovery and its parts, with what the kill's next quorum waited for;
 * :func:`print_rejoin`: the parts of a kill's rejoin, and what the survivors did meanwhile;
 
 and three readers of the members' entries (one per member and attempt) for the cells' claims: :func:`attempts`,
@@ -71,12 +70,10 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms, split in its parts: until the members of the next quorum had all asked
     for it; from then to that quorum (for the kill, which waits for the launcher's record of the process's exit,
     after its fixed wait ``EXIT_WAIT_S``); from that quorum to the commit. Then whether either waited out the hang
-    bound, and by how much the longer was longer, part by part (the parts' differences add up to it)."""
-    parts = {}
+    bound."""
     for o in (kill, raised):
         recovery, quorum = ms(o.recovery_s), ms(o.quorum_s)
         asked = min(ms(asked_s(run, o)), quorum)  # the quorum answered the last request, so came after it
-        parts[o.fault.kind] = (asked, quorum - asked, recovery - quorum)
         waited = ""
         if o is kill and ms(o.exit_s) > asked:
             waited = (
@@ -98,15 +95,6 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
             f"Both recoveries took {max(kill.recovery_s, raised.recovery_s) / hang_s:.1%} of the hang bound "
             f"({hang_s:g} s) or less: neither waited it out"
         )
-    longer, shorter = sorted(parts, key=lambda kind: sum(parts[kind]), reverse=True)
-    gap = sum(parts[longer]) - sum(parts[shorter])
-    if not gap:
-        print("The two recoveries took the same, to the ms")
-        return
-    labels = ("until the members had all asked", "until the quorum came", "from it to the commit")
-    diffs = [a - b for a, b in zip(parts[longer], parts[shorter])]
-    said = [f"{abs(d)} ms {'more' if d > 0 else 'less'} {w}" if d else f"the same {w}" for d, w in zip(diffs, labels)]
-    print(f"The {longer}'s recovery was {gap} ms longer: " + ", ".join(said))
 
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
@@ -132,7 +120,7 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     if ms(built_s) <= startup:  # built before its first request: a part of the start-up
         built = f"; {ms(built_s)} ms of it building its optimizer"
         # torch.optim's add_param_group is marked for Dynamo to skip, which imports Dynamo at a process's first build
-        built += ", as torch imported its compiler, Dynamo" if compiler else ""
+        built += " (torch imported its compiler, Dynamo, during the build)" if compiler else ""
     print(f"  {startup} ms ({share(startup)}) the new process's start-up, to its first quorum request{built}")
     print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
     healed = heal_s(run, o)
