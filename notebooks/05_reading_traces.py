@@ -61,7 +61,7 @@ for stage in blog:
     lesson.Trainee(stage, link="1gbit").profile(LINKED, steps=1)
 lesson.say(
     f"Profiled one step of each of: {', '.join(blog)} over an emulated 1gbit link, into "
-    f"{LINKED.relative_to(lesson.ROOT)}; the link's thread shares the cores too."
+    f"{LINKED.relative_to(lesson.ROOT)}."
 )
 
 # %%
@@ -73,8 +73,8 @@ lesson.say(
 # Every table and figure below shows rank 0's trace. The measures on this machine (CPU, gloo):
 #
 # * **compute**: a *training thread* inside an `aten::` operator, with a core or not (forward, backward, the
-#   optimizer, the stages' copies into and out of buckets); every thread that runs no `gloo:*` range (nor the link
-#   run's link thread) is a training thread (the Python thread, and the autograd engine's where it has its own);
+#   optimizer, the stages' copies into and out of buckets); every thread that runs no `gloo:*` range is a training
+#   thread (the Python thread, and the autograd engine's where it has its own);
 # * **in flight**: one of gloo's threads inside a `gloo:*` range (the range is *open*): every collective, not
 #   only the gradients';
 # * **overlap**: the share (%) of the time in flight that is compute too;
@@ -110,9 +110,9 @@ lesson.say(
 #
 # What the table and the figure do not show (the trace shows when a range was open, not why):
 #
-# * whether a difference between two rows (a step's length too) would hold on a re-run: each row is one step,
-#   the stages profiled one after another on a shared machine;
-# * why two rows differ, or whether the other rank or a core held a range open.
+# * whether a difference between two rows comes from the stages: each row is one step, the stages profiled moments apart
+#   on a shared machine, so no band or step of one row is compared with another row's;
+# * whether the other rank or a core held a range open.
 
 # %%
 import pandas as pd
@@ -129,8 +129,8 @@ lesson.say(f"k = {lesson.SETTINGS.grad_accum} micro-batches a step.")
 display(shares)
 
 # %% [markdown]
-# The two claims hold by construction (the definitions' arithmetic, on unrounded values; `single` runs no
-# collective; both bucket stages plan with `minddp.stages.bucket_plan`); the lines after them are this run's.
+# The two claims hold by construction (the definitions' arithmetic; `single` runs no collective; both bucket stages
+# plan with `minddp.stages.bucket_plan`); the lines after them are this run's.
 
 # %%
 tied = (zero["non_compute_time_us"] - (1 - zero["comm_comp_overlap_pctg"] / 100) * zero["comm_time_per_step_us"]).abs()
@@ -147,7 +147,6 @@ lesson.claim(
 )
 blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
 lesson.say(lesson_05.overlap_order(zero["comm_comp_overlap_pctg"], blocking, asynchronous))
-lesson.say(lesson_05.outside_checks(shares, [("hook", "hook-async"), ("bucket", "bucket-async")]))
 parts = {st: lesson_05.in_flight_parts(RUN, st) for st in shares.index}
 lesson.say(lesson_05.not_drawn(parts))
 
@@ -169,8 +168,6 @@ lesson.say(lesson_05.not_drawn(parts))
 #   open; a short one is too thin to see;
 # * the finish (purple) as a thin strip along the bands' lower edge; a short one is too narrow to see;
 # * the optimizer step (green) and the end of the step.
-#
-# Nothing drawn marks when a training thread stopped for a message, or when `loss.backward()` returned.
 
 # %%
 rows = lesson_05.timeline_rows(result, RUN)  # the rows draw_steps draws, with each stage's parameter checks
@@ -178,18 +175,19 @@ fig = draw_steps(rows, title=f"One step of each stage, on one time axis: run {re
 lesson_05.show(fig, RUN / "one_step_each_stage.png")
 
 # %% [markdown]
-# The plot's messages: how many were handed over (ticks), and how many during a backward; then the step's last
-# backward band of `single` and of each stage that sends during one: its length and its time with no training
-# thread inside an operator (*no operator*).
+# The plot's messages: how many were handed over (ticks), and how many during a backward. Then, per stage that
+# sends during one, its step's last backward band and how much longer it is than the longest earlier one; those send
+# nothing (`no_sync()`), so the last one differs from them by its sync and by whatever makes them differ from each
+# other.
 
 # %%
 anatomy = lesson_05.anatomy(result, zero.index)
 display(anatomy)
 
 # %%
-bands = lesson_05.last_backward(result, RUN, anatomy.index[anatomy["during a backward"] > 0])
+bands = lesson_05.backward_excess(result, anatomy.index[anatomy["during a backward"] > 0])
 display(bands)
-lesson.say(lesson_05.band_line(bands, result, ["hook", "bucket"], blocking))
+lesson.say(lesson_05.excess_line(bands))
 
 # %% [markdown]
 # One stage's buckets (`bucket-async`): `order`, the bucket's place in the sending order; `MiB`, its gradients'
@@ -204,12 +202,12 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 # ## The link run
 #
 # The profiling cell also profiled the blog's six stages (`simple` to `bucket-async`) with their gradients'
-# all_reduces over `03_build_up`'s **emulated 1 Gbit/s link** (`minddp.comm.link`). Each rank has its own
-# link, which carries its messages one at a time, in order, each from just after its hand-over (or once the link is
-# free, if later); the real all_reduce runs beside the modeled transfer, and the link delivers a message once both
-# are done and every earlier one is delivered. The parameter check does not go through the link. The two runs
-# were taken at different moments; neither's times or order carry over to the other. Three measures of the link
-# run only:
+# all_reduces over `03_build_up`'s **emulated 1 Gbit/s link** (`minddp.comm.link`). Each rank has its own link (a
+# thread, not a training thread), which carries its messages one at a time, in order, each from just after its
+# hand-over (or once the link is free, if later); the real all_reduce runs beside the modeled transfer, and the link
+# delivers a message once both are done and every earlier one is delivered. The parameter check does not go through
+# the link. The two runs were taken at different moments: neither's times carry over to the other. Three measures
+# of the link run only:
 #
 # * **link time**: what rank 0's messages of a step take on the modeled link, from their sizes alone
 #   (`metrics.link_time`): 2(n−1)·α + 2(n−1)/n·m·β for a message of m bytes, added up, with n ranks and the

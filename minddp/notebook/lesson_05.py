@@ -162,72 +162,52 @@ def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[s
     )
 
 
-def last_backward(result, run: Path, stages) -> pd.DataFrame:
-    """Per stage (``single``, then ``stages``; rank 0's profiled step): its last backward band's length and the time
-    in it with no training thread inside an operator, in flight or not (*no operator*; ``metrics.breakdown`` over
-    the band), ms to 0.1."""
-    from minddp.analysis import metrics
+def backward_excess(result, stages) -> pd.DataFrame:
+    """Per stage (rank 0's profiled step): its last backward band's length, how much longer it is than the longest of
+    the step's earlier backward bands (which send nothing: ``no_sync()``), and how much those differ from each other
+    (longest − shortest; 0 with one), ms to 0.1. All from one step of one stage: no band is set beside another
+    stage's, which ran at another moment of the machine's load.
 
+    >>> ph = pd.DataFrame({"rank": 0, "stage": "h", "phase": "backward", "start_us": [400e3, 0.0, 200e3],
+    ...                    "end_us": [700e3, 100e3, 310e3]})
+    >>> print(backward_excess(type("R", (), {"phases": ph}), ["h"]).to_string())  # doctest: +NORMALIZE_WHITESPACE
+       last (ms)  over longest earlier (ms)  earlier differ by (ms)
+    h               300.0                          190.0                         10.0
+    """
     p = rank0(result.phases)
-    back = p[p["phase"] == "backward"]
     rows = {}
-    for st in ["single", *stages]:
-        band = back[back["stage"] == st].sort_values("start_us").iloc[-1]
-        iv, s0, _ = lesson.parameter_checks(run, st)
-        parts = metrics.breakdown([(s0 + band["start_us"], s0 + band["end_us"])], iv.compute, iv.comm)
+    for st in stages:
+        back = p[(p["stage"] == st) & (p["phase"] == "backward")].sort_values("start_us")
+        ms = ((back["end_us"] - back["start_us"]) / 1e3).to_numpy()
         rows[st] = {
-            "last backward (ms)": parts["total_time_us"] / 1e3,
-            "no operator (ms)": (parts["total_time_us"] - parts["compute_time_us"]) / 1e3,
+            "last (ms)": ms[-1],
+            "over longest earlier (ms)": ms[-1] - ms[:-1].max(),
+            "earlier differ by (ms)": ms[:-1].max() - ms[:-1].min(),
         }
     return pd.DataFrame(rows).T.round(1)
 
 
-def band_line(bands: pd.DataFrame, result, stages, blocking=()) -> str:
-    """A line to print (``bands``: :func:`last_backward`'s printed columns): for each of ``stages``, how much longer
-    its last backward band is than ``single``'s and the larger part of that excess, the time with no operator or
-    with one, and the other part where it fell (where the first is larger and the stage is one of ``blocking``, why
-    in words: its hooks get each message back inside the backward); and how far apart ``single``'s own backward
-    bands are (rank 0's step); one profiled step, not claimed.
+def excess_line(table: pd.DataFrame) -> str:
+    """A line to print (``table``: :func:`backward_excess`'s printed columns): in which stages the last backward band
+    is longer than the longest earlier one by more than the earlier ones differ from each other, and in which not;
+    one profiled step, not claimed.
 
-    >>> b = pd.DataFrame({"last backward (ms)": [130.0, 290.0, 250.0, 180.0], "no operator (ms)": [7.0, 160.0, 30.0,
-    ...                   107.0]}, index=["single", "h", "b", "x"])
-    >>> ph = pd.DataFrame({"rank": 0, "stage": "single", "phase": "backward", "start_us": [0.0, 200e3],
-    ...                    "end_us": [110e3, 330e3]})
-    >>> print(band_line(b, type("R", (), {"phases": ph}), ["h", "b", "x"], ["h"]))  # doctest: +NORMALIZE_WHITESPACE
-    Last backward band against single's: h's 160.0 ms longer, 153.0 ms more with no operator (h, a blocking stage,
-    gets each message back inside the backward); b's 120.0 ms longer, 97.0 ms more with an operator; x's 50.0 ms
-    longer, 100.0 ms more with no operator and 50.0 ms less with one. single's own 2 backward bands differ by up to
-    20 ms, less than each excess.
+    >>> t = pd.DataFrame({"over longest earlier (ms)": [190.0, 5.0, -3.0], "earlier differ by (ms)":
+    ...                   [10.0, 8.0, 2.0]}, index=["h", "b", "d"])
+    >>> print(excess_line(t))  # doctest: +NORMALIZE_WHITESPACE
+    The last backward outlasts the longest earlier one by more than the earlier ones differ from each other in h;
+    not in b and d.
     """
-    col, off = "last backward (ms)", "no operator (ms)"
-    parts, excesses, waiting = [], [], []
-    for st in stages:
-        excess = round(bands.loc[st, col] - bands.loc["single", col], 1)
-        more = round(bands.loc[st, off] - bands.loc["single", off], 1)
-        ops = round(excess - more, 1)
-        excesses.append(excess)
-        if excess <= 0:
-            parts.append(f"{st}'s no longer")
-        elif more >= ops:
-            rest = f" and {-ops:.1f} ms less with one" if ops < 0 else ""  # the operators' time fell
-            parts.append(f"{st}'s {excess:.1f} ms longer, {more:.1f} ms more with no operator{rest}")
-            waiting += [(len(parts) - 1, st)] if st in blocking else []
-        else:
-            rest = f" and {-more:.1f} ms less with none" if more < 0 else ""
-            parts.append(f"{st}'s {excess:.1f} ms longer, {ops:.1f} ms more with an operator{rest}")
-    if waiting:  # why, once, after the last stage it explains
-        names = " and ".join(st for _, st in waiting)
-        who = f"{names}, a blocking stage, gets" if len(waiting) == 1 else f"{names}, blocking stages, get"
-        parts[waiting[-1][0]] += f" ({who} each message back inside the backward)"
-    p = rank0(result.phases)
-    alone = p[(p["stage"] == "single") & (p["phase"] == "backward")]
-    ms = (alone["end_us"] - alone["start_us"]) / 1e3
-    longer = [(e, st) for e, st in zip(excesses, stages) if e > 0]  # the excesses the spread is set against
-    spread, (least, who) = ms.max() - ms.min(), min(longer, default=(0.0, ""))
-    each = "each excess" if len(longer) > 1 else f"{who}'s excess"
+    more = table["over longest earlier (ms)"] > table["earlier differ by (ms)"]
+
+    def names(sts):
+        return ", ".join(sts[:-1]) + f" and {sts[-1]}" if len(sts) > 1 else sts[0]
+
+    yes, no = list(table.index[more]), list(table.index[~more])
+    said = f"in {names(yes)}" if yes else "in no stage"
     return (
-        f"Last backward band against single's: {'; '.join(parts)}. single's own {len(ms)} backward bands differ by up "
-        f"to {spread:.0f} ms" + (f", {'less' if round(spread) < least else 'no less'} than {each}." if longer else ".")
+        "The last backward outlasts the longest earlier one by more than the earlier ones differ from each other "
+        f"{said}" + (f"; not in {names(no)}." if yes and no else ".")
     )
 
 
@@ -289,26 +269,31 @@ def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
     """A line to print: for each (one message a parameter, buckets) pair of stages, from ``table``'s printed columns,
     how much longer or shorter rank 0 waited, and exposed before and after; where waited fell and its part with the
     link idle (waited − exposed) fell by more than half as much, that said in words ("all" where it fell by as much
-    as waited or more); one profiled step each, not claimed.
+    as waited or more); where waited rose by more than the link time fell, that said; one profiled step each, not
+    claimed.
 
     >>> t = pd.DataFrame({"link time (ms)": [3.0, 2.0, 3.0, 2.0], "waited (ms)": [9.0, 5.0, 4.0, 6.0],
     ...                   "exposed (ms)": [4.0, 4.0, 0.0, 5.9]}, index=["h", "b", "ha", "ba"])
     >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
     >>> print(bucket_pairs(t, [("h", "b"), ("ha", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
     h → b: rank 0 waited 4.0 ms less (exposed 4.0 → 4.0 ms); waited − exposed fell 4.0 ms: all of the waiting that
-    went was with the link idle; ha → ba: rank 0 waited 2.0 ms more (exposed 0.0 → 5.9 ms).
+    went was with the link idle; ha → ba: rank 0 waited 2.0 ms more (exposed 0.0 → 5.9 ms), more than the 1.0 ms of
+    link time the buckets saved.
     """
     w, r, x = "waited (ms)", "waited − exposed (ms)", "exposed (ms)"
     parts = []
     for a, b in pairs:
         (wa, ra, xa), (wb, rb, xb) = (table.loc[st, [w, r, x]] for st in (a, b))
         fell, fell_idle = round(wa - wb, 1), round(ra - rb, 1)
+        saved = round(table.loc[a, "link time (ms)"] - table.loc[b, "link time (ms)"], 1)
         how = "as long" if fell == 0 else f"{abs(fell):.1f} ms {'less' if fell > 0 else 'more'}"
         line = f"{a} → {b}: rank 0 waited {how} (exposed {xa:.1f} → {xb:.1f} ms)"
         if fell > 0 and fell_idle > fell / 2:
             share = "all" if fell_idle >= fell else "most"
             line += f"; waited − exposed fell {fell_idle:.1f} ms: {share} of the waiting "
             line += "that went was with the link idle"
+        if 0 < saved < -fell:
+            line += f", more than the {saved:.1f} ms of link time the buckets saved"
         parts.append(line)
     return f"{'; '.join(parts)}."
 
@@ -333,28 +318,6 @@ def overlap_order(ov: pd.Series, blocking: list[str], asynchronous: list[str]) -
             "each asynchronous stage gave compute more of its time in flight than each blocking one."
         )
     return f"{line}: each asynchronous stage's is above each blocking stage's."
-
-
-def outside_checks(shares: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
-    """A line to print: for each (blocking, asynchronous) pair, the two stages' non-compute outside the parameter
-    checks (``shares``' printed columns, one minus the other), and in words whether the asynchronous stage's is the
-    less in every pair; one profiled step, not claimed.
-
-    >>> t = pd.DataFrame({"non-compute (ms)": [24.5, 42.0], "of it, in the checks (ms)": [4.8, 25.4]},
-    ...                  index=["b", "ba"])
-    >>> print(outside_checks(t, [("b", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
-    Non-compute outside the parameter checks: b 19.7 → ba 16.6 ms: less in each asynchronous stage than in the
-    blocking one beside it.
-    """
-    out = (shares["non-compute (ms)"] - shares["of it, in the checks (ms)"]).round(1)
-    each = ", ".join(f"{x} {out[x]:.1f} → {y} {out[y]:.1f} ms" for x, y in pairs)
-    less = [out[y] < out[x] for x, y in pairs]
-    word = (
-        "less in each asynchronous stage than in the blocking one beside it"
-        if all(less)
-        else f"less in the asynchronous stage in {sum(less)} of {len(pairs)} pairs"
-    )
-    return f"Non-compute outside the parameter checks: {each}: {word}."
 
 
 def link_after_backward(linked, link, run: Path, stages) -> str:
@@ -388,14 +351,14 @@ def link_after_backward(linked, link, run: Path, stages) -> str:
         return " and ".join(f"{values(st):.1f}" for st in names)
 
     line = (
-        "After the last backward ended (before rank 0's first wait(), in the finish), its link carried transfers for "
+        "From the last backward's end to the step's end (exposed is part of it), rank 0's link carried transfers for "
     )
     line += " and ".join(f"{after[st]:.1f} ms in {st}" for st in stages)
     if shown:
         where = "" if shown == list(stages) else f" in {' and '.join(shown)}"
         line += (
-            f"; it could not carry less than {each(lambda st: bound[st][0], shown)} ms{where}: the messages handed "
-            f"over from {each(lambda st: bound[st][2], shown)} ms before that end on take "
+            f", no less than {each(lambda st: bound[st][0], shown)} ms{where}: the messages handed over from "
+            f"{each(lambda st: bound[st][2], shown)} ms before the backward's end on take "
             f"{each(lambda st: bound[st][1], shown)} ms of link time"
         )
     return line + "."
