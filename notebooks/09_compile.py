@@ -123,8 +123,8 @@ lesson.say(
 # What to look for: with the cut, as in eager, a gradient node ends after each tick but the last (why, with the cut:
 # next section); without it, none does (every tick comes after the last blue).
 #
-# Count pieces and buckets in the row labels: nodes run back to back may draw as one stretch or split by a white line,
-# and a node narrower than a pixel as a sliver or nothing.
+# Read the order only: a width is this one profiled step's time, which no cell compares; nodes run back to back may
+# draw as one stretch or split by a white line, so count pieces and buckets in the row labels.
 
 # %%
 # %%distributed
@@ -155,17 +155,6 @@ apart = max((v["params"] - eager["params"]).abs().max().item() for v in looks.va
 bound = lesson_09.rounding_bound(eager["moved"], eager["params"].abs().max().item(), k=2 * DEPTH * WIDTH + 32)
 near = "to the bit" if apart == 0 else f"to {apart:.1e}, within the {bound:.1e} that summing in another order allows"
 lesson.claim(apart <= bound, f"The three trainings end with the same parameters, {near}.")
-stretch = {label: v["first_stretch"] for label, v in looks.items() if v["first_stretch"]}  # rows with blue after tick 1
-said = {"c10d::allreduce_": "the all_reduce call"}  # the hook's call, at the tick
-parts = []
-for label, (share, ops) in stretch.items():
-    top = sorted(ops, key=ops.get, reverse=True)[:2]  # the most own time (time in no op nested in them)
-    shares = ", ".join(f"{said.get(name, name)} {ops[name] / sum(ops.values()):.0%}" for name in top)
-    parts.append(f"{label} {f'{share:.0f}%' if share >= 0.5 else 'under 1%'}: {shares}")
-lesson.say(
-    "The pale stretch from the last blue before the first tick to the next blue, in % of the pass, and the two ops "
-    "the training thread spent most of it in (own time, without ops nested in them): " + "; ".join(parts)
-)
 
 
 # %% [markdown]
@@ -267,9 +256,9 @@ print(check_handover(solutions.handed_over_after))
 # graph Dynamo has begun where it stops the graph, runs Python, and starts a new one. minddp's `ddp` marks its whole
 # `forward` for Dynamo to skip (`torch.compiler.disable(forward, recursive=False)`): Dynamo runs it as Python, so
 # begins no graph and counts no break there, and compiles the module it calls apart. torch's DDP marks only
-# `_inside_ddp_forward`, which sets `_active_ddp_module` around its module's call, and Dynamo traces the rest of its
-# `forward`. Below is Dynamo's counter of graph breaks, by the reason it logged: a count, not a list of places. Dynamo's
-# cut into pieces is no graph break (the next section shows pieces with none).
+# `_inside_ddp_forward`, which sets `_active_ddp_module` around its module's call. Below, the calls at which Dynamo
+# broke the graph, with the reason it logged. Dynamo's cut into pieces is no graph break (the next section shows
+# pieces with none).
 
 
 # %%
@@ -297,8 +286,8 @@ reasons = {
 }
 counts = {label: sum(by_reason.values()) for label, by_reason in reasons.items()}
 lesson.say(
-    f"Graph breaks in one training step of MLP(depth=2): {ALONE} {counts[ALONE]}, {OURS} {counts[OURS]}, {THEIRS} "
-    f"{counts[THEIRS]}; by reason: " + lesson_09.untraced_calls(reasons[THEIRS])
+    "Where Dynamo broke the graph in one training step of MLP(depth=2): "
+    + "; ".join(f"{label} {'at ' * bool(why)}{lesson_09.untraced_calls(why)}" for label, why in reasons.items())
 )
 lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
 lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {ALONE} does not.")
@@ -368,8 +357,8 @@ lesson.claim(
 #   node ended after the hand-over of each bucket but the last, the order those buckets' `all_reduce`s need to run
 #   while gradients are still computed; without it, none did.
 #
-# * `torch.compile(wrapper)`: torch's DDP adds graph breaks (Dynamo's count; its reasons name a call it marks for
-#   Dynamo to skip and one Dynamo cannot trace); `ddp`, which has Dynamo skip its whole `forward`, adds none.
+# * `torch.compile(wrapper)`: torch's DDP adds graph breaks (at a call it marks for Dynamo to skip and one
+#   Dynamo cannot trace); `ddp`, which has Dynamo skip its whole `forward`, adds none.
 #
 # * At a bucket cap of 0.5 MiB, with the cut on (the default), torch's DDP of the version above does not compile:
 #   Dynamo's cap for its first piece is above the bucket cap. minddp's `ddp`, which sets that cap to the bucket cap it

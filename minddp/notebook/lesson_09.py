@@ -92,10 +92,13 @@ def rounding_bound(moved: list[float], largest: float, k: int) -> float:
 def untraced_calls(reasons: dict) -> str:
     """The calls at which Dynamo broke a graph, in a line: ``reasons`` is Dynamo's counter of graph-break reasons
     (its ``counters["graph_break"]``: reason -> breaks); each reason as the call it names (``Class.method``), then
-    Dynamo's reason in brief (the reason's first line), then its count.
+    Dynamo's reason in brief (the reason's first line); no counts (Dynamo counts one call once in each frame it traced
+    that reached it); ``"none"`` when Dynamo broke no graph.
 
     >>> untraced_calls({"Unsupported method call\\n  Explanation: ... method `log` of class `Logger`": 1, "Other": 2})
-    'Logger.log (Unsupported method call) 1, Other 2'
+    'Logger.log (Unsupported method call), Other'
+    >>> untraced_calls({})
+    'none'
     """
 
     def call(reason: str) -> str:
@@ -105,7 +108,7 @@ def untraced_calls(reasons: dict) -> str:
             return brief
         return f"{f'{named[2]}.{named[1]}' if named[2] else named[1]} ({brief})"
 
-    return ", ".join(f"{call(reason)} {count}" for reason, count in reasons.items())
+    return ", ".join(call(reason) for reason in reasons) or "none"
 
 
 def compile_at(build, model, batch, loss_fn, reference) -> tuple[str, float | None]:

@@ -33,7 +33,6 @@ Example (one rank here; notebook 09 runs it on every rank): two layers of 0.25 M
 from __future__ import annotations
 
 import os
-import re
 import traceback
 
 import torch
@@ -57,10 +56,7 @@ def node_view(prof, drawn: set[str] | None = None) -> dict:
       running then, or began after);
     * ``inside_accumulate``: for each handover, whether it fell inside an ``AccumulateGrad`` node's range;
     * ``pieces_run``: how many compiled pieces' gradient nodes ran; ``pieces_ended_at_handover`` and
-      ``pieces_begun_at_handover``: for each handover, how many of them had ended, and begun, by then;
-    * ``first_stretch``: when a drawn bar starts after the first handover, the stretch from the last drawn bar's end
-      before it to that start, as its % of the row and the training thread's time in it by op (:func:`innermost`,
-      range names without their ``#n`` and sizes); else ``None``.
+      ``pieces_begun_at_handover``: for each handover, how many of them had ended, and begun, by then.
     """
     events = compat.profiler_events(prof)
     view = live.step_view(prof)
@@ -84,33 +80,8 @@ def node_view(prof, drawn: set[str] | None = None) -> dict:
     end = (max(e.time_range.end for e in ran) - t0) / 1e3  # the backward pass's last node ends
     sent = [(t - t0) / 1e3 for t in handovers]
     bars = [e for e in nodes if drawn is None or e.name.split(": ", 1)[1] in drawn]
-    first = handovers[0] if handovers else float("inf")
-    before = [e.time_range.end for e in bars if e.time_range.end <= first]
-    after = [e.time_range.start for e in bars if e.time_range.start >= first]
-    view["first_stretch"] = None
-    if before and after:  # the pale stretch around the first tick: what the backward's thread ran in it
-        a, b = max(before), min(after)
-        spans = [(re.sub(r"#\d+.*", "", e.name), e.time_range.start, e.time_range.end) for e in events]
-        thread = [span for span, e in zip(spans, events) if e.thread == ran[0].thread]
-        view["first_stretch"] = (100 * (b - a) / (end * 1e3), innermost(thread, a, b))
     view["row"].update(forward=[], backward=ms(bars), optimizer=[], finish=[], messages=[], sent=sent, end=end)
     return view
-
-
-def innermost(spans: list[tuple[str, float, float]], start: float, end: float) -> dict[str, float]:
-    """The time from ``start`` to ``end`` by name of the innermost of ``spans`` (name, start, end) covering it,
-    nested as one thread's ranges are (each op's own time, not its nested ops'); time none covers is ``"no op"``.
-
-    >>> innermost([("a", 0, 10), ("b", 2, 5)], 1, 12)
-    {'a': 6, 'b': 3, 'no op': 2}
-    """
-    cuts = sorted({start, end, *(t for _, s, e in spans for t in (s, e) if start < t < end)})
-    out: dict[str, float] = {}
-    for lo, hi in zip(cuts, cuts[1:]):
-        covering = [(s, -e, name) for name, s, e in spans if s <= lo and e >= hi]
-        name = max(covering)[2] if covering else "no op"  # the latest to start, the shortest of those: innermost
-        out[name] = out.get(name, 0) + hi - lo
-    return out
 
 
 def node_names(output) -> set[str]:
