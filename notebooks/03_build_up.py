@@ -559,16 +559,23 @@ lesson.say(
 # The same workload through `torch.nn.parallel.DistributedDataParallel`, with the same bucket size.
 # Its reducer is C++; on the emulated link it hands each bucket to minddp's allreduce comm hook
 # (`minddp.ladder.wrap` registers it), which sends it over the link, so it is counted the same way. Its
-# waits are not drawn (the cell says why), so nothing here says what fills the blank between its
-# backward and its optimizer.
+# waits are not drawn (the cell says why).
 
 # %%
 # %%distributed
+from minddp.costmodel.buckets import on_the_link
+
 meet("torch", before="ddp")
 v = looks["torch"]
 lesson.claim(
     v["calls"] == v["calls_in_backward"] == looks["ddp"]["calls"],
     "torch's DDP sends as many buckets as ddp, every one from inside the backward.",
+)
+after = on_the_link(v["row"])["end_ms"]  # the measure of the bucket lesson below
+optimizer = v["row"]["optimizer"][-1][0] - v["row"]["backward"][-1][1]  # its start, after the backward's end
+lesson.say(
+    f"torch left {after:.1f} ms of link after backward (its last transfer's end, after its backward's); its optimizer "
+    f"step began {optimizer:.1f} ms after its backward ended."
 )
 
 
@@ -598,9 +605,8 @@ lesson_03.look_table(looks, checks)
 
 # %% [markdown]
 # The calls and the link time are counted and modeled: the same on every run. Every other column is
-# one step. Exposed and waited can disagree: exposed leaves out the link's time before a wait began,
-# waited adds the waiting after the link had delivered. As the check holds a rank until
-# the other joins it, the two ranks' columns need not agree.
+# one step. Exposed and waited can disagree: exposed leaves out transfer time before a wait began,
+# waited adds the waiting after the link had delivered.
 
 # %% [markdown]
 # ## The bucket lesson: what buckets trade
@@ -613,16 +619,14 @@ lesson_03.look_table(looks, checks)
 #    buckets pay both once per bucket instead of once per gradient tensor, and copy each gradient
 #    into its bucket;
 # 2. **the late start**: nothing goes to the link before some bucket's last gradient is ready, while a
-#    per-gradient stage's first message needs only one gradient. The first message is the
-#    bucket that fills first, not always the plan's first;
+#    per-gradient stage's first message needs only one gradient;
 # 3. **the tail**: the last message's transfer on the link. The last bucket is full only late in
 #    backward, so its transfer can run past backward's end; a per-gradient stage's last message is one
 #    tensor.
 #
-# The link carries one message at a time, so it is done at the latest of, over the messages i,
+# The link carries one message at a time, so its last transfer ends at the latest of, over the messages i,
 # "message i handed over, then i and every message after it back to back"
-# (`minddp.costmodel.buckets.queue_end`): message 1 gives the *start-limited* end, the last message
-# the *tail-limited* one. The link's time still to run when backward ends is *link after backward* (in a
+# (`minddp.costmodel.buckets.queue_end`). The transfers' time still to run when backward ends is *link after backward* (in a
 # step run: the modeled transfers, from each message's measured hand-over, against the measured backward's end);
 # for a stage that waits only in finish, as these two, it is the most its step can expose. When each gradient is ready comes from the *bare network* (no wrapper, no hooks, no
 # messages, no profiler), timed here.
@@ -639,8 +643,8 @@ saved = (per_grad["messages"] - bucketed["messages"]) * per_message_ms
 lesson.claim(
     abs(per_grad["link_ms"] - bucketed["link_ms"] - saved) < 1e-6 * per_grad["link_ms"],
     f"Per message: bucket-async sent {bucketed['messages']} messages instead of {per_grad['messages']}, which saved "
-    f"{per_grad['messages'] - bucketed['messages']} × {per_message_ms:.2f} ms = {saved:.1f} ms of the link's "
-    f"{per_grad['link_ms']:.0f} ms.",
+    f"{per_grad['messages'] - bucketed['messages']} × {per_message_ms:.2f} ms = {saved:.1f} ms of hook-async's "
+    f"{per_grad['link_ms']:.0f} ms of link time.",
 )
 lesson.claim(  # modeled: the last message's bytes over the link, the same on every machine
     bucketed["tail_ms"] > per_grad["tail_ms"],
@@ -667,10 +671,8 @@ table
 # profiled step, no warm-up, at other caps on the same link (the workload's cap is the step above;
 # `None` is torch's default caps, 1 MiB for the first bucket and 25 MiB after, drawn right of the grid). The
 # step-time model (`docs/scaling.md`) replays each cap's plan on the link, with the bare network's
-# timings scaled to the median of the five steps' backwards (less the check). The figure sets the
-# model's *link after backward* against each step's own; its grey lines: hook-async's, model and step. The
-# lower panel shows the three costs of each cap on the grid by the model (None's: the table); "first
-# message ready" is into the model's backward.
+# timings scaled to the median of the five steps' backwards (less the check). The lower panel shows
+# the three costs of each cap on the grid by the model (None's: the table).
 
 # %%
 # %%distributed
@@ -713,9 +715,7 @@ lesson_03.sweep_table(swept, model, default)
 # machine (rank 0's), has both ratios of a setting: for the blog's T4s the cap sweep's median; for
 # 1024 ranks, whose network the sweep did not run, single's. Each rung then runs one step, no
 # warm-up, with a backward of its own (set against that one below). Both settings take
-# the blog's workload as the step-time model rebuilds it
-# (`python -m minddp.model project --setting blog`, `docs/scaling.md` §5: SmolLM2-360M, bf16
-# gradients, an assumed 3 TFLOP/s on each T4):
+# the blog's workload (SmolLM2-360M) as the step-time model rebuilds it (`docs/scaling.md` §5):
 #
 # * **the ratios of 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`); the rungs from `simple` to
 #   `bucket-async`, on this notebook's workload;
@@ -799,19 +799,47 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
 far = {s: blog_runs["1024 ranks", s] for s in RUN["1024 ranks"]}
 lesson_03.say_sized_measures(t4, far, {s: 1e3 * b for s, b in sized_from.items()})
-lesson.claim(  # the link's modeled times: ga sends simple's messages once per step instead of once per micro-batch
-    abs(t4["simple"]["link_ms"] - k * t4["ga"]["link_ms"]) < 1e-6 * t4["simple"]["link_ms"],
-    f"ga's messages need 1/{k} of simple's time on the link.",
+lesson_03.say_bucket_lesson(swept, looks["hook-async"], here, t4, far)
+# the step-time model, one backward for both stages (the bare network, scaled as above): on this notebook's link at
+# the workload's cap, and on the link with the ratios of 4 × T4 at that link's cap
+m = {c.cap_mb: c for c in model}[here]
+m4, h4 = (
+    plan_costs(cp, s, c, blog_links["4 × T4"], world_size)
+    for s, c in [("bucket-async", caps["4 × T4"]), ("hook-async", None)]
 )
-lesson.claim(  # the link's modeled clock: 291 fixed costs against 26
-    far["hook-async"]["link_ms"] > far["bucket-async"]["link_ms"],
-    f"On the link with the ratios of 1024 ranks, hook-async's messages take more link time than bucket-async's: "
-    f"{far['hook-async']['link_ms']:.0f} ms against {far['bucket-async']['link_ms']:.0f} ms.",
+ms = "{:.1f} ms".format
+lesson.claim(
+    m.after_backward > per_gradient.after_backward
+    and m.first_at > per_gradient.first_at
+    and m.tail > per_gradient.tail,
+    f"In the step-time model, on this notebook's link, the {here:g} MiB buckets leave {ms(1e3 * m.after_backward)} of "
+    f"link after backward, one message per gradient {ms(1e3 * per_gradient.after_backward)}: the buckets' late start "
+    f"(first message ready {ms(1e3 * m.first_at)} into the backward, against {ms(1e3 * per_gradient.first_at)}) and "
+    f"tail ({ms(1e3 * m.tail)} against {ms(1e3 * per_gradient.tail)}) cost more than the {ms(saved)} of fixed costs saved.",
 )
-# the step-time model on the link with the ratios of 4 × T4: the bare network, scaled as above, at that link's cap
-t4_link = blog_links["4 × T4"]
-on_t4 = [plan_costs(cp, s, c, t4_link, world_size) for s, c in (("bucket-async", caps["4 × T4"]), ("hook-async", None))]
-lesson_03.say_bucket_lesson(model, per_gradient, default, swept, looks["hook-async"], here, saved, on_t4, t4, far, cp)
+lesson.claim(
+    m4.after_backward > h4.after_backward,
+    f"In the step-time model with the ratios of 4 × T4 too, at that link's cap: buckets {ms(1e3 * m4.after_backward)}, "
+    f"one message per gradient {ms(1e3 * h4.after_backward)}.",
+)
+hf, bf, sized = far["hook-async"], far["bucket-async"], 1e3 * sized_from["1024 ranks"]
+lesson.claim(  # the link's modeled clock (291 fixed costs against 26), then the steps (lesson_03.steps_rank)
+    hf["link_ms"] > sized
+    and hf["link_ms"] > bf["link_ms"]
+    and lesson_03.steps_rank(hf["end_ms"], bf["end_ms"], hf["backward_ms"], bf["backward_ms"]) == "bucket-async",
+    f"With the ratios of 1024 ranks, one message per gradient needs {hf['link_ms']:.0f} ms of link time, more than the "
+    f"{sized:.0f} ms backward that link was sized from, buckets {bf['link_ms']:.0f} ms; and in the steps buckets left "
+    "less link after backward.",
+)
 
 # %%
 # %dist_shutdown
+
+# %% [markdown]
+# ## Takeaway
+#
+# Buckets shorten the link time by the fixed costs of the messages they no longer send, but their
+# first message leaves later and their last takes longer. In the step-time model, on this
+# notebook's link and with **the ratios of 4 × T4**, that leaves more link after backward than one
+# message per gradient. With the ratios of 1024 ranks, where one message per gradient needs more
+# link time than the backward that link was sized from, buckets leave less (the steps).

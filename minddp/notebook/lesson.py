@@ -472,28 +472,27 @@ def _before_after(ms: float) -> str:
 
 
 def link_end_in_words(stage: str, w: dict, look: dict) -> str:
-    """Which of the bucket lesson's three costs set the end of a stage's link in one step, and what its thread then
-    waited through, in words: ``w`` is :func:`minddp.costmodel.buckets.on_the_link` of the step's row, ``look`` the
-    step's look (for the thread's waits)."""
-    said = f"{stage}'s link was done {_before_after(w['end_ms'])} its backward ended"
-    if w["limit"] == "start":
-        said += ", an end set by its first message (start-limited)"
-    elif w["limit"] == "tail":
-        said += ", an end set by its last message (the tail)"
+    """What set a stage's *link after backward* in one step, and what its thread then waited through, in words:
+    ``w`` is :func:`minddp.costmodel.buckets.on_the_link` of the step's row, ``look`` the step's look (its waits)."""
+    if round(w["end_ms"], 1) > 0:
+        said = f"{stage} left {w['end_ms']:.1f} ms of link after backward"
     else:
-        said += (
-            f", an end set by its {w['limit']} of {w['messages']} and the messages behind it (its start-limited end "
-            f"would have been {_before_after(w['start_end_ms'])}, its tail-limited end "
-            f"{_before_after(w['tail_end_ms'])})"
-        )
+        ended = _before_after(w["end_ms"])
+        said = f"{stage} left no link after backward (its last transfer ended {ended} its backward did)"
+    if w["limit"] == "start":
+        said += ", set by its first message's hand-over"
+    elif w["limit"] == "tail":
+        said += ", set by its last message's hand-over"
+    else:
+        said += f", set by the hand-over of its {w['limit']} of {w['messages']}"
     lag = wait_after_backward(look["row"])
     if lag is None:
         return said + f"; its thread waited {look['waited_ms']:.0f} ms in all for its messages"
     left = w["end_ms"] - lag  # the link's time still to run when the thread reached its first wait
     said += f"; its thread reached its first wait {lag:.1f} ms after backward ended"
     if left <= 0:
-        return said + f", after the link was done, and stood through {w['exposed_ms']:.0f} ms of its time (exposed)"
-    said += f", when the link had {left:.1f} ms still to run,"  # counted from that wait, not from backward's end
+        return said + f", after the last transfer ended, and stood through {w['exposed_ms']:.0f} ms (exposed)"
+    said += f", {left:.1f} ms before the last transfer ended,"  # counted from that wait, not from backward's end
     if left - w["exposed_ms"] < 0.5:  # to the printed whole ms
         return said + f" and stood through all of them ({w['exposed_ms']:.0f} ms exposed)"
     return said + (  # the finish loop waits for one message, writes it back, then waits for the next

@@ -40,15 +40,15 @@ def say_check(stage: str, on_ranks: list[float], spans: list) -> None:
     if len(spans) > 1:
         ranks += f", over {len(spans)} checks"
     gap = round(on_ranks[long]) - round(on_ranks[short])  # of the whole ms printed, so that the sum adds up
-    said = f"{stage}'s check held {ranks}. Its all_gather returns only once both ranks have joined it, "
+    first = stage == CHECKED[0]  # why the ranks differ is said once, at the first stage checked
+    why = "Its all_gather returns only once both ranks have joined it, so " if first else ""
     if gap == 0:
-        said += "and here the ranks' times differ by less than 1 ms."
+        told = "here the ranks' times differ by less than 1 ms."
+    elif len(spans) == 1:
+        told = f"rank {long}, there first, stood {gap:.0f} ms longer, waiting for rank {short}."
     else:
-        said += (
-            f"so rank {long}, there first, stood {gap:.0f} ms longer, waiting for rank {short}."
-            if len(spans) == 1
-            else f"so rank {long} stood {gap:.0f} ms longer at them in all, waiting for rank {short}."
-        )
+        told = f"rank {long} stood {gap:.0f} ms longer at them in all, waiting for rank {short}."
+    said = f"{stage}'s check held {ranks}. " + (why + told if first else told[0].upper() + told[1:])
     say(said)
 
 
@@ -57,7 +57,9 @@ def look_table(looks: dict, checks: dict[str, list[float]]):
     table = lesson.look_table(looks).drop(columns="step, ms")  # one step's compute varies: no sentence uses it
     # the backward every later line quotes (backward_less_check), so that no reader subtracts two rounded columns
     table["last backward, ms"] = [round(backward_less_check(v)) for v in looks.values()]
-    table = table.rename(columns={"last backward, ms": "last backward less the check, ms"})
+    table = table.rename(
+        columns={"last backward, ms": "last backward less the check, ms", "link time, ms (modeled)": "link time, ms"}
+    )
     for r in range(len(next(iter(checks.values()), [0]))):
         table[f"at the check, ms, rank {r}"] = [round(checks[s][r]) if s in checks else "–" for s in looks]
     return table
@@ -83,17 +85,8 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
     )
     table = (
         pd.DataFrame(why)
-        .T[["messages", "link_ms", "start_end_ms", "tail_end_ms", "end_ms", "limit", "exposed_ms"]]
-        .rename(
-            columns={
-                "link_ms": "link time, ms",
-                "start_end_ms": "start-limited end, ms after backward (< 0: before)",
-                "tail_end_ms": "tail-limited end, ms after backward (< 0: before)",
-                "end_ms": "link after backward, ms",
-                "limit": "set by",
-                "exposed_ms": "exposed, ms",
-            }
-        )
+        .T[["messages", "link_ms", "end_ms", "exposed_ms"]]
+        .rename(columns={"link_ms": "link time, ms", "end_ms": "link after backward, ms", "exposed_ms": "exposed, ms"})
     )
     say(
         "In one profiled step each: "
@@ -137,7 +130,9 @@ def say_sweep(swept: dict, model: list, default, per_gradient, this_run_s: float
         + (f": the {median_of[0]} step's own" if median_of else "")
         + "), which copying the gradients into buckets"
         + (f" and {1e3 * cp.per_message:.2f} ms per hand-over" if cp.per_message else "")
-        + f" lengthens; it leaves {1e3 * model[0].after_backward:.1f} ms of link after backward at "
+        + " lengthens"
+        + ("" if cp.per_message else " (it times no hand-over)")
+        + f"; it leaves {1e3 * model[0].after_backward:.1f} ms of link after backward at "
         f"{model[0].cap_mb:g} MiB"
         + (
             ", the grid's smallest cap and its least (no smaller cap was tried)"
@@ -187,6 +182,7 @@ def sweep_figure(swept: dict, model: list, default, per_gradient, link_name: str
         title=f"bucket-async on {link_name}, {world} ranks: link after backward against the cap "
         "(exposed and waited: the table)",
     )
+    fig.axes[0].set_ylabel("link after backward, ms")  # one step's, or the model's one backward's: not a rate
     ticks = [c.cap_mb for c in model]  # None's two points: one tick between them, named None, not a cap
     for ax in fig.axes:
         ax.xaxis.set_minor_locator(NullLocator())
@@ -211,6 +207,7 @@ def sweep_table(swept: dict, model: list, default):
         }
 
     table = pd.DataFrame({cap_name(c.cap_mb): c.row() | measured(c.cap_mb) for c in [*model, default]}).T
+    table = table.rename(columns={"link, ms": "link time, ms"})  # the vocabulary's name, as every other table
     table = table.infer_objects().round(1).astype({"buckets": int})
     whole = ["exposed, ms (one step)", "waited, ms (one step)"]  # whole ms, as every other table and line prints them
     table[whole] = table[whole].astype("Int64")
@@ -296,24 +293,13 @@ def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
         )
 
 
-WORDS = {"hook-async": "one message per gradient", "bucket-async": "buckets"}
-
-
 def _less(h_ms: float, b_ms: float) -> str | None:
     """The side whose link after backward (ms, as printed: one decimal) is shorter; None for a tie."""
     h, b = round(h_ms, 1), round(b_ms, 1)
     return "hook-async" if h < b else "bucket-async" if b < h else None
 
 
-def _ran_on(ms: float, back_ms: float) -> str:
-    """A link's end against its step's backward (less the check, ``back_ms``), in words, at the printed 0.1 ms."""
-    back = f"its {back_ms:.0f} ms backward"
-    if round(ms, 1) > 0:
-        return f"ran on {ms:.1f} ms past the end of {back}"
-    return f"was done {-ms:.1f} ms before the end of {back}" if round(ms, 1) < 0 else f"was done as {back} ended"
-
-
-def _steps(h_ms: float, b_ms: float, h_back: float, b_back: float) -> str | None:
+def steps_rank(h_ms: float, b_ms: float, h_back: float, b_back: float) -> str | None:
     """The side whose step left less link after backward (ms), or None where the steps do not rank them: a step's
     link after backward also depends on its own backward (less the check, ms), as a longer one leaves more of its
     link time before its end, so the steps rank the two where the later end had the longer backward, or else where
@@ -326,154 +312,48 @@ def _steps(h_ms: float, b_ms: float, h_back: float, b_back: float) -> str | None
     return less
 
 
-def _gap(h_ms: float, b_ms: float) -> float:
-    """Two links after backward (ms) apart, of the one-decimal values printed (a model's two, or a model's miss)."""
-    return round(abs(round(h_ms, 1) - round(b_ms, 1)), 1)
+def _after(ms: float) -> str:
+    """One step's link after backward (ms) as printed; "none" where its transfers ended by its backward's end."""
+    return f"{ms:.1f} ms" if round(ms, 1) > 0 else "none"
 
 
-def _model(h_ms: float, b_ms: float, miss: float) -> str | None:
-    """The side whose modeled link after backward (ms) is shorter, or None where the two differ by no more than the
-    model's furthest miss (ms) against the measured steps on that link."""
-    return None if _gap(h_ms, b_ms) <= miss else _less(h_ms, b_ms)
-
-
-def _margin(h_ms: float, b_ms: float, miss: float, missed: str) -> str:
-    """What a model's verdict rests on, in words: its two ends' gap beside its furthest miss (``missed``'s)."""
-    gap = _gap(h_ms, b_ms)
-    return f", by {gap:.1f} ms, {gap - miss:.1f} ms more than its furthest miss there, {missed}'s {miss:.1f} ms"
-
-
-def _verdict(where: str, step: str | None, model: str | None | bool = False, how: str = "") -> str:
-    """Which left less link after backward ``where``, in words, by the steps (:func:`_steps`) and by the model
-    (:func:`_model`; ``False``: no model there; ``how``: :func:`_margin`, said where the model ranks them)."""
-    no_step, no_model = "the steps do not rank them", "the model does not rank them"
-    if model is False:
-        return f"{where}, {WORDS[step]} (the steps)" if step else f"{where}, {no_step}"
-    if step == model:
-        return (
-            f"{where}, {WORDS[step]} (the steps and the model{how})"
-            if step
-            else f"{where}, {no_step}, nor does the model"
-        )
-    if step and model:
-        return f"{where}, the steps say {WORDS[step]}, the model {WORDS[model]}{how}"
-    return (
-        f"{where}, {WORDS[step]} (the steps; {no_model})"
-        if step
-        else f"{where}, {WORDS[model]} (the model{how}; {no_step})"
-    )
-
-
-def say_bucket_lesson(model: list, per_gradient, default, swept: dict, h: dict, here, saved_ms: float,
-                      on_t4: tuple, t4: dict, far: dict, cp) -> None:  # fmt: skip
-    """The bucket lesson's result in link after backward, link by link: each measured step (one each, beside its
-    backward less the check) and the step-time model (one backward's compute, ``cp``'s, for every stage;
-    ``default``: torch's default plan), then in words. A step ranks the two only where their ends
-    differ by more than their backwards (:func:`_steps`), the model only where its ends differ by more than its
-    furthest miss against that link's steps (:func:`_model`). On this notebook's link: ``h`` (hook-async's look)
-    against ``swept`` (cap -> bucket-async's look), ``here`` the workload's cap, ``saved_ms`` the fixed costs
-    buckets saved there; ``on_t4`` = (bucket-async at that link's cap, hook-async), modeled with the ratios of
-    4 × T4; ``t4``, ``far``: the sized links' runs (``on_the_link``'s values)."""
+def say_bucket_lesson(swept: dict, h: dict, here, t4: dict, far: dict) -> None:
+    """The bucket lesson's steps, link by link: each step's link after backward beside its backward less the check,
+    then hook-async's backward against bucket-async's and what one step each cannot say about it. On this
+    notebook's link: ``h`` (hook-async's look) against ``swept`` (cap -> bucket-async's look), ``here`` the
+    workload's cap; ``t4``, ``far``: the sized links' runs (``on_the_link``'s values, with ``backward_ms``)."""
     from minddp.costmodel.buckets import on_the_link
 
     ends = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}
     backs = {c: backward_less_check(v) for c, v in swept.items()}
-    h_end, b_end, h_back = on_the_link(h["row"])["end_ms"], ends[here], backward_less_check(h)
+    h_end, h_back = on_the_link(h["row"])["end_ms"], backward_less_check(h)
     longer = sum(round(e, 1) > round(h_end, 1) for e in ends.values())
-    at = {c.cap_mb: c for c in model} | {None: default}
-    m_h, m_here = 1e3 * per_gradient.after_backward, 1e3 * at[here].after_backward
-    least, at_least = least_caps(model)
-    best_run = min(ends, key=ends.get)
-    misses = {"hook-async": _gap(h_end, m_h)} | {  # each step on this link against its model
-        f"bucket-async {cap_name(c)}": _gap(e, 1e3 * at[c].after_backward) for c, e in ends.items() if c in at
-    }
-    missed = max(misses, key=misses.get)
-    miss = misses[missed]
+    best = min(ends, key=ends.get)
+    ht, bt, hf, bf = t4["hook-async"], t4["bucket-async"], far["hook-async"], far["bucket-async"]
+    idle = round(ht["exposed_ms"]) == round(bt["exposed_ms"]) == 0
     say(
-        f"On this notebook's link, one step each (backwards less the check): hook-async's link "
-        f"{_ran_on(h_end, h_back)}; bucket-async's, at the workload's {here:g} MiB cap, {_ran_on(b_end, backs[here])}. "
-        + (f"At every one of the {len(ends)}" if longer == len(ends) else f"At {longer or 'none'} of the {len(ends)}")
-        + f" caps run bucket-async's link ran on longer than hook-async's (least {ends[best_run]:.1f} ms, at "
-        f"{cap_name(best_run)}, after a {backs[best_run]:.0f} ms backward)."
+        "Link after backward, one step each (in brackets: that step's backward less the check): on this notebook's "
+        f"link, hook-async {_after(h_end)} ({h_back:.0f} ms), bucket-async at the workload's {here:g} MiB cap "
+        f"{_after(ends[here])} ({backs[here]:.0f} ms), more than hook-async's at "
+        + ("every one" if longer == len(ends) else str(longer) if longer else "none")
+        + f" of the {len(ends)} caps run (least {_after(ends[best])}, at {cap_name(best)}, {backs[best]:.0f} ms); "
+        f"with the ratios of 4 × T4, hook-async {_after(ht['end_ms'])} ({ht['backward_ms']:.0f} ms), bucket-async "
+        f"at that link's cap {_after(bt['end_ms'])} ({bt['backward_ms']:.0f} ms)"
+        + (", both exposed 0 ms" if idle else "")
+        + f"; with the ratios of 1024 ranks, hook-async {_after(hf['end_ms'])} ({hf['backward_ms']:.0f} ms), "
+        f"bucket-async {_after(bf['end_ms'])} ({bf['backward_ms']:.0f} ms)."
     )
-    b4, h4 = on_t4
-    ht, bt = t4["hook-async"]["end_ms"], t4["bucket-async"]["end_ms"]
-    mh4, mb4 = 1e3 * h4.after_backward, 1e3 * b4.after_backward
-    misses4 = {"hook-async": _gap(ht, mh4), "bucket-async": _gap(bt, mb4)}
-    missed4 = max(misses4, key=misses4.get)
-    idle = round(t4["hook-async"]["exposed_ms"]) == round(t4["bucket-async"]["exposed_ms"]) == 0
-    say(
-        f"With the ratios of 4 × T4, one step each: hook-async's link {_ran_on(ht, t4['hook-async']['backward_ms'])}, "
-        f"bucket-async's, at that link's cap of {b4.cap_mb:.2f} MiB, {_ran_on(bt, t4['bucket-async']['backward_ms'])}"
-        + ("; both exposed 0 ms: neither thread stood waiting for its link" if idle else "")
-        + f"; the model: hook-async {mh4:.1f} ms, bucket-async {mb4:.1f} ms."
-    )
-    hf, bf = far["hook-async"], far["bucket-async"]
-    say(
-        f"With the ratios of 1024 ranks, one step each: hook-async's link {_ran_on(hf['end_ms'], hf['backward_ms'])}, "
-        f"bucket-async's {_ran_on(bf['end_ms'], bf['backward_ms'])}."
-    )
-    pairs = [(h_back, backs[here]), (t4["hook-async"]["backward_ms"], t4["bucket-async"]["backward_ms"])]
-    pairs.append((hf["backward_ms"], bf["backward_ms"]))
+    pairs = [(h_back, backs[here]), (ht["backward_ms"], bt["backward_ms"]), (hf["backward_ms"], bf["backward_ms"])]
     ran_longer = sum(round(a) > round(b) for a, b in pairs)
+    if ran_longer:
+        say(
+            "hook-async's backward ran longer than bucket-async's on "
+            + ("all 3 links" if ran_longer == 3 else f"{ran_longer} of the 3 links")
+            + f". The step-time model times no hand-over, and where this link's {len(backs)} bucket-async steps ran "
+            f"{min(backs.values()):.0f} to {max(backs.values()):.0f} ms, one step each does not say how much of that "
+            "is hook-async's extra hand-overs."
+        )
     say(
-        "hook-async's backward ran longer than bucket-async's on "
-        + ("all 3 links" if ran_longer == 3 else f"{ran_longer} of the 3 links")
-        + ", one step each; the model (on the first two) gives both the same backward compute and "
-        + (f"{1e3 * cp.per_message:.2f} ms per hand-over" if cp.per_message else "no time per hand-over (none timed)")
-        + ". A longer backward leaves more of a step's link time before its end, so the steps rank the two only where "
-        "the later end had the longer backward or the ends differ by more than the backwards; the model only where "
-        "its two differ by more than its furthest miss against that link's steps."
+        "A longer backward leaves more of a step's link time before its end, so on the first two links the "
+        "conclusions below are the step-time model's, which gives both stages one backward."
     )
-    leasts = f"the steps' at {cap_name(best_run)}, the model's at {' and '.join(at_least)} MiB"
-    if best_run is not None and at_least == [f"{best_run:g}"]:
-        leasts = f"{cap_name(best_run)}"
-    said = [
-        _verdict(
-            f"on this notebook's link at the workload's {here:g} MiB cap",
-            _steps(h_end, b_end, h_back, backs[here]),
-            _model(m_h, m_here, miss),
-            _margin(m_h, m_here, miss, missed),
-        ),
-        _verdict(
-            f"at bucket-async's least ({leasts})",
-            _steps(h_end, ends[best_run], h_back, backs[best_run]),
-            _model(m_h, least, miss),
-            _margin(m_h, least, miss, missed),
-        ),
-        _verdict(
-            "with the ratios of 4 × T4",
-            _steps(ht, bt, t4["hook-async"]["backward_ms"], t4["bucket-async"]["backward_ms"]),
-            _model(mh4, mb4, misses4[missed4]),
-            _margin(mh4, mb4, misses4[missed4], missed4),
-        ),
-        _verdict(
-            "with the ratios of 1024 ranks", _steps(hf["end_ms"], bf["end_ms"], hf["backward_ms"], bf["backward_ms"])
-        ),
-    ]
-    say("In words, which left less link after backward: " + "; ".join(said) + ".")
-    why = []  # the cause: by the model (one backward for both) on this link, by the link's clock at 1024 ranks
-    parts = (
-        f"the {here:g} MiB buckets' late start (first message ready {1e3 * at[here].first_at:.1f} ms into "
-        f"the model's backward, against {1e3 * per_gradient.first_at:.1f} ms) and tail ({1e3 * at[here].tail:.1f} "
-        f"ms against {1e3 * per_gradient.tail:.1f} ms)"
-    )
-    gap = _gap(m_h, m_here)  # as :func:`_model` ranks them
-    if gap <= miss:
-        why.append(
-            f"on this notebook's link the model's {gap:.1f} ms between them is within its miss, so this "
-            f"run does not say whether {parts} cost more than the {saved_ms:.1f} ms of fixed costs saved"
-        )
-    else:
-        more = m_here > m_h
-        why.append(
-            f"on this notebook's link, in the model, {parts} cost {'more' if more else 'less'} than the "
-            f"{saved_ms:.1f} ms of fixed costs saved"
-        )
-    if hf["link_ms"] > hf["backward_ms"] and bf["link_ms"] < hf["link_ms"]:
-        why.append(
-            f"with the ratios of 1024 ranks, one message per gradient needs {hf['link_ms']:.0f} ms of link time "
-            f"against the buckets' {bf['link_ms']:.0f} ms, more than its own {hf['backward_ms']:.0f} ms backward, "
-            "so its link runs past backward's end"
-        )
-    say("Why: " + "; ".join(why) + ".")
