@@ -19,16 +19,17 @@
 # A data-parallel script can be wrong in ways a single process never is. We break DDP on purpose,
 # nine bugs in six sections, and run each three ways on the two ranks:
 #
-# 1. **torch**, debug mode *paused* (`minddp.debug.disable()`), torch's own off (its default): what
-#    torch's DDP says (or `torch.distributed`, for the script's own collectives). In a real job all
-#    share the *default group* (the process group the ranks started with); here the script's own
-#    collectives run on a new group, `short` (*the short group*), whose calls give up after seconds,
-#    and torch's DDP on another, `group`, with torch's default timeout (the set-up cell prints both and
-#    torch's debug level); a rank that fails destroys both, releasing a partner waiting on `group`;
-# 2. **minddp in debug mode**: its DDP's checks, and the *collective check* of every call on the
-#    default group, where the script's own collectives run here. A `DebugError` is raised
-#    on every rank at the first check that sees the bug (for section 3's bug, a `DebugWarning`, and
-#    training goes on);
+# 1. **torch** (*under torch*): debug mode *paused* (`minddp.debug.disable()`), torch's own debug
+#    level at its default, OFF (section 4 also tries DETAIL): what torch's DDP says (or
+#    `torch.distributed`, for the script's own collectives). In a real job all share the *default
+#    group* (the process group the ranks started with); here the script's own collectives run on a
+#    new group, `short` (*the short group*), whose calls give up after seconds, and torch's DDP on
+#    another, `group`, with torch's default timeout (the set-up cell prints both); a rank that fails
+#    destroys both, releasing a partner waiting on `group`;
+# 2. **minddp in debug mode**: its DDP's checks, and the *collective check* of every
+#    `torch.distributed` collective called (the script's own run on the default group here). A
+#    `DebugError` is raised on every rank at the first check that sees the bug (for section 3's bug,
+#    a `DebugWarning`, and training goes on);
 # 3. **the fix**: the script corrected, in debug mode, which then says nothing.
 #
 # Steps count from 0: "after step 1" is after the second step.
@@ -53,13 +54,15 @@
 #   (`torch_took`), or "raised nothing"; `torch_drifts(script)`: `script(model, optimizer)` on
 #   `build()`'s model in torch's DDP, its ✓ line checking that no rank raised and `apart(model)` > 0;
 # * `minddp_says`: the `DebugError` debug mode raised on rank 0, then whether each other rank raised
-#   the same; its ✓ line checks that every rank raised one containing the cause the cell passes;
+#   the same; its ✓ line checks that every rank raised one containing the cause the cell passes (and
+#   any `also`);
 # * `fixed`: the corrected script in debug mode; its ✓ line checks that nothing is said (no
 #   `DebugWarning`; an error would raise) and that `apart(model)` is 0.
 
 # %%
 # %%distributed
 import contextlib
+import time
 import warnings
 
 from torch import nn
@@ -78,6 +81,7 @@ from minddp.notebook.lesson_08 import (
     cpp_warnings,  # yields the torch C++ warnings written in a block, as "file:line: message"
     each_rank,  # every rank's value, in rank order
     fixed,
+    gist,  # a torch C++ warning's first sentence, then its advice on
     minddp_says,
     peer_gone,  # whether an error says a partner's process is gone ("closed by peer", "reset by peer", ...)
     quiet,
@@ -196,7 +200,7 @@ def read(model, optimizer, same=True) -> list[str]:
 
 
 torch_warned = []
-raised = torch_does(lambda group, short: torch_warned.extend(read(*build(TorchDDP, process_group=group))))
+raised = torch_does(lambda group, short: torch_warned.extend(read(*build(TorchDDP, process_group=group))), say=False)
 lesson.claim(
     raised == ["raised nothing"] * world_size and torch_warned == [],
     "torch's DDP trained the 4 steps, raising nothing and issuing no Python warning",
@@ -213,27 +217,38 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # ## 4. Mismatched collectives, the script's own included
 #
 # A script's own collectives must match across ranks too: the same op, shape and dtype, in the same
-# order. Under torch, gloo pairs an all_reduce of 2 values with one of 1 and the ranks wait until a
-# timeout, here the short group's. The fix: the same metrics on every rank.
+# order. Under torch, gloo pairs an all_reduce of 2 values with one of 1, and the ranks wait for the
+# short group's timeout; at debug level DETAIL torch compares the calls first. The fix: the same
+# metrics on every rank.
 #
 # Debug mode numbers each rank's collectives on the default group while it is on (*collective #K*;
 # the lesson helpers' gathers and broadcasts count too), and compares the ranks' calls of the same
-# number before it is sent, via the default group's key-value store. A call is
-# written as op(dtype[shape], ...), then its step: `(step 0)` in a wrapper's step (from its forward to
-# its `optimizer.step()`), `(after step S)` after the last step a wrapper took on that rank: this
-# script has no wrapper, so its step is the last of section 3's fix.
+# number before it is sent. A call is written as op(dtype[shape], ...), then its step: `(step 0)` in
+# a wrapper's step (from its forward to its `optimizer.step()`), `(after step S)` after the last
+# step a wrapper took on that rank: this script has no wrapper, so its step is the last of section
+# 3's fix.
 
 # %%
 # %%distributed
 logged = [0.5, 0.9] if rank == 0 else [0.5]  # the bug: loss and accuracy on rank 0, the loss alone on rank 1
 raised = torch_does(lambda group, short: dist.all_reduce(torch.tensor(logged, device=device), group=short))
-# The first rank to time out destroys its groups; the other, if still waiting, then fails as they go.
 lesson.claim(
-    all("Timed out" in s or peer_gone(s) for s in raised)
-    and any("Timed out" in s and took >= WAIT_S for s, took in zip(raised, torch_took)),
-    f"under torch no rank's all_reduce completed: each failed, at least one at the short group's {WAIT_S} s timeout",
+    "raised nothing" not in raised and any("Timed out" in s and t >= WAIT_S for s, t in zip(raised, torch_took)),
+    f"under torch both ranks failed, at least one at the short group's {WAIT_S} s timeout",
 )
-minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)), "mismatched collectives")
+detail = torch_does(
+    lambda group, short: dist.all_reduce(torch.tensor(logged, device=device), group=short), say=False, level="DETAIL"
+)
+detail_s = max(torch_took)
+found = minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)), "mismatched collectives")
+lesson.claim(
+    detail_s < WAIT_S
+    and all("Detected mismatch between collectives" in s for s in detail)
+    and all(w in s for s in detail for w in ("OpType=ALLREDUCE", "TensorShape=[2]", "TensorShape=[1]"))
+    and all(w in found and w not in detail[0] for w in ("<In [", "step")),
+    f"at debug level DETAIL torch raised 'Detected mismatch between collectives' on every rank within {detail_s:.2f} "
+    "s, naming each rank's op and shape; debug mode's line adds each rank's line and step",
+)
 metrics = torch.tensor([0.5, 0.9], device=device)
 with quiet() as said:
     dist.all_reduce(metrics)
@@ -248,10 +263,10 @@ lesson.claim(
 # all_gather, on the default group; under torch, none, as rank 1 makes no other call on the
 # short group. The fix: log on every rank.
 #
-# In section 5 the lines "collectives, numbered" list the run's calls, rank 0's, then rank 1's from
-# the first that differs. A *bucket* is the gradients one all_reduce averages; in the *plan check* the
-# ranks compare their buckets' parameters and launch order; rank 0's *gradient-ready order* (the order
-# its gradients were computed in) is sent once, to re-plan the buckets. A call minddp makes is placed
+# In section 5 the lines "collectives, numbered" list the run's calls. A *bucket* is the gradients
+# one all_reduce averages; in the *plan check* the ranks compare which parameters each bucket holds
+# and the order the buckets are sent in; rank 0's *gradient-ready order* (the order its gradients
+# were computed in) is sent once, to re-plan the buckets. A call minddp makes is placed
 # at the script's line that led to it; an all_gather lists the output (ranks × the input's shape),
 # then the input.
 
@@ -282,8 +297,7 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # 0 starts a step whose collectives rank 1 will never make. Under torch neither rank's error says
 # which rank ran out, or when. The collective check pairs rank 1's barrier with rank 0's next forward
 # check: rank 1 has left its loop. The fix: the wrapper's `join()` around the loop, the barrier after
-# it: a rank that has run out makes the others' remaining collectives. Inside `join()` the forward
-# and step checks pause; the collective check does not.
+# it: a rank that has run out makes the others' remaining collectives.
 
 
 # %%
@@ -313,13 +327,12 @@ raised = torch_does(
 )
 with quiet() as said:
     model = uneven(*build(), joined=True)
-gap = max(each_rank(max((a - b).abs().max().item() for a, b in zip(model.parameters(), models[0].parameters()))))
-# tol, a loose float32 bound: per step (4), 16 roundings of 2⁻²⁴ of the largest parameter
-tol = 4 * 16 * 2**-24 * max(p.abs().max().item() for p in models[0].parameters())
+# exact: both average 2 ranks' gradients by halving and adding, which round the same in either order
+same = all(each_rank(all(torch.equal(a, b) for a, b in zip(model.parameters(), models[0].parameters()))))
 lesson.claim(
-    raised == ["raised nothing"] * world_size and not said and gap <= tol,
+    raised == ["raised nothing"] * world_size and not said and same,
     "the fix: under join() torch's DDP raised nothing, debug mode said nothing, and each rank's parameters equal "
-    + ("torch's DDP's bit for bit" if gap == 0 else f"torch's DDP's to within {gap:.1e} (tol {tol:.1e})"),
+    "torch's DDP's bit for bit",
 )
 
 # %% [markdown]
@@ -351,12 +364,9 @@ def freeze_on_rank_0(wrap, everywhere=False):
 
 raised = torch_does(lambda group, short: freeze_on_rank_0(lambda m: TorchDDP(m, process_group=group)))
 lesson.claim(
-    "indices which did not receive grad" in raised[0]
-    and "find_unused_parameters=True" in raised[0]
-    and peer_gone(raised[1])
-    and torch_step[1] == 0,
-    "under torch rank 0 raised, naming by index the parameters without a gradient and suggesting "
-    "find_unused_parameters=True; rank 1, in step 0, failed with an error saying its partner is gone",
+    "indices which did not receive grad" in raised[0] and peer_gone(raised[1]) and torch_step[1] == 0,
+    "under torch rank 0 raised, naming by index the parameters without a gradient; rank 1, in step 0, failed with "
+    "an error saying its partner is gone",
 )
 minddp_says(
     lambda: freeze_on_rank_0(DistributedDataParallel),
@@ -380,16 +390,9 @@ def advised(group, short):
     models.append(freeze_on_rank_0(lambda m: TorchDDP(m, process_group=group, find_unused_parameters=True)))
 
 
-def gist(line):
-    """A C++ warning's first sentence, then from its advice on, without the log's "(function ...)" tag."""
-    parts = line.removesuffix(" (function operator())").split(". ")
-    advice = next(i for i, part in enumerate(parts) if "turning this flag off" in part)
-    return ". ".join(parts[:1] + ["… " + parts[advice]] + parts[advice + 1 :])
-
-
 models = []
 with cpp_warnings() as warned:
-    raised = torch_does(advised)
+    raised = torch_does(advised, say=False)
 model = models[0]
 torch.manual_seed(0)
 moved = each_rank(not torch.equal(model.module.head.weight, Net().to(device).head.weight))  # Net(): head as built
@@ -399,18 +402,11 @@ lesson.claim(
     "while rank 1's moved, so the replicas ended apart",
 )
 warnings_of = each_rank(warned)
-for r, theirs in enumerate(warnings_of):
-    for line in theirs:
-        lesson.say(f"torch's C++ warning on rank {r}: {gist(line)}")
 lesson.claim(
-    not warnings_of[0]
-    and len(warnings_of[1]) == 1
-    and "did not find any unused parameters" in warnings_of[1][0]
-    and "turning this flag off" in warnings_of[1][0]
-    and "head" not in warnings_of[1][0]
-    and "rank" not in warnings_of[1][0],
-    "torch's C++ code warned once, on rank 1, the rank without the bug, and named neither head nor rank 0",
+    warnings_of[0] == [] and len(warnings_of[1]) == 1 and "did not find any unused parameters" in warnings_of[1][0],
+    "torch's C++ code warned once, on rank 1, the rank without the bug:",
 )
+lesson.say(gist(warnings_of[1][0]))
 
 # %% [markdown]
 # A branch (`extra`) taken on rank 0 only is the other bug, and here `find_unused_parameters=True`
@@ -420,15 +416,12 @@ lesson.claim(
 # %%
 # %%distributed
 raised = torch_does(
-    lambda group, short: train(*build(TorchDDP, extra=True, process_group=group), 2, use_extra=rank == 0)
+    lambda group, short: train(*build(TorchDDP, extra=True, process_group=group), 2, use_extra=rank == 0), say=False
 )
 lesson.claim(
-    peer_gone(raised[0])
-    and torch_step[0] == 0
-    and "not used in producing loss" in raised[1]
-    and "indices" in raised[1],
-    "under torch rank 1 raised, naming unused parameters by index, and rank 0, still in step 0, failed with an error "
-    "saying its partner is gone",
+    peer_gone(raised[0]) and torch_step[0] == 0 and "indices which did not receive grad for rank 1: 4 5" in raised[1],
+    "under torch rank 1 raised, naming by index (4 and 5: extra's) the parameters without a gradient, and rank 0, "
+    "still in step 0, failed with an error saying its partner is gone",
 )
 # the bug: a branch on rank 0 only
 minddp_says(
@@ -457,31 +450,34 @@ lesson.claim(
     "the replicas agree",
 )
 lesson.claim(
-    each_rank(warned) == [warnings_of[1], []],
-    "under torch the fix drew one C++ warning, on rank 0 (which took the branch): the one rank 1 gave above",
+    each_rank(warned) == [warnings_of[1], []] and "turning this flag off" in warnings_of[1][0],
+    "under torch the fix drew one C++ warning, on rank 0 (which took the branch): rank 1's above, advising to turn "
+    "the flag off",
 )
 
 # %% [markdown]
 # ## What it adds
 #
 # A wrapper built in debug mode has three parts one built with it paused lacks: a *watch* (it runs the
-# forward and step checks), the `DebugReducer` (a *reducer* averages the gradients; this one's
-# all_reduces go through the collective check) and the plan check. The forward, plan and step checks
-# each add a collective to a step (section 5 lists step 2's).
+# forward and step checks), the `DebugReducer` (a *reducer* averages the gradients; this one sends
+# them through the collective check, the plain one past it) and the plan check. The forward, plan
+# and step checks each add a collective to a step (section 5 lists step 2's).
 
 
 # %%
 # %%distributed
 def five_steps(on: bool):
-    """5 steps of the correct script with debug mode on or paused: the wrapper and its parameters."""
+    """5 steps of the correct script with debug mode on or paused: the wrapper, its parameters, the steps' seconds."""
     (minddp.debug.enable if on else minddp.debug.disable)()
     model, optimizer = build()
+    start = time.perf_counter()
     train(model, optimizer, steps=5)
+    took = time.perf_counter() - start
     minddp.debug.enable()
-    return model, [p.detach().clone() for p in model.parameters()]
+    return model, [p.detach().clone() for p in model.parameters()], took
 
 
-(paused, paused_params), (on, on_params) = five_steps(False), five_steps(True)
+(paused, paused_params, paused_s), (on, on_params, on_s) = five_steps(False), five_steps(True)
 lesson.claim(
     paused.watch is None
     and type(paused.reducer).__name__ == "Reducer"
@@ -489,17 +485,18 @@ lesson.claim(
     and on.watch is not None
     and type(on.reducer).__name__ == "DebugReducer"
     and on.check_consistency,
-    f"built with debug mode paused, minddp's DDP has a {type(paused.reducer).__name__}, no watch, no plan check; "
-    f"built with it on, a {type(on.reducer).__name__}, a watch, the plan check",
+    f"built with debug mode on, minddp's DDP has a {type(on.reducer).__name__}, a watch and the plan check; "
+    f"paused, a {type(paused.reducer).__name__} and neither",
 )
-# Both reducers divide by the world size, then sum. tol, a loose float32 bound: per step, 16 roundings of 2⁻²⁴ of
-# the largest parameter.
-gap = max(each_rank(max((a - b).abs().max().item() for a, b in zip(paused_params, on_params))))
-tol = 5 * 16 * 2**-24 * max(p.abs().max().item() for p in paused_params)
+# exact: both reducers halve each gradient, then add the 2 ranks', which rounds the same in either order
 lesson.claim(
-    gap <= tol,
-    "after the same 5 steps, each rank's parameters with debug mode on equal its own with it paused "
-    + ("bit for bit" if gap == 0 else f"to within {gap:.1e} (float32 rounding: tol {tol:.1e})"),
+    all(each_rank(all(torch.equal(a, b) for a, b in zip(paused_params, on_params)))),
+    "after the same 5 steps, each rank's parameters with debug mode on equal its own with it paused bit for bit",
+)
+lesson.say(
+    f"Rank 0's 5 steps took {on_s * 1e3:.0f} ms in debug mode, "
+    + (f"{on_s / paused_s:.1f} times" if on_s > paused_s else "no longer than")
+    + f" the {paused_s * 1e3:.0f} ms paused."
 )
 
 # %%

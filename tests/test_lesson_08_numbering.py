@@ -45,5 +45,5 @@ def test_a_rank_parts_from_rank_0_at_the_first_call_that_differs_not_at_its_stre
     rank_0 = stretches([*both, _all_reduce(2, 153)])
     rank_1 = stretches([*both, own(153, "step check")])
     said = parted(rank_1, rank_0)
-    assert said.startswith("as rank 0's to #152, then #153 the wrapper's own calls in step 0 (step check)"), said
+    assert said.startswith("as rank 0's to #152, then #153 the wrapper's step 0 (step check)"), said
     assert parted(rank_0, rank_0) == "as rank 0's"

@@ -51,6 +51,7 @@ __all__ = [
     "cpp_warnings",
     "each_rank",
     "fixed",
+    "gist",
     "minddp_says",
     "peer_gone",
     "quiet",
@@ -143,21 +144,25 @@ def each_rank(value) -> list:
     return everyone
 
 
-def torch_does(script, say: bool = True) -> list[str]:
+def torch_does(script, say: bool = True, level: str = "OFF") -> list[str]:
     """Run ``script(group, short)`` with debug mode paused; print (unless not ``say``) and return whether each rank
     raised, in a line
     (an error: its type, the step of :func:`train` it was raised in if any, the seconds until it was raised, and an
-    excerpt: its first two sentences, any later one naming ``find_unused_parameters`` (torch's advice), and the line
-    naming the parameter indices if it has one, in brackets; for gloo's errors, nothing from its guess at a cause,
+    excerpt: its first two sentences, any later one naming ``find_unused_parameters`` or ``TORCH_DISTRIBUTED_DEBUG``
+    (torch's advice), and the line naming the parameter indices if it has one, in brackets; for gloo's errors, nothing
+    from its guess at a cause,
     "This is typically caused by ...", on; "…" where sentences were cut); each rank's seconds until it raised (or
     finished) are left in :data:`torch_took`, and its step in :data:`torch_step`.
 
     ``group``: a new group for torch's DDP, with torch's default timeout (:data:`DEFAULT_WAIT_S`); ``short``: one
     whose calls give up after :data:`WAIT_S`, for the script's own collectives. A rank that fails destroys both, as a
     job's process ends when it raises: a partner waiting on it then fails at once ("Connection closed by peer", or
-    reset).
+    reset). ``level``: torch's debug level for the run (``TORCH_DISTRIBUTED_DEBUG``'s values: OFF, its default,
+    INFO, DETAIL), set before the groups are made (at DETAIL torch wraps each in its collective-comparing wrapper).
     """
     minddp.debug.disable()
+    before = dist.get_debug_level()
+    dist.set_debug_level(getattr(dist.DebugLevel, level))
     # the short group is made right after the other, whose making the ranks finish together
     groups = [dist.new_group(timeout=default_pg_timeout), dist.new_group(timeout=timedelta(seconds=WAIT_S))]
     _in_step[0] = step = None
@@ -175,6 +180,7 @@ def torch_does(script, say: bool = True) -> list[str]:
         groups = []
     finally:
         minddp.debug.enable()
+        dist.set_debug_level(before)
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, (mine, took, step))
     for g in groups:
@@ -189,8 +195,8 @@ def torch_does(script, say: bool = True) -> list[str]:
 def _excerpt(message: str) -> str:
     r""":func:`torch_does`'s excerpt of an error ``message``: the sentences its docstring names, "…" for each cut.
 
-    >>> _excerpt("A. B. C, twice. See find_unused_parameters and\nso on.\nParameter indices: 2 3\nIn addition, set X")
-    'A. B. … See find_unused_parameters and so on. (Parameter indices: 2 3) …'
+    >>> _excerpt("A. B. C. See find_unused_parameters.\nParameter indices: 2 3\nOr set TORCH_DISTRIBUTED_DEBUG. D")
+    'A. B. … See find_unused_parameters. (Parameter indices: 2 3) Or set TORCH_DISTRIBUTED_DEBUG. …'
     >>> _excerpt("[pair.cc:553] Connection closed by peer [127.0.0.1]:1. This is typically caused by a crash. GLHF!")
     '[pair.cc:553] Connection closed by peer [127.0.0.1]:1. …'
     """
@@ -203,7 +209,7 @@ def _excerpt(message: str) -> str:
     for i, sentence in enumerate(sentences):
         if i < guess and "indices" in sentence:
             said.append(f"({sentence})")
-        elif i < guess and (i < 2 or "find_unused_parameters" in sentence):
+        elif i < guess and (i < 2 or "find_unused_parameters" in sentence or "TORCH_DISTRIBUTED_DEBUG" in sentence):
             said.append(sentence)
         elif not said or said[-1] != "…":
             said.append("…")  # gloo's guess at a cause, and what follows it, cut too
@@ -219,7 +225,7 @@ def torch_drifts(script) -> None:
         models.append(model)
         script(model, optimizer)
 
-    raised = torch_does(run)
+    raised = torch_does(run, say=False)
     lesson.claim(
         raised == ["raised nothing"] * dist.get_world_size() and apart(models[0]) > 0,
         "torch's DDP raised nothing, and its replicas' parameters now differ",
@@ -232,11 +238,12 @@ def minddp_says(
     verdict: str = "debug mode stopped every rank",
     also=True,
     numbered: bool = False,
-) -> None:
+) -> str | None:
     """Run ``script()`` in debug mode; print the ``DebugError`` rank 0 raised, alone, then whether the others raised
     the same finding (:func:`say_each`), and claim every rank raised one that contains ``cause`` (each of them, if
-    several) and that ``also`` holds. ``numbered``: then print rank 0's collectives of the run on the default group as
-    the finding numbers them (:func:`numbering`), and each other rank's where they part from rank 0's."""
+    several) and that ``also`` holds; return rank 0's line. ``numbered``: then print rank 0's collectives of the run
+    on the default group as the finding numbers them (:func:`numbering`), and each other rank's where they part from
+    rank 0's."""
     causes = (cause,) if isinstance(cause, str) else cause
     with collective_check.recorded() as calls:
         try:
@@ -245,25 +252,26 @@ def minddp_says(
             line = f"{type(finding).__name__}: {finding}"
         else:
             line = None
-    everyone = say_each(line, "raised")
-    lesson.claim(also and all(line is not None and all(c in line for c in causes) for line in everyone), verdict)
+    said = say_each(line, "raised")
+    lesson.claim(also and all(line is not None and all(c in line for c in causes) for line in said), verdict)
     if numbered:
         everyone = each_rank(stretches(calls))
         lesson.say(f"rank 0's collectives, numbered: {numbering(everyone[0])}")
         for r, mine in enumerate(everyone[1:], start=1):
             lesson.say(f"rank {r}'s collectives, numbered: {parted(mine, everyone[0])}")
+    return said[0]
 
 
 #: What a wrapper's own call is, from minddp's label for it (and its op, if given): the name :func:`numbering` prints.
 _PARTS = [
-    ("check_same_model", None, "the ranks' models compared"),
+    ("check_same_model", None, "the ranks' parameter names and shapes compared"),
     ("minddp's broadcast", "broadcast", "parameter broadcast from rank 0"),
     ("forward check", None, "forward check"),
     ("step check", None, "step check"),
     ("full comparison", None, "full comparison"),
-    ("DDP's bucket", "all_gather_object", "the ranks' DDP settings compared (once)"),
+    ("DDP's bucket", "all_gather_object", "the ranks' bucket sizes and comm hook compared (once)"),
     ("DDP's end of backward", "all_gather_object", "plan check"),
-    ("DistributedDataParallel's forward", "broadcast", "rank 0's gradient-ready order sent to every rank (once)"),
+    ("DistributedDataParallel's forward", "broadcast", "rank 0's gradient-ready order sent (once)"),
 ]
 
 
@@ -292,7 +300,7 @@ def stretches(calls: list) -> list[tuple[int, int, str, list[str], list[str]]]:
             parts.append((call.seq, call.seq, f"the script's {call.text}{step}", [], [call.text]))
             continue
         ours = True
-        what = f"the wrapper's own calls in step {call.step}" if built else "building the wrapper"
+        what = f"the wrapper's step {call.step}" if built else "building the wrapper"
         if parts and parts[-1][2] == what and parts[-1][1] == call.seq - 1:
             a, _, _, named, texts = parts[-1]
             parts[-1] = (a, call.seq, what, named + [_part(call)], texts + [call.text])
@@ -416,3 +424,15 @@ def cpp_warnings():
                     rest.append(line + "\n")
             if rest:
                 os.write(2, "".join(rest).encode())
+
+
+def gist(warning: str) -> str:
+    """A warning of :func:`cpp_warnings` without its middle: its first sentence, then from the one advising to turn
+    the flag off on ("…" between), without the log's "(function ...)" tag.
+
+    >>> gist("f.cpp:1: X was set. Y found none. If so, consider turning this flag off. Note Z. (function operator())")
+    'f.cpp:1: X was set. … If so, consider turning this flag off. Note Z.'
+    """
+    parts = warning.removesuffix(" (function operator())").split(". ")
+    advice = next(i for i, part in enumerate(parts) if "turning this flag off" in part)
+    return ". ".join(parts[:1] + ["… " + parts[advice]] + parts[advice + 1 :])
