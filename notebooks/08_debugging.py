@@ -239,15 +239,13 @@ lesson.claim(
 detail = torch_does(
     lambda group, short: dist.all_reduce(torch.tensor(logged, device=device), group=short), say=False, level="DETAIL"
 )
-detail_s = max(torch_took)
 found = minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)), "mismatched collectives")
-lesson.claim(
-    detail_s < WAIT_S
-    and all("Detected mismatch between collectives" in s for s in detail)
+lesson.claim(  # a mismatch error, not the short group's timeout: torch compared the calls before sending them
+    all("Detected mismatch between collectives" in s for s in detail)
     and all(w in s for s in detail for w in ("OpType=ALLREDUCE", "TensorShape=[2]", "TensorShape=[1]"))
     and all(w in found and w not in detail[0] for w in ("<In [", "step")),
-    f"at debug level DETAIL torch raised 'Detected mismatch between collectives' on every rank within {detail_s:.2f} "
-    "s, naming each rank's op and shape; debug mode's line adds each rank's line and step",
+    "at debug level DETAIL torch raised 'Detected mismatch between collectives' on every rank, naming each rank's "
+    "op and shape; debug mode's line adds each rank's line and step",
 )
 metrics = torch.tensor([0.5, 0.9], device=device)
 with quiet() as said:
