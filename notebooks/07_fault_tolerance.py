@@ -295,7 +295,7 @@ show_source(solutions.ft_shard)
 # Unlike a killed process, a frozen one (`SIGSTOP`) keeps its sockets open and says nothing: its peers'
 # all_reduce fails at the group's timeout (`hang_s`) or when the evicted process is ended, and the next quorum
 # waits for the eviction. So the recovery lasts the hang bound and a little more, and halving the bound takes
-# about as much off it. The first cell below runs it at bounds of 2 s and 1 s, not the main run's (6
+# about as much off it. The first cell below runs it at a bound below the main run's and its half (6
 # steps, no restart, no 10 ms pause).
 #
 # </details>
