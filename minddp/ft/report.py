@@ -209,7 +209,7 @@ def fault_report(run) -> list[str]:
         rejoin = (
             ""
             if o.rejoin_s is None
-            else f"; rejoin {o.rejoin_s:.2f} s (slot {fault.slot} back in step {o.healed_at}'s quorum, healed after it)"
+            else f"; rejoin {o.rejoin_s:.3f} s (slot {fault.slot} back in step {o.healed_at}'s quorum, healed after it)"
         )
         lines.append(f"{fault}: {what} in step {fault.step}; {recovery}; {o.discarded} attempt(s) discarded{rejoin}")
     return lines

@@ -91,16 +91,13 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
             " and ".join(f"the {o.fault.kind}'s" for o in late).capitalize() + " recovery lasted the hang bound or more"
         )
     else:
-        print(
-            f"Both recoveries took {max(kill.recovery_s, raised.recovery_s) / hang_s:.1%} of the hang bound "
-            f"({hang_s:g} s) or less: neither waited it out"
-        )
+        print(f"Neither recovery waited out the hang bound ({hang_s:g} s)")
 
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     """For a kill ``o``: the rejoin, split in the parts that add up to it, each with its share of the rejoin: until
-    the launcher started the slot's new process; that process's start-up to its first quorum request (with the time
-    it spent building its optimizer, and whether torch imported its compiler then); from that request to the quorum.
+    the launcher started the slot's new process; that process's start-up to its first quorum request; from that
+    request to the quorum.
     Then the heal after it (:func:`~minddp.ft.report.heal_s`, and the bytes received), what the survivors did
     meanwhile, and whether they waited for the start-up because the run's ``full_world_at`` scripted it."""
     slot, step = o.fault.slot, o.fault.step
@@ -115,13 +112,7 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     most = ", most of it the new process's own start-up" if startup * 2 > rejoin else ""
     print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill{most}:")
     print(f"  {start} ms ({share(start)}) until the launcher started the new process")
-    built_s, compiler = run.results[slot]["optimizer_built"]  # the new process's (its slot's last)
-    built = ""
-    if ms(built_s) <= startup:  # built before its first request: a part of the start-up
-        built = f"; {ms(built_s)} ms of it building its optimizer"
-        # torch.optim's add_param_group is marked for Dynamo to skip, which imports Dynamo at a process's first build
-        built += " (torch imported its compiler, Dynamo, during the build)" if compiler else ""
-    print(f"  {startup} ms ({share(startup)}) the new process's start-up, to its first quorum request{built}")
+    print(f"  {startup} ms ({share(startup)}) the new process's start-up, to its first quorum request")
     print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
     healed = heal_s(run, o)
     if healed is not None:
