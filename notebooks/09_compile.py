@@ -41,8 +41,8 @@
 # gradient node. A bucket whose last gradient a piece produces can then be handed over before the next piece's backward
 # begins.
 #
-# The figure shows the backward pass of the third training step (the first compiles, the second rebuilds the buckets)
-# of `ddp` in each of three runs,
+# The figure shows the backward pass of the third training step (the second rebuilds the buckets) of `ddp` in each of
+# three runs,
 # one row each: eager (not compiled), compiled without the cut (`torch._dynamo.config.optimize_ddp = False`) and
 # compiled with it. The model: an MLP of 1 MiB layers without biases (eight; two after the exercise). The backend is
 # `aot_eager`, which runs the graph with the *aten* operators an uncompiled model calls.
@@ -120,10 +120,10 @@ lesson.say(
 # scaled to that span, with the model's gradient nodes in blue and a tick where the reducer's hook calls `all_reduce`
 # on a bucket. The loss's nodes, first, and the `AccumulateGrad` nodes stay pale.
 #
-# What to look for: with the cut, as in eager, a gradient node ends after each tick but the last (why, with the cut:
-# next section); without it, none does (every tick comes after the last blue).
+# What to look for: with the cut, as in eager, a gradient node ends after each tick but the last;
+# without it, none does (every tick comes after the last blue).
 #
-# Read the order only: a width is this one profiled step's time, which no cell compares; nodes run back to back may
+# Read the order only: no cell measures or explains a width, pale or blue; nodes run back to back may
 # draw as one stretch or split by a white line, so count pieces and buckets in the row labels.
 
 # %%
@@ -148,12 +148,12 @@ lesson.claim(
     all(all(v["inside_accumulate"]) for v in looks.values()),
     "In all three runs each bucket was handed over inside an AccumulateGrad node.",
 )
-# aot_eager runs eager's aten ops, whose sums may still round in another order: rounding_bound bounds how far apart
-# that leaves the parameters; k, the terms summed behind a weight's gradient: width per layer each way, plus the rows
+# aot_eager runs eager's aten ops, whose sums may still round in another order: rounding_bound estimates how far
+# apart that may leave the parameters
 eager = looks["eager"]
 apart = max((v["params"] - eager["params"]).abs().max().item() for v in looks.values())
 bound = lesson_09.rounding_bound(eager["moved"], eager["params"].abs().max().item(), k=2 * DEPTH * WIDTH + 32)
-near = "to the bit" if apart == 0 else f"to {apart:.1e}, within the {bound:.1e} that summing in another order allows"
+near = "to the bit" if apart == 0 else f"to {apart:.1e}, within the {bound:.1e} estimated for summing in another order"
 lesson.claim(apart <= bound, f"The three trainings end with the same parameters, {near}.")
 
 
@@ -169,7 +169,7 @@ lesson.claim(apart <= bound, f"The three trainings end with the same parameters,
 # then (torch's DDP sets it around the call of its module); it reads the bucket cap from it and caps piece 0 apart, at
 # the global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`, given a
 # `bucket_cap_mb`, sets the attribute to a stand-in holding its bucket cap and the global to the bucket cap
-# (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as bucket 0 does.
+# (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as the rebuilt bucket 0 does.
 #
 # With the cut, a bucket is handed over before the next piece's backward: when a piece's gradient node ends, the
 # `AccumulateGrad` nodes of the gradients it produced and the next piece's gradient node are all ready to run, and
@@ -191,7 +191,7 @@ for i, bucket in enumerate(buckets):
     lesson.say(f"bucket {i} ({sum(size[name] for name in bucket) / 2**20:g} MiB): {', '.join(names)}")
 lesson.claim(
     len(pieces) > 1 and sorted(sum(pieces, [])) == sorted(sum(buckets, [])) == sorted(size) and len(size) == DEPTH,
-    f"The {len(pieces)} pieces together produce each of the {DEPTH} parameters' gradients once.",
+    f"The {len(pieces)} pieces produce each of the {DEPTH} parameters' gradients once.",
 )
 lesson.claim(
     sum(size[name] for name in pieces[0]) / 2**20 == CAP == sum(size[name] for name in buckets[0]) / 2**20,
@@ -286,7 +286,7 @@ reasons = {
 }
 counts = {label: sum(by_reason.values()) for label, by_reason in reasons.items()}
 lesson.say(
-    "Where Dynamo broke the graph in one training step of MLP(depth=2): "
+    "Graph breaks in one training step of MLP(depth=2): "
     + "; ".join(f"{label} {'at ' * bool(why)}{lesson_09.untraced_calls(why)}" for label, why in reasons.items())
 )
 lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
@@ -295,8 +295,8 @@ lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {
 # %% [markdown]
 # ## A bucket cap of 0.5 MiB
 #
-# Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: the refusal, or what
-# its first training step and one more forward gave.
+# Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: the refusal, or its
+# first training step (one bucket, as every first step: only Dynamo's cut meets the cap) and one more forward.
 
 
 # %%
@@ -309,7 +309,7 @@ start = lesson_09.flat(reference)
 optimizer = torch.optim.SGD(reference.parameters(), lr=0.01)
 train_step(DistributedDataParallel(reference, bucket_cap_mb=SMALL), optimizer, next(batches()), loss_fn)
 moved = (lesson_09.flat(reference) - start).abs().max().item()  # the step's largest move: lr·max|g|
-# as in the figure's cell: how far summing in another order can move the parameters (k, the terms summed, for 2 layers)
+# as in the figure's cell: how far summing in another order can move the parameters (for 2 layers)
 bound = lesson_09.rounding_bound([moved], lesson_09.flat(reference).abs().max().item(), k=2 * 2 * WIDTH + 32)
 
 wrappers = {"torch's DDP": torch.nn.parallel.DistributedDataParallel, "minddp's ddp": DistributedDataParallel}
@@ -343,10 +343,10 @@ lesson.claim(
 )
 ours = [outcomes["minddp's ddp", pattern] for pattern in patterns]
 worst = max(apart for _, apart in ours)
-near = "to the bit" if worst == 0 else f"to {worst:.1e}, within the {bound:.1e} that summing in another order allows"
+near = "to the bit" if worst == 0 else f"to {worst:.1e}, within the {bound:.1e} estimated for summing in another order"
 lesson.claim(
     all(line.startswith("trained a step") for line, _ in ours) and worst <= bound,
-    f"minddp's ddp trains its first step there with either pattern, to eager ddp's parameters ({near}).",
+    f"minddp's ddp compiles there with either pattern; its first step trains to eager ddp's parameters ({near}).",
 )
 
 
@@ -362,7 +362,7 @@ lesson.claim(
 #
 # * At a bucket cap of 0.5 MiB, with the cut on (the default), torch's DDP of the version above does not compile:
 #   Dynamo's cap for its first piece is above the bucket cap. minddp's `ddp`, which sets that cap to the bucket cap it
-#   is given, compiles there with both patterns, and its first step trains to eager ddp's parameters.
+#   is given, compiles there with both patterns.
 
 # %%
 # %dist_shutdown
