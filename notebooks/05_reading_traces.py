@@ -72,9 +72,9 @@ lesson.say(
 #
 # Every table and figure below shows rank 0's trace. The measures on this machine (CPU, gloo):
 #
-# * **compute**: a *training thread* inside an `aten::` operator, with a core or not (forward, backward, the
-#   optimizer, the stages' copies into and out of buckets); every thread that runs no `gloo:*` range is a training
-#   thread (the Python thread, and the autograd engine's where it has its own);
+# * **compute**: a *training thread* (the Python thread, and the autograd engine's where it has its own) inside an
+#   `aten::` operator, with a core or not (forward, backward, the optimizer, the stages' copies into and out of
+#   buckets);
 # * **in flight**: one of gloo's threads inside a `gloo:*` range (the range is *open*): every collective, not
 #   only the gradients';
 # * **overlap**: the share (%) of the time in flight that is compute too;
@@ -96,7 +96,8 @@ lesson.say(
 #   message, `simple` to `bucket-async` check that both ranks' forwards used the same parameters, with one small
 #   all_gather (one byte per parameter tensor): at the start of the finish in `simple` and `ga`, in `hook` to
 #   `bucket-async` in the first gradient's *autograd hook* (the function autograd calls once a gradient is ready;
-#   these stages send from it). It is a collective, not a message; `ddp` and torch's DDP run none;
+#   these stages send from it). It is a collective, not a message, and the training thread waits for it; `ddp` and
+#   torch's DDP run none;
 # * the *blocking* stages (`simple`, `ga`, `hook`, `bucket`) send each message only once the training thread has
 #   the one before it back: `simple` and `ga` after a backward, `hook` and `bucket` inside the step's last
 #   backward. The *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send theirs during the
@@ -149,6 +150,11 @@ blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "buc
 lesson.say(lesson_05.overlap_order(zero["comm_comp_overlap_pctg"], blocking, asynchronous))
 parts = {st: lesson_05.in_flight_parts(RUN, st) for st in shares.index}
 lesson.say(lesson_05.not_drawn(parts))
+held = [
+    st for st in shares.index if shares.loc[st, "of it, in the checks (ms)"] > shares.loc[st, "non-compute (ms)"] / 2
+]
+if held:
+    lesson.say(f"In {', '.join(held)}, more than half of non-compute is inside the parameter checks' ranges.")
 
 # %% [markdown]
 # One row per profiled stage, one step each. In each row:
@@ -166,7 +172,8 @@ lesson.say(lesson_05.not_drawn(parts))
 #   optimizer step (the caveat);
 # * the parameter check (hatched orange, over the upper half of the bands' height) while its all_gather range was
 #   open; a short one is too thin to see;
-# * the finish (purple) as a thin strip along the bands' lower edge; a short one is too narrow to see;
+# * the finish (purple, after every backward) as a thin strip along the bands' lower edge; a short one is too
+#   narrow to see;
 # * the optimizer step (green) and the end of the step.
 
 # %%
@@ -176,16 +183,17 @@ lesson_05.show(fig, RUN / "one_step_each_stage.png")
 
 # %% [markdown]
 # The plot's messages: how many were handed over (ticks), and how many during a backward. Then, per stage that
-# sends during one, its step's last backward band and how much longer it is than the longest earlier one; those send
-# nothing (`no_sync()`), so the last one differs from them by its sync and by whatever makes them differ from each
-# other.
+# sends during one, its step's last backward band, how much longer it is than the longest earlier one (which sends
+# nothing), and the check's range inside it. A wait after the band's last autograd node is not in it.
 
 # %%
 anatomy = lesson_05.anatomy(result, zero.index)
 display(anatomy)
 
 # %%
-bands = lesson_05.backward_excess(result, anatomy.index[anatomy["during a backward"] > 0])
+bands = lesson_05.backward_excess(
+    result, anatomy.index[anatomy["during a backward"] > 0], {r["stage"]: r["checks"] for r in rows}
+)
 display(bands)
 lesson.say(lesson_05.excess_line(bands))
 
@@ -202,8 +210,8 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 # ## The link run
 #
 # The profiling cell also profiled the blog's six stages (`simple` to `bucket-async`) with their gradients'
-# all_reduces over `03_build_up`'s **emulated 1 Gbit/s link** (`minddp.comm.link`). Each rank has its own link (a
-# thread, not a training thread), which carries its messages one at a time, in order, each from just after its
+# all_reduces over `03_build_up`'s **emulated 1 Gbit/s link** (`minddp.comm.link`). Each rank has its own link (its
+# own thread), which carries its messages one at a time, in order, each from just after its
 # hand-over (or once the link is free, if later); the real all_reduce runs beside the modeled transfer, and the link
 # delivers a message once both are done and every earlier one is delivered. The parameter check does not go through
 # the link. The two runs were taken at different moments: neither's times carry over to the other. Three measures
@@ -259,5 +267,4 @@ lesson.claim(
 )
 blocking = ["simple", "ga", "hook", "bucket"]
 lesson.say(lesson_05.exposed_share(on_link, blocking, ["hook-async", "bucket-async"]))
-lesson.say(lesson_05.bucket_pairs(on_link, [("hook", "bucket"), ("hook-async", "bucket-async")]))
 lesson.say(lesson_05.link_after_backward(linked, link, LINKED, ["hook-async", "bucket-async"]))

@@ -162,43 +162,46 @@ def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[s
     )
 
 
-def backward_excess(result, stages) -> pd.DataFrame:
+def backward_excess(result, stages, checks: dict) -> pd.DataFrame:
     """Per stage (rank 0's profiled step): its last backward band's length, how much longer it is than the longest of
-    the step's earlier backward bands (which send nothing: ``no_sync()``), and how much those differ from each other
-    (longest − shortest; 0 with one), ms to 0.1. All from one step of one stage: no band is set beside another
-    stage's, which ran at another moment of the machine's load.
+    the step's earlier backward bands (which send nothing), how much those differ from each other (longest −
+    shortest; 0 with one), and how long a parameter check's range (``checks``: stage -> (start, end) ms from the
+    step's start, :func:`timeline_rows`) was open inside the last band, ms to 0.1. All from one step of one stage.
 
     >>> ph = pd.DataFrame({"rank": 0, "stage": "h", "phase": "backward", "start_us": [400e3, 0.0, 200e3],
     ...                    "end_us": [700e3, 100e3, 310e3]})
-    >>> print(backward_excess(type("R", (), {"phases": ph}), ["h"]).to_string())  # doctest: +NORMALIZE_WHITESPACE
-       last (ms)  over longest earlier (ms)  earlier differ by (ms)
-    h               300.0                          190.0                         10.0
+    >>> t = backward_excess(type("R", (), {"phases": ph}), ["h"], {"h": [(350.0, 450.0)]})
+    >>> print(t.to_string())  # doctest: +NORMALIZE_WHITESPACE
+       last (ms)  over longest earlier (ms)  earlier differ by (ms)  check in it (ms)
+    h      300.0                      190.0                    10.0              50.0
     """
     p = rank0(result.phases)
     rows = {}
     for st in stages:
         back = p[(p["stage"] == st) & (p["phase"] == "backward")].sort_values("start_us")
         ms = ((back["end_us"] - back["start_us"]) / 1e3).to_numpy()
+        b0, b1 = back["start_us"].iloc[-1] / 1e3, back["end_us"].iloc[-1] / 1e3
         rows[st] = {
             "last (ms)": ms[-1],
             "over longest earlier (ms)": ms[-1] - ms[:-1].max(),
             "earlier differ by (ms)": ms[:-1].max() - ms[:-1].min(),
+            "check in it (ms)": sum(max(0.0, min(b, b1) - max(a, b0)) for a, b in checks.get(st, [])),
         }
     return pd.DataFrame(rows).T.round(1)
 
 
 def excess_line(table: pd.DataFrame) -> str:
-    """A line to print (``table``: :func:`backward_excess`'s printed columns): in which stages the last backward band
-    is longer than the longest earlier one by more than the earlier ones differ from each other, and in which not;
-    one profiled step, not claimed.
+    """A line to print (``table``: :func:`backward_excess`'s printed columns): in which stages the last backward band,
+    less the check's range in it, is longer than the longest earlier one by more than the earlier ones differ from
+    each other; one profiled step, not claimed.
 
-    >>> t = pd.DataFrame({"over longest earlier (ms)": [190.0, 5.0, -3.0], "earlier differ by (ms)":
-    ...                   [10.0, 8.0, 2.0]}, index=["h", "b", "d"])
+    >>> t = pd.DataFrame({"over longest earlier (ms)": [190.0, 5.0, 30.0], "earlier differ by (ms)":
+    ...                   [10.0, 8.0, 2.0], "check in it (ms)": [0.0, 0.0, 29.0]}, index=["h", "b", "d"])
     >>> print(excess_line(t))  # doctest: +NORMALIZE_WHITESPACE
-    The last backward outlasts the longest earlier one by more than the earlier ones differ from each other in h;
-    not in b and d.
+    Less the check's range in it, the last backward outlasts the longest earlier one by more than the earlier ones
+    differ from each other in h; not in b and d.
     """
-    more = table["over longest earlier (ms)"] > table["earlier differ by (ms)"]
+    more = table["over longest earlier (ms)"] - table["check in it (ms)"] > table["earlier differ by (ms)"]
 
     def names(sts):
         return ", ".join(sts[:-1]) + f" and {sts[-1]}" if len(sts) > 1 else sts[0]
@@ -206,8 +209,8 @@ def excess_line(table: pd.DataFrame) -> str:
     yes, no = list(table.index[more]), list(table.index[~more])
     said = f"in {names(yes)}" if yes else "in no stage"
     return (
-        "The last backward outlasts the longest earlier one by more than the earlier ones differ from each other "
-        f"{said}" + (f"; not in {names(no)}." if yes and no else ".")
+        "Less the check's range in it, the last backward outlasts the longest earlier one by more than the earlier "
+        f"ones differ from each other {said}" + (f"; not in {names(no)}." if yes and no else ".")
     )
 
 
@@ -263,39 +266,6 @@ def not_drawn(parts: dict) -> str:
     most = max(parts[st][1] for st in parts)
     add = f"at most {most:.1f} ms" if round(most, 1) > 0 else "under 0.1 ms"
     return f"Also in the table's in flight: {what}; they add {add} to a stage's in flight." if other else ""
-
-
-def bucket_pairs(table: pd.DataFrame, pairs: list[tuple[str, str]]) -> str:
-    """A line to print: for each (one message a parameter, buckets) pair of stages, from ``table``'s printed columns,
-    how much longer or shorter rank 0 waited, and exposed before and after; where waited fell and its part with the
-    link idle (waited − exposed) fell by more than half as much, that said in words ("all" where it fell by as much
-    as waited or more); where waited rose by more than the link time fell, that said; one profiled step each, not
-    claimed.
-
-    >>> t = pd.DataFrame({"link time (ms)": [3.0, 2.0, 3.0, 2.0], "waited (ms)": [9.0, 5.0, 4.0, 6.0],
-    ...                   "exposed (ms)": [4.0, 4.0, 0.0, 5.9]}, index=["h", "b", "ha", "ba"])
-    >>> t["waited − exposed (ms)"] = t["waited (ms)"] - t["exposed (ms)"]
-    >>> print(bucket_pairs(t, [("h", "b"), ("ha", "ba")]))  # doctest: +NORMALIZE_WHITESPACE
-    h → b: rank 0 waited 4.0 ms less (exposed 4.0 → 4.0 ms); waited − exposed fell 4.0 ms: all of the waiting that
-    went was with the link idle; ha → ba: rank 0 waited 2.0 ms more (exposed 0.0 → 5.9 ms), more than the 1.0 ms of
-    link time the buckets saved.
-    """
-    w, r, x = "waited (ms)", "waited − exposed (ms)", "exposed (ms)"
-    parts = []
-    for a, b in pairs:
-        (wa, ra, xa), (wb, rb, xb) = (table.loc[st, [w, r, x]] for st in (a, b))
-        fell, fell_idle = round(wa - wb, 1), round(ra - rb, 1)
-        saved = round(table.loc[a, "link time (ms)"] - table.loc[b, "link time (ms)"], 1)
-        how = "as long" if fell == 0 else f"{abs(fell):.1f} ms {'less' if fell > 0 else 'more'}"
-        line = f"{a} → {b}: rank 0 waited {how} (exposed {xa:.1f} → {xb:.1f} ms)"
-        if fell > 0 and fell_idle > fell / 2:
-            share = "all" if fell_idle >= fell else "most"
-            line += f"; waited − exposed fell {fell_idle:.1f} ms: {share} of the waiting "
-            line += "that went was with the link idle"
-        if 0 < saved < -fell:
-            line += f", more than the {saved:.1f} ms of link time the buckets saved"
-        parts.append(line)
-    return f"{'; '.join(parts)}."
 
 
 def overlap_order(ov: pd.Series, blocking: list[str], asynchronous: list[str]) -> str:
@@ -357,8 +327,8 @@ def link_after_backward(linked, link, run: Path, stages) -> str:
     if shown:
         where = "" if shown == list(stages) else f" in {' and '.join(shown)}"
         line += (
-            f", no less than {each(lambda st: bound[st][0], shown)} ms{where}: the messages handed over from "
-            f"{each(lambda st: bound[st][2], shown)} ms before the backward's end on take "
-            f"{each(lambda st: bound[st][1], shown)} ms of link time"
+            f"; the messages handed over in the backward's last {each(lambda st: bound[st][2], shown)} ms{where} take "
+            f"{each(lambda st: bound[st][1], shown)} ms of link time, so at least "
+            f"{each(lambda st: bound[st][0], shown)} ms of it is left after the backward"
         )
     return line + "."
