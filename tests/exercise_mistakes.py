@@ -1335,6 +1335,15 @@ def hook_hard_coded_three(process_group, bucket):
     return fut.then(lambda f: f.value()[0].to(torch.float32))
 
 
+def hook_divides_in_flight(process_group, bucket):
+    """Starts the all_reduce of the float16 copy, then divides that copy: a write while the network may be reading
+    it (learner read 04, round 20, 3: passed or failed by the race)."""
+    compressed = bucket.buffer().to(torch.float16)
+    fut = dist.all_reduce(compressed, async_op=True).get_future()
+    compressed.div_(dist.get_world_size())
+    return fut.then(lambda f: f.value()[0].to(torch.float32))
+
+
 def hook_returns_local(process_group, bucket):
     """All_reduces a float16 copy but hands back its own bucket, divided: this rank's gradients, never reduced."""
     local = bucket.buffer().div_(dist.get_world_size())

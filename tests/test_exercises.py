@@ -700,6 +700,8 @@ HOOK_MISTAKES = [
         "your hook divided by 3, not by the world size (2): a world size written as a number is right on 3 ranks only",
     ),
     (wrong.hook_raw_future, "holds a list of 1, not one tensor"),
+    # learner read 04 (round 20) 3: its verdict hung on whether the division beat the network
+    (wrong.hook_divides_in_flight, ("wrote into the tensor it sent (", "divide before the all_reduce")),
     # learner read 04 (round 17) 1: a callback without return was told its Future held a list
     (wrong.hook_callback_returns_nothing, "your hook's Future holds None: the function you passed to .then"),
     (wrong.hook_casts_the_list, "all_reduce's Future holds a list, so take its one tensor with fut.value()[0]"),

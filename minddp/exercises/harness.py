@@ -1379,16 +1379,17 @@ def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
             probes = {}
             for who, fn in (("reference", solutions.HOOKS[like]), ("yours", hook)):
                 progress.phase = "calling your hook on one bucket" if who == "yours" else "calling the model answer"
-                fut, value, sent, blocked, left = call_hook(fn, values)
+                fut, value, sent, blocked, left, written = call_hook(fn, values)
                 probes[who] = probe_result(fut, value, exact, *sent, local=values)
                 probes[who]["blocked"] = blocked
+                probes[who]["written_in_flight"] = [list(w) for w in written]
                 # the bucket's own float32 buffer divided by the world size (a division that missed the copy sent)
                 probes[who]["buffer_divided"] = world > 1 and bool(torch.allclose(left, values / world, rtol=1e-6))
                 if world > 1 and probes[who]["tensor"] is not None:  # the same on every rank: code, not data
                     progress.phase = (
                         f"calling {'your hook' if who == 'yours' else 'the model answer'} on large gradients"
                     )
-                    _, value, _, _, _ = call_hook(fn, big)
+                    _, value, _, _, _, _ = call_hook(fn, big)
                     probes[who]["overflow"] = (
                         int((~torch.isfinite(value.float())).sum()) if value.shape == big.shape else 0
                     )
@@ -1417,7 +1418,10 @@ def call_hook(fn, values: torch.Tensor):
     (bytes, dtypes), whether the hook *blocked*: waited for a collective
     it had started before it returned (:class:`Events`: the order of events,
     not a clock): ``None`` if it did not, else ``"done"`` or ``"pending"``, as its
-    Future was when it returned; and the bucket's own buffer as the hook left it.
+    Future was when it returned; the bucket's own buffer as the hook left it; and
+    the writes it made into a tensor its all_reduce was still sending
+    (:class:`Events`: after the launch, before a wait, outside a callback:
+    the code's order, whatever the network's speed).
     """
     from minddp.comm.grad_bucket import GradBucket
 
@@ -1441,6 +1445,7 @@ def call_hook(fn, values: torch.Tensor):
         (max(sent.nbytes, live.backend_bytes(prof)), sent.dtypes),
         ("done" if done else "pending") if blocked else None,
         buffer,
+        list(dict.fromkeys(events.written)),
     )
 
 
@@ -1526,6 +1531,8 @@ def hook_finding(mine: dict, reference: dict, world: int, bound: float) -> dict 
     """
     if not mine["is_future"]:
         return {"kind": "not_future", "returned": mine["returned"]}
+    if mine.get("written_in_flight"):  # whatever the race's outcome made of the value: named by the code's order
+        return {"kind": "hook_written_in_flight", "written": mine["written_in_flight"]}
     if mine["value"] != "tensor":
         return {"kind": "future_value", "value": mine["value"]}
     if mine["shape"] != [mine["numel"]] or mine["dtype"] != "float32":
