@@ -308,25 +308,6 @@ def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
         )
 
 
-def _less(h_ms: float, b_ms: float) -> str | None:
-    """The side whose link after backward (ms, as printed: one decimal) is shorter; None for a tie."""
-    h, b = round(h_ms, 1), round(b_ms, 1)
-    return "hook-async" if h < b else "bucket-async" if b < h else None
-
-
-def steps_rank(h_ms: float, b_ms: float, h_back: float, b_back: float) -> str | None:
-    """The side whose step left less link after backward (ms), or None where the steps do not rank them: a step's
-    link after backward also depends on its own backward (less the check, ms), as a longer one leaves more of its
-    link time before its end, so the steps rank the two where the later end had the longer backward, or else where
-    the ends differ by more than the backwards."""
-    gap, apart = abs(round(h_ms, 1) - round(b_ms, 1)), abs(round(h_back) - round(b_back))
-    less = _less(h_ms, b_ms)
-    later_back, less_back = (h_back, b_back) if less == "bucket-async" else (b_back, h_back)
-    if less is None or (gap <= apart and round(later_back) < round(less_back)):
-        return None
-    return less
-
-
 def _after(ms: float) -> str:
     """One step's link after backward (ms) as printed; "none" where its transfers ended by its backward's end."""
     return f"{ms:.1f} ms" if round(ms, 1) > 0 else "none"
@@ -334,7 +315,7 @@ def _after(ms: float) -> str:
 
 def say_bucket_lesson(swept: dict, h: dict, here, t4: dict, far: dict) -> None:
     """The bucket lesson's steps, link by link: each step's link after backward beside its backward less the check,
-    then hook-async's backward against bucket-async's and what one step each cannot say about it. On this
+    then why the conclusions rest on modeled times. On this
     notebook's link: ``h`` (hook-async's look) against ``swept`` (cap -> bucket-async's look), ``here`` the
     workload's cap; ``t4``, ``far``: the sized links' runs (``on_the_link``'s values, with ``backward_ms``)."""
     from minddp.costmodel.buckets import on_the_link
