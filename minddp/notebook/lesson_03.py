@@ -41,7 +41,12 @@ def say_check(stage: str, on_ranks: list[float], spans: list) -> None:
         ranks += f", over {len(spans)} checks"
     gap = round(on_ranks[long]) - round(on_ranks[short])  # of the whole ms printed, so that the sum adds up
     first = stage == CHECKED[0]  # why the ranks differ is said once, at the first stage checked
-    why = "Its all_gather returns only once both ranks have joined it, so " if first else ""
+    why = (
+        "Its all_gather returns only once both ranks have joined it (a rank slowed by the machine's load joins "
+        "late), so "
+        if first
+        else ""
+    )
     if gap == 0:
         told = "here the ranks' times differ by less than 1 ms."
     elif len(spans) == 1:
@@ -141,6 +146,16 @@ def say_sweep(swept: dict, model: list, default, per_gradient, this_run_s: float
         )
         + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient."
     )
+    from minddp.costmodel.buckets import on_the_link
+
+    at = {c.cap_mb: c for c in model} | {None: default}
+    pairs = [(at[c].after_backward * 1e3, on_the_link(v["row"])["end_ms"]) for c, v in swept.items() if c in at]
+    below = sum(round(m, 1) < round(e, 1) for m, e in pairs)
+    if below:
+        say(
+            f"The model leaves less link after backward than the step at {below} of these {len(pairs)} caps "
+            "(the table)."
+        )
 
 
 def sweep_figure(swept: dict, model: list, default, per_gradient, link_name: str, world: int, here, h: dict):
@@ -293,25 +308,6 @@ def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
         )
 
 
-def _less(h_ms: float, b_ms: float) -> str | None:
-    """The side whose link after backward (ms, as printed: one decimal) is shorter; None for a tie."""
-    h, b = round(h_ms, 1), round(b_ms, 1)
-    return "hook-async" if h < b else "bucket-async" if b < h else None
-
-
-def steps_rank(h_ms: float, b_ms: float, h_back: float, b_back: float) -> str | None:
-    """The side whose step left less link after backward (ms), or None where the steps do not rank them: a step's
-    link after backward also depends on its own backward (less the check, ms), as a longer one leaves more of its
-    link time before its end, so the steps rank the two where the later end had the longer backward, or else where
-    the ends differ by more than the backwards."""
-    gap, apart = abs(round(h_ms, 1) - round(b_ms, 1)), abs(round(h_back) - round(b_back))
-    less = _less(h_ms, b_ms)
-    later_back, less_back = (h_back, b_back) if less == "bucket-async" else (b_back, h_back)
-    if less is None or (gap <= apart and round(later_back) < round(less_back)):
-        return None
-    return less
-
-
 def _after(ms: float) -> str:
     """One step's link after backward (ms) as printed; "none" where its transfers ended by its backward's end."""
     return f"{ms:.1f} ms" if round(ms, 1) > 0 else "none"
@@ -319,7 +315,7 @@ def _after(ms: float) -> str:
 
 def say_bucket_lesson(swept: dict, h: dict, here, t4: dict, far: dict) -> None:
     """The bucket lesson's steps, link by link: each step's link after backward beside its backward less the check,
-    then hook-async's backward against bucket-async's and what one step each cannot say about it. On this
+    then why the conclusions rest on modeled times. On this
     notebook's link: ``h`` (hook-async's look) against ``swept`` (cap -> bucket-async's look), ``here`` the
     workload's cap; ``t4``, ``far``: the sized links' runs (``on_the_link``'s values, with ``backward_ms``)."""
     from minddp.costmodel.buckets import on_the_link
@@ -343,17 +339,8 @@ def say_bucket_lesson(swept: dict, h: dict, here, t4: dict, far: dict) -> None:
         + f"; with the ratios of 1024 ranks, hook-async {_after(hf['end_ms'])} ({hf['backward_ms']:.0f} ms), "
         f"bucket-async {_after(bf['end_ms'])} ({bf['backward_ms']:.0f} ms)."
     )
-    pairs = [(h_back, backs[here]), (ht["backward_ms"], bt["backward_ms"]), (hf["backward_ms"], bf["backward_ms"])]
-    ran_longer = sum(round(a) > round(b) for a, b in pairs)
-    if ran_longer:
-        say(
-            "hook-async's backward ran longer than bucket-async's on "
-            + ("all 3 links" if ran_longer == 3 else f"{ran_longer} of the 3 links")
-            + f". The step-time model times no hand-over, and where this link's {len(backs)} bucket-async steps ran "
-            f"{min(backs.values()):.0f} to {max(backs.values()):.0f} ms, one step each does not say how much of that "
-            "is hook-async's extra hand-overs."
-        )
     say(
-        "A longer backward leaves more of a step's link time before its end, so on the first two links the "
-        "conclusions below are the step-time model's, which gives both stages one backward."
+        "A longer backward leaves more of a step's link time before its end, so the conclusions below rest on "
+        "modeled times (the step-time model's, which gives both stages one backward, and the link time), not on "
+        "these steps."
     )
