@@ -173,12 +173,14 @@ table = pd.DataFrame(rows).T
 tensors = sum(p.requires_grad for p in trainees["ddp"].model.module.parameters())
 lesson.say(f"Ψ = {memory['ddp']['psi']:,} trainable parameter values (elements) in {tensors} parameter tensors.")
 # before the last backward's sync every gradient is accumulated whole (fsdp's in its units): 4 bytes a value
+cut_mib = (between["zero2"] - memory["zero2"]["gradients"]) / 2**20  # zero2's gradients whole, less the column's
 lesson.claim(
     all(between[s] == 4 * memory[s]["psi"] for s in STAGES)
-    and all(memory[s]["gradients"] < between[s] for s in ("zero2", "fsdp")),
-    "The gradients column is at the update, after the last backward's sync. As a micro-batch's forward started "
-    f"earlier in the memory step, every stage held whole gradients, {lesson.mib(between['ddp'])}: zero2 and fsdp "
-    "hold the column's smaller gradients only from the last backward on.",
+    and all(memory[s]["gradients"] < between[s] for s in ("zero2", "fsdp"))
+    and abs(table.loc["zero2", "model state MiB"] - table.loc["zero1", "model state MiB"] + cut_mib) < 2**-20,
+    f"The gradients column is at the update. By a later micro-batch's forward every stage held whole gradients, "
+    f"{lesson.mib(between['ddp'])}: zero2 and fsdp hold the column's smaller ones only from the last backward on, "
+    "so until then, once AdamW's state exists, zero2 holds as much model state as zero1.",
 )
 act = {s: memory[s]["activations"] for s in STAGES}
 lesson.claim(
@@ -329,7 +331,7 @@ lesson.claim(
 )
 
 # %% [markdown]
-# Held in bf16, the weights would lose some of these changes and round others: hence fp32 master weights.
+# Held in bf16, the weights would lose all the decay and round or lose each lr step: hence fp32 master weights.
 
 # %% [markdown]
 # ### The ZeRO paper's mixed-precision count
@@ -668,7 +670,7 @@ lesson.say(
 # %% [markdown]
 # ## What each rung trades
 #
-# Rank 0's model state at the update (the memory table: no bucket or all-gather buffers) beside what it
+# Rank 0's model state at the update (the memory table) beside what it
 # sent in a step on minddp's ring (the ring table).
 
 # %%
@@ -690,10 +692,9 @@ lesson.claim(
     and same
     and handed["zero2"] - handed["ddp"] == looks["zero2"]["gathers"] > 0,
     f"zero2 holds {spared['zero2']:.1f} MiB less model state than ddp at the update (zero1's saving plus "
-    f"{lesson.mib(cut)} of gradients, held whole until the last backward) and sends "
+    f"{lesson.mib(cut)} of gradients) and sends "
     + ("the same bytes" if total["zero2"] == total["ddp"] else "within 0.1 % of its bytes")
-    + f" on the ring, adding its {looks['zero2']['gathers']} all-gathers of parameters ({handed['zero2']} "
-    f"collectives in the gloo looks against ddp's {handed['ddp']}).",
+    + f" on the ring, in {handed['zero2']} collectives in the gloo looks against ddp's {handed['ddp']}.",
 )
 lesson.claim(
     spared["fsdp"] > spared["zero2"] and total["fsdp"] > total["zero2"] and handed["fsdp"] > handed["zero2"],

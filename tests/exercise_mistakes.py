@@ -984,6 +984,22 @@ def _halves_pad_wrong_sign(tensor, group):
     tensor.copy_(padded[: flat.numel()].view_as(tensor))
 
 
+def _halves_pad_by_first_dimension(tensor, group):
+    """Pads by ``-tensor.size(0) % n``, the first dimension's, where the length's is needed: the same on the flat
+    buckets (their one dimension is their length); on the checker's 5 × 8 tensor 1 at 2 ranks, where 0 is needed."""
+    n = dist.get_world_size(group)
+    flat = tensor.reshape(-1)
+    _summed_back(tensor, torch.nn.functional.pad(flat, (0, -tensor.size(0) % n)), n, group)
+
+
+def _halves_pad_by_last_dimension(tensor, group):
+    """Pads by ``-tensor.size(-1) % n``, the last dimension's: right at 2 ranks on the 5 × 8 tensor (8 is even), at 3
+    ranks 1 where 2 is needed."""
+    n = dist.get_world_size(group)
+    flat = tensor.reshape(-1)
+    _summed_back(tensor, torch.nn.functional.pad(flat, (0, -tensor.size(-1) % n)), n, group)
+
+
 def _halves_two_hard_coded(tensor, group):
     """Pads to an even length and cuts the piece at half of it: a hard-coded 2 where the world size belongs."""
     flat = tensor.reshape(-1)
@@ -1048,9 +1064,8 @@ def _halves_assigned_back_flat(tensor, group):
 
 
 def _halves_padded_unflattened(tensor, group):
-    """Pads the tensor as it was handed, without flattening it: right on the flat buckets; on a 5 × 7 tensor
-    ``F.pad`` pads the last dimension (5 × 8), and gloo's reduce-scatter, which cuts the first, refuses it (where a
-    backend accepted it, ``[: 35]`` would slice rows and ``view_as`` refuse the 40 elements)."""
+    """Pads the tensor as it was handed, without flattening it: right on the flat buckets; on a 5 × 8 tensor
+    ``F.pad`` pads the last dimension, and gloo's reduce-scatter, which cuts the first (5 rows), refuses it."""
     n = dist.get_world_size(group)
     padded = torch.nn.functional.pad(tensor, (0, -tensor.numel() % n))
     piece = padded.new_empty(padded.numel() // n)
@@ -1071,7 +1086,7 @@ def _halves_padded_unflattened_unshaped(tensor, group):
 
 def _halves_copied_back_transposed(tensor, group):
     """Shapes the flat sum as the tensor's shape reversed and transposes it back (columns first): right on the flat
-    buckets, whose shape reversed is their own; on a tensor of 5 x 7 the values land in the wrong places."""
+    buckets, whose shape reversed is their own; on a tensor of 5 x 8 the values land in the wrong places."""
     flat, padded, n = _padded(tensor, group)
     piece = padded.new_empty(padded.numel() // n)
     reduce_scatter_single(piece, padded, group=group)
@@ -1259,6 +1274,8 @@ HalvesNotWaited = _halves_with("HalvesNotWaited", _halves_not_waited)
 HalvesNotGathered = _halves_with("HalvesNotGathered", _halves_not_gathered)
 HalvesPieceUnpadded = _halves_with("HalvesPieceUnpadded", _halves_piece_unpadded)
 HalvesPadWrongSign = _halves_with("HalvesPadWrongSign", _halves_pad_wrong_sign)
+HalvesPadByFirstDimension = _halves_with("HalvesPadByFirstDimension", _halves_pad_by_first_dimension)
+HalvesPadByLastDimension = _halves_with("HalvesPadByLastDimension", _halves_pad_by_last_dimension)
 HalvesTwoHardCoded = _halves_with("HalvesTwoHardCoded", _halves_two_hard_coded)
 HalvesPadTwoHardCoded = _halves_with("HalvesPadTwoHardCoded", _halves_pad_two_hard_coded)
 HalvesGatheredUnpadded = _halves_with("HalvesGatheredUnpadded", _halves_gathered_unpadded)

@@ -415,6 +415,22 @@ MISTAKES = [
             "-numel % world_size, 1 here, to 324",
         ),
     ),
+    # padded by a dimension of the tensor, not its length: right on the flat buckets, named on the checker's 5 x 8
+    (
+        wrong.HalvesPadByFirstDimension,
+        "halves",
+        "(the tensor of 5 × 8, 40 elements, was padded by 1 to 41, -size % world_size of its first dimension (5): pad "
+        "the flattened tensor by -numel % world_size, 0 here, to 40)",
+    ),
+    (
+        wrong.HalvesPadByLastDimension,
+        "halves",
+        (
+            "on 3 ranks, after it passed on 2",
+            "(the tensor of 5 × 8, 40 elements, was padded by 1 to 41, -size % world_size of its first dimension (5) "
+            "or last dimension (8): pad the flattened tensor by -numel % world_size, 2 here, to 42)",
+        ),
+    ),
     (
         wrong.HalvesTwoHardCoded,
         "halves",
@@ -463,18 +479,18 @@ MISTAKES = [
             "(this rank's piece of the sum, 162 elements, was copied back where the whole sum belongs, 323 elements",
         ),
     ),
-    # the flat sum copied back without .view_as: right on the flat buckets, named on the checker's tensor of 5 x 7
+    # the flat sum copied back without .view_as: right on the flat buckets, named on the checker's tensor of 5 x 8
     (
         wrong.HalvesCopiedBackFlat,
         "halves",
         (
             "in _halves_copied_back_flat (line",
-            "while summing a tensor of 5 × 7 values, not a flat bucket, with your transport (the checker)",
+            "while summing a tensor of 5 × 8 values, not a flat bucket, with your transport (the checker)",
             "shape the sum as the tensor, tensor.copy_(padded[: flat.numel()].view_as(tensor))",
         ),
     ),
     # the same by slice assignment, tensor[:] = padded[: flat.numel()]: torch's other text ("the expanded size ...
-    # the existing size (35)") named as the missing view_as, not as padding left on (its line cuts the padding off)
+    # the existing size (40)") named as the missing view_as, not as padding left on (its line cuts the padding off)
     (
         wrong.HalvesAssignedBackFlat,
         "halves",
@@ -483,9 +499,9 @@ MISTAKES = [
             "shape the sum as the tensor, tensor.copy_(padded[: flat.numel()].view_as(tensor))",
         ),
     ),
-    # the tensor padded as handed, not flattened: F.pad pads a 5 x 7 tensor's last dimension (5 x 8), which gloo's
-    # reduce-scatter refuses (it cuts the first): named as the missing flatten, not as a length the world size does
-    # not divide (40 is even) nor, where a backend accepts it, as padding left on or a missing view_as
+    # the tensor padded as handed, not flattened: F.pad pads a 5 x 8 tensor's last dimension, and gloo's
+    # reduce-scatter refuses its 5 rows (it cuts the first): named as the missing flatten, not as a length the world
+    # size does not divide (40 is even) nor, where a backend accepts it, as padding left on or a missing view_as
     (
         wrong.HalvesPaddedUnflattened,
         "halves",
@@ -502,11 +518,11 @@ MISTAKES = [
             "(the tensor was padded as it was handed, 5 × 8, without being flattened: F.pad pads the last dimension",
         ),
     ),
-    # the flat sum written back in the wrong places of a tensor of 5 x 7: no error, named by its values
+    # the flat sum written back in the wrong places of a tensor of 5 x 8: no error, named by its values
     (
         wrong.HalvesCopiedBackTransposed,
         "halves",
-        "your transport summed the flat buckets right, but not a tensor of 5 × 7 values",
+        "your transport summed the flat buckets right, but not a tensor of 5 × 8 values",
     ),
     # gathered into a new tensor, copied back from the padded input: named as the copy's source, not as a rebinding
     (

@@ -116,7 +116,7 @@ def check(
     of 323 and 112 values, so a stage's per-bucket calls are counted twice a
     step and one bucket has an odd length). A collective that one rank waits
     in for ``timeout_s`` seconds is a hang. A stage whose Wire has a transport
-    (``halves``) has it also sum a tensor of 5 × 7 values (``harness.SHAPED``):
+    (``halves``) has it also sum a tensor of 5 × 8 values (``harness.SHAPED``):
     the buckets are flat, and a transport is handed any tensor. Its stage is
     built over a group of its own (``dist.new_group`` over the ranks), and a
     transport that sums over another (``dist.group.WORLD``) is refused by name.
@@ -684,6 +684,19 @@ def _raise_hint(
             f"padded tensor, {piece} elements, where the piece goes: each call takes (output, input), so {call})"
         )
     if whole % world:
+        # a tensor of more dimensions padded by one of its dimensions, -tensor.size(0) % n, not by its length: the
+        # same on the flat buckets; a wrong sign too where the buckets before were padded with the right one
+        dims = sizes.get("handed_shape") or ()
+        ends = (("first", dims[0]), ("last", dims[-1])) if len(dims) > 1 else ()
+        by = [f"{w} dimension ({d})" for w, d in ends if whole == m + -d % world]
+        if by:
+            signed = any(b != a + a % world for a, b in sizes.get("padded_before") or [])
+            return (
+                f" (the tensor of {' × '.join(map(str, dims))}, {m} elements, was padded by {whole - m} to {whole}, "
+                f"-size % world_size of its {' or '.join(dict.fromkeys(by))}"
+                + ("" if signed or whole != m + m % world else ", or by numel % world_size, the sign wrong")
+                + f": pad the flattened tensor by -numel % world_size, {-m % world} here, to {m + -m % world})"
+            )
         if m is not None and whole == m + m % world != m + -m % world:
             return (
                 f" (the bucket, {m} elements, was padded by {m % world} to {whole}, numel % world_size: the sign is "

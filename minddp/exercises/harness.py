@@ -359,6 +359,7 @@ class Events(TorchDispatchMode):
         self.in_callback = 0  #: inside a Future's callback, which runs after its work completed: no write races
         self.active = False
         self.handed: int | None = None  #: the length of the tensor a running transport was handed (``transport``)
+        self.handed_shape: tuple | None = None  #: and its shape
         self.module = module
         self.on_parameters: list[str] = []  #: the parameters (not their gradients) a collective of this step sent
         #: (name, phase) of each parameter whose ``.grad`` itself a collective of this step sent, one per collective
@@ -426,6 +427,7 @@ class Events(TorchDispatchMode):
                     "output": args[0].numel(),
                     "input": args[1].numel(),
                     "handed": self.handed,  # the length of the tensor the transport was handed (None: no transport)
+                    "handed_shape": self.handed_shape,  # and its shape
                     "padded_before": list(self.padded),  # how the transport padded the tensors it summed before
                     # the whole tensor's shape (a reduce-scatter's input, an all-gather's output): gloo cuts its first
                     # dimension, so a tensor padded as handed, not flattened, is refused
@@ -501,6 +503,7 @@ class Events(TorchDispatchMode):
         that the checker's gradients share with the default device (:data:`DEVICELESS`)."""
         start, padded = len(self.works), len(self.padded)
         self.handed = tensor.numel() if isinstance(tensor, torch.Tensor) else None
+        self.handed_shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else None
         self._handed_values = tensor.detach().reshape(-1).clone() if isinstance(tensor, torch.Tensor) else None
         self._scatter_input = self._gather_output = None
         self._gathered_here = self._scattered_here = False
@@ -561,7 +564,15 @@ class Events(TorchDispatchMode):
             self.averaged = self.averaged or op == dist.ReduceOp.AVG
             if isinstance(input, torch.Tensor):  # before the call, which may refuse it (gloo cuts the first dimension)
                 self.scattered_shape = tuple(input.shape)
-            return scatter(output, input, op, *args, **kwargs)
+            try:
+                return scatter(output, input, op, *args, **kwargs)
+            except RuntimeError as exc:  # a flat input refused outside dispatch (the shaped tensor): its sizes
+                flat = isinstance(input, torch.Tensor) and isinstance(output, torch.Tensor) and input.dim() == 1
+                if flat and getattr(exc, "collective", None) is None:
+                    exc.collective = {"kind": "reduce_scatter", "output": output.numel(), "input": input.numel(),
+                                      "handed": self.handed, "handed_shape": self.handed_shape,
+                                      "padded_before": list(self.padded), "shape": tuple(input.shape)}  # fmt: skip
+                raise
 
         return reduce_scatter
 
@@ -1140,8 +1151,9 @@ def no_gradient_finding(model, module: nn.Module, shard, step: int, world: int) 
 
 
 #: The shape of the tensor :func:`shaped_transport_finding` hands a transport: a weight's, of more dimensions than a
-#: bucket's one, and a length (35) that neither 2 nor 3 ranks divide, so the padding is cut off again.
-SHAPED = (5, 7)
+#: bucket's one, and a length (40) that 3 ranks do not divide, so the padding is cut off again. Padding by a dimension,
+#: not by the length, is wrong here: by the first (-5 % n) at 2 and 3 ranks, by the last (-8 % n) at 3.
+SHAPED = (5, 8)
 
 
 def shaped_transport_finding(model, events: Events, progress: Progress, step: int, world: int) -> dict | None:
