@@ -32,7 +32,6 @@ import torch.distributed as dist
 from minddp.comm.default_hooks import allreduce_hook
 from minddp.ft.client import Coordinator, Quorum
 from minddp.ft.faults import FaultPlan
-from minddp.runtime import compat
 from minddp.runtime.launch import leave_group
 
 #: The same step failing this many times in a row ends the process with the last error.
@@ -60,11 +59,7 @@ class FaultTolerantTrainer:
         self.task, self.steps, self.coordinator, self.plan = task, steps, coordinator, plan
         self.slot, self.hang_s, self.digests = coordinator.slot, hang_s, digests
         self.model = task.build_model()
-        t, compiler = time.time(), compat.compiler_imported()
         self.optimizer = task.build_optimizer(self.model)
-        # what building it cost this process: seconds, and whether torch imported its compiler (Dynamo) meanwhile (a
-        # process's first optimizer does; the processes' server has not imported it)
-        self.optimizer_built = (time.time() - t, not compiler and compat.compiler_imported())
         self.step = 0  # committed steps so far: the next step to train
         self.group_tag = None  # the quorum this process's group was built for
         self.ddp = None
@@ -86,7 +81,6 @@ class FaultTolerantTrainer:
             "log": self.log,
             "state": self.state_bytes(),
             "healed_bytes": self.healed_bytes,
-            "optimizer_built": self.optimizer_built,
         }
         if self.on_result is not None:
             self.on_result(result)

@@ -16,7 +16,7 @@ name minddp reads (``tests/test_compat.py`` fails on one used anywhere else in t
   - compiled code (Dynamo): :func:`is_compiled` and :func:`uncompiled` (what ``torch.compile(model)``
     returned, and the model inside), :func:`ddp_optimizer_caps` (the bucket sizes Dynamo cuts a compiled
     graph at, set only inside a compiled call), :func:`default_first_bucket_bytes`, :func:`dynamo_reset` and
-    :func:`graph_breaks` (Dynamo's cache emptied and its count of graph breaks since), :func:`compiler_imported`;
+    :func:`graph_breaks` (Dynamo's cache emptied and its count of graph breaks since);
   - autograd: :func:`at_backward_end` (a callback when the running backward ends), :func:`hook_slots` and
     :func:`put_hooks` (a gradient hook taken out and put back), :func:`future_type`, :func:`use_count` (the C++
     references to a tensor: a backend's among them);
@@ -352,15 +352,6 @@ def dynamo_reset() -> None:
 
     torch._dynamo.reset()
     counters.clear()
-
-
-#: Dynamo's module, torch's compiler: torch 2.13 imports it when a process builds its first optimizer (seconds).
-COMPILER_MODULE = "torch._dynamo"
-
-
-def compiler_imported() -> bool:
-    """Whether this process has imported :data:`COMPILER_MODULE` (read, never imported here)."""
-    return COMPILER_MODULE in sys.modules
 
 
 def graph_breaks() -> int:
