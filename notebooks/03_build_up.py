@@ -394,8 +394,7 @@ check(solutions.AsyncHookDDP, like="hook-async")
 # `plan_buckets`); in the grad hook each parameter is counted in its bucket, and when the bucket's last
 # gradient is in, the bucket is flattened into one buffer and sent in one call; when the average is
 # back, each slice is copied into its parameter's `.grad`. Like `hook`, this stage waits for each
-# bucket. Left at torch's default (`bucket_cap_mb=None`: 25 MiB), the first bucket's cap is 1 MiB; a
-# cap given (the workload gives one) is every bucket's, as in torch. A bucket closes at the gradient
+# bucket. A cap given (the workload gives one) is every bucket's, as in torch. A bucket closes at the gradient
 # that reaches or passes its cap, so it can hold more. The idea:
 #
 # ```python
@@ -577,7 +576,8 @@ lesson.claim(
 # %% [markdown]
 # ## Side by side: the ladder on one time axis
 #
-# Every profiled step above on one axis, and their numbers (units in the column names). *Last
+# Every profiled step above on one axis (a bar's length does not compare the stages' compute, so the
+# table has no step column), and their numbers (units in the column names). *Last
 # backward less the check*: the backward of the step's last micro-batch, measured once on a shared
 # machine, less rank 0's time at the check inside it (from `hook` to `bucket-async`); `hook`'s and
 # `bucket`'s hold their waits. *At the check*: the time the check held each rank, summed over the step's checks (in
@@ -610,8 +610,8 @@ lesson_03.look_table(looks, checks)
 # bucket, both during the last backward, and wait for them in finish. On the link, a bucketed stage
 # trades three things against a per-gradient one:
 #
-# 1. **per message**: every all_reduce pays 2(n−1)·α on the link, and the host hands it over;
-#    buckets pay both once per bucket instead of once per gradient tensor, and copy each gradient
+# 1. **per message**: every all_reduce pays 2(n−1)·α on the link;
+#    buckets pay it once per bucket instead of once per gradient tensor, and copy each gradient
 #    into its bucket;
 # 2. **the late start**: nothing goes to the link before some bucket's last gradient is ready, while a
 #    per-gradient stage's first message needs only one gradient;
@@ -664,7 +664,7 @@ table
 # The cap decides all three costs: a small cap makes many small buckets (many fixed costs, a short
 # tail); a large cap makes a few large ones. Below, `bucket-async` runs one
 # profiled step, no warm-up, at other caps on the same link (the workload's cap is the step above;
-# `None` is torch's default caps, 1 MiB for the first bucket and 25 MiB after, drawn right of the grid). The
+# `None`: the stage's torch default caps, 1 MiB for the first bucket and 25 MiB after, drawn right of the grid). The
 # step-time model (`docs/scaling.md`) replays each cap's plan on the link, with the bare network's
 # timings scaled to the median of the five steps' backwards (less the check). The lower panel shows
 # the three costs of each cap on the grid by the model (None's: the table).
@@ -708,8 +708,7 @@ lesson_03.sweep_table(swept, model, default)
 # Two ratios of a setting matter here: one sync's bytes' time and one message's fixed cost, each over
 # one backward. The cell sets α and β so that one backward of the network at hand, timed on this
 # machine (rank 0's), has both ratios of a setting: for the blog's T4s the cap sweep's median; for
-# 1024 ranks, whose network the sweep did not run, single's. Each rung then runs one step, no
-# warm-up, with a backward of its own (set against that one below). Both settings take
+# 1024 ranks, whose network the sweep did not run, single's. Both settings take
 # the blog's workload (SmolLM2-360M) as the step-time model rebuilds it (`docs/scaling.md` §5):
 #
 # * **the ratios of 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`); the rungs from `simple` to
@@ -795,7 +794,7 @@ t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
 far = {s: blog_runs["1024 ranks", s] for s in RUN["1024 ranks"]}
 lesson_03.say_sized_measures(t4, far, {s: 1e3 * b for s, b in sized_from.items()})
 lesson_03.say_bucket_lesson(swept, looks["hook-async"], here, t4, far)
-# the step-time model, one backward for both stages (the bare network, scaled as above): on this notebook's link at
+# the step-time model (the bare network, scaled as above): on this notebook's link at
 # the workload's cap, and on the link with the ratios of 4 × T4 at that link's cap
 m = {c.cap_mb: c for c in model}[here]
 m4, h4 = (
@@ -831,7 +830,7 @@ lesson.claim(  # the link's modeled clock (291 fixed costs against 26): the same
 # ## Takeaway
 #
 # Buckets shorten the link time by the fixed costs of the messages they no longer send, but their
-# first message leaves later and their last takes longer. In the step-time model, on this
-# notebook's link and with **the ratios of 4 × T4**, that leaves more link after backward than one
-# message per gradient. With the ratios of 1024 ranks, one message per gradient needs more link time
-# than the backward that link was sized from, buckets less.
+# first message leaves later. In the step-time model (no host work per message), at the workload's
+# cap on this notebook's link and with **the ratios of 4 × T4** at that link's cap, that leaves more
+# link after backward than one message per gradient. With the ratios of 1024 ranks, one message per
+# gradient needs more link time than the backward that link was sized from, buckets less.
