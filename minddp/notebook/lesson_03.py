@@ -273,7 +273,7 @@ def say_sized(
 def say_met(name: str, runs: dict, blog_buckets: int) -> None:
     """The buckets bucket-async sent on a sized link, beside those the blog's 25 MiB cuts SmolLM2 into."""
     sent = runs["bucket-async"]["calls"]
-    why = "" if sent == blog_buckets else ": the same share of the bytes, over tensors of other sizes"
+    why = "" if sent == blog_buckets else ": tensors of other sizes"
     say(f"{name}: bucket-async sent {sent} buckets (the blog's 25 MiB on SmolLM2: {blog_buckets}{why}).")
 
 
@@ -297,7 +297,7 @@ def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
         say(
             f"Against the {sized_ms[name]:.0f} ms backward the link of {name} was sized from, the backwards that hold "
             f"no wait for a message ran: {'; '.join(parts)}"
-            + (" (" + " and ".join(f"{s}'s" for s in held) + " hold their waits, so are left out)" if held else "")
+            + (" (" + " and ".join(held) + " hold waits)" if held else "")
             + f": these steps keep the setting's ratios only to within {apart:.1f} times."
         )
     if round(t4["bucket-async"]["backward_ms"]) == round(far["bucket-async"]["backward_ms"]):
@@ -341,12 +341,11 @@ def say_bucket_lesson(swept: dict, h: dict, here, t4: dict, far: dict) -> None:
     pairs = [(h_back, backs[here]), (ht["backward_ms"], bt["backward_ms"]), (hf["backward_ms"], bf["backward_ms"])]
     longer_back = sum(round(a) > round(b) for a, b in pairs)
     say(
-        "hook-async's backward, with a message per gradient sent inside it, ran "
+        "hook-async's backward, sending a message per gradient, ran "
         + (
             "no longer than bucket-async's on any of the 3 links"
             if longer_back == 0
             else f"longer than bucket-async's on {'all 3' if longer_back == 3 else f'{longer_back} of the 3'} links"
         )
-        + " (the brackets); the step-time model times no host work per message, so the claims below are about "
-        "the link, not these steps' ends."
+        + "; the step-time model times no host work per message."
     )
