@@ -26,7 +26,6 @@ RUNG_LINES = [
     ("phase 1", "until_committed", "quorum = self.coordinator.quorum("),
     ("phase 2", "until_committed", "if quorum.tag != self.group_tag"),
     ("phases 2 and 3", "until_committed", 'entry["healed"] = self.rebuild_group('),
-    ("phase 3", "rebuild_group", "healed = self.heal(quorum)"),
     ("phase 3", "heal", "payload = self.state_bytes()"),
     ("phase 3", "heal", "dist.recv(payload"),
     ("phase 4", "until_committed", "value = work(quorum, entry)"),
