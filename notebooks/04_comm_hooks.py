@@ -22,7 +22,7 @@
 #
 # * `fp16` / `bf16`: cast the bucket to a 16-bit float, divide it by the world size, all_reduce (the sum of the
 #   divided values: the average), cast back: half the bytes;
-# * `powersgd`: approximate each gradient matrix it compresses (which: "PowerSGD, step by step") by `P Qᵀ`, two
+# * `powersgd`: approximate each gradient matrix it compresses by `P Qᵀ`, two
 #   thin factors, and send `P` and `Q` instead (the other tensors go uncompressed), with *error feedback*: each
 #   rank keeps a tensor per bucket that it adds to that bucket's gradient on the next step.
 #
@@ -74,8 +74,7 @@ lesson.say(lesson.describe())
 # %% [markdown]
 # ## Payload and gradient error
 #
-# The table is each hook's last step, each error against its own copy's g (PowerSGD's ĝ − g also holds the part of
-# e, below, sent a step late: a correction, not a loss).
+# The table is each hook's last step, each error against its own copy's g.
 #
 # The cell after the table checks fp16's and bf16's error against a worst-case bound on rounding alone
 # (`minddp.comm.measure.rounding_bound`): value i of the average is off by at most
@@ -140,7 +139,7 @@ lesson.claim(
     + " and ".join(f"‖b‖ / ‖g‖ = {b_norm[k]:.3g} / {g_norm[k]:.4g} = {bound[k]:.1e} for {dtypes[k]}" for k in dtypes)
     + ".",
 )
-# a rank's |value i| is at most the ranks' sum of |value i|, n · a_i, so at most n times the a_i's norm
+# a rank's |value i| is at most the ranks' sum of |value i|, n · a_i, so at most n times the norm of the a_i
 cast = {
     k: max(world_size * trainees[name].metered[k - 1]["magnitudes"]["magnitude_sq"] ** 0.5 for name in dtypes)
     for k in range(1, STEPS + 1)
@@ -151,7 +150,7 @@ f16, b16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
 lesson.claim(
     cast[top] < f16.max and err["fp16"] < err["bf16"],
     f"No gradient value the fp16 or bf16 copy cast in its {STEPS} steps can exceed {cast_up:.1f} in magnitude "
-    f"(n · ‖a‖, largest on step {top}: {world_size} × {cast[top] / world_size:.3f}), below float16's largest value, {f16.max:.0f}: none overflowed. bfloat16, "
+    f"(n times the norm of the a_i, on step {top}), below float16's largest value, {f16.max:.0f}: none overflowed. bfloat16, "
     f"whose eps is {b16.eps / f16.eps:.0f} times float16's, has the larger error for as many bytes.",
 )
 
@@ -210,13 +209,7 @@ lesson.claim(
     and all(w["relative_error"] == 0 for w in psgd_trainee.metered[:plain_steps] + plain_trainee.metered),
     f"For the first {plain_steps} steps PowerSGD is plain averaging (start_powerSGD_iter={plain_steps}): the same "
     f"{plain_calls} all_reduces and {plain_kib:.0f} KiB of payload, and a relative error of exactly 0, as plain "
-    "averaging's on every step"
-    + (
-        f": on {world_size} ranks its sum and the reference average's are one addition of the same values, whose "
-        "order cannot matter."
-        if world_size == 2
-        else "."
-    ),
+    "averaging's on every step.",
 )
 # a bucket makes at most 3 all_reduces (P and Q only if it compresses a matrix; the uncompressed tensors' only if it
 # holds any): 3 × buckets in all means 3 in every bucket
@@ -232,16 +225,25 @@ err1, norm1 = shown.loc[first, ERR], shown.loc[first, NORM]
 err2, norm2 = shown.loc[second, ERR], shown.loc[second, NORM]
 fed_back, through = round(err1 * norm1, 2), round(err2 * norm2, 2)  # ‖e‖ (‖ĝ − g‖ on the first), ‖ĝ − g‖ on the second
 low = round(math.sqrt(max(through**2 - norm2**2, 0)), 2)  # the least ‖P Pᵀ e‖
+share = (low / through) ** 2  # the parts are at right angles: their squared norms add up to ‖ĝ − g‖²
 lesson.claim(
-    low > through / 2,
+    share > 0.5,
     f"Step {first} has no error feedback yet: its e = g − ĝ has norm {err1:.3f} × {norm1:.2f} = {fed_back:.2f}. On "
     f"step {second}, ‖ĝ − g‖ = {err2:.3f} × {norm2:.2f} = {through:.2f} and ‖P Pᵀ e‖ ≥ √({through:.2f}² − "
-    f"{norm2:.2f}²) = {low:.2f}: over half of step {second}'s ‖ĝ − g‖ is what step {first} left out, sent a step late.",
+    f"{norm2:.2f}²) = {low:.2f}: P Pᵀ e, step {first}'s e projected onto step {second}'s P, makes at least {share:.0%} "
+    f"of ‖ĝ − g‖².",
 )
+plain2 = shown.loc[second, PLAIN]
 lesson.claim(
-    err2 > err1 and through < fed_back and norm2 < norm1,
+    err2 > err1
+    and through < fed_back
+    and norm2 < norm1
+    and plain2 < norm1
+    and (shown.loc[:first, NORM] == shown.loc[:first, PLAIN]).all()
+    and norm2 != plain2,
     f"PowerSGD's relative error rose from {err1:.3f} to {err2:.3f} though ‖ĝ − g‖ fell ({fed_back:.2f} to {through:.2f}), "
-    f"as ‖g‖ fell from {norm1:.2f} to {norm2:.2f}.",
+    f"as ‖g‖ fell from {norm1:.2f} to {norm2:.2f}. Uncompressed, the plain averaging copy's fell too, to {plain2:.2f} "
+    f"(the copies part from step {second}, after step {first}'s compressed update).",
 )
 steps.round({"PowerSGD payload KiB": 1, ERR: 3, NORM: 2, PLAIN: 2})
 
@@ -252,7 +254,7 @@ steps.round({"PowerSGD payload KiB": 1, ERR: 3, NORM: 2, PLAIN: 2})
 # point-to-point send; an all_reduce around a ring makes 2(n − 1) hops a rank, all ranks at once, so a message's
 # *fixed cost* is 2(n − 1) α), β the time per byte (1 / B, B the link's bandwidth, in bytes/s in every formula). A link carries
 # one message at a time, each for its α-β time, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of m bytes on n
-# ranks. So c all_reduces of S bytes of payload in all take
+# ranks. So a hook's c all_reduces of S bytes of payload in all take
 #
 # `c · 2(n − 1) α + 2(n − 1)/n · S β`
 #
@@ -287,7 +289,7 @@ link_share, pay_share = (
 )
 lesson.say(
     f"PowerSGD's {reduced['powersgd'][0]} messages take {link_ms_of['powersgd']:.1f} ms of link time, "
-    f"{fixed['powersgd']:.1f} ms ({fixed['powersgd'] / link_ms_of['powersgd']:.0%}) of it their fixed costs, which "
+    f"{fixed['powersgd']:.1f} ms ({fixed['powersgd'] / link_ms_of['powersgd']:.0%}) of it fixed costs, which "
     f"do not shrink with the payload: its link time is {link_share:.3f} of plain averaging's, its payload {pay_share:.4f}."
 )
 
@@ -295,7 +297,7 @@ lesson.say(
 # ## Where each takes less link time: messages against payload
 #
 # PowerSGD pays a message's fixed cost, 2(n − 1) α, three times a bucket here where plain averaging pays it
-# once. With c and S plain averaging's, PowerSGD's c′ messages of S′ bytes in all take less link time exactly
+# once. From here c and S are plain averaging's; PowerSGD's c′ messages of S′ bytes take less link time exactly
 # when `2(n − 1)/n · (S − S′) β > 2(n − 1)(c′ − c) α`:
 #
 # * **bandwidth**: PowerSGD's link time is the shorter below `B* = (S − S′) / (n (c′ − c) α)` bytes/s, plain
@@ -328,9 +330,12 @@ faster = wins["PowerSGD, link ms"] < wins["plain averaging, link ms"]
 lesson.claim(
     all(faster[nm] == (spec.bandwidth < crossover(spec.latency)) for nm, spec in lesson_04.presets().items()),
     f"With c = {c}, S = {S} bytes for plain averaging and c′ = {c2}, S′ = {S2} bytes for PowerSGD, "
-    f"on every preset in the table the hook with the smaller link ms is the one its B* names (PowerSGD below it, plain "
-    f"averaging above). {lesson_04.where_shorter(wins)}.",
+    f"on every preset the smaller link ms is the one B* names (PowerSGD's below it, plain averaging's above). "
+    f"{lesson_04.where_shorter(wins)}.",
 )
+ratio = wins["PowerSGD, link ms"] / wins["plain averaging, link ms"]
+near = (ratio - 1).abs().idxmin()  # the preset where the two come closest
+lesson.say(f"{near} comes closest: PowerSGD's link ms is {ratio[near]:.2f} times plain averaging's.")
 tie = LinkSpec("B*", crossover(LINK.latency), LINK.latency)
 tied = [lesson_04.link_ms(reduced[h], tie, n) for h in ("powersgd", "allreduce")]
 lesson.claim(
@@ -345,21 +350,21 @@ shorter = [
 ]
 lesson.claim(
     shorter == [True, False],
-    f"The same all_reduces and payload, from these {n}-rank steps, priced on {LINK.name} as if on more ranks: "
-    f"PowerSGD's take less link time on {below} ranks and not on {above}, either side of n* = {n_star:.1f} "
-    f"(α = {LINK.latency:g} s, B = {LINK.bandwidth:g} bytes/s).",
+    f"Priced on {LINK.name} as if on more ranks, these {n}-rank steps' all_reduces and payload take less link time "
+    f"with PowerSGD on {below} ranks and not on {above}, either side of n* = {n_star:.1f}.",
 )
 lesson_04.link_figure(reduced, n, LINK, crossover)
 wins.round(3)
 
 # %% [markdown]
-# PowerSGD's loss, compute, memory and effect on a step's time are not shown: nothing here tells whether it is
+# PowerSGD's training loss, compute, memory and effect on a step's time are not shown: nothing here tells whether it is
 # worth using.
 #
 # ## torch compatibility
 #
-# minddp's PowerSGD hook waits inside itself for the P factors' and uncompressed tensors' all_reduces, where torch's
-# chains that work on a Future: backward stands still for those waits, for a time not measured here.
+# minddp's PowerSGD hook waits inside itself for the P factors' and uncompressed tensors' all_reduces, to start the
+# Q's in the hook's call: started from a Future's callback, as in torch, it could pair with another bucket's on the
+# other rank. Backward stands still for those waits.
 #
 # ## Your turn: an fp16 hook
 #

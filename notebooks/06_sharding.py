@@ -173,14 +173,13 @@ table = pd.DataFrame(rows).T
 tensors = sum(p.requires_grad for p in trainees["ddp"].model.module.parameters())
 lesson.say(f"Ψ = {memory['ddp']['psi']:,} trainable parameter values (elements) in {tensors} parameter tensors.")
 # before the last backward's sync every gradient is accumulated whole (fsdp's in its units): 4 bytes a value
-cut_mib = (between["zero2"] - memory["zero2"]["gradients"]) / 2**20  # zero2's gradients whole, less the column's
 lesson.claim(
     all(between[s] == 4 * memory[s]["psi"] for s in STAGES)
     and all(memory[s]["gradients"] < between[s] for s in ("zero2", "fsdp"))
-    and abs(table.loc["zero2", "model state MiB"] - table.loc["zero1", "model state MiB"] + cut_mib) < 2**-20,
+    and between["zero2"] == memory["zero1"]["gradients"],
     f"The gradients column is at the update. By a later micro-batch's forward every stage held whole gradients, "
-    f"{lesson.mib(between['ddp'])}: zero2 and fsdp hold the column's smaller ones only from the last backward on, "
-    "so until then, once AdamW's state exists, zero2 holds as much model state as zero1.",
+    f"{lesson.mib(between['ddp'])}: zero2 and fsdp hold the column's smaller ones only from the last backward on; "
+    "until then zero2's are zero1's size.",
 )
 act = {s: memory[s]["activations"] for s in STAGES}
 lesson.claim(
@@ -198,8 +197,8 @@ shown
 off = {s: table.loc[s, "model state MiB"] - table.loc[s, "formula MiB"] for s in STAGES}
 lesson.claim(
     all(abs(b * 2**20 - 4 * tensors) < 1 for b in off.values()),
-    f"On rank 0 each stage holds its formula's bytes plus the storage of AdamW's step counts, a 4-byte scalar per "
-    f"parameter tensor ({tensors} × 4 = {4 * tensors} bytes), which the formulas leave out.",
+    f"On rank 0 each stage holds its formula's bytes plus AdamW's step counts, a 4-byte scalar per "
+    f"parameter tensor ({tensors} × 4 = {4 * tensors} bytes).",
 )
 names = {id(p): n for n, p in trainees["fsdp"].model.module.named_parameters()}
 replicated = {id(p): p for _, _, p in trainees["fsdp"].model.replicated}
@@ -207,14 +206,6 @@ lesson.say(
     f"fsdp's {len(replicated)} replicated tensors: "
     + ", ".join(f"{names[i]} ({p.numel():,} values)" for i, p in replicated.items())
     + f"; Ψᵣ = {memory['fsdp']['replicated']:,}."
-)
-reducers = {s: trainees[s].model.reducer for s in ("ddp", "zero1")}  # minddp's DistributedDataParallel's
-buffers = {s: sum(b.untyped_storage().nbytes() for b in r.buffers) for s, r in reducers.items()}
-lesson.claim(
-    not any(r.gradient_as_bucket_view for r in reducers.values()),
-    "No column counts the flat copies of their gradient buckets that ddp and zero1 keep ("
-    + ", ".join(f"{s} {lesson.mib(b)}" for s, b in buffers.items())
-    + " on rank 0 after the step).",
 )
 
 # %% [markdown]
@@ -224,7 +215,7 @@ lesson.claim(
 # here) and keeps an fp32 copy of the weights, the *master weights*, for the optimizer. minddp's FSDP
 # computes in bf16 with `compute_dtype=torch.bfloat16`: the fp32 shards
 # *are* the master weights, cast to bf16 for each unit's gather. The cells below train it one step on
-# the memory step's micro-batches and set its model state, gathered units and activations beside fp32
+# the memory step's micro-batches and set its model state and activations beside fp32
 # fsdp's. The model's normalization layers are its *RMSNorms*.
 
 # %%
@@ -262,16 +253,14 @@ lesson.claim(
     f"fsdp computing in bf16 keeps the same model state as in fp32, {held['fsdp'] / 2**20:.1f} MiB: its fp32 "
     f"shards are the master weights.",
 )
-# the same units gathered, 2 bytes a value instead of 4: exactly half
 by = probe.activations_by  # the bf16 run's saved bytes by (dtype, class of the module that saved them)
 low = sum(b for (dtype, _), b in by.items() if dtype == "bfloat16")
 norm32 = sum(b for (dtype, m), b in by.items() if dtype == "float32" and m.endswith("RMSNorm"))
 other = f16["activations"] - low  # every byte not saved in bf16, in any dtype, by any module
 # in fp32 the bytes saved in bf16 here are twice as many and the others the same: the others keep it above half
 lesson.claim(
-    2 * f16["gathered"] == f32["gathered"] and abs(2 * low + other - f32["activations"]) < 1e-3 * f32["activations"],
-    f"Its gathered units peak at {lesson.mib(f16['gathered'])}, exactly half fp32 fsdp's "
-    f"{lesson.mib(f32['gathered'])}. Its activations are {f16['activations'] / f32['activations']:.2f} times fp32 fsdp's "
+    abs(2 * low + other - f32["activations"]) < 1e-3 * f32["activations"],
+    f"Its activations are {f16['activations'] / f32['activations']:.2f} times fp32 fsdp's "
     f"({lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}), not half: {low / 2**20:.2f} MiB "
     f"of them are saved in bf16 and {other / 2**20:.2f} MiB not ({norm32 / 2**20:.2f} MiB of those in fp32 by "
     f"the RMSNorms); twice the first plus the second come to fp32 fsdp's {lesson.mib(f32['activations'])}.",
@@ -580,10 +569,12 @@ lesson.claim(
 )
 # the unpack moment comes with or without a prefetch; a peak no higher means the prefetch's moment (one unit's
 # parameters beside the next unit's buffer, as many bytes) raised nothing
+# computing in bf16 the same units are gathered at 2 bytes a value instead of 4
 lesson.claim(
-    received + unpacked == peak,
+    received + unpacked == peak == 2 * memory["fsdp bf16"]["gathered"],
     f"fsdp's gathered units peak at {lesson.mib(peak)} in the memory step: those two storages, held together as a "
-    "unit is unpacked; the prefetch (one unit's parameters beside the next one's buffer) raises it no higher.",
+    "unit is unpacked; the prefetch (one unit's parameters beside the next one's buffer) raises it no higher. "
+    f"Computing in bf16, fsdp's peak is exactly half, {lesson.mib(memory['fsdp bf16']['gathered'])}.",
 )
 f = looks["fsdp"]
 lesson.claim(
@@ -675,6 +666,8 @@ lesson.say(
 
 # %%
 # %%rank 0
+from minddp.sharding.shards import chunk_size
+
 trade = pd.DataFrame({"model state MiB": table["model state MiB"], "sent a step MiB": pd.Series(total) / 2**20})
 spared = trade.loc["ddp", "model state MiB"] - trade["model state MiB"]  # against ddp's, at the update
 handed = {s: looks[s]["calls"] + looks[s]["gathers"] for s in STAGES}  # collectives in the gloo looks (the figure's)
@@ -685,6 +678,8 @@ lesson.claim(
     f"At the update zero1 holds {lesson.mib(kept)} less optimizer state than ddp, for "
     f"{total['zero1'] / total['ddp']:.1f} times ddp's bytes sent.",
 )
+z2 = trainees["zero2"].model  # gather_parameters: one buffer a bucket, world × its padded chunks, all made at once
+receive = sum(z2.world * chunk_size(p.numel(), z2.world) * p.element_size() for b in z2.buckets for p in b)
 cut = memory["ddp"]["gradients"] - memory["zero2"]["gradients"]  # held whole until the last backward (cell 12)
 lesson.claim(
     abs((spared["zero2"] - spared["zero1"]) * 2**20 - cut) < 1
@@ -702,6 +697,16 @@ lesson.claim(
     f"{total['fsdp'] / total['zero2']:.1f} times its bytes sent and {handed['fsdp']} collectives handed over "
     f"against its {handed['zero2']}: it gathers its units in each of the {accum} micro-batches, zero2 its buckets "
     "once a step.",
+)
+reducers = {s: trainees[s].model.reducer for s in ("ddp", "zero1")}  # minddp's DistributedDataParallel's
+buffers = {s: sum(b.untyped_storage().nbytes() for b in r.buffers) for s, r in reducers.items()}
+lesson.claim(
+    not any(r.gradient_as_bucket_view for r in reducers.values())
+    and not any(hasattr(trainees[s].model, "reducer") for s in ("zero2", "fsdp")),
+    "Model state leaves out the gradient bucket copies ddp's and zero1's reducers keep ("
+    + ", ".join(f"{s} {lesson.mib(b)}" for s, b in buffers.items())
+    + f"; zero2 and fsdp have no reducer), zero2's all-gather buffers, made together ({lesson.mib(receive)}, "
+    f"from its buckets' sizes, not measured), and fsdp's gathered units (peak {lesson.mib(memory['fsdp']['gathered'])}).",
 )
 trade.round(1)
 

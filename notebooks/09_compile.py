@@ -18,7 +18,7 @@
 #
 # Autograd runs the backward pass as *nodes*, here of two kinds. A parameter's `AccumulateGrad` node adds its gradient
 # into the parameter's `.grad`; `ddp` (minddp's `DistributedDataParallel`) hooks its *reducer* in there, which groups
-# the gradients into *buckets* and sums each bucket over the ranks with one `all_reduce`. Its first step, with
+# the gradients into *buckets* and averages each bucket over the ranks with one `all_reduce`. Its first step, with
 # `find_unused_parameters` off as here, has one bucket per dtype and device; from the second, a byte limit, the
 # *bucket cap*, closes each bucket. Every other node is a *gradient node*: it computes gradients (the model's nodes, and
 # the loss's).
@@ -41,11 +41,10 @@
 # gradient node. A bucket whose last gradient a piece produces can then be handed over before the next piece's backward
 # begins.
 #
-# The figure shows the backward pass of the third training step (the second rebuilds the buckets) of `ddp` in each of
-# three runs,
-# one row each: eager (not compiled), compiled without the cut (`torch._dynamo.config.optimize_ddp = False`) and
-# compiled with it. The model: an MLP of 1 MiB layers without biases (eight; two after the exercise). The backend is
-# `aot_eager`, which runs the graph with the *aten* operators an uncompiled model calls.
+# The figure shows the backward pass of the third training step of `ddp` in each of three runs, one row each: eager
+# (not compiled), compiled without the cut (`torch._dynamo.config.optimize_ddp = False`) and compiled with it. The
+# model: an MLP of 1 MiB layers without biases (eight; two after the exercise). The backend is `aot_eager`, which runs
+# the graph with the *aten* operators an uncompiled model calls.
 
 # %%
 # %load_ext minddp.notebook
@@ -81,7 +80,7 @@ class MLP(nn.Module):
 def batches():
     generator = torch.Generator().manual_seed(rank)  # each rank its own shard
     while True:
-        yield [torch.randn(32, WIDTH, generator=generator)]  # one batch of 32 rows a step
+        yield [torch.randn(32, WIDTH, generator=generator)]  # one batch of 32 samples a step
 
 
 def loss_fn(model, x):
@@ -108,7 +107,7 @@ for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT
     # the figure's row label, two lines: the run; its pieces and its buckets (one tick each)
     looks[label]["row"].update(label=f"{label}\n{pieces}{looks[label]['calls']} buckets", stage=label)
 lesson.say(
-    f"ddp on {world_size} ranks, {DEPTH} layers of {WIDTH}×{WIDTH}, buckets of {CAP:g} MiB, 32 rows a step; "
+    f"ddp on {world_size} ranks, {DEPTH} layers of {WIDTH}×{WIDTH}, buckets of {CAP:g} MiB, batches of 32; "
     f"torch {torch.__version__}."
 )
 
@@ -118,13 +117,14 @@ lesson.say(
 #
 # Each row is one run's backward pass on rank 0 (the pale bar), from its first node's start to its last node's end,
 # scaled to that span, with the model's gradient nodes in blue and a tick where the reducer's hook calls `all_reduce`
-# on a bucket. The loss's nodes, first, and the `AccumulateGrad` nodes stay pale.
+# on a bucket.
 #
 # What to look for: with the cut, as in eager, a gradient node ends after each tick but the last;
 # without it, none does (every tick comes after the last blue).
 #
-# Read the order only: no cell measures or explains a width, pale or blue; nodes run back to back may
-# draw as one stretch or split by a white line, so count pieces and buckets in the row labels.
+# Read the order only: no cell splits a pale stretch (one after a tick too) into the legend's parts or measures a
+# width; nodes run back to back may draw as one stretch or split by a white line, so count pieces and buckets in the
+# row labels.
 
 # %%
 # %%distributed
@@ -149,7 +149,7 @@ lesson.claim(
     "In all three runs each bucket was handed over inside an AccumulateGrad node.",
 )
 # aot_eager runs eager's aten ops, whose sums may still round in another order: rounding_bound estimates how far
-# apart that may leave the parameters
+# apart that may leave the parameters (k: the terms summed behind a weight's gradient, 32 the batch's samples)
 eager = looks["eager"]
 apart = max((v["params"] - eager["params"]).abs().max().item() for v in looks.values())
 bound = lesson_09.rounding_bound(eager["moved"], eager["params"].abs().max().item(), k=2 * DEPTH * WIDTH + 32)
@@ -166,10 +166,10 @@ lesson.claim(apart <= bound, f"The three trainings end with the same parameters,
 # the order the first step's gradients arrived on rank 0), each with its parameters in the forward's order.
 #
 # Dynamo cuts when it compiles (the first step), and only if torch's DDP's class attribute `_active_ddp_module` is set
-# then (torch's DDP sets it around the call of its module); it reads the bucket cap from it and caps piece 0 apart, at
-# the global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`, given a
+# then; it reads the bucket cap from it and caps piece 0 apart, at the global
+# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`, given a
 # `bucket_cap_mb`, sets the attribute to a stand-in holding its bucket cap and the global to the bucket cap
-# (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as the rebuilt bucket 0 does.
+# (`compat.ddp_optimizer_caps`): so piece 0 is capped by the bucket cap, as the rebuilt bucket 0 is.
 #
 # With the cut, a bucket is handed over before the next piece's backward: when a piece's gradient node ends, the
 # `AccumulateGrad` nodes of the gradients it produced and the next piece's gradient node are all ready to run, and
@@ -190,10 +190,6 @@ for i, bucket in enumerate(buckets):
     names = sorted(bucket, key=list(size).index)  # in the forward's order, as the pieces' names are
     lesson.say(f"bucket {i} ({sum(size[name] for name in bucket) / 2**20:g} MiB): {', '.join(names)}")
 lesson.claim(
-    len(pieces) > 1 and sorted(sum(pieces, [])) == sorted(sum(buckets, [])) == sorted(size) and len(size) == DEPTH,
-    f"The {len(pieces)} pieces produce each of the {DEPTH} parameters' gradients once.",
-)
-lesson.claim(
     sum(size[name] for name in pieces[0]) / 2**20 == CAP == sum(size[name] for name in buckets[0]) / 2**20,
     f"Piece 0 holds {CAP:g} MiB of parameters, the bucket cap, as bucket 0 does.",
 )
@@ -205,8 +201,9 @@ lesson.claim(
 piece_of = {name: i for i, piece in enumerate(pieces) for name in piece}
 homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
 # each bucket's parameters lie in one piece (its home), the homes in backward order
+every_once = len(pieces) > 1 and sorted(sum(pieces, [])) == sorted(sum(buckets, [])) == sorted(size)
 lesson.claim(
-    all(len(home) == 1 for home in homes) and [h[0] for h in homes] == sorted(h[0] for h in homes),
+    every_once and all(len(home) == 1 for home in homes) and [h[0] for h in homes] == sorted(h[0] for h in homes),
     "Each bucket's gradients come from one piece, the buckets in the pieces' order.",
 )
 # an order autograd keeps (a ready AccumulateGrad node runs first: markdown above), not a timing
@@ -221,7 +218,7 @@ lesson.claim(
 # ### Your turn: after which piece is each bucket handed over?
 #
 # Write `my_handed_over_after(pieces, cap)`: `pieces` lists pieces in the order the backward pass runs them, each as its
-# gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes, every
+# gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes (`CAP` is MiB), every
 # bucket's, the first included. Pieces and gradients are any sizes, empty and 0 bytes too, not only those a cut at `cap`
 # makes, so a bucket can take gradients from several pieces. Fill the buckets in arrival order, as `ddp` plans them from
 # its second step on (a bucket closes at the first gradient that takes it to the cap or past it; the gradients left at
@@ -256,9 +253,8 @@ print(check_handover(solutions.handed_over_after))
 # graph Dynamo has begun where it stops the graph, runs Python, and starts a new one. minddp's `ddp` marks its whole
 # `forward` for Dynamo to skip (`torch.compiler.disable(forward, recursive=False)`): Dynamo runs it as Python, so
 # begins no graph and counts no break there, and compiles the module it calls apart. torch's DDP marks only
-# `_inside_ddp_forward`, which sets `_active_ddp_module` around its module's call. Below, the calls at which Dynamo
-# broke the graph, with the reason it logged. Dynamo's cut into pieces is no graph break (the next section shows
-# pieces with none).
+# `_inside_ddp_forward`, which sets `_active_ddp_module` around its module's call. Dynamo's cut into pieces is no graph
+# break (the next section shows pieces with none).
 
 
 # %%
@@ -296,7 +292,8 @@ lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {
 # ## A bucket cap of 0.5 MiB
 #
 # Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: the refusal, or its
-# first training step (one bucket, as every first step: only Dynamo's cut meets the cap) and one more forward.
+# first training step (one bucket, as every first step, handed over after the last piece) and one more forward, whose
+# pieces, like buckets, close at the first gradient taking them to the cap or past it.
 
 
 # %%

@@ -80,6 +80,9 @@ def show(fig, path: Path) -> None:
 
     for line in (ln for ax in fig.axes for ln in ax.lines if ln.get_marker() == "|"):
         line.set_zorder(0.9)
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+    for text in (t for legend in legends for t in legend.get_texts() if t.get_text() == "handed to the wire"):
+        text.set_text("handed over")  # no wire in the loopback run
 
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -136,81 +139,45 @@ def link_messages(linked, link) -> pd.DataFrame:
     )
 
 
-def exposed_share(table: pd.DataFrame, blocking: list[str], asynchronous: list[str]) -> str:
-    """A line to print: each of the ``asynchronous`` stages' exposed, as a share of the link time, against the least
-    of the ``blocking`` stages' (from ``table``'s printed columns, to 0.1 %, and whose), and whether each of the first
-    is below each of the second; one profiled step each, not claimed.
-
-    >>> t = pd.DataFrame({"link time (ms)": [10.0, 10.0, 10.0], "exposed (ms)": [9.0, 1.0, 0.0]},
-    ...                  index=["b", "a", "c"])
-    >>> print(exposed_share(t, ["b"], ["a", "c"]))  # doctest: +NORMALIZE_WHITESPACE
-    Exposed, as a share of the link time: 10.0 % in a, 0.0 % in c, 90.0 % at least in the blocking stages (b's):
-    smaller in both than in each blocking stage.
-    """
-    share = 100 * table["exposed (ms)"] / table["link time (ms)"]
-    low, high = share[asynchronous], share[blocking]
-    names = "both" if len(asynchronous) == 2 else "each of " + " and ".join(asynchronous)
-    verdict = (
-        f"smaller in {names} than in each blocking stage"
-        if low.max() < high.min()
-        else f"not smaller in each of {' and '.join(asynchronous)} than in each blocking stage"
-    )
-    each = ", ".join(f"{low[st]:.1f} % in {st}" for st in asynchronous)
-    return (
-        f"Exposed, as a share of the link time: {each}, {high.min():.1f} % at least in the blocking stages "
-        f"({high.idxmin()}'s): {verdict}."
-    )
-
-
-def backward_excess(result, stages, checks: dict) -> pd.DataFrame:
-    """Per stage (rank 0's profiled step): its last backward band's length, how much longer it is than the longest of
-    the step's earlier backward bands (which send nothing), how much those differ from each other (longest −
-    shortest; 0 with one), and how long a parameter check's range (``checks``: stage -> (start, end) ms from the
-    step's start, :func:`timeline_rows`) was open inside the last band, ms to 0.1. All from one step of one stage.
+def backward_excess(result, stages) -> pd.DataFrame:
+    """Per stage (rank 0's profiled step): its last backward band's length, and how much longer it is than the
+    longest of the step's earlier backward bands (which send nothing), ms to 0.1. All from one step of one stage.
 
     >>> ph = pd.DataFrame({"rank": 0, "stage": "h", "phase": "backward", "start_us": [400e3, 0.0, 200e3],
     ...                    "end_us": [700e3, 100e3, 310e3]})
-    >>> t = backward_excess(type("R", (), {"phases": ph}), ["h"], {"h": [(350.0, 450.0)]})
-    >>> print(t.to_string())  # doctest: +NORMALIZE_WHITESPACE
-       last (ms)  over longest earlier (ms)  earlier differ by (ms)  check in it (ms)
-    h      300.0                      190.0                    10.0              50.0
+    >>> print(backward_excess(type("R", (), {"phases": ph}), ["h"]).to_string())  # doctest: +NORMALIZE_WHITESPACE
+       last (ms)  over longest earlier (ms)
+    h      300.0                      190.0
     """
     p = rank0(result.phases)
     rows = {}
     for st in stages:
         back = p[(p["stage"] == st) & (p["phase"] == "backward")].sort_values("start_us")
         ms = ((back["end_us"] - back["start_us"]) / 1e3).to_numpy()
-        b0, b1 = back["start_us"].iloc[-1] / 1e3, back["end_us"].iloc[-1] / 1e3
-        rows[st] = {
-            "last (ms)": ms[-1],
-            "over longest earlier (ms)": ms[-1] - ms[:-1].max(),
-            "earlier differ by (ms)": ms[:-1].max() - ms[:-1].min(),
-            "check in it (ms)": sum(max(0.0, min(b, b1) - max(a, b0)) for a, b in checks.get(st, [])),
-        }
+        rows[st] = {"last (ms)": ms[-1], "over longest earlier (ms)": ms[-1] - ms[:-1].max()}
     return pd.DataFrame(rows).T.round(1)
 
 
 def excess_line(table: pd.DataFrame) -> str:
-    """A line to print (``table``: :func:`backward_excess`'s printed columns): in which stages the last backward band,
-    less the check's range in it, is longer than the longest earlier one by more than the earlier ones differ from
-    each other; one profiled step, not claimed.
+    """A line to print (``table``: :func:`backward_excess`'s): in which stages the last backward band, the one that
+    sends, is the step's longest; one profiled step, not claimed.
 
-    >>> t = pd.DataFrame({"over longest earlier (ms)": [190.0, 5.0, 30.0], "earlier differ by (ms)":
-    ...                   [10.0, 8.0, 2.0], "check in it (ms)": [0.0, 0.0, 29.0]}, index=["h", "b", "d"])
-    >>> print(excess_line(t))  # doctest: +NORMALIZE_WHITESPACE
-    Less the check's range in it, the last backward outlasts the longest earlier one by more than the earlier ones
-    differ from each other in h; not in b and d.
+    >>> t = pd.DataFrame({"over longest earlier (ms)": [190.0, -5.0]}, index=["h", "b"])
+    >>> print(excess_line(t))
+    In this step the last backward band, the one that sends, is the longest in h; not in b.
     """
-    more = table["over longest earlier (ms)"] - table["check in it (ms)"] > table["earlier differ by (ms)"]
+    more = table["over longest earlier (ms)"] > 0
 
     def names(sts):
         return ", ".join(sts[:-1]) + f" and {sts[-1]}" if len(sts) > 1 else sts[0]
 
     yes, no = list(table.index[more]), list(table.index[~more])
-    said = f"in {names(yes)}" if yes else "in no stage"
+    if not yes:
+        return "In this step the last backward band, the one that sends, is the longest in no stage."
+    if not no:
+        return "In this step the last backward band, the one that sends, is the longest in every stage here."
     return (
-        "Less the check's range in it, the last backward outlasts the longest earlier one by more than the earlier "
-        f"ones differ from each other {said}" + (f"; not in {names(no)}." if yes and no else ".")
+        f"In this step the last backward band, the one that sends, is the longest in {names(yes)}; not in {names(no)}."
     )
 
 
@@ -268,67 +235,27 @@ def not_drawn(parts: dict) -> str:
     return f"Also in the table's in flight: {what}; they add {add} to a stage's in flight." if other else ""
 
 
-def overlap_order(ov: pd.Series, blocking: list[str], asynchronous: list[str]) -> str:
-    """A line to print: the range of the ``asynchronous`` and of the ``blocking`` stages' overlaps (``ov``, %), and in
-    words whether each of the first is above each of the second; one profiled step, not claimed.
-
-    >>> print(overlap_order(pd.Series({"b": 5.0, "a": 60.0}), ["b"], ["a"]))  # doctest: +NORMALIZE_WHITESPACE
-    Overlap: 60.0–60.0 % in the asynchronous stages, 5.0–5.0 % in the blocking ones: each asynchronous stage's is
-    above each blocking stage's.
-    """
-    lo, hi = ov[blocking].max(), ov[asynchronous]
-    line = (
-        f"Overlap: {hi.min():.1f}–{hi.max():.1f} % in the asynchronous stages, {ov[blocking].min():.1f}–{lo:.1f} % "
-        "in the blocking ones"
-    )
-    below = [st for st in asynchronous if hi[st] <= lo]
-    if below:
-        return (
-            f"{line}; {', '.join(below)} no higher than {ov[blocking].idxmax()}'s {lo:.1f} %: in this step, not "
-            "each asynchronous stage gave compute more of its time in flight than each blocking one."
-        )
-    return f"{line}: each asynchronous stage's is above each blocking stage's."
-
-
-def link_after_backward(linked, link, run: Path, stages) -> str:
-    """A line to print (``run``: the link run's folder; ``stages``: ones whose first ``wait()`` is in the finish): for
-    each, how long rank 0's link still carried transfers after the last backward band ended (``metrics.in_flight``
-    of the link's transfers after it: an upper bound on exposed, whose waits all come later), and the least it could
-    have: the link carries messages one at a time, each from its hand-over on, so the messages handed over from L ms
-    before that end on, whose link time is T, leave at least T − L ms of transfers after it; the largest such T − L
-    over the step's messages, with its T and L; one step, not claimed."""
+def link_waits(linked, link, run: Path, table: pd.DataFrame, first: str, second: str) -> str:
+    """A line to print (``run``: the link run's folder; ``table``: :func:`link_table`'s; ``second`` has less link
+    time than ``first``): each one's waited against its link time, and how long rank 0's link
+    still carried transfers after the last backward band (``metrics.in_flight`` of the link's transfers); one step,
+    not claimed."""
     from minddp.analysis import metrics
     from minddp.analysis.cpu import rank_intervals
     from minddp.analysis.events import load_stage
 
-    p, sent, nbytes = rank0(linked.phases), rank0(linked.buckets), message_bytes(linked)
-    world = int(linked.summary["rank"].nunique())
-    after, bound = {}, {}
-    for st in stages:
-        iv = rank_intervals(load_stage(Path(run) / st).ranks[0])
-        _, s0, s1 = iv.steps[-1]
-        end = p[(p["stage"] == st) & (p["phase"] == "backward")].sort_values("start_us").iloc[-1]["end_us"]
+    p, after = rank0(linked.phases), {}
+    for st in (first, second):
+        _, s0, s1 = (iv := rank_intervals(load_stage(Path(run) / st).ranks[0])).steps[-1]
+        end = p[(p["stage"] == st) & (p["phase"] == "backward")]["end_us"].max()
         after[st] = metrics.in_flight(iv.link, [(s0 + end, s1)]) / 1e3
-        mine = sent[sent["stage"] == st].sort_values("ready_us")
-        left = [1e3 * link.seconds("all_reduce", b, world) for b in nbytes[mine.index]]
-        leads = [max(0.0, (end - r) / 1e3) for r in mine["ready_us"]]
-        tails = [(sum(left[i:]) - leads[i], sum(left[i:]), leads[i]) for i in range(len(left))]
-        worst = max(tails)
-        bound[st] = (round(worst[1], 1) - round(worst[2], 1), worst[1], worst[2])  # as printed: T − L of T and L
-    shown = [st for st in stages if bound[st][0] > 0]
-
-    def each(values, names):
-        return " and ".join(f"{values(st):.1f}" for st in names)
-
+    w, t = table["waited (ms)"], table["link time (ms)"]
+    more = "longer" if w[second] > w[first] else "no longer"
     line = (
-        "From the last backward's end to the step's end (exposed is part of it), rank 0's link carried transfers for "
+        f"In this step {second} waited {more} than {first} ({w[second]:.1f} against {w[first]:.1f} ms) with "
+        f"{t[first] - t[second]:.1f} ms less link time; after the last backward band rank 0's link still carried "
+        f"transfers for {after[second]:.1f} ms in {second}, {after[first]:.1f} ms in {first}"
     )
-    line += " and ".join(f"{after[st]:.1f} ms in {st}" for st in stages)
-    if shown:
-        where = "" if shown == list(stages) else f" in {' and '.join(shown)}"
-        line += (
-            f"; the messages handed over in the backward's last {each(lambda st: bound[st][2], shown)} ms{where} take "
-            f"{each(lambda st: bound[st][1], shown)} ms of link time, so at least "
-            f"{each(lambda st: bound[st][0], shown)} ms of it is left after the backward"
-        )
+    if round(w[first], 1) == 0:
+        line += f"; {first}'s messages were each delivered before rank 0's first wait() on it"
     return line + "."

@@ -8,8 +8,8 @@ it defines no measure of its own. The notebook keeps its claims in its cells; th
 * :func:`print_recoveries`: each fault's recovery and its parts, with what the kill's next quorum waited for;
 * :func:`print_rejoin`: the parts of a kill's rejoin, and what the survivors did meanwhile;
 
-and three readers of the members' entries (one per member and attempt) for the cells' claims: :func:`attempts`,
-:func:`in_a_new_group`, :func:`heals`.
+and, for the cells' claims, readers of the members' entries (one per member and attempt): :func:`attempts`,
+:func:`in_a_new_group`, :func:`heals`; and of the lighthouse's evictions: :func:`evicted_s`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,7 @@ RUNG_LINES = [
     ("phase 1", "until_committed", "quorum = self.coordinator.quorum("),
     ("phase 2", "until_committed", "if quorum.tag != self.group_tag"),
     ("phases 2 and 3", "until_committed", 'entry["healed"] = self.rebuild_group('),
-    ("phase 3", "rebuild_group", "healed = self.heal(quorum)"),
     ("phase 3", "heal", "payload = self.state_bytes()"),
-    ("phase 3", "heal", "dist.send(torch.frombuffer("),
     ("phase 3", "heal", "dist.recv(payload"),
     ("phase 4", "until_committed", "value = work(quorum, entry)"),
     ("phase 4", "forward_backward", "shard = self.task.shard("),
@@ -36,7 +34,6 @@ RUNG_LINES = [
     ("phase 5", "until_committed", "committed = self.coordinator.should_commit("),
     ("on a commit", "until_committed", " on_commit()"),
     ("after every attempt", "until_committed", " after_attempt()"),
-    ("after every attempt", "drop_gradients", "zero_grad("),
 ]
 #: the same, in the lighthouse (:class:`Lighthouse`)
 LIGHTHOUSE_LINES = [
@@ -69,8 +66,8 @@ def ms(seconds: float) -> int:
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms, split in its parts: until the members of the next quorum had all asked
     for it; from then to that quorum (for the kill, which waits for the launcher's record of the process's exit,
-    after its fixed wait ``EXIT_WAIT_S``); from that quorum to the commit. Then whether either waited out the hang
-    bound."""
+    after its fixed wait ``EXIT_WAIT_S``); from that quorum to the commit. Then whether either lasted the hang
+    bound, and how much slower the kill recovered than the raise."""
     for o in (kill, raised):
         recovery, quorum = ms(o.recovery_s), ms(o.quorum_s)
         asked = min(ms(asked_s(run, o)), quorum)  # the quorum answered the last request, so came after it
@@ -90,8 +87,15 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         print(
             " and ".join(f"the {o.fault.kind}'s" for o in late).capitalize() + " recovery lasted the hang bound or more"
         )
+    slower = ms(kill.recovery_s) - ms(raised.recovery_s)
+    gap = [ms(o.quorum_s) - min(ms(asked_s(run, o)), ms(o.quorum_s)) for o in (kill, raised)]
+    if slower > 0:
+        print(
+            f"The kill recovered {slower} ms slower than the raise"
+            + (f": its quorum came {gap[0]} ms after the last request, the raise's {gap[1]}" if gap[0] > gap[1] else "")
+        )
     else:
-        print(f"Neither recovery waited out the hang bound ({hang_s:g} s)")
+        print("The kill recovered no slower than the raise")
 
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
@@ -122,14 +126,15 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
         )
     survivors = f"slots {' and '.join(others)}"
     steps = f"step {step}" if last_step == step else f"steps {step}-{last_step}"
-    # they had committed the step before and asked before the new process did: the scripted quorum waited for it
+    # they had committed the step before the new process asked: the scripted quorum waited for it
     scripted = o.healed_at in full_world_at and ms(last) < asked
     then = (
-        f"waited {rejoin - ms(last)} ms for the new process (full_world_at)"
+        f", before the new process had started up (a restart from a checkpoint waits for that in every process); "
+        f"step {o.healed_at}'s quorum waited for it (full_world_at)"
         if scripted
-        else (f"{rejoin - ms(last)} ms to step {o.healed_at}'s quorum")
+        else f", then {rejoin - ms(last)} ms to step {o.healed_at}'s quorum"
     )
-    print(f"{survivors}: committed {steps} at world {len(others)} by {ms(last)} ms after the kill, then {then}")
+    print(f"{survivors}: committed {steps} at world {len(others)} by {ms(last)} ms after the kill{then}")
 
 
 def attempts(run, step: int, *, committed: bool) -> list[tuple[int, dict]]:
@@ -158,6 +163,17 @@ def in_a_new_group(run, step: int) -> bool:
     """
     tags = [{e["tag"] for _, e in attempts(run, step, committed=c)} for c in (False, True)]
     return bool(tags[0] and tags[1]) and tags[0].isdisjoint(tags[1])
+
+
+def evicted_s(run, o) -> list[float]:
+    """Seconds from the fault ``o`` to each eviction of its slot by the lighthouse (as silent).
+
+    >>> from types import SimpleNamespace
+    >>> run = SimpleNamespace(events=[("evict", 1, 0, 12.5), ("evict", 2, 0, 13.0), ("quorum", "t", [0], {}, 14.0)])
+    >>> evicted_s(run, SimpleNamespace(fired=10.0, fault=SimpleNamespace(slot=1)))
+    [2.5]
+    """
+    return [e[3] - o.fired for e in run.events if e[0] == "evict" and e[1] == o.fault.slot]
 
 
 def heals(run) -> list[tuple[int, int, bool]]:

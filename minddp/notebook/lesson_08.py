@@ -35,7 +35,6 @@ from torch.distributed.constants import default_pg_timeout
 
 import minddp.debug
 from minddp.ddp import DistributedDataParallel
-from minddp.debug import collective_check
 from minddp.notebook import lesson
 from minddp.runtime.device import current_device
 from minddp.runtime.launch import peer_gone
@@ -237,116 +236,20 @@ def minddp_says(
     cause: str | tuple[str, ...],
     verdict: str = "debug mode stopped every rank",
     also=True,
-    numbered: bool = False,
 ) -> str | None:
     """Run ``script()`` in debug mode; print the ``DebugError`` rank 0 raised, alone, then whether the others raised
     the same finding (:func:`say_each`), and claim every rank raised one that contains ``cause`` (each of them, if
-    several) and that ``also`` holds; return rank 0's line. ``numbered``: then print rank 0's collectives of the run
-    on the default group as the finding numbers them (:func:`numbering`), and each other rank's where they part from
-    rank 0's."""
+    several) and that ``also`` holds; return rank 0's line."""
     causes = (cause,) if isinstance(cause, str) else cause
-    with collective_check.recorded() as calls:
-        try:
-            script()
-        except minddp.debug.DebugError as finding:
-            line = f"{type(finding).__name__}: {finding}"
-        else:
-            line = None
+    try:
+        script()
+    except minddp.debug.DebugError as finding:
+        line = f"{type(finding).__name__}: {finding}"
+    else:
+        line = None
     said = say_each(line, "raised")
     lesson.claim(also and all(line is not None and all(c in line for c in causes) for line in said), verdict)
-    if numbered:
-        everyone = each_rank(stretches(calls))
-        lesson.say(f"rank 0's collectives, numbered: {numbering(everyone[0])}")
-        for r, mine in enumerate(everyone[1:], start=1):
-            lesson.say(f"rank {r}'s collectives, numbered: {parted(mine, everyone[0])}")
     return said[0]
-
-
-#: What a wrapper's own call is, from minddp's label for it (and its op, if given): the name :func:`numbering` prints.
-_PARTS = [
-    ("check_same_model", None, "the ranks' parameter names and shapes compared"),
-    ("minddp's broadcast", "broadcast", "parameter broadcast from rank 0"),
-    ("forward check", None, "forward check"),
-    ("step check", None, "step check"),
-    ("full comparison", None, "full comparison"),
-    ("DDP's bucket", "all_gather_object", "the ranks' bucket sizes and comm hook compared (once)"),
-    ("DDP's end of backward", "all_gather_object", "plan check"),
-    ("DistributedDataParallel's forward", "broadcast", "rank 0's gradient-ready order sent (once)"),
-]
-
-
-def _part(call) -> str:
-    if (bucket := re.search(r"DDP's bucket (\d+)", call.where)) and call.op == "all_reduce":
-        return f"bucket {bucket[1]}'s all_reduce"
-    return next((name for label, op, name in _PARTS if label in call.where and op in (None, call.op)), call.op)
-
-
-def stretches(calls: list) -> list[tuple[int, int, str, list[str], list[str]]]:
-    """``calls`` (one run's, :func:`~minddp.debug.collective_check.recorded`) in stretches ``(first, last, what,
-    parts, texts)``: those before the run, the wrapper's calls before its first forward check ("building the
-    wrapper"), then the wrapper's own by step, and each of the script's own, written as op(dtype[shape], ...), with
-    its step as a finding says it (a step of a wrapper from before the run, when the run has made no wrapper's call
-    yet, said so); ``parts`` names each of a stretch's calls (:data:`_PARTS`) and ``texts`` holds
-    each one's op, dtypes and shapes, so two ranks' stretches are equal only if their calls are."""
-    if not calls:
-        return []
-    parts = [(0, calls[0].seq - 1, "before this run", [], [])] if calls[0].seq else []
-    built = ours = False  # ours: a wrapper's call seen in this run (without one, a step is an earlier wrapper's)
-    for call in calls:
-        built = built or "forward check" in call.where
-        if not call.ours:
-            earlier = "" if ours else " of a wrapper from before this run"
-            step = "" if call.step is None else f" ({'after ' if call.after else ''}step {call.step}{earlier})"
-            parts.append((call.seq, call.seq, f"the script's {call.text}{step}", [], [call.text]))
-            continue
-        ours = True
-        what = f"the wrapper's step {call.step}" if built else "building the wrapper"
-        if parts and parts[-1][2] == what and parts[-1][1] == call.seq - 1:
-            a, _, _, named, texts = parts[-1]
-            parts[-1] = (a, call.seq, what, named + [_part(call)], texts + [call.text])
-        else:
-            parts.append((call.seq, call.seq, what, [_part(call)], [call.text]))
-    return parts
-
-
-def parted(mine: list, theirs: list) -> str:
-    """:func:`stretches` ``mine`` as a line after those of ``theirs`` (rank 0's): "as rank 0's", or as rank 0's up to
-    the first call that differs (the number the collective check names), then ``mine`` from that call on."""
-
-    def calls(stretched):  # number -> (what the stretch is, the call's text), a call at a time
-        return {
-            a + i: (what, texts[i] if texts else None) for a, b, what, _, texts in stretched for i in range(b - a + 1)
-        }
-
-    ours, other = calls(mine), calls(theirs)
-    if ours == other:
-        return "as rank 0's"
-    first = min(k for k in ours.keys() | other.keys() if ours.get(k) != other.get(k))
-    rest = [
-        (max(a, first), b, what, parts[max(first - a, 0) :], texts[max(first - a, 0) :])
-        for a, b, what, parts, texts in mine
-        if b >= first
-    ]
-    head = f"as rank 0's to #{first - 1}, then " if first > min(ours, default=first) else ""
-    return head + numbering(rest)
-
-
-def numbering(stretched: list) -> str:
-    """:func:`stretches` as a line: each stretch's numbers, what it is, and its calls' names (a run of one name
-    counted)."""
-    if not stretched:
-        return "none in this run"
-    said = []
-    for a, b, what, parts, _ in stretched:
-        runs: list[list] = []
-        for name in parts:
-            if runs and runs[-1][0] == name:
-                runs[-1][1] += 1
-            else:
-                runs.append([name, 1])
-        named = ", ".join(name if n == 1 else f"{n} × {name}" for name, n in runs)
-        said.append(f"#{a}{f'–#{b}' if b > a else ''} {what}" + (f" ({named})" if named else ""))
-    return "; ".join(said)
 
 
 def say_each(line: str | None, how: str) -> list:

@@ -21,31 +21,33 @@ def mean_over_seeds(curves: dict, name: str, key: str) -> list[float]:
     return [statistics.mean(v) for v in zip(*[c[key] for c in curves[name]])]
 
 
-def loss_against_steps_and_bytes(results: dict, drawn: list[tuple[str, str]], tops: tuple[float, float]):
+def loss_against_steps_and_bytes(results: dict, drawn: list[tuple[str, str]]):
     """The figure, two panels of each run of ``drawn`` (name, colour), its mean expected loss over the seeds,
     each a staircase: left against the inner steps, right against its mean payload bytes (log x; the 0-byte start
     left out); at each step (or payload), the run's last score by then (the loss is known only at the scores, every
     50 steps, so the line holds a score's loss until the next score, whether the run's weights changed at every
     step between, as DDP's, or only at a sync, so that a sync's change is drawn at its step, not as a ramp from the
     score before); dashed at H = 100 (streaming DiLoCo's too, as in ``docs/diloco/``'s figures); ``single``'s mean
-    final loss and the entropy floor as horizontal lines; the y axes cut at ``tops`` nats (left, right); the legend
-    in the left panel's upper right, where no curve runs, and the right panel's title pointing to it. Returns the
-    figure."""
+    final loss and the entropy floor as horizontal lines; each y axis tall enough for every score it draws (none
+    cut); the legend in the left panel's upper right, where no curve runs, and the right panel's title pointing to
+    it. Returns the figure."""
     import matplotlib.pyplot as plt
 
     curves, floor = results["curves"], results["floor"]
     fig, (by_step, by_bytes) = plt.subplots(1, 2, figsize=(12, 4.5))
     single = statistics.mean(c["loss"][-1] for c in curves["single"])
+    tops = [0.0, 0.0]  # each panel's highest drawn score (nats): left, right
     for name, colour in drawn:
         losses, style = mean_over_seeds(curves, name, "loss"), "--" if "100" in name else "-"
         by_step.plot(curves[name][0]["step"], losses, color=colour, label=name, linestyle=style, drawstyle="steps-post")
         pts = [(b, lo) for b, lo in zip(mean_over_seeds(curves, name, "bytes"), losses) if b > 0]
         xs, ys = zip(*pts)
         by_bytes.plot(xs, ys, color=colour, label=name, linestyle=style, drawstyle="steps-post")
+        tops = [max(tops[0], *losses), max(tops[1], *ys)]
     for ax, top in zip((by_step, by_bytes), tops):
         ax.axhline(single, color="0.5", linestyle="-.", linewidth=0.8, label="single: final (sends 0)")
         ax.axhline(floor, color="red", linestyle=":", linewidth=0.8, label="entropy floor")
-        ax.set(ylabel="expected loss (nats)", ylim=(floor - 0.02, top))
+        ax.set(ylabel="expected loss (nats)", ylim=(floor - 0.02, top + 0.03))
     by_step.set_xlabel("inner steps (of each replica)")
     by_bytes.set(xscale="log", xlabel="payload bytes each replica handed to the all_reduce (log)")
     seeds = len(curves["ddp"])

@@ -201,8 +201,9 @@ class StepProfiler:
     def __enter__(self) -> "StepProfiler":
         if self._prof is not None:
             self._prof.__enter__()
-            if job_id() is not None:  # added while the profiler runs, so the export holds it
-                self._prof.add_metadata_json(JOB, json.dumps(job_id()))
+            job = job_id()
+            if job is not None:  # added while the profiler runs, so the export holds it
+                self._prof.add_metadata_json(JOB, json.dumps(job))
         return self
 
     def step(self) -> None:
