@@ -61,7 +61,7 @@ lesson_07.print_phase_lines()
 # ## A run with two faults
 #
 # The cell below starts a lighthouse and a training process in each of three slots and trains 14 steps of
-# a toy task (`ToyTask`: an MLP regression, AdamW, and a 10 ms pause per step standing in for compute) on
+# a toy task (`ToyTask`: an MLP regression, AdamW, and a 10 ms pause per attempt standing in for compute) on
 # gloo, torch's CPU backend. The settings:
 #
 # * `world_size=3`: the number of slots, not the world (the members' number, torch's `world_size`);
@@ -70,18 +70,16 @@ lesson_07.print_phase_lines()
 #   `raise@11:2`, slot 2's comm hook (the function that averages the gradients with an all_reduce, as in
 #   notebook 04) raises in step 11, before its all_reduce (slot 2's process stays);
 # * `hang_s=30.0`, the **hang bound**: the group's collective timeout, and the lighthouse's bound below.
-#   A process's **heartbeat** is a count that a thread, started once its model and optimizer are built, just
-#   before its first request, writes every 50 ms, `BEAT_S`, to the lighthouse's **store** (torch's
-#   `TCPStore`, a key-value store over TCP), where the processes also post their requests and votes and read
+#   A process's **heartbeat** is a count that a thread writes every 50 ms, `BEAT_S`, to the lighthouse's
+#   **store** (torch's `TCPStore`, a key-value store over TCP), where the processes also post their requests and votes and read
 #   the answers. A slot is **silent** while its heartbeat, requests and votes stay unchanged, and **live** from
 #   its first heartbeat until it has been silent for the hang bound (the lighthouse then **evicts** it: the
-#   launcher ends its process), its process has finished its last step, or the launcher has recorded its exit.
-#   At the run's first quorum and at the first attempt of a step in `full_world_at` the lighthouse waits for
-#   every slot;
+#   launcher ends its process; never the last process holding the trained state), its process has finished
+#   its last step, or the launcher has recorded its exit;
 # * `full_world_at=(9,)`: step 9's first quorum waits for all three slots, a script that brings slot 1 back
 #   before step 11's raise;
 # * `restart_after_steps=1`: the launcher starts a killed slot again only after a step was committed
-#   without it;
+#   without it, or at once when every slot is down;
 # * `digests=True`: every member records a sha256 of its parameters and optimizer state just before each
 #   attempt's work (its *before* digest), and again after each discarded attempt.
 #
@@ -293,12 +291,11 @@ show_source(solutions.ft_shard)
 #
 # <details><summary>2. Three kills</summary>
 #
-# Killing all three in the same step leaves no **holder** (a process that holds the trained state: a member
-# of the newest committed step): in this design the trained state lives only in
-# the training processes. The processes started again would hold a fresh initialisation, so
-# minddp stops the run with one line rather than train the committed steps again (-9 in it is the exit
-# code of a process ended by signal 9, SIGKILL). The second cell below runs it with the main run's settings
-# but 6 steps, no `full_world_at`, no digests and no 10 ms pause.
+# Killing all three in the same step leaves no **holder** (a process holding the trained state: a member
+# of the newest committed step); the state lives only in the training processes. With every slot down the
+# launcher starts them again at once; they ask for step 0, below the newest committed, so the lighthouse
+# stops the run with one line rather than train the committed steps again (-9: the exit code of SIGKILL).
+# The second cell below runs it with the main run's settings but 6 steps, no `full_world_at`, no digests and no 10 ms pause.
 #
 # </details>
 #

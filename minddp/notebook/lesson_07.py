@@ -88,12 +88,8 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
             " and ".join(f"the {o.fault.kind}'s" for o in late).capitalize() + " recovery lasted the hang bound or more"
         )
     slower = ms(kill.recovery_s) - ms(raised.recovery_s)
-    gap = [ms(o.quorum_s) - min(ms(asked_s(run, o)), ms(o.quorum_s)) for o in (kill, raised)]
     if slower > 0:
-        print(
-            f"The kill recovered {slower} ms slower than the raise"
-            + (f": its quorum came {gap[0]} ms after the last request, the raise's {gap[1]}" if gap[0] > gap[1] else "")
-        )
+        print(f"The kill recovered {slower} ms slower than the raise")
     else:
         print("The kill recovered no slower than the raise")
 
@@ -129,8 +125,7 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     # they had committed the step before the new process asked: the scripted quorum waited for it
     scripted = o.healed_at in full_world_at and ms(last) < asked
     then = (
-        f", before the new process had started up (a restart from a checkpoint waits for that in every process); "
-        f"step {o.healed_at}'s quorum waited for it (full_world_at)"
+        f", before the new process's first quorum request; step {o.healed_at}'s quorum waited for it (full_world_at)"
         if scripted
         else f", then {rejoin - ms(last)} ms to step {o.healed_at}'s quorum"
     )
