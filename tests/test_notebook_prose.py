@@ -54,7 +54,7 @@ STEADY: dict[str, dict[str, str]] = {
         "preset's α = 50 µs and β = 8 ns a byte (1 Gbit/s)": LINK,
     },
     "07_fault_tolerance": {
-        "a 10 ms pause per step": SETTING,
+        "a 10 ms pause per attempt": SETTING,
         "writes every 50 ms, `BEAT_S`": "the heartbeat's period, a constant of minddp.ft",
         "no 10 ms pause": SETTING,
     },
