@@ -60,7 +60,8 @@ blog = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 for stage in blog:
     lesson.Trainee(stage, link="1gbit").profile(LINKED, steps=1)
 lesson.say(
-    f"Profiled one step of each of: {', '.join(blog)} over an emulated 1gbit link, into "
+    f"Profiled one step of each of: {', '.join(blog)} over an emulated 1gbit link (each rank's link thread shares "
+    f"the cores too), into "
     f"{LINKED.relative_to(lesson.ROOT)}."
 )
 
@@ -84,8 +85,8 @@ lesson.say(
 #
 # The caveat: a gloo range lasts from the moment gloo's thread picks the collective up until it is done, so it is
 # also *held open* until the other rank joins the same collective, and while gloo's thread has no core; it can
-# end after the training thread that needed it has gone on. A range's length is how long it was open, not how
-# long its bytes took.
+# end after the training thread that needed it has gone on, so a blocking stage (below) can show overlap. A
+# range's length is how long it was open, not how long its bytes took.
 #
 # More terms:
 #
@@ -112,7 +113,7 @@ lesson.say(
 # What the table and the figure do not show (the trace shows when a range was open, not why):
 #
 # * whether a difference between two rows comes from the stages: each row is one step, the stages profiled moments apart
-#   on a shared machine, so no band or step of one row is compared with another row's;
+#   on a shared machine, so no time of one row is compared with another row's;
 # * whether the other rank or a core held a range open.
 
 # %%
@@ -128,6 +129,11 @@ zero = lesson_05.summary(result)  # rank 0's summary row of each stage but singl
 shares = lesson_05.shares(zero, RUN)  # last column: lesson.non_compute_in_checks, non-compute in the checks' ranges
 lesson.say(f"k = {lesson.SETTINGS.grad_accum} micro-batches a step.")
 display(shares)
+blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
+lo, hi = (shares.loc[g, "overlap (%)"].agg(["min", "max"]) for g in (asynchronous, blocking))
+lesson.say(
+    f"Overlap: {lo['min']}–{lo['max']} % in the asynchronous stages, {hi['min']}–{hi['max']} % in the blocking ones."
+)
 
 # %% [markdown]
 # The two claims hold by construction (the definitions' arithmetic; `single` runs no collective; both bucket stages
@@ -171,13 +177,14 @@ lesson.say(lesson_05.not_drawn(parts))
 
 # %%
 rows = lesson_05.timeline_rows(result, RUN)  # the rows draw_steps draws, with each stage's parameter checks
-fig = draw_steps(rows, title=f"One step of each stage, on one time axis: run {result.run} (rank 0)", width=11)
+title = f"One step of each stage, each profiled at its own moment: run {result.run} (rank 0)"
+fig = draw_steps(rows, title=title, width=11)
 lesson_05.show(fig, RUN / "one_step_each_stage.png")
 
 # %% [markdown]
 # The plot's messages: how many were handed over (ticks), and how many during a backward. Then, per stage that
-# sends during one, its step's last backward band and how much longer it is than the longest earlier one (which
-# sends nothing). A wait after the band's last autograd node is not in it.
+# sends during one, its step's last backward band's length minus the longest earlier one's. A wait after the
+# band's last autograd node is not in it.
 
 # %%
 anatomy = lesson_05.anatomy(result, zero.index)
@@ -186,7 +193,6 @@ display(anatomy)
 # %%
 bands = lesson_05.backward_excess(result, anatomy.index[anatomy["during a backward"] > 0])
 display(bands)
-lesson.say(lesson_05.excess_line(bands))
 
 # %% [markdown]
 # One stage's buckets (`bucket-async`): `order`, the bucket's place in the sending order; `MiB`, its gradients'
@@ -215,8 +221,7 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 #   `wait()` on one (the call that returns once the message is delivered; a blocking stage calls it after each
 #   hand-over) to its delivery. The parameter check is not a message and is not counted,
 #   so waited is not non-compute, even of one run;
-# * **exposed**: the part of that union during which rank 0's link carried a transfer (not what a free link would
-#   save: a wait covering a transfer may last as long for the other rank); waited − exposed, the
+# * **exposed**: the part of that union during which rank 0's link carried a transfer; waited − exposed, the
 #   waits' part in which it carried nothing: a transfer done, not yet delivered (the real all_reduce, or the
 #   link's thread, late).
 
@@ -229,7 +234,7 @@ on_link = lesson_05.link_table(linked, link)
 display(on_link)
 
 # %% [markdown]
-# The three claims hold by construction; the line after them is one step's, not claimed.
+# The three claims hold by construction.
 
 # %%
 per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, how many during a backward, link time (ms)
@@ -256,4 +261,3 @@ lesson.claim(
     f"the link time falls by exactly the fixed cost of the {fewer} messages not sent, {fewer} × 2(n−1)·α = "
     f"{saved:.1f} ms.",
 )
-lesson.say(lesson_05.link_waits(linked, link, LINKED, on_link, "hook-async", "bucket-async"))

@@ -140,45 +140,22 @@ def link_messages(linked, link) -> pd.DataFrame:
 
 
 def backward_excess(result, stages) -> pd.DataFrame:
-    """Per stage (rank 0's profiled step): its last backward band's length, and how much longer it is than the
-    longest of the step's earlier backward bands (which send nothing), ms to 0.1. All from one step of one stage.
+    """Per stage (rank 0's profiled step): its last backward band's length, and that length minus the longest of
+    the step's earlier backward bands', ms to 0.1. All from one step of one stage.
 
     >>> ph = pd.DataFrame({"rank": 0, "stage": "h", "phase": "backward", "start_us": [400e3, 0.0, 200e3],
     ...                    "end_us": [700e3, 100e3, 310e3]})
     >>> print(backward_excess(type("R", (), {"phases": ph}), ["h"]).to_string())  # doctest: +NORMALIZE_WHITESPACE
-       last (ms)  over longest earlier (ms)
-    h      300.0                      190.0
+       last (ms)  last − longest earlier (ms)
+    h      300.0                        190.0
     """
     p = rank0(result.phases)
     rows = {}
     for st in stages:
         back = p[(p["stage"] == st) & (p["phase"] == "backward")].sort_values("start_us")
         ms = ((back["end_us"] - back["start_us"]) / 1e3).to_numpy()
-        rows[st] = {"last (ms)": ms[-1], "over longest earlier (ms)": ms[-1] - ms[:-1].max()}
+        rows[st] = {"last (ms)": ms[-1], "last − longest earlier (ms)": ms[-1] - ms[:-1].max()}
     return pd.DataFrame(rows).T.round(1)
-
-
-def excess_line(table: pd.DataFrame) -> str:
-    """A line to print (``table``: :func:`backward_excess`'s): in which stages the last backward band, the one that
-    sends, is the step's longest; one profiled step, not claimed.
-
-    >>> t = pd.DataFrame({"over longest earlier (ms)": [190.0, -5.0]}, index=["h", "b"])
-    >>> print(excess_line(t))
-    In this step the last backward band, the one that sends, is the longest in h; not in b.
-    """
-    more = table["over longest earlier (ms)"] > 0
-
-    def names(sts):
-        return ", ".join(sts[:-1]) + f" and {sts[-1]}" if len(sts) > 1 else sts[0]
-
-    yes, no = list(table.index[more]), list(table.index[~more])
-    if not yes:
-        return "In this step the last backward band, the one that sends, is the longest in no stage."
-    if not no:
-        return "In this step the last backward band, the one that sends, is the longest in every stage here."
-    return (
-        f"In this step the last backward band, the one that sends, is the longest in {names(yes)}; not in {names(no)}."
-    )
 
 
 def in_flight_parts(run: Path, stage: str) -> tuple[float, float, list[str]]:
@@ -233,29 +210,3 @@ def not_drawn(parts: dict) -> str:
     most = max(parts[st][1] for st in parts)
     add = f"at most {most:.1f} ms" if round(most, 1) > 0 else "under 0.1 ms"
     return f"Also in the table's in flight: {what}; they add {add} to a stage's in flight." if other else ""
-
-
-def link_waits(linked, link, run: Path, table: pd.DataFrame, first: str, second: str) -> str:
-    """A line to print (``run``: the link run's folder; ``table``: :func:`link_table`'s; ``second`` has less link
-    time than ``first``): each one's waited against its link time, and how long rank 0's link
-    still carried transfers after the last backward band (``metrics.in_flight`` of the link's transfers); one step,
-    not claimed."""
-    from minddp.analysis import metrics
-    from minddp.analysis.cpu import rank_intervals
-    from minddp.analysis.events import load_stage
-
-    p, after = rank0(linked.phases), {}
-    for st in (first, second):
-        _, s0, s1 = (iv := rank_intervals(load_stage(Path(run) / st).ranks[0])).steps[-1]
-        end = p[(p["stage"] == st) & (p["phase"] == "backward")]["end_us"].max()
-        after[st] = metrics.in_flight(iv.link, [(s0 + end, s1)]) / 1e3
-    w, t = table["waited (ms)"], table["link time (ms)"]
-    more = "longer" if w[second] > w[first] else "no longer"
-    line = (
-        f"In this step {second} waited {more} than {first} ({w[second]:.1f} against {w[first]:.1f} ms) with "
-        f"{t[first] - t[second]:.1f} ms less link time; after the last backward band rank 0's link still carried "
-        f"transfers for {after[second]:.1f} ms in {second}, {after[first]:.1f} ms in {first}"
-    )
-    if round(w[first], 1) == 0:
-        line += f"; {first}'s messages were each delivered before rank 0's first wait() on it"
-    return line + "."
