@@ -76,7 +76,7 @@ lesson.say(lesson.describe())
 #
 # The table is each hook's last step, each error against its own copy's g. Plain averaging's ĝ is g's own
 # arithmetic, so its error is 0 by construction. PowerSGD's is mostly the error it fed back from the step before,
-# over a ‖g‖ that fell: its step table below shows both.
+# over a ‖g‖ that fell (next section).
 #
 # The cell after the table checks fp16's and bf16's error against a worst-case bound on rounding alone
 # (`minddp.comm.measure.rounding_bound`): value i of the average is off by at most
