@@ -16,11 +16,11 @@
 # %% [markdown]
 # # 00 · Running cells on real ranks
 #
-# Data parallelism is one program running in several processes (*ranks*) that exchange tensors through *collectives*: calls every rank makes together, such as `all_reduce` below, which sums a tensor across the ranks. `minddp.notebook` starts those ranks once and keeps them alive, so every cell below can run on every rank and each rank keeps its variables from cell to cell.
+# Data parallelism is one program running in several processes (*ranks*) that exchange tensors through *collectives*: calls every rank makes together, such as `all_reduce` below, which sums a tensor across the ranks. `minddp.notebook` (*the runner*, in this notebook's process) starts those ranks and keeps them alive, so every cell below can run on every rank and each rank keeps its variables from cell to cell.
 #
 # The ranks that make collectives together form a *process group*; its *backend* is the library that
-# carries the collectives' data between them. The runner picks the backend: gloo on the CPU, as on a laptop (the first
-# output below names this run's), NCCL where every rank has a GPU of its own; the cells stay the same.
+# carries the collectives' data between them. The runner picks the backend: gloo on the CPU (the first
+# output below names this run's), NCCL where every rank has a GPU of its own.
 
 # %%
 # %load_ext minddp.notebook
@@ -108,8 +108,8 @@ lesson.claim(
 t
 
 # %% [markdown]
-# `%dist_status` names the ranks' backend and counts the *restarts*: the times the runner ended the
-# ranks and started fresh ones (their variables lost). The failed cell was not one.
+# `%dist_status` names the ranks' backend and counts *restarts*: the times the runner, unable to
+# release a rank, ended the ranks and started fresh ones (their variables lost). The failed cell caused none.
 
 # %%
 # %dist_status

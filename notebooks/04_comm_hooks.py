@@ -74,7 +74,9 @@ lesson.say(lesson.describe())
 # %% [markdown]
 # ## Payload and gradient error
 #
-# The table is each hook's last step, each error against its own copy's g.
+# The table is each hook's last step, each error against its own copy's g. Plain averaging's ĝ is g's own
+# arithmetic, so its error is 0 by construction. PowerSGD's is mostly the error it fed back from the step before,
+# over a ‖g‖ that fell (next section).
 #
 # The cell after the table checks fp16's and bf16's error against a worst-case bound on rounding alone
 # (`minddp.comm.measure.rounding_bound`): value i of the average is off by at most
@@ -144,13 +146,12 @@ cast = {
     k: max(world_size * trainees[name].metered[k - 1]["magnitudes"]["magnitude_sq"] ** 0.5 for name in dtypes)
     for k in range(1, STEPS + 1)
 }
-top = max(cast, key=cast.get)  # the step whose bound is the largest
-cast_up = math.ceil(cast[top] * 10) / 10  # printed rounded up: still a bound
+cast_up = math.ceil(max(cast.values()) * 10) / 10  # printed rounded up: still a bound
 f16, b16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
 lesson.claim(
-    cast[top] < f16.max and err["fp16"] < err["bf16"],
+    cast_up < f16.max and err["fp16"] < err["bf16"],
     f"No gradient value the fp16 or bf16 copy cast in its {STEPS} steps can exceed {cast_up:.1f} in magnitude "
-    f"(n times the norm of the a_i, on step {top}), below float16's largest value, {f16.max:.0f}: none overflowed. bfloat16, "
+    f"(n times the a_i's largest norm), below float16's largest value, {f16.max:.0f}: none overflowed. bfloat16, "
     f"whose eps is {b16.eps / f16.eps:.0f} times float16's, has the larger error for as many bytes.",
 )
 
@@ -201,6 +202,7 @@ assert all(w["calls"] == plain_calls and w["bytes"] / 1024 == plain_kib for w in
 buckets = lesson.buckets_of(plain_trainee.model)
 last = steps.iloc[-1]
 early, late = steps.iloc[:plain_steps], steps.iloc[plain_steps:]
+lesson.say(steps.round({"PowerSGD payload KiB": 1, ERR: 3, NORM: 2, PLAIN: 2}).to_string())
 # plain averaging, and PowerSGD's first steps, are allreduce_hook itself: the same division and sum of the same
 # values as the reference average (on 2 ranks, one addition, whose order cannot matter), so exactly 0
 lesson.claim(
@@ -208,8 +210,8 @@ lesson.claim(
     and (early["PowerSGD payload KiB"] == plain_kib).all()
     and all(w["relative_error"] == 0 for w in psgd_trainee.metered[:plain_steps] + plain_trainee.metered),
     f"For the first {plain_steps} steps PowerSGD is plain averaging (start_powerSGD_iter={plain_steps}): the same "
-    f"{plain_calls} all_reduces and {plain_kib:.0f} KiB of payload, and a relative error of exactly 0, as plain "
-    "averaging's on every step.",
+    f"{plain_calls} all_reduces and {plain_kib:.0f} KiB of payload, and, like plain averaging, a relative error of 0, "
+    "ĝ being g's own arithmetic.",
 )
 # a bucket makes at most 3 all_reduces (P and Q only if it compresses a matrix; the uncompressed tensors' only if it
 # holds any): 3 × buckets in all means 3 in every bucket
@@ -228,8 +230,8 @@ low = round(math.sqrt(max(through**2 - norm2**2, 0)), 2)  # the least ‖P Pᵀ 
 share = (low / through) ** 2  # the parts are at right angles: their squared norms add up to ‖ĝ − g‖²
 lesson.claim(
     share > 0.5,
-    f"Step {first} has no error feedback yet: its e = g − ĝ has norm {err1:.3f} × {norm1:.2f} = {fed_back:.2f}. On "
-    f"step {second}, ‖ĝ − g‖ = {err2:.3f} × {norm2:.2f} = {through:.2f} and ‖P Pᵀ e‖ ≥ √({through:.2f}² − "
+    f"From the table's rounded values: step {first} has no error feedback yet, its e = g − ĝ has norm "
+    f"{err1:.3f} × {norm1:.2f} = {fed_back:.2f}. On step {second}, ‖ĝ − g‖ = {err2:.3f} × {norm2:.2f} = {through:.2f} and ‖P Pᵀ e‖ ≥ √({through:.2f}² − "
     f"{norm2:.2f}²) = {low:.2f}: P Pᵀ e, step {first}'s e projected onto step {second}'s P, makes at least {share:.0%} "
     f"of ‖ĝ − g‖².",
 )
@@ -245,7 +247,6 @@ lesson.claim(
     f"as ‖g‖ fell from {norm1:.2f} to {norm2:.2f}. Uncompressed, the plain averaging copy's fell too, to {plain2:.2f} "
     f"(the copies part from step {second}, after step {first}'s compressed update).",
 )
-steps.round({"PowerSGD payload KiB": 1, ERR: 3, NORM: 2, PLAIN: 2})
 
 # %% [markdown]
 # ## Over a link: from bytes to link time
@@ -297,18 +298,18 @@ lesson.say(
 # ## Where each takes less link time: messages against payload
 #
 # PowerSGD pays a message's fixed cost, 2(n − 1) α, three times a bucket here where plain averaging pays it
-# once. From here c and S are plain averaging's; PowerSGD's c′ messages of S′ bytes take less link time exactly
-# when `2(n − 1)/n · (S − S′) β > 2(n − 1)(c′ − c) α`:
+# once. With plain averaging's cₐ messages of Sₐ bytes and PowerSGD's cₚ of Sₚ, PowerSGD takes less link time
+# exactly when `2(n − 1)/n · (Sₐ − Sₚ) β > 2(n − 1)(cₚ − cₐ) α`:
 #
-# * **bandwidth**: PowerSGD's link time is the shorter below `B* = (S − S′) / (n (c′ − c) α)` bytes/s, plain
+# * **bandwidth**: PowerSGD's link time is the shorter below `B* = (Sₐ − Sₚ) / (n (cₚ − cₐ) α)` bytes/s, plain
 #   averaging's above it, where the payload it saves takes less link time than its extra messages' fixed costs;
-# * **ranks**: it is the shorter below `n* = (S − S′) / ((c′ − c) α B)`: around a ring every message's α
+# * **ranks**: it is the shorter below `n* = (Sₐ − Sₚ) / ((cₚ − cₐ) α B)`: around a ring every message's α
 #   is paid 2(n − 1) times, while the bytes each rank sends, 2(n − 1)/n · S, stay under 2S whatever n.
 #
 # The cell prices both hooks' last steps on each preset link of `minddp.comm.link.PRESETS` but `loopback`, a
 # modelled α and B (the table's first two columns). The figure draws both link times against B at `1gbit`'s α:
-# each line falls towards its hook's fixed costs (c or c′ times 2(n − 1) α), and the two cross at 1gbit's B*. A
-# preset's two markers differ from their lines by c or c′ times 2(n − 1) (α − 1gbit's α).
+# each line falls towards its hook's fixed costs (cₐ or cₚ times 2(n − 1) α), and the two cross at 1gbit's B*. A
+# preset's two markers differ from their lines by cₐ or cₚ times 2(n − 1) (α − 1gbit's α).
 
 # %%
 # %%rank 0
@@ -329,7 +330,7 @@ wins = lesson_04.preset_table(reduced, n, crossover)  # each preset's α, B, bot
 faster = wins["PowerSGD, link ms"] < wins["plain averaging, link ms"]
 lesson.claim(
     all(faster[nm] == (spec.bandwidth < crossover(spec.latency)) for nm, spec in lesson_04.presets().items()),
-    f"With c = {c}, S = {S} bytes for plain averaging and c′ = {c2}, S′ = {S2} bytes for PowerSGD, "
+    f"With cₐ = {c}, Sₐ = {S} bytes and cₚ = {c2}, Sₚ = {S2} bytes, "
     f"on every preset the smaller link ms is the one B* names (PowerSGD's below it, plain averaging's above). "
     f"{lesson_04.where_shorter(wins)}.",
 )
@@ -359,12 +360,6 @@ wins.round(3)
 # %% [markdown]
 # PowerSGD's training loss, compute, memory and effect on a step's time are not shown: nothing here tells whether it is
 # worth using.
-#
-# ## torch compatibility
-#
-# minddp's PowerSGD hook waits inside itself for the P factors' and uncompressed tensors' all_reduces, to start the
-# Q's in the hook's call: started from a Future's callback, as in torch, it could pair with another bucket's on the
-# other rank. Backward stands still for those waits.
 #
 # ## Your turn: an fp16 hook
 #

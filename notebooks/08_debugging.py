@@ -25,9 +25,9 @@
 #    group* (the process group the ranks started with); here the script's own collectives run on a
 #    new group, `short` (*the short group*), whose calls give up after seconds, and torch's DDP on
 #    another, `group`, with torch's default timeout (the set-up cell prints both); a rank that fails
-#    destroys both, releasing a partner waiting on `group`;
+#    destroys both, so a partner waiting on `group` fails at once;
 # 2. **minddp in debug mode**: its DDP's checks, and the *collective check* of every
-#    `torch.distributed` collective called (the script's own run on the default group here). A
+#    `torch.distributed` collective called. A
 #    `DebugError` is raised on every rank at the first check that sees the bug (for section 3's bug,
 #    a `DebugWarning`, and training goes on);
 # 3. **the fix**: the script corrected, in debug mode, which then says nothing.
@@ -154,8 +154,8 @@ minddp_says(lambda: one_step(*build()), "the forward did not go through the wrap
 fixed(one_step, "through the wrapper", through_wrapper=True)
 
 # %% [markdown]
-# Gradient accumulation gets there too: step 0's gradient summed over three backwards
-# (*micro-batches*), all inside `no_sync()`, where a forward's backward does not average. The fix:
+# Gradient accumulation gets there too: step 0 sums the gradients of three
+# *micro-batches*, all inside `no_sync()`, where a forward's backward does not average. The fix:
 # the last micro-batch's forward and backward outside it.
 
 
@@ -214,11 +214,11 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # ## 4. Mismatched collectives, the script's own included
 #
 # A script's own collectives must match across ranks too: the same op, shape and dtype, in the same
-# order. Under torch, gloo pairs an all_reduce of 2 values with one of 1, and the ranks wait for the
-# short group's timeout; at debug level DETAIL torch compares the calls first. The fix: the same
+# order. Under torch the ranks time out (the short group's); at debug
+# level DETAIL torch compares the calls first. The fix: the same
 # metrics on every rank.
 #
-# Debug mode numbers each rank's collectives on the default group while it is on (*collective #K*;
+# Debug mode numbers each rank's collectives, group by group, while it is on (*collective #K*;
 # the lesson helpers' collectives count too), and compares the ranks' calls of the same
 # number before it is sent. A call is written as op(dtype[shape], ...), then its step: `(step 0)` in
 # a wrapper's step (from its forward to its `optimizer.step()`), `(after step S)` after the last
@@ -237,12 +237,12 @@ detail = torch_does(
     lambda group, short: dist.all_reduce(torch.tensor(logged, device=device), group=short), say=False, level="DETAIL"
 )
 found = minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)), "mismatched collectives")
+lesson.say(f"torch at debug level DETAIL, rank 0: {detail[0].split('. ')[0]}. …")
 lesson.claim(  # a mismatch error, not the short group's timeout: torch compared the calls before sending them
     all("Detected mismatch between collectives" in s for s in detail)
     and all(w in s for s in detail for w in ("OpType=ALLREDUCE", "TensorShape=[2]", "TensorShape=[1]"))
     and all(w in found and w not in s for s in detail for w in ("<In [", "step")),
-    "at debug level DETAIL torch raised 'Detected mismatch between collectives' on every rank, naming the op and "
-    "both shapes, without debug mode's line and step",
+    "every rank raised it, naming the op and both shapes but not the script's line or step",
 )
 metrics = torch.tensor([0.5, 0.9], device=device)
 with quiet() as said:
@@ -253,10 +253,9 @@ lesson.claim(
 )
 
 # %% [markdown]
-# A collective made on some ranks only is the same bug one call later: rank 0's all_reduce of its
-# loss pairs with rank 1's next collective on that group. In debug mode that is the step check's
-# all_gather, on the default group; under torch, none, as rank 1 makes no other call on the
-# short group. The fix: log on every rank.
+# A collective made on some ranks only is the same bug one call later: debug mode compares rank
+# 0's all_reduce of its loss with rank 1's next collective, the step check's all_gather; under
+# torch rank 1 makes no other call on the short group. The fix: log on every rank.
 #
 # A call minddp makes is placed at the script's line that led to it; an all_gather lists the output
 # (ranks × the input's shape), then the input.
@@ -331,10 +330,8 @@ lesson.claim(
 #
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only makes the ranks disagree on what they send: the ranks'
-# `requires_grad` flags differ at step 0. Under torch's DDP rank 0, without `head`'s gradients, never
-# launches the gradients' all_reduce and ends step 0, while rank 1 waits in it. In step 1 rank 0
-# raises (its indices count from 0 in the set-up cell's list: 2 and 3 are `head.weight` and
-# `head.bias`), so rank 1 fails, still in step 0. The fix: freeze the layer on every rank, before
+# `requires_grad` flags differ at step 0. torch's errors count parameters from 0 in the set-up
+# cell's list (2 and 3 are `head.weight` and `head.bias`). The fix: freeze the layer on every rank, before
 # wrapping.
 
 
@@ -353,11 +350,11 @@ def freeze_on_rank_0(wrap, everywhere=False):
     return model
 
 
-raised = torch_does(lambda group, short: freeze_on_rank_0(lambda m: TorchDDP(m, process_group=group)))
+raised = torch_does(lambda group, short: freeze_on_rank_0(lambda m: TorchDDP(m, process_group=group)), say=False)
+lesson.say(f"torch, rank 0: {raised[0]}")
 lesson.claim(
     "indices which did not receive grad" in raised[0] and peer_gone(raised[1]) and torch_step[1] == 0,
-    "under torch rank 0 raised, naming by index the parameters without a gradient; rank 1, in step 0, failed with "
-    "an error saying its partner is gone",
+    "under torch rank 1, in step 0, failed with an error saying its partner is gone",
 )
 minddp_says(
     lambda: freeze_on_rank_0(DistributedDataParallel),
@@ -407,10 +404,11 @@ lesson.say(gist(warnings_of[1][0]))
 raised = torch_does(
     lambda group, short: train(*build(TorchDDP, extra=True, process_group=group), 2, use_extra=rank == 0), say=False
 )
+lesson.say(f"torch, rank 1: {raised[1].split('. ')[0]}. …")
 lesson.claim(
     peer_gone(raised[0]) and torch_step[0] == 0 and "indices which did not receive grad for rank 1: 4 5" in raised[1],
-    "under torch rank 1 raised, naming by index (4 and 5: extra's) the parameters without a gradient, and rank 0, "
-    "still in step 0, failed with an error saying its partner is gone",
+    "it goes on to name by index (4 and 5: extra's) the parameters without a gradient; rank 0, still in step 0, "
+    "failed with an error saying its partner is gone",
 )
 # the bug: a branch on rank 0 only
 minddp_says(
@@ -439,8 +437,8 @@ lesson.claim(
 )
 lesson.claim(
     each_rank(warned) == [warnings_of[1], []] and "turning this flag off" in warnings_of[1][0],
-    "under torch the fix drew on rank 0 the warning printed above for rank 1, to turn the flag off: wrong here, "
-    "as each rank judges its own forward and rank 1, without the branch, needs the flag",
+    "under torch the fix drew on rank 0 the warning above, to turn the flag off: wrong here, as each rank judges "
+    "its own forward and rank 1 needs the flag",
 )
 
 # %% [markdown]
