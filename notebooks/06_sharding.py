@@ -20,16 +20,15 @@
 # gradients and the optimizer's state (Adam keeps two more tensors the size of the model). The three
 # stages here, each a *rung* of the notebooks' ladder, follow ZeRO, the *Zero Redundancy Optimizer*
 # (Rajbhandari et al., 2019, arXiv 1910.02054, "the ZeRO paper"), and FSDP, *Fully Sharded Data
-# Parallel*, PyTorch's version of ZeRO's third stage. They keep DDP's computation and repeat less of the
-# state. On n ranks they cut *parameter tensors* into n *chunks*, one per rank; the chunk a rank
-# updates is its *shard*. Besides the all_reduce they use the reduce-scatter and the all-gather (next
-# section):
+# Parallel*, PyTorch's version of ZeRO's third stage. On n ranks they cut *parameter tensors* into n
+# *chunks*, one per rank; the chunk a rank updates is its *shard*. Besides the all_reduce they use the
+# reduce-scatter and the all-gather (next section):
 #
 # * `zero1`: each rank keeps the optimizer state of its shards only; the gradients are all-reduced, as
 #   in DDP, and the updated shards all-gathered;
 # * `zero2`: the gradients are sharded too: a reduce-scatter leaves each rank only the piece of the
 #   averaged gradients it updates;
-# * `fsdp`: the parameters are sharded too (except the few in no decoder layer, kept unsharded on every rank
+# * `fsdp`: the parameters are sharded too (except those in no decoder layer, kept unsharded on every rank
 #   and all-reduced: its *replicated* tensors), and each decoder layer (a *unit*) is gathered for its
 #   forward and again for its backward (the last unit stays gathered between the two), the next unit's
 #   gather started one unit ahead (a *prefetch*).
@@ -95,7 +94,7 @@ show_source(ring_all_reduce)
 # once, in the last micro-batch's backward): DDP all-reduces the gradients, two passes; the ZeRO paper's
 # ZeRO-1 and ZeRO-2 reduce-scatter them and all-gather the updated parameters, two passes too. minddp's
 # `zero1` is DDP's wrapper with its optimizer sharded, so it all-reduces and then all-gathers: three passes.
-# FSDP reduce-scatters its units' gradients, a little under one pass, but gathers each unit's parameters for
+# FSDP reduce-scatters its units' gradients, under one pass, but gathers each unit's parameters for
 # every micro-batch's forward and again, all but the last unit's, for its backward. The bound below counts
 # one reduce-scatter pass a step and two gathering passes per micro-batch. Those passes count the
 # replicated tensors' bytes too, though these are never gathered: room for their all_reduce.
@@ -175,11 +174,9 @@ lesson.say(f"Ψ = {memory['ddp']['psi']:,} trainable parameter values (elements)
 # before the last backward's sync every gradient is accumulated whole (fsdp's in its units): 4 bytes a value
 lesson.claim(
     all(between[s] == 4 * memory[s]["psi"] for s in STAGES)
-    and all(memory[s]["gradients"] < between[s] for s in ("zero2", "fsdp"))
-    and between["zero2"] == memory["zero1"]["gradients"],
+    and all(memory[s]["gradients"] < between[s] for s in ("zero2", "fsdp")),
     f"The gradients column is at the update. By a later micro-batch's forward every stage held whole gradients, "
-    f"{lesson.mib(between['ddp'])}: zero2 and fsdp hold the column's smaller ones only from the last backward on; "
-    "until then zero2's are zero1's size.",
+    f"{lesson.mib(between['ddp'])}: zero2 and fsdp hold the column's smaller ones only from the last backward on.",
 )
 act = {s: memory[s]["activations"] for s in STAGES}
 lesson.claim(
@@ -197,7 +194,7 @@ shown
 off = {s: table.loc[s, "model state MiB"] - table.loc[s, "formula MiB"] for s in STAGES}
 lesson.claim(
     all(abs(b * 2**20 - 4 * tensors) < 1 for b in off.values()),
-    f"On rank 0 each stage holds its formula's bytes plus AdamW's step counts, a 4-byte scalar per "
+    f"On rank 0 each stage's model state is its formula's bytes plus AdamW's step counts, a 4-byte scalar per "
     f"parameter tensor ({tensors} × 4 = {4 * tensors} bytes).",
 )
 names = {id(p): n for n, p in trainees["fsdp"].model.module.named_parameters()}
@@ -260,10 +257,10 @@ other = f16["activations"] - low  # every byte not saved in bf16, in any dtype, 
 # in fp32 the bytes saved in bf16 here are twice as many and the others the same: the others keep it above half
 lesson.claim(
     abs(2 * low + other - f32["activations"]) < 1e-3 * f32["activations"],
-    f"Its activations are {f16['activations'] / f32['activations']:.2f} times fp32 fsdp's "
-    f"({lesson.mib(f16['activations'])} against {lesson.mib(f32['activations'])}), not half: {low / 2**20:.2f} MiB "
-    f"of them are saved in bf16 and {other / 2**20:.2f} MiB not ({norm32 / 2**20:.2f} MiB of those in fp32 by "
-    f"the RMSNorms); twice the first plus the second come to fp32 fsdp's {lesson.mib(f32['activations'])}.",
+    f"Its activations are {f16['activations'] / f32['activations']:.2f} times fp32 fsdp's, not half: "
+    f"{low / 2**20:.2f} MiB of them are saved in bf16 and {other / 2**20:.2f} MiB not "
+    f"({norm32 / 2**20:.2f} MiB of those in fp32 by the RMSNorms); twice the first plus the second come to "
+    f"fp32 fsdp's {lesson.mib(f32['activations'])}.",
 )
 
 # %% [markdown]
@@ -495,13 +492,9 @@ passes = f_sent["all_gather"] / one_pass  # what a rank sent gathering units, in
 # tensors are all-reduced (2 (n - 1)/n of their bytes sent), which the bound's gathers of them more than cover
 lesson.claim(
     total["fsdp"] <= fsdp_most and passes < 2 * accum,
-    f"fsdp sent {f_sent['reduce_scatter'] / 2**20:.2f} MiB reduce-scattering its units' gradients, "
-    f"{f_sent.get('all_reduce', 0) / 1024:.0f} KiB all-reducing its {outside} replicated tensors, "
-    f"and {f_sent['all_gather'] / 2**20:.2f} MiB gathering units for each micro-batch's forward and backward: "
-    f"{passes:.2f} passes of the model, "
-    f"{passes / accum:.2f} a micro-batch, under the bound's 2. In all {total['fsdp'] / 2**20:.2f} "
-    f"MiB a step, {total['fsdp'] / whole:.1f} times ddp's, within the bound's "
-    f"{lesson.mib(fsdp_most)}.",
+    f"fsdp sent {f_sent['all_gather'] / 2**20:.2f} MiB gathering its units: {passes:.2f} passes of the model, "
+    f"{passes / accum:.2f} a micro-batch, under the bound's 2. In all it sent {total['fsdp'] / 2**20:.2f} MiB a "
+    f"step, {total['fsdp'] / whole:.1f} times ddp's, within the bound's {lesson.mib(fsdp_most)}.",
 )
 on_wire.round(2)
 
@@ -635,7 +628,7 @@ lesson.claim(
 # %% [markdown]
 # ## The same training, whatever the rung
 #
-# Sharding changes what each rank keeps, not what is computed. The cell compares each sharded stage's
+# Sharding changes what each rank keeps, not the results. The cell compares each sharded stage's
 # parameters with `ddp`'s after the same steps (`full_parameters()` gathers zero2's and fsdp's from the
 # updated shards). Here each sum over the ranks has two terms, and a floating-point sum of two numbers does
 # not depend on their order; of three or more it can, in its last bits.
@@ -666,8 +659,6 @@ lesson.say(
 
 # %%
 # %%rank 0
-from minddp.sharding.shards import chunk_size
-
 trade = pd.DataFrame({"model state MiB": table["model state MiB"], "sent a step MiB": pd.Series(total) / 2**20})
 spared = trade.loc["ddp", "model state MiB"] - trade["model state MiB"]  # against ddp's, at the update
 handed = {s: looks[s]["calls"] + looks[s]["gathers"] for s in STAGES}  # collectives in the gloo looks (the figure's)
@@ -678,8 +669,6 @@ lesson.claim(
     f"At the update zero1 holds {lesson.mib(kept)} less optimizer state than ddp, for "
     f"{total['zero1'] / total['ddp']:.1f} times ddp's bytes sent.",
 )
-z2 = trainees["zero2"].model  # gather_parameters: one buffer a bucket, world × its padded chunks, all made at once
-receive = sum(z2.world * chunk_size(p.numel(), z2.world) * p.element_size() for b in z2.buckets for p in b)
 cut = memory["ddp"]["gradients"] - memory["zero2"]["gradients"]  # held whole until the last backward (cell 12)
 lesson.claim(
     abs((spared["zero2"] - spared["zero1"]) * 2**20 - cut) < 1
@@ -701,12 +690,10 @@ lesson.claim(
 reducers = {s: trainees[s].model.reducer for s in ("ddp", "zero1")}  # minddp's DistributedDataParallel's
 buffers = {s: sum(b.untyped_storage().nbytes() for b in r.buffers) for s, r in reducers.items()}
 lesson.claim(
-    not any(r.gradient_as_bucket_view for r in reducers.values())
-    and not any(hasattr(trainees[s].model, "reducer") for s in ("zero2", "fsdp")),
-    "Model state leaves out the gradient bucket copies ddp's and zero1's reducers keep ("
+    not any(r.gradient_as_bucket_view for r in reducers.values()),
+    "Model state leaves out buffers, among them the gradient bucket copies ddp's and zero1's reducers keep ("
     + ", ".join(f"{s} {lesson.mib(b)}" for s, b in buffers.items())
-    + f"; zero2 and fsdp have no reducer), zero2's all-gather buffers, made together ({lesson.mib(receive)}, "
-    f"from its buckets' sizes, not measured), and fsdp's gathered units (peak {lesson.mib(memory['fsdp']['gathered'])}).",
+    + "), fsdp's gathered units and any buffer made during the update.",
 )
 trade.round(1)
 
