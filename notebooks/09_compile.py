@@ -28,18 +28,17 @@
 # computed only if a gradient node ends after its hand-over; this notebook checks that order, not whether the
 # `all_reduce`s did.
 #
-# nanoGPT's training script compiles the model, then wraps it: `model = torch.compile(model)`, then `DDP(model)`.
+# nanoGPT's *pattern* is to compile the model, then wrap it: `model = torch.compile(model)`, then `DDP(model)`.
 # `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph* (here the word means only Dynamo's),
 # and a *backend* compiles the graph. Compiled as one graph, the model records a single gradient node for its whole
 # forward, which produces every parameter's gradient at its end. Every bucket is then handed over after that node, when
 # no gradient node is left to run.
 #
 # torch's answer is in Dynamo: while torch's DDP, or `ddp` ("The pieces and the buckets" says how), runs its module
-# compiled, Dynamo's `DDPOptimizer` **cuts the graph into pieces** by the bucket cap, counted from the end of the
-# forward, and compiles each piece apart, each with a gradient node of its own. The backward pass runs piece after
-# piece, numbered here in that order: piece 0 holds the forward's last layers; a *piece's backward* is the run of its
-# gradient node. A bucket whose last gradient a piece produces can then be handed over before the next piece's backward
-# begins.
+# compiled, Dynamo's `DDPOptimizer` **cuts the graph into pieces**, counted from the end of the forward, and compiles
+# each piece apart, each with a gradient node of its own. The backward pass runs piece after piece, numbered here in
+# that order: piece 0 holds the forward's last layers; a *piece's backward* is the run of its gradient node. A bucket
+# whose last gradient a piece produces can then be handed over before the next piece's backward begins.
 #
 # The figure shows the backward pass of the third training step of `ddp` in each of three runs, one row each: eager
 # (not compiled), compiled without the cut (`torch._dynamo.config.optimize_ddp = False`) and compiled with it. The
@@ -122,9 +121,8 @@ lesson.say(
 # What to look for: with the cut, as in eager, a gradient node ends after each tick but the last;
 # without it, none does (every tick comes after the last blue).
 #
-# Read the order only: no cell splits a pale stretch (one after a tick too) into the legend's parts or measures a
-# width; nodes run back to back may draw as one stretch or split by a white line, so count pieces and buckets in the
-# row labels.
+# Read the order only: no cell measures a width or what fills a pale stretch; nodes run back to back may draw as one
+# stretch or split by a white line, so count pieces and buckets in the row labels.
 
 # %%
 # %%distributed
@@ -154,7 +152,7 @@ eager = looks["eager"]
 apart = max((v["params"] - eager["params"]).abs().max().item() for v in looks.values())
 bound = lesson_09.rounding_bound(eager["moved"], eager["params"].abs().max().item(), k=2 * DEPTH * WIDTH + 32)
 near = "to the bit" if apart == 0 else f"to {apart:.1e}, within the {bound:.1e} estimated for summing in another order"
-lesson.claim(apart <= bound, f"The three trainings end with the same parameters, {near}.")
+lesson.claim(apart <= bound, f"The three runs end with the same parameters, {near}.")
 
 
 # %% [markdown]
@@ -218,12 +216,11 @@ lesson.claim(
 # ### Your turn: after which piece is each bucket handed over?
 #
 # Write `my_handed_over_after(pieces, cap)`: `pieces` lists pieces in the order the backward pass runs them, each as its
-# gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes (`CAP` is MiB), every
-# bucket's, the first included. Pieces and gradients are any sizes, empty and 0 bytes too, not only those a cut at `cap`
-# makes, so a bucket can take gradients from several pieces. Fill the buckets in arrival order, as `ddp` plans them from
-# its second step on (a bucket closes at the first gradient that takes it to the cap or past it; the gradients left at
-# the end make one last bucket) and return, for each bucket, the index of the piece after whose backward it is handed
-# over. On this notebook's step, four pieces of two 1 MiB gradients at `cap = 2 * 2**20`, the answer is `[0, 1, 2, 3]`.
+# gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes, every bucket's, the first
+# included. Pieces and gradients are any sizes, empty and 0 bytes too, not only those a cut at `cap` makes, so a bucket
+# can take gradients from several pieces. Fill the buckets in arrival order, as `ddp` plans them from its second step on
+# (a bucket closes at the first gradient that takes it to the cap or past it; the gradients left at the end make one
+# last bucket) and return, for each bucket, the index of the piece after whose backward it is handed over. On this notebook's step, four pieces of two 1 MiB gradients at `cap = 2 * 2**20`, the answer is `[0, 1, 2, 3]`.
 
 # %%
 from minddp.exercises import check_handover
@@ -291,9 +288,8 @@ lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {
 # %% [markdown]
 # ## A bucket cap of 0.5 MiB
 #
-# Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: the refusal, or its
-# first training step (one bucket, as every first step, handed over after the last piece) and one more forward, whose
-# pieces, like buckets, close at the first gradient taking them to the cap or past it.
+# Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: the error compiling
+# raised, or the first training step's buckets and one more forward's pieces.
 
 
 # %%

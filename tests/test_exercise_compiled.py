@@ -198,6 +198,24 @@ def cap_read_as_mib(pieces, cap):
     return out + [len(pieces) - 1] * (total > 0)
 
 
+def cap_typed_from_the_notebook(pieces, cap):  # read 20-p 2: got only the first case that differs before
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total >= 2 * 2**20:  # the mistake: the notebook's cap typed in, the `cap` argument never used
+            out, total = out + [i], 0
+    return out + [len(pieces) - 1] * (total > 0)
+
+
+def cap_typed_in_mib_past(pieces, cap):
+    out, total = [], 0
+    for i, size in arrivals(pieces):
+        total += size
+        if total > 2:  # the mistake: a cap of 2 (MiB) typed in, passed strictly
+            out, total = out + [i], 0
+    return out + [len(pieces) - 1] * (total > 0)
+
+
 def cap_read_as_mib_strictly_past(pieces, cap):
     out, total = [], 0
     for i, size in arrivals(pieces):
@@ -530,6 +548,8 @@ def never_past_noting_the_next_gradient(pieces, cap):
         (last_bucket_at_the_loop_variable, "the last bucket was given the last piece"),
         (last_bucket_at_the_last_piece, "a piece can have no gradient (an empty list)"),
         (buckets_listed_last_first, "the buckets were listed last first"),
+        (cap_typed_from_the_notebook, "the `cap` argument was not used"),
+        (cap_typed_in_mib_past, "the `cap` argument was not used"),
     ],
 )
 def test_each_handover_mistake_is_named(fn, named):

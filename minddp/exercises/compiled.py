@@ -11,9 +11,11 @@ on every case of :data:`CASES` and compared with the model answer
 one that matches two of them made together (:data:`PAIRS`) by both, one right but for a last bucket given the last
 piece where that piece is empty by that (:data:`LAST_PIECE`), one that drops the empty pieces by that
 (:data:`EMPTY_DROPPED`), one that drops a last bucket of zero bytes by that (:data:`ZERO_BYTES`), one that drops a
-zero-byte last bucket and makes the mistake of :data:`LAST_PIECE` or :data:`EMPTY_DROPPED` too by both, any
-other by its first case that differs. A few pairs give the same answer as one mistake alone on every input (never
-past with strictly past, say): they are named by that one, which says what the answer does.
+zero-byte last bucket and makes the mistake of :data:`LAST_PIECE` or :data:`EMPTY_DROPPED` too by both, one that
+fills the buckets right but at one cap of its own in every case (a typed ``2 * 2**20``, say) by that
+(:data:`CAP_IGNORED`), any other by its first case that differs. A few pairs give the same answer as one mistake
+alone on every input (never past with strictly past, say): they are named by that one, which says what the answer
+does.
 
 Example (pure Python, no ranks)::
 
@@ -73,6 +75,13 @@ ZERO_BYTES = (
     "the last bucket was kept only when its bytes were not 0: the gradients left after the last full bucket make "
     "one more bucket whatever their bytes (a parameter without elements has a gradient of 0 bytes), so keep it when "
     "any gradient is left"
+)
+
+
+#: what the verdict says to an answer that fills the buckets at one cap of its own, whatever ``cap`` it is given
+CAP_IGNORED = (
+    "the `cap` argument was not used: your buckets close at the same cap in every case (a number typed in?), but "
+    "each case gives its own `cap`, in bytes; close each bucket at the first gradient that takes it to `cap` or past it"
 )
 
 
@@ -422,6 +431,16 @@ MISTAKES = {
 }
 
 
+def _fills(cases) -> list:
+    """Every byte count a bucket can reach in ``cases`` (a run of consecutive gradients' sizes), then infinity: a
+    walk at any one cap closes its buckets as the walk at one of these does."""
+    reached = set()
+    for k in cases:
+        sizes = [size for piece in CASES[k][0] for size in piece]
+        reached |= {sum(sizes[i:j]) for i in range(len(sizes)) for j in range(i + 1, len(sizes) + 1)}
+    return [*sorted(reached), math.inf]
+
+
 def _contradict(a: str, b: str) -> bool:
     """Whether walk mistakes ``a`` and ``b`` cannot be made together: no last bucket with an empty one, or two
     answers in place of the piece's index (the piece of the first gradient alone can be counted otherwise)."""
@@ -451,8 +470,7 @@ def check_handover(fn) -> Verdict:
     if answers == right:
         return Verdict(
             True,
-            f"✓ {name}: every bucket handed over after the right piece in all {len(CASES)} cases (e.g. pieces "
-            f"{CASES[1][0]}, cap {CASES[1][1]}: {right[1]})",
+            f"✓ {name}: every bucket handed over after the right piece in all {len(CASES)} cases",
         )
 
     def matches(wrong, cases=PLAIN) -> bool:  # by default on the cases without an empty piece or zero bytes
@@ -479,6 +497,8 @@ def check_handover(fn) -> Verdict:
     for a, b in PAIRS:
         if matches(lambda p, c, a=a, b=b: _walk(p, c, **WALKS[a][0], **WALKS[b][0])):
             return Verdict(False, f"✗ {name}: two mistakes: {WALKS[a][1]}; and {WALKS[b][1]}")
+    if any(matches(lambda p, c, mine=mine: _walk(p, mine)) for mine in _fills(PLAIN)):
+        return Verdict(False, f"✗ {name}: {CAP_IGNORED}")
     k = next(k for k, (a, r) in enumerate(zip(answers, right)) if a != r)
     pieces, cap = CASES[k]
     return Verdict(
@@ -490,6 +510,7 @@ def check_handover(fn) -> Verdict:
 
 __all__ = [
     "check_handover",
+    "CAP_IGNORED",
     "CASES",
     "EMPTY_DROPPED",
     "LAST_PIECE",
