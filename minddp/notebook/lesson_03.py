@@ -116,22 +116,13 @@ def least_caps(model: list) -> tuple[float, list[str]]:
 
 
 def say_sweep(swept: dict, model: list, default, per_gradient, this_run_s: float, cp) -> None:
-    """The cap sweep in sentences: torch's default plan and the model's link after backward (the measured steps'
-    are in :func:`sweep_table`). ``cp``: the model's compute profile, for what lengthens its backward."""
+    """The cap sweep in a sentence: the model's link after backward, buckets against one message per gradient (the
+    measured steps' are in :func:`sweep_table`). ``cp``: the model's compute profile, for what lengthens its backward."""
     own = {c: backward_less_check(v) for c, v in swept.items()}
-    say(
-        f"torch's default (None) makes {default.messages} buckets here, its last of "
-        f"{default.last_bytes / 2**20:.1f} MiB ({1e3 * default.tail:.0f} ms on the link)."
-    )
     median_of = [cap_name(c) for c, b in own.items() if abs(b / 1e3 - this_run_s) < 1e-9]
-    short, long = min(own, key=own.get), max(own, key=own.get)
     least, at_least = least_caps(model)
     per_gradient_ms = round(1e3 * per_gradient.after_backward, 1)
     fewer = [f"{c.cap_mb:g}" for c in model if round(1e3 * c.after_backward, 1) < per_gradient_ms]
-    say(
-        f"These steps' backwards, less the check, ran from {own[short]:.0f} ms ({cap_name(short)}) to "
-        f"{own[long]:.0f} ms ({cap_name(long)}), {own[long] / own[short]:.1f} times as long."
-    )
     say(
         f"The step-time model replays every cap with one backward's compute, {1e3 * this_run_s:.0f} ms (their median"
         + (f": the {median_of[0]} step's own" if median_of else "")
@@ -312,7 +303,6 @@ def say_bucket_lesson(swept: dict, h: dict, here, t4: dict, far: dict) -> None:
     longer = sum(round(e, 1) > round(h_end, 1) for e in ends.values())
     best = min(ends, key=ends.get)
     ht, bt, hf, bf = t4["hook-async"], t4["bucket-async"], far["hook-async"], far["bucket-async"]
-    idle = round(ht["exposed_ms"]) == round(bt["exposed_ms"]) == 0
     say(
         "Link after backward, one step each: on this notebook's "
         f"link, hook-async {_after(h_end)}, bucket-async at the workload's {here:g} MiB cap "
@@ -320,20 +310,18 @@ def say_bucket_lesson(swept: dict, h: dict, here, t4: dict, far: dict) -> None:
         + ("every one" if longer == len(ends) else str(longer) if longer else "none")
         + f" of the {len(ends)} caps run (least {_after(ends[best])}, at {cap_name(best)}); "
         f"with the ratios of 4 × T4, hook-async {_after(ht['end_ms'])}, bucket-async "
-        f"at that link's cap {_after(bt['end_ms'])}"
-        + (", both exposed 0 ms" if idle else "")
-        + f"; with the ratios of 1024 ranks, hook-async {_after(hf['end_ms'])}, bucket-async {_after(bf['end_ms'])}."
+        f"at that link's cap {_after(bt['end_ms'])}."
     )
     steps = {  # backward less the check plus exposed, one step each: hook-async's, bucket-async's
-        "this notebook's link": (h_back + h["exposed_ms"], backs[here] + swept[here]["exposed_ms"]),
-        "4 × T4's ratios": (ht["backward_ms"] + ht["exposed_ms"], bt["backward_ms"] + bt["exposed_ms"]),
-        "1024 ranks' ratios": (hf["backward_ms"] + hf["exposed_ms"], bf["backward_ms"] + bf["exposed_ms"]),
+        "on this notebook's link": (h_back + h["exposed_ms"], backs[here] + swept[here]["exposed_ms"]),
+        "with the ratios of 4 × T4": (ht["backward_ms"] + ht["exposed_ms"], bt["backward_ms"] + bt["exposed_ms"]),
+        "with those of 1024 ranks": (hf["backward_ms"] + hf["exposed_ms"], bf["backward_ms"] + bf["exposed_ms"]),
     }
     won = [n for n, (a, b) in steps.items() if round(b) < round(a)]
     say(
         "Backward less the check plus exposed, hook-async against bucket-async: "
         + "; ".join(f"{n} {a:.0f} against {b:.0f} ms" for n, (a, b) in steps.items())
         + ". In these measured steps buckets gave the shorter of the two on "
-        + ("all 3 links" if len(won) == 3 else " and ".join(won) + " only" if won else "none of the 3 links")
+        + ("all 3 links" if len(won) == 3 else f"{len(won)} of the 3 ({'; '.join(won)})" if won else "none of the 3")
         + "; the step-time model below times no host work per message."
     )
