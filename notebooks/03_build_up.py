@@ -830,5 +830,6 @@ lesson.claim(  # the link's modeled clock (291 fixed costs against 26): the same
 #
 # Buckets shorten the link time by the fixed costs of the messages they no longer send, but their
 # first message leaves later. The step-time model times no host work per message; the measured
-# steps pay it, and the last cell says on which links buckets gave the shorter backward plus exposed. With the ratios of 1024 ranks, one message per gradient needs more link
-# time than the backward that link was sized from, buckets less.
+# steps pay it (*backward less the check plus exposed*, above, link by link). With the ratios of
+# 1024 ranks, one message per gradient needs more link time than the backward that link was sized
+# from, buckets less.

@@ -117,7 +117,7 @@ def least_caps(model: list) -> tuple[float, list[str]]:
 
 def say_sweep(swept: dict, model: list, default, per_gradient, this_run_s: float, cp) -> None:
     """The cap sweep in a sentence: the model's link after backward, buckets against one message per gradient (the
-    measured steps' are in :func:`sweep_table`). ``cp``: the model's compute profile, for what lengthens its backward."""
+    measured steps' are in :func:`sweep_table`). ``cp``: the model's compute profile (what lengthens its backward)."""
     own = {c: backward_less_check(v) for c, v in swept.items()}
     median_of = [cap_name(c) for c, b in own.items() if abs(b / 1e3 - this_run_s) < 1e-9]
     least, at_least = least_caps(model)
