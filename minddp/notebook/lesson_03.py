@@ -116,45 +116,23 @@ def least_caps(model: list) -> tuple[float, list[str]]:
 
 
 def say_sweep(swept: dict, model: list, default, per_gradient, this_run_s: float, cp) -> None:
-    """The cap sweep in sentences: torch's default plan and the model's link after backward (the measured steps'
-    are in :func:`sweep_table`). ``cp``: the model's compute profile, for what lengthens its backward."""
+    """The cap sweep in a sentence: the model's link after backward, buckets against one message per gradient (the
+    measured steps' are in :func:`sweep_table`). ``cp``: the model's compute profile (what lengthens its backward)."""
     own = {c: backward_less_check(v) for c, v in swept.items()}
-    say(
-        f"torch's default (None) makes {default.messages} buckets here, its last of "
-        f"{default.last_bytes / 2**20:.1f} MiB ({1e3 * default.tail:.0f} ms on the link)."
-    )
     median_of = [cap_name(c) for c, b in own.items() if abs(b / 1e3 - this_run_s) < 1e-9]
-    short, long = min(own, key=own.get), max(own, key=own.get)
     least, at_least = least_caps(model)
-    say(
-        f"These steps' backwards, less the check, ran from {own[short]:.0f} ms ({cap_name(short)}) to "
-        f"{own[long]:.0f} ms ({cap_name(long)}), {own[long] / own[short]:.1f} times as long."
-    )
+    per_gradient_ms = round(1e3 * per_gradient.after_backward, 1)
+    fewer = [f"{c.cap_mb:g}" for c in model if round(1e3 * c.after_backward, 1) < per_gradient_ms]
     say(
         f"The step-time model replays every cap with one backward's compute, {1e3 * this_run_s:.0f} ms (their median"
         + (f": the {median_of[0]} step's own" if median_of else "")
         + "), which copying the gradients into buckets"
         + (f" and {1e3 * cp.per_message:.2f} ms of host work per message" if cp.per_message else "")
         + " lengthens"
-        + f"; it leaves {1e3 * model[0].after_backward:.1f} ms of link after backward at "
-        f"{model[0].cap_mb:g} MiB"
-        + (
-            ", the grid's smallest cap and its least (no smaller cap was tried)"
-            if at_least == [f"{model[0].cap_mb:g}"]
-            else f" (least {least:.1f} ms, at {' and '.join(at_least)} MiB)"
-        )
-        + f", and {1e3 * per_gradient.after_backward:.1f} ms with one message per gradient."
+        + f"; one message per gradient leaves {per_gradient_ms:.1f} ms of link after backward, buckets "
+        + (f"less at {' and '.join(fewer)} MiB" if fewer else "more at every cap")
+        + f" (least {least:.1f} ms, at {' and '.join(at_least)} MiB)."
     )
-    from minddp.costmodel.buckets import on_the_link
-
-    at = {c.cap_mb: c for c in model} | {None: default}
-    pairs = [(at[c].after_backward * 1e3, on_the_link(v["row"])["end_ms"]) for c, v in swept.items() if c in at]
-    below = sum(round(m, 1) < round(e, 1) for m, e in pairs)
-    if below:
-        say(
-            f"The model leaves less link after backward than the step at {below} of these {len(pairs)} caps "
-            "(the table)."
-        )
 
 
 def sweep_figure(swept: dict, model: list, default, per_gradient, link_name: str, world: int, here, h: dict):
@@ -297,7 +275,7 @@ def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
         say(
             f"Against the {sized_ms[name]:.0f} ms backward the link of {name} was sized from, the backwards that hold "
             f"no wait for a message ran: {'; '.join(parts)}"
-            + (" (" + " and ".join(held) + " hold waits)" if held else "")
+            + (f" ({' and '.join(held)} hold{'s' if len(held) == 1 else ''} waits)" if held else "")
             + f": these steps keep the setting's ratios only to within {apart:.1f} times."
         )
     if round(t4["bucket-async"]["backward_ms"]) == round(far["bucket-async"]["backward_ms"]):
@@ -313,8 +291,8 @@ def _after(ms: float) -> str:
 
 
 def say_bucket_lesson(swept: dict, h: dict, here, t4: dict, far: dict) -> None:
-    """The bucket lesson's steps, link by link: each step's link after backward beside its backward less the check,
-    then why the conclusions rest on modeled times. On this
+    """The bucket lesson's steps, link by link: each step's link after backward, then which of hook-async and
+    bucket-async had the shorter backward less the check plus exposed. On this
     notebook's link: ``h`` (hook-async's look) against ``swept`` (cap -> bucket-async's look), ``here`` the
     workload's cap; ``t4``, ``far``: the sized links' runs (``on_the_link``'s values, with ``backward_ms``)."""
     from minddp.costmodel.buckets import on_the_link
@@ -325,27 +303,25 @@ def say_bucket_lesson(swept: dict, h: dict, here, t4: dict, far: dict) -> None:
     longer = sum(round(e, 1) > round(h_end, 1) for e in ends.values())
     best = min(ends, key=ends.get)
     ht, bt, hf, bf = t4["hook-async"], t4["bucket-async"], far["hook-async"], far["bucket-async"]
-    idle = round(ht["exposed_ms"]) == round(bt["exposed_ms"]) == 0
     say(
-        "Link after backward, one step each (in brackets: that step's backward less the check): on this notebook's "
-        f"link, hook-async {_after(h_end)} ({h_back:.0f} ms), bucket-async at the workload's {here:g} MiB cap "
-        f"{_after(ends[here])} ({backs[here]:.0f} ms), more than hook-async's at "
+        "Link after backward, one step each: on this notebook's "
+        f"link, hook-async {_after(h_end)}, bucket-async at the workload's {here:g} MiB cap "
+        f"{_after(ends[here])}, more than hook-async's at "
         + ("every one" if longer == len(ends) else str(longer) if longer else "none")
-        + f" of the {len(ends)} caps run (least {_after(ends[best])}, at {cap_name(best)}, {backs[best]:.0f} ms); "
-        f"with the ratios of 4 × T4, hook-async {_after(ht['end_ms'])} ({ht['backward_ms']:.0f} ms), bucket-async "
-        f"at that link's cap {_after(bt['end_ms'])} ({bt['backward_ms']:.0f} ms)"
-        + (", both exposed 0 ms" if idle else "")
-        + f"; with the ratios of 1024 ranks, hook-async {_after(hf['end_ms'])} ({hf['backward_ms']:.0f} ms), "
-        f"bucket-async {_after(bf['end_ms'])} ({bf['backward_ms']:.0f} ms)."
+        + f" of the {len(ends)} caps run (least {_after(ends[best])}, at {cap_name(best)}); "
+        f"with the ratios of 4 × T4, hook-async {_after(ht['end_ms'])}, bucket-async "
+        f"at that link's cap {_after(bt['end_ms'])}."
     )
-    pairs = [(h_back, backs[here]), (ht["backward_ms"], bt["backward_ms"]), (hf["backward_ms"], bf["backward_ms"])]
-    longer_back = sum(round(a) > round(b) for a, b in pairs)
+    steps = {  # backward less the check plus exposed, one step each: hook-async's, bucket-async's
+        "on this notebook's link": (h_back + h["exposed_ms"], backs[here] + swept[here]["exposed_ms"]),
+        "with the ratios of 4 × T4": (ht["backward_ms"] + ht["exposed_ms"], bt["backward_ms"] + bt["exposed_ms"]),
+        "with those of 1024 ranks": (hf["backward_ms"] + hf["exposed_ms"], bf["backward_ms"] + bf["exposed_ms"]),
+    }
+    won = [n for n, (a, b) in steps.items() if round(b) < round(a)]
     say(
-        "hook-async's backward, sending a message per gradient, ran "
-        + (
-            "no longer than bucket-async's on any of the 3 links"
-            if longer_back == 0
-            else f"longer than bucket-async's on {'all 3' if longer_back == 3 else f'{longer_back} of the 3'} links"
-        )
-        + "; the step-time model times no host work per message."
+        "Backward less the check plus exposed, hook-async against bucket-async: "
+        + "; ".join(f"{n} {a:.0f} against {b:.0f} ms" for n, (a, b) in steps.items())
+        + ". In these measured steps buckets gave the shorter of the two on "
+        + ("all 3 links" if len(won) == 3 else f"{len(won)} of the 3 ({'; '.join(won)})" if won else "none of the 3")
+        + "; the step-time model below times no host work per message."
     )
