@@ -26,7 +26,7 @@
 # alike; it goes through these phases (2 and 3 only when needed):
 #
 # 1. a **quorum**: before each attempt, a coordinator (the *lighthouse*, a process of its own) waits until
-#    every **live** slot (one not known lost; exactly below) has asked, then answers who trains it, the
+#    every **live** slot (defined below) has asked, then answers who trains it, the
 #    attempt's **members**, and which step: the largest any member asked to train (`quorum.max_step`);
 # 2. a new **group** (the processes a collective runs among, as in notebooks 01-04) at the run's first
 #    quorum, and whenever the members changed or the last attempt was discarded (a group that saw a
@@ -293,7 +293,7 @@ show_source(solutions.ft_shard)
 #
 # Killing all three in the same step leaves no **holder** (a process holding the trained state: a member
 # of the newest committed step); the state lives only in the training processes. With every slot down the
-# launcher starts them again at once; they ask for step 0, below the newest committed, so the lighthouse
+# launcher starts them again at once; they ask for step 0, below the newest committed, so the launcher
 # stops the run with one line rather than train the committed steps again (-9: the exit code of SIGKILL).
 # The second cell below runs it with the main run's settings but 6 steps, no `full_world_at`, no digests and no 10 ms pause.
 #
@@ -378,10 +378,7 @@ def fixed_at_world_3(batch, rank, world):
 
 answer, fixed = check_shards([solutions.ft_shard, fixed_at_world_3])  # one run, a copy of the model each
 print("the exercise's model answer:", answer)
-lesson.claim(
-    answer.ok,
-    "the checker passed the model answer",
-)
+assert answer.ok, "the checker refused the model answer"
 print("question 3's split:", fixed)
 lesson.claim(
     not fixed.ok and "at world 2, rows 6-9 were trained by no rank" in fixed.line,

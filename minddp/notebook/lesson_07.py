@@ -67,7 +67,7 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms, split in its parts: until the members of the next quorum had all asked
     for it; from then to that quorum (for the kill, which waits for the launcher's record of the process's exit,
     after its fixed wait ``EXIT_WAIT_S``); from that quorum to the commit. Then whether either lasted the hang
-    bound, and how much slower the kill recovered than the raise."""
+    bound."""
     for o in (kill, raised):
         recovery, quorum = ms(o.recovery_s), ms(o.quorum_s)
         asked = min(ms(asked_s(run, o)), quorum)  # the quorum answered the last request, so came after it
@@ -87,11 +87,6 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         print(
             " and ".join(f"the {o.fault.kind}'s" for o in late).capitalize() + " recovery lasted the hang bound or more"
         )
-    slower = ms(kill.recovery_s) - ms(raised.recovery_s)
-    if slower > 0:
-        print(f"The kill recovered {slower} ms slower than the raise")
-    else:
-        print("The kill recovered no slower than the raise")
 
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
