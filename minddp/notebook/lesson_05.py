@@ -106,19 +106,21 @@ def link_ms(linked, link, stage: str) -> float:
 
 
 def link_table(linked, link) -> pd.DataFrame:
-    """The link run's table (rank 0, one profiled step each): link time, waited, exposed (ms, to 0.1), and waited −
-    exposed, the difference of the two printed columns."""
+    """The link run's table (rank 0, one profiled step each): link time, waited, exposed and the step's last
+    backward band's length (ms, to 0.1)."""
     stages = rank0(linked.summary)["stage"]
     waits = rank0(linked.per_step).groupby("stage")[["waited_us", "exposed_us"]].mean() / 1e3
+    p = rank0(linked.phases)
+    back = p[p["phase"] == "backward"].sort_values("start_us").groupby("stage").last()
     table = pd.DataFrame(
         {
             "link time (ms)": [link_ms(linked, link, st) for st in stages],
             "waited (ms)": waits["waited_us"].reindex(stages).to_numpy(),
             "exposed (ms)": waits["exposed_us"].reindex(stages).to_numpy(),
+            "last backward (ms)": ((back["end_us"] - back["start_us"]) / 1e3).reindex(stages).to_numpy(),
         },
         index=pd.Index(stages, name="stage"),
     ).round(1)
-    table["waited − exposed (ms)"] = (table["waited (ms)"] - table["exposed (ms)"]).round(1)
     return table
 
 
@@ -137,25 +139,6 @@ def link_messages(linked, link) -> pd.DataFrame:
         },
         index=pd.Index(stages, name="stage"),
     )
-
-
-def backward_excess(result, stages) -> pd.DataFrame:
-    """Per stage (rank 0's profiled step): its last backward band's length, and that length minus the longest of
-    the step's earlier backward bands', ms to 0.1. All from one step of one stage.
-
-    >>> ph = pd.DataFrame({"rank": 0, "stage": "h", "phase": "backward", "start_us": [400e3, 0.0, 200e3],
-    ...                    "end_us": [700e3, 100e3, 310e3]})
-    >>> print(backward_excess(type("R", (), {"phases": ph}), ["h"]).to_string())  # doctest: +NORMALIZE_WHITESPACE
-       last (ms)  last − longest earlier (ms)
-    h      300.0                        190.0
-    """
-    p = rank0(result.phases)
-    rows = {}
-    for st in stages:
-        back = p[(p["stage"] == st) & (p["phase"] == "backward")].sort_values("start_us")
-        ms = ((back["end_us"] - back["start_us"]) / 1e3).to_numpy()
-        rows[st] = {"last (ms)": ms[-1], "last − longest earlier (ms)": ms[-1] - ms[:-1].max()}
-    return pd.DataFrame(rows).T.round(1)
 
 
 def in_flight_parts(run: Path, stage: str) -> tuple[float, float, list[str]]:
