@@ -19,9 +19,9 @@
 # Autograd runs the backward pass as *nodes*, here of two kinds. A parameter's `AccumulateGrad` node adds its gradient
 # into the parameter's `.grad`; `ddp` (minddp's `DistributedDataParallel`) hooks its *reducer* in there, which groups
 # the gradients into *buckets* and averages each bucket over the ranks with one `all_reduce`. Its first step, with
-# `find_unused_parameters` off as here, has one bucket per dtype and device; from the second, a byte limit, the
-# *bucket cap*, closes each bucket. Every other node is a *gradient node*: it computes gradients (the model's nodes, and
-# the loss's).
+# `find_unused_parameters` off as here, has one bucket per dtype and device; from the second, a bucket closes at the
+# gradient that takes it to the *bucket cap* or past it. Every other node is a *gradient node*: it computes gradients
+# (the model's nodes, and the loss's).
 #
 # A bucket is *handed over* (the tick in the figure) when the reducer calls `all_reduce` on it, once its last gradient
 # is there and every earlier bucket has been handed over. A bucket's `all_reduce` can run while gradients are still
@@ -144,10 +144,11 @@ lesson.claim(
 # the reducer's hook runs in each parameter's AccumulateGrad node, after the gradient is accumulated
 lesson.claim(
     all(all(v["inside_accumulate"]) for v in looks.values()),
-    "In all three runs each bucket was handed over inside an AccumulateGrad node.",
+    "In all three runs every hand-over came inside an AccumulateGrad node.",
 )
 # aot_eager runs eager's aten ops, whose sums may still round in another order: rounding_bound estimates how far
-# apart that may leave the parameters (k: the terms summed behind a weight's gradient, 32 the batch's samples)
+# apart that may leave the parameters (k: the terms summed behind a weight's gradient, WIDTH a layer forward and
+# WIDTH backward, 32 the batch's)
 eager = looks["eager"]
 apart = max((v["params"] - eager["params"]).abs().max().item() for v in looks.values())
 bound = lesson_09.rounding_bound(eager["moved"], eager["params"].abs().max().item(), k=2 * DEPTH * WIDTH + 32)
@@ -164,10 +165,10 @@ lesson.claim(apart <= bound, f"The three runs end with the same parameters, {nea
 # the order the first step's gradients arrived on rank 0), each with its parameters in the forward's order.
 #
 # Dynamo cuts when it compiles (the first step), and only if torch's DDP's class attribute `_active_ddp_module` is set
-# then; it reads the bucket cap from it and caps piece 0 apart, at the global
-# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`, given a
+# then (torch's DDP sets it around its module's call); it reads the bucket cap from it and caps piece 0 apart, at the
+# global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`, given a
 # `bucket_cap_mb`, sets the attribute to a stand-in holding its bucket cap and the global to the bucket cap
-# (`compat.ddp_optimizer_caps`): so piece 0 is capped by the bucket cap, as the rebuilt bucket 0 is.
+# (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as the rebuilt bucket 0 does.
 #
 # With the cut, a bucket is handed over before the next piece's backward: when a piece's gradient node ends, the
 # `AccumulateGrad` nodes of the gradients it produced and the next piece's gradient node are all ready to run, and
@@ -194,7 +195,7 @@ lesson.claim(
 runs = {label: looks[label]["pieces_run"] for label in (NO_CUT, CUT)}
 lesson.claim(
     runs == {NO_CUT: 1, CUT: len(pieces)},
-    f"Backward ran one CompiledFunctionBackward node without the cut, {len(pieces)} with it: one per piece.",
+    "Backward ran one CompiledFunctionBackward node per piece, one without the cut.",
 )
 piece_of = {name: i for i, piece in enumerate(pieces) for name in piece}
 homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
@@ -219,8 +220,9 @@ lesson.claim(
 # gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes, every bucket's, the first
 # included. Pieces and gradients are any sizes, empty and 0 bytes too, not only those a cut at `cap` makes, so a bucket
 # can take gradients from several pieces. Fill the buckets in arrival order, as `ddp` plans them from its second step on
-# (a bucket closes at the first gradient that takes it to the cap or past it; the gradients left at the end make one
-# last bucket) and return, for each bucket, the index of the piece after whose backward it is handed over. On this notebook's step, four pieces of two 1 MiB gradients at `cap = 2 * 2**20`, the answer is `[0, 1, 2, 3]`.
+# (the gradients left at the end make one last bucket) and return, for each bucket, the index of the piece after
+# whose backward it is handed over. On this notebook's step, four pieces of two 1 MiB gradients at `cap = 2 * 2**20`,
+# the answer is `[0, 1, 2, 3]`.
 
 # %%
 from minddp.exercises import check_handover
@@ -249,9 +251,8 @@ print(check_handover(solutions.handed_over_after))
 # The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. A graph break is a place inside a
 # graph Dynamo has begun where it stops the graph, runs Python, and starts a new one. minddp's `ddp` marks its whole
 # `forward` for Dynamo to skip (`torch.compiler.disable(forward, recursive=False)`): Dynamo runs it as Python, so
-# begins no graph and counts no break there, and compiles the module it calls apart. torch's DDP marks only
-# `_inside_ddp_forward`, which sets `_active_ddp_module` around its module's call. Dynamo's cut into pieces is no graph
-# break (the next section shows pieces with none).
+# begins no graph and counts no break there, and compiles the module it calls apart. torch's DDP marks
+# `_inside_ddp_forward`. Dynamo's cut into pieces is no graph break (the next section shows pieces with none).
 
 
 # %%
@@ -289,7 +290,7 @@ lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {
 # ## A bucket cap of 0.5 MiB
 #
 # Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: the error compiling
-# raised, or the first training step's buckets and one more forward's pieces.
+# raised, or the first training step's buckets (one, by the first step's rule) and one more forward's pieces.
 
 
 # %%
