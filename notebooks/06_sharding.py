@@ -26,8 +26,8 @@
 #
 # * `zero1`: each rank keeps the optimizer state of its shards only; the gradients are all-reduced, as
 #   in DDP, and the updated shards all-gathered;
-# * `zero2`: the gradients are sharded too: a reduce-scatter leaves each rank only the piece of the
-#   averaged gradients it updates;
+# * `zero2`: the gradients are sharded too, once the last backward's reduce-scatter leaves each rank
+#   only the piece of the averaged gradients it updates;
 # * `fsdp`: the parameters are sharded too (except those in no decoder layer, kept unsharded on every rank
 #   and all-reduced: its *replicated* tensors), and each decoder layer (a *unit*) is gathered for its
 #   forward and again for its backward (the last unit stays gathered between the two), the next unit's
@@ -175,14 +175,10 @@ lesson.say(f"Ψ = {memory['ddp']['psi']:,} trainable parameter values (elements)
 lesson.claim(
     all(between[s] == 4 * memory[s]["psi"] for s in STAGES)
     and all(memory[s]["gradients"] < between[s] for s in ("zero2", "fsdp")),
-    f"The gradients column is at the update. By a later micro-batch's forward every stage held whole gradients, "
-    f"{lesson.mib(between['ddp'])}: zero2 and fsdp hold the column's smaller ones only from the last backward on.",
+    f"The gradients column is at the update: by a later micro-batch's forward every stage held whole gradients, "
+    f"{lesson.mib(between['ddp'])}.",
 )
-act = {s: memory[s]["activations"] for s in STAGES}
-lesson.claim(
-    len(set(act.values())) == 1,
-    f"Every stage saves the same activations, {lesson.mib(act['fsdp'])}: sharding cuts model state, not activations.",
-)
+act = {s: memory[s]["activations"] for s in STAGES}  # set beside model state in the trade section
 shown = table.round(3)
 # the step counts' bytes, which round(3) of MiB shows in some rows only
 shown["model state − formula, bytes"] = ((table["model state MiB"] - table["formula MiB"]) * 2**20).round().astype(int)
@@ -654,8 +650,7 @@ lesson.say(
 # %% [markdown]
 # ## What each rung trades
 #
-# Rank 0's model state at the update (the memory table) beside what it
-# sent in a step on minddp's ring (the ring table).
+# Rank 0's model state at the update beside what it sent in a step (the ring table).
 
 # %%
 # %%rank 0
@@ -670,14 +665,18 @@ lesson.claim(
     f"{total['zero1'] / total['ddp']:.1f} times ddp's bytes sent.",
 )
 cut = memory["ddp"]["gradients"] - memory["zero2"]["gradients"]  # held whole until the last backward (cell 12)
+state = {s: memory[s]["parameters"] + memory[s]["gradients"] + memory[s]["optimizer"] for s in STAGES}
+early = state["zero2"] + between["zero2"] - memory["zero2"]["gradients"]  # zero2's before the last backward
 lesson.claim(
     abs((spared["zero2"] - spared["zero1"]) * 2**20 - cut) < 1
     and between["zero2"] == memory["ddp"]["gradients"]
+    and early == state["zero1"]
     and same
     and handed["zero2"] - handed["ddp"] == looks["zero2"]["gathers"] > 0,
-    f"zero2 holds {spared['zero2']:.1f} MiB less model state than ddp at the update (zero1's saving plus "
-    f"{lesson.mib(cut)} of gradients) and sends "
-    + ("the same bytes" if total["zero2"] == total["ddp"] else "within 0.1 % of its bytes")
+    f"zero2 holds {spared['zero2']:.1f} MiB less model state than ddp at the update only: until the last "
+    f"backward it holds whole gradients, and so zero1's model state ({lesson.mib(early)}), which lets it "
+    "reduce-scatter once a step and send "
+    + ("the same bytes as ddp" if total["zero2"] == total["ddp"] else "within 0.1 % of ddp's bytes")
     + f" on the ring, in {handed['zero2']} collectives in the gloo looks against ddp's {handed['ddp']}.",
 )
 lesson.claim(
@@ -690,8 +689,9 @@ lesson.claim(
 reducers = {s: trainees[s].model.reducer for s in ("ddp", "zero1")}  # minddp's DistributedDataParallel's
 buffers = {s: sum(b.untyped_storage().nbytes() for b in r.buffers) for s, r in reducers.items()}
 lesson.claim(
-    not any(r.gradient_as_bucket_view for r in reducers.values()),
-    "Model state leaves out buffers, among them the gradient bucket copies ddp's and zero1's reducers keep ("
+    not any(r.gradient_as_bucket_view for r in reducers.values()) and len(set(act.values())) == 1,
+    f"Model state leaves out the activations, the same {lesson.mib(act['ddp'])} in every stage, and buffers: the "
+    "gradient bucket copies ddp's and zero1's reducers keep ("
     + ", ".join(f"{s} {lesson.mib(b)}" for s, b in buffers.items())
     + "), fsdp's gathered units and any buffer made during the update.",
 )
