@@ -716,6 +716,8 @@ HOOK_MISTAKES = [
         "your hook divided by 3, not by the world size (2): a world size written as a number is right on 3 ranks only",
     ),
     (wrong.hook_raw_future, "holds a list of 1, not one tensor"),
+    # learner read 04 (round 20) 4: a callback returning [tensor] was told to write the callback it had written
+    (wrong.hook_callback_returns_a_list, "callback returns the tensor itself, fut.value()[0] cast back, not a list"),
     # learner read 04 (round 20) 3: its verdict hung on whether the division beat the network
     (wrong.hook_divides_in_flight, ("wrote into the tensor it sent (", "divide before the all_reduce")),
     # learner read 04 (round 17) 1: a callback without return was told its Future held a list

@@ -1252,7 +1252,7 @@ def _hook_finding(f: dict, report: dict) -> str:
     if kind == "future_value":
         return (
             f"your hook's Future holds {f['value']}, not one tensor: all_reduce's Future holds a list, so "
-            "finish with .then(lambda fut: fut.value()[0] ...)"
+            "finish with .then(...) whose callback returns the tensor itself, fut.value()[0] cast back, not a list"
         )
     if kind == "shape":
         numel = report["probe"]["numel"]  # the bucket the hook was handed
