@@ -272,12 +272,9 @@ def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
         times = {s: r["backward_ms"] / sized for s, r in bare.items()}
         lo, hi = f"{min(times.values()):.1f}", f"{max(times.values()):.1f}"
         parts = [f"{lo if lo == hi else f'{lo} to {hi}'} times ({', '.join(times)})"]
-        held = [s for s in runs if s not in bare]
         say(
-            f"Against the {sized_ms[name]:.0f} ms backward the link of {name} was sized from, the backwards that hold "
-            f"no wait for a message ran: {'; '.join(parts)}"
-            + (f" ({' and '.join(held)} hold{'s' if len(held) == 1 else ''} waits)" if held else "")
-            + "."
+            f"Against the {sized_ms[name]:.0f} ms backward that link was sized from, the backwards without a wait for "
+            f"a message ran {'; '.join(parts)}."
         )
     if round(t4["bucket-async"]["backward_ms"]) == round(far["bucket-async"]["backward_ms"]):
         say(
@@ -302,16 +299,11 @@ def say_bucket_lesson(swept: dict, h: dict, here, t4: dict, far: dict) -> None:
     ends = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}
     backs = {c: backward_less_check(v) for c, v in swept.items()}
     h_end, h_back = on_the_link(h["row"])["end_ms"], backward_less_check(h)
-    longer = sum(round(e, 1) > round(h_end, 1) for e in ends.values())
-    best = min(ends, key=ends.get)
     ht, bt, hf, bf = t4["hook-async"], t4["bucket-async"], far["hook-async"], far["bucket-async"]
     say(
         "Link after backward, one step each: on this notebook's "
         f"link, hook-async {_after(h_end)}, bucket-async at the workload's {here:g} MiB cap "
-        f"{_after(ends[here])}, more than hook-async's at "
-        + ("every one" if longer == len(ends) else str(longer) if longer else "none")
-        + f" of the {len(ends)} caps run (least {_after(ends[best])}, at {cap_name(best)}); "
-        f"with the ratios of 4 × T4, hook-async {_after(ht['end_ms'])}, bucket-async "
+        f"{_after(ends[here])}; with the ratios of 4 × T4, hook-async {_after(ht['end_ms'])}, bucket-async "
         f"at that link's cap {_after(bt['end_ms'])}."
     )
     steps = {  # backward less the check plus exposed, one step each: hook-async's, bucket-async's
@@ -325,8 +317,8 @@ def say_bucket_lesson(swept: dict, h: dict, here, t4: dict, far: dict) -> None:
     say(
         "Backward less the check plus exposed, hook-async against bucket-async: "
         + "; ".join(f"{n} {a:.0f} against {b:.0f} ms" for n, (a, b) in steps.items())
-        + f". bucket-async's backwards across the caps spread {spread:.0f} ms, so only a wider gap ranks the two: "
-        + ("; ".join(f"{w} shorter {n}" for n, w in ranked.items()) if ranked else "none is wider")
-        + (f"; within it, not ranked: {'; '.join(within)}" if within else "")
+        + f". bucket-async's backwards across the caps spread {spread:.0f} ms; a wider gap: "
+        + ("; ".join(f"{w} shorter {n}" for n, w in ranked.items()) if ranked else "none")
+        + (f"; not ranked (within it): {'; '.join(within)}" if within else "")
         + "."
     )
