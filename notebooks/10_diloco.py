@@ -171,7 +171,6 @@ import statistics
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import torch
 
 from minddp.notebook import lesson, lesson_10
 
@@ -289,16 +288,6 @@ lesson.claim(
     f"from DiLoCo at the same H in 3 settings, not separated: {streaming['fragments']} fragments, τ = {tau} and "
     f"α = {alpha}",
 )
-alike = {k: v for k, v in results["configs"]["diloco-h100"].items() if k not in ("rung", "outer")} == {
-    k: v for k, v in results["configs"]["local-sgd-h100"].items() if k != "rung"
-}  # recorded as local-sgd-h100 but for the rung and the outer SGD
-
-
-def first_step(n):  # how far run n's first outer step moves the synced weights, in averaged pseudo-gradients
-    w = torch.zeros(1, requires_grad=True)  # one weight whose averaged pseudo-gradient is 1
-    w.grad = torch.ones(1)
-    torch.optim.SGD([w], **outer[n]).step()
-    return -w.item()
 
 
 def period(n):  # the steps between run n's syncs (fragment syncs for streaming)
@@ -310,12 +299,23 @@ rose = {  # each drawn rare run's means: the steps whose score is above the one 
     n: [steps[i] for i, (a, b) in enumerate(zip(m, m[1:]), 1) if b > a] for n in within for m in [mean_of(n, "loss")]
 }
 risen = {n: r for n, r in rose.items() if r}
+
+
+def nth_outer(n, t):  # run n's sync at step t: its fragment and which outer step of that fragment
+    k, fragments = t // period(n), results["configs"][n].get("fragments", 1)  # the run's k-th sync, from 1
+    return (k - 1) % fragments, (k - 1) // fragments + 1
+
+
 lesson.claim(
-    alike and first_step("diloco-h100") > 1 and risen and all(t % period(n) == 0 for n, r in risen.items() for t in r),
-    f"diloco-h100 is recorded as local-sgd-h100 but for its outer SGD, whose first step moves the synced weights "
-    f"{first_step('diloco-h100'):.2g} times the averaged pseudo-gradient, past the replicas' average. Of the drawn "
-    "means of the runs that talk rarely, only these rose from a score to the next, each at a sync: "
-    + ", ".join(f"{n} at step {', '.join(map(str, r))}" for n, r in risen.items()),
+    risen and all(t % period(n) == 0 for n, r in risen.items() for t in r),
+    "of the drawn means of the runs that talk rarely, only these rose from one score to the next: "
+    + ", ".join(
+        f"{n} at step {t} ("
+        + (f"fragment {nth_outer(n, t)[0]}'s " if "fragments" in results["configs"][n] else "its ")
+        + f"outer step {nth_outer(n, t)[1]})"
+        for n, r in risen.items()
+        for t in r
+    ),
 )
 
 
@@ -456,7 +456,7 @@ lesson.claim(
     len(sends) == len(applies) == FRAGMENTS and all(step_of(a) - step_of(s) == TAU for s, a in zip(sends, applies)),
     f"each fragment was applied in the post-hook of the {TAU}th = τth step after the one that handed it over",
 )
-windows = []  # per message: (ms waited, ms to step a's wait, ms to delivery)
+windows = {}  # per fragment: (ms waited, ms to step a's wait, ms on the modeled link)
 for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     asked = link.waits[m["seq"]]  # when step a's post-hook called wait(), on the link's clock (s)
     # ms from the message's start on the link, rounded as printed first, so that the printed numbers add up
@@ -464,7 +464,7 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     waited = metrics.waited([(before, max(before, delivered))])  # ms
     modeled = metrics.waited([(before, max(before, on_link))])  # the part the link model accounts for
     fragment = order[s].rpartition("#")[2]
-    windows.append((waited, before, delivered, int(fragment)))
+    windows[int(fragment)] = (waited, before, on_link)
     lesson.say(
         f"fragment {fragment}, ms from its hand-over in step {step_of(s)}: modeled link's end {on_link:.1f}, delivery "
         f"{delivered:.1f}, step {step_of(a)} asks for it at {before:.1f}: "
@@ -478,18 +478,12 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
             else f"waited {waited:.1f} ms: {modeled:.1f} for the modeled link, {waited - modeled:.1f} for the real all_reduce"
         )
     )
-waited_for = sum(w > 0 for w, _, _, _ in windows)
-most = max(windows)  # the longest wait
-lesson.say(  # which messages were waited for depends on how long this machine's steps took: said, not claimed
-    f"in this run the τ = {TAU} steps from each hand-over took "
-    + " and ".join(f"{b:.1f}" for _, b, _, _ in windows)
-    + " ms, "
-    + ("less than" if waited_for == len(windows) else "at least" if not waited_for else "against")
-    + " the messages' "
-    + " and ".join(f"{d:.1f}" for _, _, d, _ in windows)
-    + " ms to delivery: the training thread waited for "
-    + ("each" if waited_for == len(windows) else "none" if not waited_for else f"{waited_for} of them")
-    + (f", {most[0] / sum(w[0] for w in windows):.0%} of the wait for fragment {most[3]}" if waited_for > 1 else "")
+waited, before, on_link = windows[holder]  # the fragment with the large weight
+lesson.say(
+    f"fragment {holder} (the large weight's) was on the modeled link {on_link:.1f} ms, "
+    + ("longer than" if on_link > before else "within")
+    + f" the {before:.1f} ms its τ = {TAU} steps took on this machine: "
+    + ("waited for" if on_link > before else "waited for the real all_reduce" if waited > 0 else "no wait")
 )
 
 
@@ -663,7 +657,7 @@ lesson.claim(
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it; the replica waits
 #   when its message is not delivered within them.
 # * The step-time model *predicts* (a 360 M-parameter model, H = 100): on `wan` DDP computes
-#   less than 5 % of the time, and streaming DiLoCo with 4 equal fragments and τ = 10 all of it (time, not progress); streaming computes all
+#   less than 5 % of the time, and streaming DiLoCo with 4 equal fragments and τ = 10 all of it; streaming computes all
 #   of the time only where a fragment's time on the link fits in its τ steps, and on `100mbit` and `home` less
 #   than one percentage point more than DiLoCo not streamed.
 
