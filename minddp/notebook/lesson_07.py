@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
 from minddp.ft.launch import EXIT_WAIT_S
-from minddp.ft.report import asked_s, first_request_s, heal_s
+from minddp.ft.report import asked_s, first_request_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
 
@@ -63,25 +63,39 @@ def ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
+def _parts(run, o) -> tuple[int, int, int]:
+    """A fault's recovery in whole ms, in the three parts :func:`print_recoveries` prints (they sum to it)."""
+    recovery, quorum = ms(o.recovery_s), ms(o.quorum_s)
+    asked = min(ms(asked_s(run, o)), quorum)  # the quorum answered the last request, so came after it
+    return asked, quorum - asked, recovery - quorum
+
+
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms, split in its parts: until the members of the next quorum had all asked
     for it; from then to that quorum (for the kill, which waits for the launcher's record of the process's exit,
     after its fixed wait ``EXIT_WAIT_S``); from that quorum to the commit. Then whether either lasted the hang
     bound."""
     for o in (kill, raised):
-        recovery, quorum = ms(o.recovery_s), ms(o.quorum_s)
-        asked = min(ms(asked_s(run, o)), quorum)  # the quorum answered the last request, so came after it
+        asked, came_ms, to_commit = _parts(run, o)
         waited = ""
         if o is kill and ms(o.exit_s) > asked:
             waited = (
                 f", waiting for the launcher's record of slot {o.fault.slot}'s exit (found ended at "
                 f"{ms(o.seen_s)} ms, recorded at {ms(o.exit_s)} ms, after EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms)"
             )
-        came = f"{quorum - asked} ms more until it came" if quorum > asked else "it came at once"
+        came = f"{came_ms} ms more until it came" if came_ms else "it came at once"
         print(
-            f"{o.fault}: recovery {recovery} ms from the {o.fault.kind}: {asked} ms until the next quorum's members "
-            f"had all asked, {came}{waited}, {recovery - quorum} ms from it to the commit of step {o.committed_step}"
+            f"{o.fault}: recovery {asked + came_ms + to_commit} ms: {asked} ms until the next quorum's members "
+            f"had all asked, {came}{waited}, {to_commit} ms from it to the commit of step {o.committed_step}"
         )
+    parts = [_parts(run, o) for o in (kill, raised)]  # ms: until all asked, then to the quorum, then to the commit
+    diff = [k - r for k, r in zip(*parts)]
+    total = sum(diff)  # the kill's recovery less the raise's, as the two lines print them
+    longer = f"{abs(total)} ms {'longer' if total > 0 else 'shorter'} than" if total else "as long as"
+    print(
+        f"the kill's recovery took {longer} the raise's: {diff[0]:+d} ms, {diff[1]:+d} ms and {diff[2]:+d} ms "
+        "in the three parts above"
+    )
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
         print(
@@ -93,8 +107,8 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     """For a kill ``o``: the rejoin, split in the parts that add up to it, each with its share of the rejoin: until
     the launcher started the slot's new process; that process's start-up to its first quorum request; from that
     request to the quorum.
-    Then the heal after it (:func:`~minddp.ft.report.heal_s`, and the bytes received), what the survivors did
-    meanwhile, and whether they waited for the start-up because the run's ``full_world_at`` scripted it."""
+    Then what the survivors did meanwhile, and whether they waited for the start-up because the run's
+    ``full_world_at`` scripted it."""
     slot, step = o.fault.slot, o.fault.step
     others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
     last_step, last = o.last_commit
@@ -109,12 +123,6 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     print(f"  {start} ms ({share(start)}) until the launcher started the new process")
     print(f"  {startup} ms ({share(startup)}) the new process's start-up, to its first quorum request")
     print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
-    healed = heal_s(run, o)
-    if healed is not None:
-        print(
-            f"then {ms(healed)} ms from the quorum to its work: the group, the heal ("
-            f"{run.results[slot]['healed_bytes']:,} bytes of state received and loaded), DDP's wrapper, the digest"
-        )
     survivors = f"slots {' and '.join(others)}"
     steps = f"step {step}" if last_step == step else f"steps {step}-{last_step}"
     # they had committed the step before the new process asked: the scripted quorum waited for it
