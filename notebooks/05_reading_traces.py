@@ -235,11 +235,16 @@ lesson.say(
     f"{'each longer than' if last[['hook', 'bucket']].min() > earlier else 'not both longer than'} every earlier "
     f"backward of the run, at most {earlier:.1f} ms)."
 )
-than = {1: "longer than", 0: "as long as", -1: "shorter than"}
+
+
+def than(a, b):
+    return "longer than" if a > b else "shorter than" if a < b else "as long as"
+
+
 lesson.say(
     "The asynchronous stages' link time can hide only behind their last backward: in this run "
     + "; ".join(
-        f"{st}'s ({last[st]} ms) was {than[(last[st] > link_ms[st]) - (last[st] < link_ms[st])]} its link time and it waited {waited[st]} ms"
+        f"{st}'s ({last[st]} ms) was {than(last[st], link_ms[st])} its link time and it waited {waited[st]} ms"
         for st in asy
     )
     + "."
