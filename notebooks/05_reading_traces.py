@@ -19,7 +19,7 @@
 # Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev). This notebook profiles
 # one step of each stage of the DDP ladder that keeps a whole replica on every rank (`03_build_up`: `simple` to
 # `bucket-async`, and `ddp`; the sharded rungs are in `06_sharding`), torch's DDP and `single` (each rank trains
-# alone), with gloo over the machine's loopback interface. It reads the traces with `minddp.analysis` the way the
+# alone on the global batch: every rank's examples), with gloo over the machine's loopback interface. It reads the traces with `minddp.analysis` the way the
 # blog this course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
 # https://blog.underfit.ai/ddp-profiled) reads its GPU traces with HolisticTraceAnalysis (HTA), but with its own
 # measures from CPU events (`docs/analysis.md`); this notebook sets none of its numbers beside the blog's.
@@ -50,7 +50,7 @@ for stage in profiled:
     lesson.Trainee(stage).profile(RUN, steps=1)
 lesson.say(lesson.describe())
 lesson.say(lesson.machine(link=False))
-lesson.say(f"Profiled one step of each of the {len(profiled)} stages, into {RUN.relative_to(lesson.ROOT)}.")
+lesson.say(f"Profiled one step of each of the {len(profiled)} stages into {RUN.relative_to(lesson.ROOT)}.")
 # the blog's six stages again, their gradients' all_reduces over an emulated 1 Gbit/s network (the last section)
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
 if rank == 0:
@@ -60,7 +60,7 @@ blog = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 for stage in blog:
     lesson.Trainee(stage, link="1gbit").profile(LINKED, steps=1)
 lesson.say(
-    f"Profiled one step of each of: {', '.join(blog)} over an emulated 1gbit link (the last section), into "
+    f"Then the link run, each rank's link a thread on the same {lesson.cores()} cores, into "
     f"{LINKED.relative_to(lesson.ROOT)}."
 )
 
@@ -105,13 +105,10 @@ lesson.say(
 #   `loss.backward()` returns, `hook-async` and `bucket-async` in the finish. In all but `simple` the step's
 #   first k−1 backwards send nothing: one sync a step.
 #
-# The table's last column is the part of non-compute inside the parameter checks' ranges, summed over a step's
-# checks (`simple`'s k, one in `ga` to `bucket-async`).
-#
 # What the table and the figure do not show (the trace shows when a range was open, not why):
 #
-# * whether a difference between two rows comes from the stages: each row is one step, the stages profiled moments apart
-#   on a shared machine, so no time of one row is compared with another row's;
+# * how much of a difference between two rows' times comes from the stages: each row is one step, profiled
+#   moments apart on a shared machine;
 # * whether the other rank or a core held a range open.
 
 # %%
@@ -124,15 +121,14 @@ from minddp.notebook import lesson, lesson_05
 RUN = lesson.trace_dir("05_reading_traces")
 result = analyze_run(RUN)
 zero = lesson_05.summary(result)  # rank 0's summary row of each stage but single
-shares = lesson_05.shares(zero, RUN)  # last column: lesson.non_compute_in_checks, non-compute in the checks' ranges
-lesson.say(f"k = {lesson.SETTINGS.grad_accum} micro-batches a step.")
+shares = lesson_05.shares(zero, RUN).iloc[:, :3]  # in flight, overlap, non-compute
 display(shares)
 blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
 asy, blk = (shares.loc[g, "overlap (%)"] for g in (asynchronous, blocking))
 lesson.say(
     f"In this run every asynchronous stage's overlap ({asy.min()}–{asy.max()} %) is "
-    f"{'above' if asy.min() > blk.max() else 'not above'} every blocking one's ({blk.min()}–{blk.max()} %); "
-    f"hook-async's and bucket-async's in flight includes their blocking check."
+    f"{'above' if asy.min() > blk.max() else 'not above'} every blocking one's ({blk.min()}–{blk.max()} %): "
+    f"they compute while their messages are in flight."
 )
 
 # %% [markdown]
@@ -152,8 +148,6 @@ lesson.claim(
     sizes["bucket"] == sizes["bucket-async"],
     f"bucket and bucket-async send the same {len(sizes['bucket'])} messages (the same sizes).",
 )
-parts = {st: lesson_05.in_flight_parts(RUN, st) for st in shares.index}
-lesson.say(lesson_05.not_drawn(parts))
 
 # %% [markdown]
 # One row per profiled stage, one step each. In each row:
@@ -171,8 +165,7 @@ lesson.say(lesson_05.not_drawn(parts))
 #   optimizer step (the caveat);
 # * the parameter check (hatched orange, white-edged) while its all_gather range was open; a short one may show
 #   only as a white notch;
-# * the finish (purple, after every backward) as a thin strip along the bands' lower edge; a short one is too
-#   narrow to see;
+# * the finish (purple; not in `single` or torch) as a thin strip along the bands' lower edge, where wide enough to see;
 # * the optimizer step (green) and the end of the step.
 
 # %%
@@ -217,7 +210,7 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 #   so waited is not non-compute, even of one run;
 # * **exposed**: the part of that union during which rank 0's link carried a transfer.
 #
-# The table also gives each stage's last backward band (as in the figure).
+# The last column is the step's last backward band, defined as in the figure.
 
 # %%
 from minddp.comm.link import parse_link
@@ -227,14 +220,38 @@ linked, link = analyze_run(LINKED), parse_link("1gbit")
 on_link = lesson_05.link_table(linked, link)
 display(on_link)
 share = on_link["waited (ms)"] / on_link["link time (ms)"] * 100
-asy, blk = share[["hook-async", "bucket-async"]], share[["simple", "ga", "hook", "bucket"]]
+idle = on_link["waited (ms)"] - on_link["exposed (ms)"]  # waited with rank 0's link carrying no transfer
+asy, blk = ["hook-async", "bucket-async"], ["simple", "ga", "hook", "bucket"]
 lesson.say(
-    f"One step each: the asynchronous stages waited {'less than' if asy.max() < 100 else 'not all less than'} their "
-    f"link time ({asy.min():.0f}–{asy.max():.0f} % of it), the blocking ones {blk.min():.0f}–{blk.max():.0f} % of theirs."
+    f"The asynchronous stages waited {share[asy].min():.0f}–{share[asy].max():.0f} % of their link time, the blocking "
+    f"ones {share[blk].min():.0f}–{share[blk].max():.0f} % (of that, {idle[blk].min():.1f}–{idle[blk].max():.1f} ms "
+    f"not exposed: the link carried nothing)."
+)
+b = lesson_05.rank0(linked.phases).query("phase == 'backward'").sort_values("start_us")
+earlier = ((b["end_us"] - b["start_us"]) / 1e3)[b.duplicated("stage", keep="last")].max()  # send nothing
+last, link_ms, waited = on_link["last backward (ms)"], on_link["link time (ms)"], on_link["waited (ms)"]
+lesson.say(
+    f"hook and bucket wait for each message inside their last backward ({last['hook']}, {last['bucket']} ms: "
+    f"{'each longer than' if last[['hook', 'bucket']].min() > earlier else 'not both longer than'} every earlier "
+    f"backward of the run, at most {earlier:.1f} ms)."
+)
+
+
+def than(a, b):
+    return "longer than" if a > b else "shorter than" if a < b else "as long as"
+
+
+lesson.say(
+    "The asynchronous stages' link time can hide only behind their last backward: in this run "
+    + "; ".join(
+        f"{st}'s ({last[st]} ms) was {than(last[st], link_ms[st])} its link time and it waited {waited[st]} ms"
+        for st in asy
+    )
+    + "."
 )
 
 # %% [markdown]
-# The three claims are about link time, from the messages' sizes alone; they hold by construction.
+# The two claims are about link time, from the messages' sizes alone; they hold by construction.
 
 # %%
 per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, how many during a backward, link time (ms)
@@ -243,12 +260,6 @@ lesson.claim(
     sends["simple"] == k * sends["ga"] and abs(ms["simple"] - k * ms["ga"]) < 1e-6 * ms["ga"],
     f"Accumulation divides the messages ({sends['simple']} → {sends['ga']}) and the link time "
     f"({ms['simple']:.1f} → {ms['ga']:.1f} ms) by k = {k}, exactly.",
-)
-during = per["during a backward"]
-lesson.claim(
-    during["ga"] == 0 and during["hook"] == sends["hook"],
-    f"Sending from the autograd hooks moves every message from after the backward into it (ga: {during['ga']} of "
-    f"{sends['ga']} handed over during a backward; hook: {during['hook']} of {sends['hook']}).",
 )
 n = int(linked.summary["rank"].nunique())
 fewer, fixed = sends["hook-async"] - sends["bucket-async"], 2 * (n - 1) * link.latency * 1e3  # 2(n−1)·α, ms

@@ -40,10 +40,11 @@
 # that order: piece 0 holds the forward's last layers; a *piece's backward* is the run of its gradient node. A bucket
 # whose last gradient a piece produces can then be handed over before the next piece's backward begins.
 #
-# The figure shows the backward pass of the third training step of `ddp` in each of three runs, one row each: eager
-# (not compiled), compiled without the cut (`torch._dynamo.config.optimize_ddp = False`) and compiled with it. The
-# model: an MLP of 1 MiB layers without biases (eight; two after the exercise). The backend is `aot_eager`, which runs
-# the graph with the *aten* operators an uncompiled model calls.
+# The figure shows the backward pass of the third training step (after one that compiles and one that rebuilds the
+# buckets) of `ddp` in each of three runs, one row each: eager (not compiled), compiled without the cut
+# (`torch._dynamo.config.optimize_ddp = False`) and compiled with it. The model: an MLP of 1 MiB layers without biases
+# (eight; two after the exercise). The backend is `aot_eager`, which runs the graph with the *aten* operators an
+# uncompiled model calls.
 
 # %%
 # %load_ext minddp.notebook
@@ -106,8 +107,7 @@ for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT
     # the figure's row label, two lines: the run; its pieces and its buckets (one tick each)
     looks[label]["row"].update(label=f"{label}\n{pieces}{looks[label]['calls']} buckets", stage=label)
 lesson.say(
-    f"ddp on {world_size} ranks, {DEPTH} layers of {WIDTH}×{WIDTH}, buckets of {CAP:g} MiB, batches of 32; "
-    f"torch {torch.__version__}."
+    f"ddp on {world_size} ranks, {DEPTH} layers of {WIDTH}×{WIDTH}, buckets of {CAP:g} MiB; torch {torch.__version__}."
 )
 
 
@@ -119,10 +119,9 @@ lesson.say(
 # on a bucket.
 #
 # What to look for: with the cut, as in eager, a gradient node ends after each tick but the last;
-# without it, none does (every tick comes after the last blue).
+# without it, none does.
 #
-# Read the order only: no cell measures a width or what fills a pale stretch; nodes run back to back may draw as one
-# stretch or split by a white line, so count pieces and buckets in the row labels.
+# Read the order only, not widths; count pieces and buckets in the row labels.
 
 # %%
 # %%distributed
@@ -147,8 +146,8 @@ lesson.claim(
     "In all three runs every hand-over came inside an AccumulateGrad node.",
 )
 # aot_eager runs eager's aten ops, whose sums may still round in another order: rounding_bound estimates how far
-# apart that may leave the parameters (k: the terms summed behind a weight's gradient, WIDTH a layer forward and
-# WIDTH backward, 32 the batch's)
+# apart that may leave the parameters (k: an upper bound on the terms summed behind a weight's gradient, WIDTH for
+# each layer forward and backward, 32 the batch's)
 eager = looks["eager"]
 apart = max((v["params"] - eager["params"]).abs().max().item() for v in looks.values())
 bound = lesson_09.rounding_bound(eager["moved"], eager["params"].abs().max().item(), k=2 * DEPTH * WIDTH + 32)
@@ -251,8 +250,8 @@ print(check_handover(solutions.handed_over_after))
 # The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. A graph break is a place inside a
 # graph Dynamo has begun where it stops the graph, runs Python, and starts a new one. minddp's `ddp` marks its whole
 # `forward` for Dynamo to skip (`torch.compiler.disable(forward, recursive=False)`): Dynamo runs it as Python, so
-# begins no graph and counts no break there, and compiles the module it calls apart. torch's DDP marks
-# `_inside_ddp_forward`. Dynamo's cut into pieces is no graph break (the next section shows pieces with none).
+# begins no graph and counts no break there, and compiles the module it calls apart. Dynamo's cut
+# into pieces is no graph break (the next section shows pieces with none).
 
 
 # %%
@@ -290,7 +289,8 @@ lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {
 # ## A bucket cap of 0.5 MiB
 #
 # Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: the error compiling
-# raised, or the first training step's buckets (one, by the first step's rule) and one more forward's pieces.
+# raised, or the first training step's buckets (one, by the first step's rule, so handed over
+# after the last piece) and one more forward's pieces.
 
 
 # %%

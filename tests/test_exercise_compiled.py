@@ -633,3 +633,22 @@ def test_an_unwritten_a_raising_a_mistyped_and_an_unknown_answer_are_told_apart(
     assert "with pieces [[4], [], [2], []] and a cap of 8 it raised IndexError" in first_gradient_of_each.line
     line = check_handover(lambda pieces, cap: [0]).line  # no mistake of the list: its first case that differs
     assert line.startswith("✗ handover: with pieces [[4, 4], [4, 4], [4, 4]] and a cap of 8 yours says [0]"), line
+
+
+def test_bucket_0_closed_at_piece_0s_end_is_named():
+    # read 20 (09) 3: "piece 0 closes at the bucket cap, as the rebuilt bucket 0 does" read as bucket 0 always ending
+    # with piece 0; that answer got only the generic first-differing-case verdict
+    def bucket_0_ends_with_piece_0(pieces, cap):
+        out, total, left, last = [], 0, False, 0
+        for i, piece in enumerate(pieces):
+            for size in piece:
+                total, left, last = total + size, True, i
+                if total >= cap:
+                    out, total, left = out + [i], 0, False
+            if i == 0 and left:  # the mistake: the open bucket closed with piece 0
+                out, total, left = out + [0], 0, False
+        return out + [last] * left
+
+    assert bucket_0_ends_with_piece_0([[1, 8, 1], [8]], 8) == [0, 0, 1]
+    verdict = check_handover(bucket_0_ends_with_piece_0)
+    assert not verdict.ok and "the bucket still open when piece 0 ended was closed there" in verdict.line, verdict.line

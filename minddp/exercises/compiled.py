@@ -13,7 +13,8 @@ piece where that piece is empty by that (:data:`LAST_PIECE`), one that drops the
 (:data:`EMPTY_DROPPED`), one that drops a last bucket of zero bytes by that (:data:`ZERO_BYTES`), one that drops a
 zero-byte last bucket and makes the mistake of :data:`LAST_PIECE` or :data:`EMPTY_DROPPED` too by both, one that
 fills the buckets right but at one cap of its own in every case (a typed ``2 * 2**20``, say) by that
-(:data:`CAP_IGNORED`), any other by its first case that differs. A few pairs give the same answer as one mistake
+(:data:`CAP_IGNORED`), one that closes the bucket still open at piece 0's end by that (:data:`FIRST_AT_PIECE_0`), any
+other by its first case that differs. A few pairs give the same answer as one mistake
 alone on every input (never past with strictly past, say): they are named by that one, which says what the answer
 does.
 
@@ -82,6 +83,13 @@ ZERO_BYTES = (
 CAP_IGNORED = (
     "the `cap` argument was not used: your buckets close at the same cap in every case (a number typed in?), but "
     "each case gives its own `cap`, in bytes; close each bucket at the first gradient that takes it to `cap` or past it"
+)
+
+#: what the verdict says to an answer that closes the bucket still open when piece 0 ends, then fills by bytes
+FIRST_AT_PIECE_0 = (
+    "the bucket still open when piece 0 ended was closed there: piece 0 and bucket 0 hold the same gradients only "
+    "when piece 0 is cut at the cap (as in the notebook); here any piece holds any gradients, and every bucket, "
+    "bucket 0 included, closes at the first gradient that takes it to `cap` or past it"
 )
 
 
@@ -337,6 +345,19 @@ def _never_past_next_gradient(pieces, cap):
     return after + [i] * (filled > 0)
 
 
+def _open_bucket_closed_at_piece_0_end(pieces, cap):
+    """The model answer's rule with the bucket still open when piece 0 ends closed there (:data:`FIRST_AT_PIECE_0`)."""
+    after, filled, left, last = [], 0, False, 0
+    for i, piece in enumerate(pieces):
+        for size in piece:
+            filled, left, last = filled + size, True, i
+            if filled >= cap:
+                after, filled, left = after + [i], 0, False
+        if i == 0 and left:
+            after, filled, left = after + [0], 0, False
+    return after + [last] * left
+
+
 #: name -> (the mistake as code, what the verdict says): each walk above, then the mistakes of another shape
 MISTAKES = {
     **{
@@ -499,6 +520,8 @@ def check_handover(fn) -> Verdict:
             return Verdict(False, f"✗ {name}: two mistakes: {WALKS[a][1]}; and {WALKS[b][1]}")
     if any(matches(lambda p, c, mine=mine: _walk(p, mine)) for mine in _fills(PLAIN)):
         return Verdict(False, f"✗ {name}: {CAP_IGNORED}")
+    if matches(_open_bucket_closed_at_piece_0_end):
+        return Verdict(False, f"✗ {name}: {FIRST_AT_PIECE_0}")
     k = next(k for k, (a, r) in enumerate(zip(answers, right)) if a != r)
     pieces, cap = CASES[k]
     return Verdict(
@@ -513,6 +536,7 @@ __all__ = [
     "CAP_IGNORED",
     "CASES",
     "EMPTY_DROPPED",
+    "FIRST_AT_PIECE_0",
     "LAST_PIECE",
     "MISTAKES",
     "NONZERO",
