@@ -20,17 +20,15 @@
 # nine bugs in six sections, and run each three ways on the two ranks:
 #
 # 1. **torch** (*under torch*): debug mode *paused* (`minddp.debug.disable()`), torch's own debug
-#    level at its default, OFF (section 4 also tries DETAIL): what torch's DDP says (or
-#    `torch.distributed`, for the script's own collectives). In a real job all share the *default
-#    group* (the process group the ranks started with); here the script's own collectives run on a
-#    new group, `short` (*the short group*), whose calls give up after seconds, and torch's DDP on
-#    another, `group`, with torch's default timeout (the set-up cell prints both); a rank that fails
-#    destroys both, so a partner waiting on `group` fails at once;
+#    level at its default, OFF: what torch's DDP says (or `torch.distributed`, for the script's own
+#    collectives). The script's own collectives run on a group, `short` (*the short group*), whose
+#    calls give up after seconds, and torch's DDP on another, `group`, with torch's default timeout;
+#    a rank that fails destroys both, so a partner waiting on `group` fails at once;
 # 2. **minddp in debug mode**: its DDP's checks, and the *collective check* of every
 #    `torch.distributed` collective called. A
 #    `DebugError` is raised on every rank at the first check that sees the bug (for section 3's bug,
 #    a `DebugWarning`, and training goes on);
-# 3. **the fix**: the script corrected, in debug mode, which then says nothing.
+# 3. **the fix**: the script corrected, in debug mode.
 #
 # Steps count from 0: "after step 1" is after the second step.
 #
@@ -50,9 +48,9 @@
 # largest difference between a rank's parameters and rank 0's. They run each script three ways:
 #
 # * `torch_does`: `script(group, short)` with debug mode paused; an excerpt (… marks a cut) of what
-#   each rank raised, its step if in `train()` (`torch_step`) and the seconds from the script's start
-#   (`torch_took`), or "raised nothing"; `torch_drifts(script)`: `script(model, optimizer)` on
-#   `build()`'s model in torch's DDP;
+#   each rank raised, led by the notebook's own note in square brackets: its step if in `train()`
+#   (`torch_step`) and the seconds from the script's start (`torch_took`); or "raised nothing";
+#   `torch_drifts(script)`: `script(model, optimizer)` on `build()`'s model in torch's DDP;
 # * `minddp_says`: the `DebugError` debug mode raised on rank 0, then whether each other rank raised
 #   the same; its ✓ line checks that every rank raised one containing the cause the cell passes;
 # * `fixed`: the corrected script in debug mode.
@@ -215,9 +213,8 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # ## 4. Mismatched collectives, the script's own included
 #
 # A script's own collectives must match across ranks too: the same op, shape and dtype, in the same
-# order. Under torch the ranks time out (the short group's); at debug
-# level DETAIL torch compares the calls first. The fix: the same
-# metrics on every rank.
+# order. At debug level DETAIL torch compares the calls before sending them. The fix: the same metrics on every
+# rank.
 #
 # Debug mode numbers each rank's collectives, group by group, while it is on (*collective #K*;
 # the lesson helpers' collectives count too), and compares the ranks' calls of the same
@@ -237,16 +234,17 @@ lesson.claim(
 detail = torch_does(
     lambda group, short: dist.all_reduce(torch.tensor(logged, device=device), group=short), say=False, level="DETAIL"
 )
-found = minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)), "mismatched collectives")
-named = ("OpType=ALLREDUCE", "TensorShape=[2]", "TensorShape=[1]")
-lesson.say(
-    f"torch at debug level DETAIL, rank 0: {detail[0].split('. ')[0]}. … {' … '.join(w for w in named if w in detail[0])} …"
+minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)), "mismatched collectives")
+# each rank's error names every rank's call: (rank, op, shape)
+calls = [re.findall(r"Rank (\d) is running collective: \S+ OpType=(\w+), TensorShape=(\[[^\]]*\])", s) for s in detail]
+shown = ", but ".join(
+    f"Rank {r} is running collective: …OpType={op}, TensorShape={shape}…" for r, op, shape in calls[0]
 )
+lesson.say(f"torch at debug level DETAIL, rank 0: {detail[0].split('. ')[0]}. {shown}")
 lesson.claim(  # a mismatch error, not the short group's timeout: torch compared the calls before sending them
-    all("Detected mismatch between collectives" in s for s in detail)
-    and all(w in s for s in detail for w in named)
-    and all(w in found and w not in s for s in detail for w in ("<In [", "step")),
-    "every rank raised it, naming the op and both shapes but not the script's line or step",
+    all(sorted(c) == [("0", "ALLREDUCE", "[2]"), ("1", "ALLREDUCE", "[1]")] for c in calls)
+    and not any("<In [" in s or "step" in s for s in detail),
+    "every rank raised it, naming the op and each rank's shape but not the script's line or step",
 )
 metrics = torch.tensor([0.5, 0.9], device=device)
 with quiet() as said:
@@ -291,7 +289,8 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # 0 starts a step whose collectives rank 1 will never make. Under torch neither rank's error says
 # which rank ran out, or when. The collective check pairs rank 1's barrier with rank 0's next forward
 # check. The fix: the wrapper's `join()` around the loop, the barrier after
-# it: a rank that has run out makes the others' remaining collectives.
+# it: a rank that has run out makes the others' remaining collectives. Inside `join()` the forward
+# and step checks pause, so debug mode's silence is no pass; the match with torch's DDP is.
 
 
 # %%
@@ -358,7 +357,7 @@ raised = torch_does(lambda group, short: freeze_on_rank_0(lambda m: TorchDDP(m, 
 lesson.say(f"torch, rank 0: {raised[0]}")
 lesson.claim(
     "indices which did not receive grad" in raised[0] and peer_gone(raised[1]) and torch_step == [1, 0],
-    "under torch rank 1 failed in step 0; rank 0 raised only in step 1",
+    "under torch rank 0 raised in step 1, closing the connection rank 1 was still waiting on in step 0",
 )
 minddp_says(
     lambda: freeze_on_rank_0(DistributedDataParallel),
@@ -405,14 +404,14 @@ lesson.say(gist(warnings_of[1][0]))
 
 # %%
 # %%distributed
-raised = torch_does(
+off = torch_does(  # the flag off, torch's default
     lambda group, short: train(*build(TorchDDP, extra=True, process_group=group), 2, use_extra=rank == 0), say=False
 )
-indices = re.search(r"\(Parameter indices[^)]*\)", raised[1])
-lesson.say(f"torch, rank 1: {raised[1].split('. ')[0]}. … {indices[0] if indices else ''} …")
+indices = re.search(r"\(Parameter indices[^)]*\)", off[1])
+lesson.say(f"torch, rank 1: {off[1].split('. ')[0]}. … {indices[0] if indices else ''} …")
 lesson.claim(
-    peer_gone(raised[0]) and torch_step == [0, 1] and "did not receive grad for rank 1: 4 5" in raised[1],
-    "rank 0 failed in step 0; rank 1 raised only in step 1",
+    peer_gone(off[0]) and torch_step == [0, 1] and "did not receive grad for rank 1: 4 5" in off[1],
+    "rank 1 raised in step 1, closing the connection rank 0 was still waiting on in step 0",
 )
 # the bug: a branch on rank 0 only
 minddp_says(
@@ -440,8 +439,11 @@ lesson.claim(
     "the replicas agree",
 )
 lesson.claim(
-    each_rank(warned) == [warnings_of[1], []] and "turning this flag off" in warnings_of[1][0],
-    "under torch the fix drew on rank 0 the warning above, to turn the flag off",
+    each_rank(warned) == [warnings_of[1], []]
+    and "turning this flag off" in warnings_of[1][0]
+    and "did not receive grad" in off[1],
+    "under torch the fix drew the warning above on rank 0; its advice, the flag off, brings back this cell's first "
+    "error",
 )
 
 # %% [markdown]

@@ -146,9 +146,10 @@ def each_rank(value) -> list:
 def torch_does(script, say: bool = True, level: str = "OFF") -> list[str]:
     """Run ``script(group, short)`` with debug mode paused; print (unless not ``say``) and return whether each rank
     raised, in a line
-    (an error: its type, the step of :func:`train` it was raised in if any, the seconds until it was raised, and an
-    excerpt: its first two sentences, any later one naming ``find_unused_parameters`` or ``TORCH_DISTRIBUTED_DEBUG``
-    (torch's advice), and the line naming the parameter indices if it has one, in brackets; for gloo's errors, nothing
+    (an error: in square brackets, not torch's words, the step of :func:`train` it was raised in if any and the seconds
+    until it was raised; then its type and an excerpt: its first two sentences, any later one naming
+    ``find_unused_parameters`` (torch's advice), and the line naming the parameter indices if it has one, in
+    parentheses; for gloo's errors, nothing
     from its guess at a cause,
     "This is typically caused by ...", on; "…" where sentences were cut); each rank's seconds until it raised (or
     finished) are left in :data:`torch_took`, and its step in :data:`torch_step`.
@@ -172,8 +173,8 @@ def torch_does(script, say: bool = True, level: str = "OFF") -> list[str]:
     except RuntimeError as error:  # torch's and gloo's errors: the lines the docstring names
         excerpt = _excerpt(str(error))
         took, step = time.perf_counter() - start, _in_step[0]
-        where = "" if step is None else f" in step {step}"
-        mine = f"{type(error).__name__}{where} after {took:.2f} s: {excerpt}"
+        where = "" if step is None else f"in step {step}, "
+        mine = f"[{where}after {took:.2f} s] {type(error).__name__}: {excerpt}"  # in brackets: not torch's words
         for g in groups:
             dist.destroy_process_group(g)  # where this rank's process would end
         groups = []
@@ -195,7 +196,7 @@ def _excerpt(message: str) -> str:
     r""":func:`torch_does`'s excerpt of an error ``message``: the sentences its docstring names, "…" for each cut.
 
     >>> _excerpt("A. B. C. See find_unused_parameters.\nParameter indices: 2 3\nOr set TORCH_DISTRIBUTED_DEBUG. D")
-    'A. B. … See find_unused_parameters. (Parameter indices: 2 3) Or set TORCH_DISTRIBUTED_DEBUG. …'
+    'A. B. … See find_unused_parameters. (Parameter indices: 2 3) …'
     >>> _excerpt("[pair.cc:553] Connection closed by peer [127.0.0.1]:1. This is typically caused by a crash. GLHF!")
     '[pair.cc:553] Connection closed by peer [127.0.0.1]:1. …'
     """
@@ -208,7 +209,7 @@ def _excerpt(message: str) -> str:
     for i, sentence in enumerate(sentences):
         if i < guess and "indices" in sentence:
             said.append(f"({sentence})")
-        elif i < guess and (i < 2 or "find_unused_parameters" in sentence or "TORCH_DISTRIBUTED_DEBUG" in sentence):
+        elif i < guess and (i < 2 or "find_unused_parameters" in sentence):
             said.append(sentence)
         elif not said or said[-1] != "…":
             said.append("…")  # gloo's guess at a cause, and what follows it, cut too
