@@ -131,8 +131,7 @@ print(doc.split("a few left out::")[1].split("Example")[0].rstrip())
 # One run of local SGD and of DiLoCo (its default outer SGD) on the two ranks, DDP beside them, from the same start
 # on the same chains (300 steps, H = 10), by `train_config`, the bench's run: AdamW, its lr from 3·10⁻³ down to a
 # tenth along a half cosine over the run's steps, and the expected loss scored on the weights the replicas *agree on*: DDP's, local SGD's last average (rank 0's own weights
-# before the first), DiLoCo's synced weights (until its first sync *the untrained start*: every run's random
-# weights, not a uniform guess):
+# before the first), DiLoCo's synced weights (until its first sync, the untrained start):
 
 # %%
 # %%distributed
@@ -456,7 +455,6 @@ lesson.claim(
     len(sends) == len(applies) == FRAGMENTS and all(step_of(a) - step_of(s) == TAU for s, a in zip(sends, applies)),
     f"each fragment was applied in the post-hook of the {TAU}th = τth step after the one that handed it over",
 )
-windows = {}  # per fragment: (ms waited, ms to step a's wait, ms on the modeled link)
 for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     asked = link.waits[m["seq"]]  # when step a's post-hook called wait(), on the link's clock (s)
     # ms from the message's start on the link, rounded as printed first, so that the printed numbers add up
@@ -464,10 +462,10 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     waited = metrics.waited([(before, max(before, delivered))])  # ms
     modeled = metrics.waited([(before, max(before, on_link))])  # the part the link model accounts for
     fragment = order[s].rpartition("#")[2]
-    windows[int(fragment)] = (waited, before, on_link)
+    large = " (the large weight's)" if int(fragment) == holder else ""
     lesson.say(
-        f"fragment {fragment}, ms from its hand-over in step {step_of(s)}: modeled link's end {on_link:.1f}, delivery "
-        f"{delivered:.1f}, step {step_of(a)} asks for it at {before:.1f}: "
+        f"fragment {fragment}{large}, ms from its hand-over in step {step_of(s)}: modeled link's end {on_link:.1f}, "
+        f"delivery {delivered:.1f}, step {step_of(a)} asks for it at {before:.1f}: "
         + (
             "no wait"
             if waited == 0
@@ -478,13 +476,6 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
             else f"waited {waited:.1f} ms: {modeled:.1f} for the modeled link, {waited - modeled:.1f} for the real all_reduce"
         )
     )
-waited, before, on_link = windows[holder]  # the fragment with the large weight
-lesson.say(
-    f"fragment {holder} (the large weight's) was on the modeled link {on_link:.1f} ms, "
-    + ("longer than" if on_link > before else "within")
-    + f" the {before:.1f} ms its τ = {TAU} steps took on this machine: "
-    + ("waited for" if on_link > before else "waited for the real all_reduce" if waited > 0 else "no wait")
-)
 
 
 # %% [markdown]
