@@ -140,8 +140,8 @@ lesson.claim(
 # bit for bit only where each is one addition: on 2 ranks
 lesson.claim(
     world_size == 2 and all(w["relative_error"] == 0 for w in plain_avg.metered),
-    "Plain averaging's relative error is 0 at every step: ĝ and g divide and sum the same values, and on "
-    f"{world_size} ranks a value's sum is one addition, whose order cannot matter.",
+    "Plain averaging's relative error is 0 at every step: ĝ and g sum the same divided values, on "
+    f"{world_size} ranks in one addition, whose order cannot matter.",
 )
 lesson.claim(
     all(err[name] <= bound[name] for name in dtypes),
@@ -217,7 +217,7 @@ lesson.claim(
     and (early["PowerSGD payload KiB"] == plain_kib).all()
     and all(w["relative_error"] == 0 for w in psgd_trainee.metered[:plain_steps]),
     f"For the first {plain_steps} steps PowerSGD is plain averaging (start_powerSGD_iter={plain_steps}): the same "
-    f"{plain_calls} all_reduces and {plain_kib:.0f} KiB of payload, and a relative error of 0.",
+    f"{plain_calls} all_reduces and {plain_kib:.0f} KiB of payload, and its relative error, 0.",
 )
 # a bucket makes at most 3 all_reduces (P and Q only if it compresses a matrix; the uncompressed tensors' only if it
 # holds any): 3 × buckets in all means 3 in every bucket
@@ -356,8 +356,8 @@ shorter = [
 ]
 lesson.claim(
     shorter == [True, False],
-    f"Priced on {LINK.name} as if on more ranks, these {n}-rank steps' all_reduces and payload take less link time "
-    f"with PowerSGD on {below} ranks and not on {above}, either side of n* = {n_star:.1f}.",
+    f"On {LINK.name}, these steps' all_reduces and payload would take less link time with PowerSGD on {below} ranks, "
+    f"not on {above}: n* = {n_star:.1f}.",
 )
 lesson_04.link_figure(reduced, n, LINK, crossover)
 wins.round(3)
