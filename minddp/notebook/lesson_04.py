@@ -119,7 +119,7 @@ def link_figure(reduced: dict, n: int, link, crossover):
             fontsize=7,
         )
     ax.set_title(
-        f"The last step's messages on n = {n} ranks: lines at {link.name}'s α (grey: B*, where they cross), "
+        f"The last step's messages on n = {n} ranks: lines at {link.name}'s α, crossing at B*, "
         "markers at each preset's own α",
         fontsize=9,
     )
