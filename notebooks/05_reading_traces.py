@@ -107,8 +107,8 @@ lesson.say(
 #
 # What the table and the figure do not show (the trace shows when a range was open, not why):
 #
-# * how much of a difference between two rows' times comes from the stages: each row is one step, profiled
-#   moments apart on a shared machine;
+# * how much of a difference between two rows' times (`single`'s included) comes from the stages: each row is
+#   one step, profiled moments apart on a shared machine;
 # * whether the other rank or a core held a range open.
 
 # %%
@@ -128,7 +128,8 @@ asy, blk = (shares.loc[g, "overlap (%)"] for g in (asynchronous, blocking))
 lesson.say(
     f"In this run every asynchronous stage's overlap ({asy.min()}–{asy.max()} %) is "
     f"{'above' if asy.min() > blk.max() else 'not above'} every blocking one's ({blk.min()}–{blk.max()} %): "
-    f"they compute while their messages are in flight."
+    f"{'they' if asy.min() > blk.max() else 'not all of them'} compute during more of their own time in flight; "
+    f"non-compute, in ms, also depends on how long that was."
 )
 
 # %% [markdown]
@@ -163,8 +164,8 @@ lesson.claim(
 #   in the order they opened. The bars are part of the table's in flight, which also counts the check and any
 #   other collective; a bar narrower than a pixel need not show, and one can run on into the
 #   optimizer step (the caveat);
-# * the parameter check (hatched orange, white-edged) while its all_gather range was open; a short one may show
-#   only as a white notch;
+# * the parameter check (hatched orange, white-edged) while its all_gather range was open; a short one need not
+#   show;
 # * the finish (purple; not in `single` or torch) as a thin strip along the bands' lower edge, where wide enough to see;
 # * the optimizer step (green) and the end of the step.
 
@@ -209,45 +210,19 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 #   hand-over, so a transfer can start before it) to its delivery. The parameter check is not a message and is not counted,
 #   so waited is not non-compute, even of one run;
 # * **exposed**: the part of that union during which rank 0's link carried a transfer.
-#
-# The last column is the step's last backward band, defined as in the figure.
 
 # %%
 from minddp.comm.link import parse_link
 
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
 linked, link = analyze_run(LINKED), parse_link("1gbit")
-on_link = lesson_05.link_table(linked, link)
+on_link = lesson_05.link_table(linked, link).drop(columns="last backward (ms)")
 display(on_link)
 share = on_link["waited (ms)"] / on_link["link time (ms)"] * 100
-idle = on_link["waited (ms)"] - on_link["exposed (ms)"]  # waited with rank 0's link carrying no transfer
-asy, blk = ["hook-async", "bucket-async"], ["simple", "ga", "hook", "bucket"]
+asy, blk = share[["hook-async", "bucket-async"]], share[["simple", "ga", "hook", "bucket"]]
 lesson.say(
-    f"The asynchronous stages waited {share[asy].min():.0f}–{share[asy].max():.0f} % of their link time, the blocking "
-    f"ones {share[blk].min():.0f}–{share[blk].max():.0f} % (of that, {idle[blk].min():.1f}–{idle[blk].max():.1f} ms "
-    f"not exposed: the link carried nothing)."
-)
-b = lesson_05.rank0(linked.phases).query("phase == 'backward'").sort_values("start_us")
-earlier = ((b["end_us"] - b["start_us"]) / 1e3)[b.duplicated("stage", keep="last")].max()  # send nothing
-last, link_ms, waited = on_link["last backward (ms)"], on_link["link time (ms)"], on_link["waited (ms)"]
-lesson.say(
-    f"hook and bucket wait for each message inside their last backward ({last['hook']}, {last['bucket']} ms: "
-    f"{'each longer than' if last[['hook', 'bucket']].min() > earlier else 'not both longer than'} every earlier "
-    f"backward of the run, at most {earlier:.1f} ms)."
-)
-
-
-def than(a, b):
-    return "longer than" if a > b else "shorter than" if a < b else "as long as"
-
-
-lesson.say(
-    "The asynchronous stages' link time can hide only behind their last backward: in this run "
-    + "; ".join(
-        f"{st}'s ({last[st]} ms) was {than(last[st], link_ms[st])} its link time and it waited {waited[st]} ms"
-        for st in asy
-    )
-    + "."
+    f"Every asynchronous stage waited {'a smaller' if asy.max() < blk.min() else 'not a smaller'} share of its link "
+    f"time ({asy.min():.1f}–{asy.max():.1f} %) than every blocking one ({blk.min():.1f}–{blk.max():.1f} %)."
 )
 
 # %% [markdown]
