@@ -103,7 +103,7 @@ looks, ddps = {}, {}
 for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT, True, True)):
     ddps[label], looks[label] = one_step(compiled, cut)
     run = looks[label]["pieces_run"]  # the compiled pieces' gradient nodes that ran: none in eager
-    pieces = f"{run} {'piece' if cut else 'graph'}{'s' * (run != 1 and cut)}, " if compiled else ""
+    pieces = f"{run} piece{'s' * (run != 1)}, " if compiled else ""
     # the figure's row label, two lines: the run; its pieces and its buckets (one tick each)
     looks[label]["row"].update(label=f"{label}\n{pieces}{looks[label]['calls']} buckets", stage=label)
 lesson.say(
@@ -283,14 +283,13 @@ lesson.say(
     + "; ".join(f"{label} {'at ' * bool(why)}{lesson_09.untraced_calls(why)}" for label, why in reasons.items())
 )
 lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
-lesson.claim(counts[ALONE] == 0 < counts[THEIRS], f"{THEIRS} breaks the graph; {ALONE} does not.")
+lesson.claim(counts[ALONE] == 0 < counts[THEIRS], "torch's DDP adds graph breaks.")
 
 # %% [markdown]
 # ## A bucket cap of 0.5 MiB
 #
-# Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: the error compiling
-# raised, or the first training step's buckets (one, by the first step's rule, so handed over
-# after the last piece) and one more forward's pieces.
+# Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: the error that
+# compiling raised, or the first training step's buckets and one more forward's pieces.
 
 
 # %%
