@@ -288,22 +288,17 @@ def _after(ms: float) -> str:
 
 
 def say_bucket_lesson(swept: dict, h: dict, here, t4: dict, far: dict) -> None:
-    """The bucket lesson's steps, link by link: each step's link after backward, then which of hook-async and
-    bucket-async had the shorter backward less the check plus exposed, ranked only where the gap is wider than the
-    sweep's backwards spread (caps but None). On this
-    notebook's link: ``h`` (hook-async's look) against ``swept`` (cap -> bucket-async's look), ``here`` the
-    workload's cap; ``t4``, ``far``: the sized links' runs (``on_the_link``'s values, with ``backward_ms``)."""
-    from minddp.costmodel.buckets import on_the_link
-
-    ends = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}
+    """The bucket lesson's steps: each step's link after backward with the ratios of 4 × T4, then, link by link,
+    which of hook-async and bucket-async had the shorter backward less the check plus exposed, ranked only where
+    the gap is wider than the sweep's backwards spread (caps but None). On this notebook's link: ``h``
+    (hook-async's look) against ``swept`` (cap -> bucket-async's look), ``here`` the workload's cap; ``t4``,
+    ``far``: the sized links' runs (``on_the_link``'s values, with ``backward_ms``)."""
     backs = {c: backward_less_check(v) for c, v in swept.items()}
-    h_end, h_back = on_the_link(h["row"])["end_ms"], backward_less_check(h)
+    h_back = backward_less_check(h)
     ht, bt, hf, bf = t4["hook-async"], t4["bucket-async"], far["hook-async"], far["bucket-async"]
     say(
-        "Link after backward, one step each: on this notebook's "
-        f"link, hook-async {_after(h_end)}, bucket-async at the workload's {here:g} MiB cap "
-        f"{_after(ends[here])}; with the ratios of 4 × T4, hook-async {_after(ht['end_ms'])}, bucket-async "
-        f"at that link's cap {_after(bt['end_ms'])}."
+        "Link after backward, one step each, with the ratios of 4 × T4: hook-async "
+        f"{_after(ht['end_ms'])}, bucket-async at that link's cap {_after(bt['end_ms'])}."
     )
     steps = {  # backward less the check plus exposed, one step each: hook-async's, bucket-async's
         "on this notebook's link": (h_back + h["exposed_ms"], backs[here] + swept[here]["exposed_ms"]),
