@@ -199,7 +199,9 @@ def sweep_table(swept: dict, model: list, default):
     table = table.rename(  # the vocabulary's name, as every other table; the first message is the earliest full bucket
         columns={
             "link, ms": "link time, ms",
-            "first message ready, ms into the model's backward": "earliest bucket full, ms into the model's backward",
+            "first message ready, ms into the model's backward": (
+                "first message (earliest full bucket) ready, ms into the model's backward"
+            ),
         }
     )
     table = table.infer_objects().round(1).astype({"buckets": int})
