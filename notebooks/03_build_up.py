@@ -618,9 +618,8 @@ lesson_03.look_table(looks, checks)
 #    into its bucket;
 # 2. **the late start**: nothing goes to the link before some bucket's last gradient is ready, while a
 #    per-gradient stage's first message needs only one gradient;
-# 3. **the tail**: the last message's transfer on the link. The last bucket is full only late in
-#    backward, so its transfer can run past backward's end; a per-gradient stage's last message is one
-#    tensor.
+# 3. **the tail**: the last message's transfer on the link, a bucket against one tensor, can run
+#    past backward's end.
 #
 # The link carries one message at a time, so its last transfer ends at the latest of, over the messages i,
 # "message i handed over, then i and every message after it back to back"
@@ -647,7 +646,8 @@ lesson.claim(
 lesson.claim(  # modeled: the last message's bytes over the link, the same on every machine
     bucketed["tail_ms"] > per_grad["tail_ms"],
     f"Tail: bucket-async's last bucket takes {bucketed['tail_ms']:.1f} ms on the link, hook-async's "
-    f"last gradient {per_grad['tail_ms']:.1f} ms.",
+    f"last gradient {per_grad['tail_ms']:.1f} ms; it {'set' if bucketed['limit'] == 'tail' else 'did not set'} "
+    "bucket-async's link end.",
 )
 # when each gradient is ready, on the bare network (no wrapper, no hooks): the last micro-batch's backward, timed
 # twice after a warm-up pass (the step-time model's probe)
@@ -697,7 +697,7 @@ lesson.claim(
     + ".",
 )
 here = lesson.SETTINGS.bucket_cap_mb
-lesson_03.say_sweep(swept, model, per_gradient, this_run, looks["hook-async"])
+lesson_03.say_sweep(swept, model, per_gradient, this_run)
 if rank == 0:
     lesson_03.sweep_figure(swept, model, default, per_gradient, LINK.name, world_size, here, looks["hook-async"])
 
@@ -820,7 +820,8 @@ hf, bf, sized = far["hook-async"], far["bucket-async"], 1e3 * sized_from["1024 r
 lesson.claim(  # modeled (291 fixed costs against 26) on a link sized from this run's backward: the ms vary, not the order
     hf["link_ms"] > sized > bf["link_ms"],
     f"With the ratios of 1024 ranks, one message per gradient needs {hf['link_ms']:.0f} ms of link time, more than the "
-    f"{sized:.0f} ms backward that link was sized from, buckets {bf['link_ms']:.0f} ms.",
+    f"{sized:.0f} ms backward that link was sized from, buckets {bf['link_ms']:.0f} ms; hook-async's own backward "
+    f"ran {hf['backward_ms'] / sized:.1f} times that one.",
 )
 
 # %%
@@ -830,6 +831,5 @@ lesson.claim(  # modeled (291 fixed costs against 26) on a link sized from this 
 # ## Takeaway
 #
 # Buckets shorten the link time by the fixed costs of the messages they no longer send, but their
-# first message leaves later. With the ratios of
-# 1024 ranks, one message per gradient needs more link time than the backward that link was sized
-# from, buckets less.
+# first message leaves later: in the step-time model, on this notebook's link at the workload's cap,
+# they leave more link after backward than one message per gradient.

@@ -165,7 +165,11 @@ def bucket_sweep(curves: dict, measured=(), per_gradient: dict | None = None, ti
     caps = [c.cap_mb for c in costs]
     for values, label, color in [
         ([1e3 * c.fixed for c in costs], "fixed costs: buckets × 2(n−1)·α", "#8172b3"),
-        ([1e3 * c.first_at for c in costs], "first message ready, into the model's backward", "#4c72b0"),
+        (
+            [1e3 * c.first_at for c in costs],
+            "first message (earliest full bucket) ready, into the model's backward",
+            "#4c72b0",
+        ),
         ([1e3 * c.tail for c in costs], "last message's transfer", "#dd8452"),
     ]:
         low.plot(caps, values, "-", color=color, label=label)

@@ -115,11 +115,9 @@ def least_caps(model: list) -> tuple[float, list[str]]:
     return least, [f"{c.cap_mb:g}" for c in model if round(1e3 * c.after_backward, 1) == least]
 
 
-def say_sweep(swept: dict, model: list, per_gradient, this_run_s: float, h: dict) -> None:
+def say_sweep(swept: dict, model: list, per_gradient, this_run_s: float) -> None:
     """The cap sweep in a sentence: the model's link after backward, buckets against one message per gradient (the
-    measured steps' are in :func:`sweep_table`); ``h``: hook-async's look, whose own step is said beside the model's."""
-    from minddp.costmodel.buckets import on_the_link
-
+    measured steps' are in :func:`sweep_table`)."""
     own = {c: backward_less_check(v) for c, v in swept.items()}
     median_of = [cap_name(c) for c, b in own.items() if abs(b / 1e3 - this_run_s) < 1e-9]
     least, at_least = least_caps(model)
@@ -128,12 +126,9 @@ def say_sweep(swept: dict, model: list, per_gradient, this_run_s: float, h: dict
     say(
         f"The step-time model replays every cap with one backward's compute, {1e3 * this_run_s:.0f} ms (their median"
         + (f": the {median_of[0]} step's own" if median_of else "")
-        + "), which copying the gradients into buckets lengthens"
-        + f"; one message per gradient leaves {per_gradient_ms:.1f} ms of link after backward, buckets "
+        + f"); one message per gradient leaves {per_gradient_ms:.1f} ms of link after backward, buckets "
         + (f"less at {' and '.join(fewer)} MiB" if fewer else "more at every cap")
-        + f" (least {least:.1f} ms, at {' and '.join(at_least)} MiB). hook-async's step left "
-        + f"{on_the_link(h['row'])['end_ms']:.1f} ms, after a backward of {backward_less_check(h):.0f} ms, "
-        + f"not the model's {1e3 * this_run_s:.0f} ms."
+        + f" (least {least:.1f} ms, at {' and '.join(at_least)} MiB)."
     )
 
 
@@ -201,7 +196,14 @@ def sweep_table(swept: dict, model: list, default):
         }
 
     table = pd.DataFrame({cap_name(c.cap_mb): c.row() | measured(c.cap_mb) for c in [*model, default]}).T
-    table = table.rename(columns={"link, ms": "link time, ms"})  # the vocabulary's name, as every other table
+    table = table.rename(  # the vocabulary's name, as every other table; the first message is the earliest full bucket
+        columns={
+            "link, ms": "link time, ms",
+            "first message ready, ms into the model's backward": (
+                "first message (earliest full bucket) ready, ms into the model's backward"
+            ),
+        }
+    )
     table = table.infer_objects().round(1).astype({"buckets": int})
     whole = ["exposed, ms (one step)", "waited, ms (one step)"]  # whole ms, as every other table and line prints them
     table[whole] = table[whole].astype("Int64")
@@ -269,12 +271,11 @@ def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
         )
         sized = sized_ms[name]
         bare = {s: r for s, r in runs.items() if not r["waits_in_backward"]}  # a backward of compute, no wait in it
-        times = {s: r["backward_ms"] / sized for s, r in bare.items()}
-        lo, hi = f"{min(times.values()):.1f}", f"{max(times.values()):.1f}"
-        parts = [f"{lo if lo == hi else f'{lo} to {hi}'} times ({', '.join(times)})"]
         say(
-            f"Against the {sized_ms[name]:.0f} ms backward that link was sized from, the backwards without a wait for "
-            f"a message ran {'; '.join(parts)}."
+            f"Against the {sized:.0f} ms backward that link was sized from, the backwards without a wait for "
+            "a message ran, in times: "
+            + ", ".join(f"{s} {r['backward_ms'] / sized:.1f}" for s, r in bare.items())
+            + "."
         )
     if round(t4["bucket-async"]["backward_ms"]) == round(far["bucket-async"]["backward_ms"]):
         say(
@@ -289,35 +290,32 @@ def _after(ms: float) -> str:
 
 
 def say_bucket_lesson(swept: dict, h: dict, here, t4: dict, far: dict) -> None:
-    """The bucket lesson's steps, link by link: each step's link after backward, then which of hook-async and
-    bucket-async had the shorter backward less the check plus exposed, ranked only where the gap is wider than the
-    sweep's backwards spread. On this
-    notebook's link: ``h`` (hook-async's look) against ``swept`` (cap -> bucket-async's look), ``here`` the
-    workload's cap; ``t4``, ``far``: the sized links' runs (``on_the_link``'s values, with ``backward_ms``)."""
-    from minddp.costmodel.buckets import on_the_link
-
-    ends = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}
+    """The bucket lesson's steps: each step's link after backward with the ratios of 4 × T4, then, link by link,
+    which of hook-async and bucket-async had the shorter backward less the check plus exposed, ranked only where
+    the gap is wider than the sweep's backwards spread (caps but None). On this notebook's link: ``h``
+    (hook-async's look) against ``swept`` (cap -> bucket-async's look), ``here`` the workload's cap; ``t4``,
+    ``far``: the sized links' runs (``on_the_link``'s values, with ``backward_ms``)."""
     backs = {c: backward_less_check(v) for c, v in swept.items()}
-    h_end, h_back = on_the_link(h["row"])["end_ms"], backward_less_check(h)
+    h_back = backward_less_check(h)
     ht, bt, hf, bf = t4["hook-async"], t4["bucket-async"], far["hook-async"], far["bucket-async"]
     say(
-        "Link after backward, one step each: on this notebook's "
-        f"link, hook-async {_after(h_end)}, bucket-async at the workload's {here:g} MiB cap "
-        f"{_after(ends[here])}; with the ratios of 4 × T4, hook-async {_after(ht['end_ms'])}, bucket-async "
-        f"at that link's cap {_after(bt['end_ms'])}."
+        "Link after backward, one step each, with the ratios of 4 × T4: hook-async "
+        f"{_after(ht['end_ms'])}, bucket-async at that link's cap {_after(bt['end_ms'])}."
     )
     steps = {  # backward less the check plus exposed, one step each: hook-async's, bucket-async's
         "on this notebook's link": (h_back + h["exposed_ms"], backs[here] + swept[here]["exposed_ms"]),
         "with the ratios of 4 × T4": (ht["backward_ms"] + ht["exposed_ms"], bt["backward_ms"] + bt["exposed_ms"]),
         "with those of 1024 ranks": (hf["backward_ms"] + hf["exposed_ms"], bf["backward_ms"] + bf["exposed_ms"]),
     }
-    spread = round(max(backs.values()) - min(backs.values()))  # one stage across caps: how far a step's backward strays
+    planned = [b for c, b in backs.items() if c is not None]  # None sends little during backward: left out
+    spread = round(max(planned) - min(planned))  # one stage across the caps: how far a step's backward strays
     ranked = {n: "buckets" if b < a else "hook-async" for n, (a, b) in steps.items() if abs(round(a - b)) > spread}
     within = [n for n in steps if n not in ranked]
     say(
         "Backward less the check plus exposed, hook-async against bucket-async: "
         + "; ".join(f"{n} {a:.0f} against {b:.0f} ms" for n, (a, b) in steps.items())
-        + f". bucket-async's backwards across the caps spread {spread:.0f} ms; a wider gap: "
+        + f". bucket-async's backwards across the caps but None, on this notebook's link, spread {spread:.0f} ms; "
+        + "a wider gap: "
         + ("; ".join(f"{w} shorter {n}" for n, w in ranked.items()) if ranked else "none")
         + (f"; not ranked (within it): {'; '.join(within)}" if within else "")
         + "."

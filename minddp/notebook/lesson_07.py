@@ -80,7 +80,7 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         waited = ""
         if o is kill and ms(o.exit_s) > asked:
             waited = (
-                f", waiting for the launcher's record of slot {o.fault.slot}'s exit (found ended at "
+                f", the wait for slot {o.fault.slot}'s exit's record (found ended at "
                 f"{ms(o.seen_s)} ms, recorded at {ms(o.exit_s)} ms, after EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms)"
             )
         came = f"{came_ms} ms more until it came" if came_ms else "it came at once"
@@ -92,10 +92,11 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
     diff = [k - r for k, r in zip(*parts)]
     total = sum(diff)  # the kill's recovery less the raise's, as the two lines print them
     longer = f"{abs(total)} ms {'longer' if total > 0 else 'shorter'} than" if total else "as long as"
-    print(
-        f"the kill's recovery took {longer} the raise's: {diff[0]:+d} ms, {diff[1]:+d} ms and {diff[2]:+d} ms "
-        "in the three parts above"
-    )
+    # the kill line names its wait (the middle part) only when the exit's record held the quorum back
+    named = ms(kill.exit_s) > parts[0][0]
+    why = f"{diff[1]:+d} ms in the wait for slot {kill.fault.slot}'s exit's record; the other" if named else "the"
+    rest = " and ".join(f"{d:+d}" for d in (diff[::2] if named else diff))
+    print(f"the kill's recovery took {longer} the raise's: {why} parts' {rest} ms have no cause measured here")
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
         print(
@@ -118,8 +119,7 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     def share(t_ms: int) -> str:
         return "under 1%" if 0 < t_ms < rejoin / 200 else f"{t_ms / rejoin:.0%}"
 
-    most = ", most of it the new process's own start-up" if startup * 2 > rejoin else ""
-    print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill{most}:")
+    print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill:")
     print(f"  {start} ms ({share(start)}) until the launcher started the new process")
     print(f"  {startup} ms ({share(startup)}) the new process's start-up, to its first quorum request")
     print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
@@ -128,7 +128,7 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     # they had committed the step before the new process asked: the scripted quorum waited for it
     scripted = o.healed_at in full_world_at and ms(last) < asked
     then = (
-        f", before the new process's first quorum request; step {o.healed_at}'s quorum waited for it (full_world_at)"
+        f", then waited for the new process's first quorum request because full_world_at names step {o.healed_at}"
         if scripted
         else f", then {rejoin - ms(last)} ms to step {o.healed_at}'s quorum"
     )
