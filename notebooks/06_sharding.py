@@ -310,9 +310,9 @@ nonzero = values != 0
 decayed32 = (values * (1 - decay) != values)[nonzero]  # in fp32
 lesson.claim(
     decay < 2**-9 and bool(kept_as_was.all()) and bool(decayed32.all()),
-    f"lr · λ = {decay:.1e}, {2**-9 / decay:.0f} times under 2⁻⁹ = {2**-9:.2e}: held in bf16, every one of the "
-    f"{values.numel():,} values loses the decay, as the RMSNorms' {int(in_a_norm.sum()):,} weights lose the lr "
-    f"step above; in fp32, the master weights' dtype, each of the {int(nonzero.sum()):,} nonzero values keeps both.",
+    f"lr · λ = {decay:.1e}, {2**-9 / decay:.0f} times under 2⁻⁹: held in bf16, all {values.numel():,} values lose "
+    f"the decay (and the RMSNorms' {int(in_a_norm.sum()):,} weights the lr step, above); in fp32, the master "
+    f"weights' dtype, all {int(nonzero.sum()):,} nonzero values keep both.",
 )
 
 # %% [markdown]
@@ -676,10 +676,10 @@ lesson.claim(
     and between["zero2"] == memory["ddp"]["gradients"]
     and early == state["zero1"]
     and same,
-    f"zero2 holds {spared['zero2']:.1f} MiB less model state than ddp at the update only: by a later "
-    f"micro-batch's forward it holds whole gradients, and so zero1's model state ({lesson.mib(early)}); it sends "
-    + ("the same bytes as ddp" if total["zero2"] == total["ddp"] else "within 0.1 % of ddp's bytes")
-    + " on the ring.",
+    f"zero2 holds {spared['zero2']:.1f} MiB less model state than ddp at the update only (by a later "
+    f"micro-batch's forward it holds whole gradients: zero1's {lesson.mib(early)}), for "
+    + ("the same bytes sent" if total["zero2"] == total["ddp"] else "ddp's bytes sent to within 0.1 %")
+    + ".",
 )
 early_fsdp = state["fsdp"] + between["fsdp"] - memory["fsdp"]["gradients"]  # whole gradients in its units (cell 12)
 lesson.claim(
