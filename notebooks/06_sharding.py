@@ -298,22 +298,22 @@ lesson.claim(
 
 # %% [markdown]
 # AdamW's weight decay is a change at every update too: it shrinks each weight by lr · λ of itself (λ
-# the weight decay). The cell sets lr · λ against 2⁻⁹, then multiplies each initial value, held in
-# bf16, by 1 − lr · λ (in fp32, the product rounded to bf16):
+# the weight decay). The cell sets lr · λ against 2⁻⁹, then multiplies each initial value by 1 − lr · λ,
+# held in bf16 (the product rounded to bf16) and in fp32:
 
 # %%
 # %%rank 0
 decay = lr * trainees["ddp"].optimizer.param_groups[0]["weight_decay"]  # lr · λ
 in_bf16 = values.to(torch.bfloat16)
 kept_as_was = (in_bf16.float() * (1 - decay)).to(torch.bfloat16) == in_bf16
+nonzero = values != 0
+decayed32 = (values * (1 - decay) != values)[nonzero]  # in fp32
 lesson.claim(
-    decay < 2**-9 and bool(kept_as_was.all()),
-    f"lr · λ = {decay:.1e}, {2**-9 / decay:.0f} times under 2⁻⁹ = {2**-9:.2e}: the decay leaves every one of the "
-    f"{values.numel():,} values held in bf16 as it was.",
+    decay < 2**-9 and bool(kept_as_was.all()) and bool(decayed32.all()),
+    f"lr · λ = {decay:.1e}, {2**-9 / decay:.0f} times under 2⁻⁹: held in bf16, all {values.numel():,} values lose "
+    f"the decay (and the RMSNorms' {int(in_a_norm.sum()):,} weights the lr step, above); in fp32, the master "
+    f"weights' dtype, all {int(nonzero.sum()):,} nonzero values keep both.",
 )
-
-# %% [markdown]
-# Held in bf16, the weights would lose all the decay and round or lose each lr step: hence fp32 master weights.
 
 # %% [markdown]
 # ### The ZeRO paper's mixed-precision count
@@ -439,8 +439,7 @@ accum = lesson.SETTINGS.grad_accum
 z = looks["zero2"]
 lesson.claim(
     z["bytes"] == looks["ddp"]["bytes"],
-    f"zero2's gradient collectives are given ddp's bytes, {lesson.mib(z['bytes'])}, the whole gradients (a "
-    "reduce-scatter is given the whole bucket too).",
+    f"Run as all_reduces here, zero2's gradient collectives are given ddp's bytes, {lesson.mib(z['bytes'])}.",
 )
 units = len(trainees["fsdp"].model.units)
 outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
@@ -660,22 +659,27 @@ handed = {s: looks[s]["calls"] + looks[s]["gathers"] for s in STAGES}  # collect
 same = abs(total["zero2"] - total["ddp"]) < 1e-3 * total["ddp"]  # to within the chunks' padding
 kept = memory["ddp"]["optimizer"] - memory["zero1"]["optimizer"]  # zero1's only saving, at the update
 lesson.claim(
+    len(set(act.values())) == 1 and spared.idxmax() == "fsdp" and act["ddp"] > spared.max() * 2**20,
+    f"Model state only: every buffer is left out, and the activations, {lesson.mib(act['ddp'])} in every stage, "
+    f"alone outweigh the largest saving below, fsdp's {spared['fsdp']:.1f} MiB.",
+)
+lesson.claim(
     abs(spared["zero1"] * 2**20 - kept) < 1 and abs(total["zero1"] - 1.5 * total["ddp"]) < 1e-3 * total["ddp"],
     f"At the update zero1 holds {lesson.mib(kept)} less optimizer state than ddp, for "
     f"{total['zero1'] / total['ddp']:.1f} times ddp's bytes sent.",
 )
-cut = memory["ddp"]["gradients"] - memory["zero2"]["gradients"]  # held whole until the last backward (cell 12)
+cut = memory["ddp"]["gradients"] - memory["zero2"]["gradients"]  # held whole by a later forward (cell 12)
 state = {s: memory[s]["parameters"] + memory[s]["gradients"] + memory[s]["optimizer"] for s in STAGES}
-early = state["zero2"] + between["zero2"] - memory["zero2"]["gradients"]  # zero2's before the last backward
+early = state["zero2"] + between["zero2"] - memory["zero2"]["gradients"]  # zero2's by a later micro-batch's forward
 lesson.claim(
     abs((spared["zero2"] - spared["zero1"]) * 2**20 - cut) < 1
     and between["zero2"] == memory["ddp"]["gradients"]
     and early == state["zero1"]
     and same,
-    f"zero2 holds {spared['zero2']:.1f} MiB less model state than ddp at the update only: until the last "
-    f"backward it holds whole gradients, and so zero1's model state ({lesson.mib(early)}); it sends "
-    + ("the same bytes as ddp" if total["zero2"] == total["ddp"] else "within 0.1 % of ddp's bytes")
-    + " on the ring.",
+    f"zero2 holds {spared['zero2']:.1f} MiB less model state than ddp at the update only (by a later "
+    f"micro-batch's forward it holds whole gradients: zero1's {lesson.mib(early)}), for "
+    + ("the same bytes sent" if total["zero2"] == total["ddp"] else "ddp's bytes sent to within 0.1 %")
+    + ".",
 )
 early_fsdp = state["fsdp"] + between["fsdp"] - memory["fsdp"]["gradients"]  # whole gradients in its units (cell 12)
 lesson.claim(
@@ -683,25 +687,11 @@ lesson.claim(
     and early_fsdp < early
     and total["fsdp"] > total["zero2"]
     and handed["fsdp"] > handed["zero2"],
-    f"fsdp holds {spared['fsdp'] - spared['zero2']:.1f} MiB less model state than zero2 at the update and, with "
-    f"whole gradients too, {lesson.mib(early_fsdp)} before the last backward against zero2's {lesson.mib(early)}, "
-    f"with {total['fsdp'] / total['zero2']:.1f} times its bytes sent and {handed['fsdp']} collectives handed over "
-    f"against its {handed['zero2']}: it gathers its units in each of the {accum} micro-batches, zero2 its buckets "
+    f"fsdp holds {spared['fsdp'] - spared['zero2']:.1f} MiB less model state than zero2 at the update "
+    f"({lesson.mib(early_fsdp)} against {lesson.mib(early)} by a later micro-batch's forward), for "
+    f"{total['fsdp'] / total['zero2']:.1f} times its bytes sent and {handed['fsdp']} collectives handed over "
+    f"against {handed['zero2']}: it gathers its units in each of the {accum} micro-batches, zero2 its buckets "
     "once a step.",
-)
-reducers = {s: trainees[s].model.reducer for s in ("ddp", "zero1")}  # minddp's DistributedDataParallel's
-buffers = {s: sum(b.untyped_storage().nbytes() for b in r.buffers) for s, r in reducers.items()}
-each = set(buffers.values())
-lesson.claim(
-    not any(r.gradient_as_bucket_view for r in reducers.values()) and len(set(act.values())) == 1,
-    f"Model state leaves out the activations, the same {lesson.mib(act['ddp'])} in every stage, and every buffer, "
-    "such as ddp's and zero1's gradient bucket copies ("
-    + (
-        f"{lesson.mib(buffers['ddp'])} each"
-        if len(each) == 1
-        else ", ".join(f"{s} {lesson.mib(b)}" for s, b in buffers.items())
-    )
-    + "), fsdp's gathered units or zero2's all-gather buffers.",
 )
 trade.round(1)
 
