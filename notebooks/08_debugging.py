@@ -20,7 +20,7 @@
 # nine bugs in six sections, and run each three ways on the two ranks:
 #
 # 1. **torch** (*under torch*): debug mode *paused* (`minddp.debug.disable()`), torch's own debug
-#    level at its default, OFF: what torch's DDP says (or `torch.distributed`, for the script's own
+#    level at its default, OFF (once at DETAIL, in section 4): what torch's DDP says (or `torch.distributed`, for the script's own
 #    collectives). The script's own collectives run on a group, `short` (*the short group*), whose
 #    calls give up after seconds, and torch's DDP on another, `group`, with torch's default timeout;
 #    a rank that fails destroys both, so a partner waiting on `group` fails at once;
@@ -66,21 +66,21 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import minddp.debug
 from minddp import DistributedDataParallel
-from minddp.notebook import lesson
+from minddp.notebook import lesson  # lesson.say(text) prints text; lesson.claim(holds, text) prints ✓ text
 from minddp.notebook.lesson_08 import (
     DEFAULT_WAIT_S,
     WAIT_S,
     Net,
     apart,
-    batch,
+    batch,  # batch(step): this rank's (x, y) of that step; same_on_every_rank=True: the same on every rank
     build,
     cpp_warnings,  # yields the torch C++ warnings written in a block, as "file:line: message"
     each_rank,  # every rank's value, in rank order
     fixed,
     gist,  # a torch C++ warning's first sentence, then its advice on
     minddp_says,
-    peer_gone,  # whether an error says a partner's process is gone ("closed by peer", "reset by peer", ...)
-    quiet,
+    peer_gone,  # whether an error says its partner closed the connection ("closed by peer", "reset by peer", ...)
+    quiet,  # `with quiet() as said:` said lists the DebugWarnings the block raised (a DebugError raises through)
     say_each,  # rank 0's line printed, then whether each other rank's is the same
     torch_does,
     torch_drifts,
@@ -199,7 +199,7 @@ torch_warned = []
 raised = torch_does(lambda group, short: torch_warned.extend(read(*build(TorchDDP, process_group=group))), say=False)
 lesson.claim(
     raised == ["raised nothing"] * world_size and torch_warned == [],
-    "torch's DDP trained the 4 steps, raising nothing and issuing no Python warning",
+    "torch's DDP raised nothing and issued no Python warning",
 )
 lines = read(*build())
 say_each(lines[0] if lines else None, "warned")
@@ -309,8 +309,8 @@ def uneven(model, optimizer, short=None, joined=False):
 raised = torch_does(lambda group, short: uneven(*build(TorchDDP, process_group=group), short=short))
 lesson.claim(
     peer_gone(raised[0]) and "Timed out" in raised[1] and torch_took[1] >= WAIT_S,
-    f"under torch rank 1 failed at the short group's {WAIT_S} s timeout, and rank 0 with an error saying its "
-    "partner is gone",
+    f"under torch rank 1 failed at the short group's {WAIT_S} s timeout, rank 0 with 'closed by peer': rank 1 "
+    "tore down its groups",
 )
 minddp_says(lambda: uneven(*build()), "uneven inputs: rank 1 left the training loop after step 2")
 models = []  # the fix under torch's DDP, its parameters the oracle for minddp's
@@ -361,8 +361,8 @@ lesson.claim(
 )
 minddp_says(
     lambda: freeze_on_rank_0(DistributedDataParallel),
-    ("requires_grad differs across ranks: parameter 'head.weight'", "at step 0"),
-    "debug mode stopped every rank at step 0, naming the parameter",
+    ("requires_grad differs across ranks: parameters 'head.weight' and 'head.bias'", "at step 0"),
+    "debug mode stopped every rank at step 0, naming both parameters",
 )
 with quiet() as said:
     model = freeze_on_rank_0(DistributedDataParallel, everywhere=True)
@@ -370,8 +370,7 @@ lesson.claim(not said and apart(model) == 0, "the fix: frozen on every rank, not
 
 
 # %% [markdown]
-# `find_unused_parameters=True`, torch's advice, does not fix this bug: rank 0 still steps no `head`,
-# rank 1 does.
+# `find_unused_parameters=True`, torch's advice, does not fix this bug.
 
 
 # %%
@@ -388,8 +387,8 @@ torch.manual_seed(0)
 moved = each_rank(not torch.equal(model.module.head.weight, Net().to(device).head.weight))  # Net(): head as built
 lesson.claim(
     raised == ["raised nothing"] * world_size and moved == [False, True] and apart(model) > 0,
-    "with find_unused_parameters=True torch's DDP raised nothing; rank 0's head.weight kept its initial values "
-    "while rank 1's moved, so the replicas ended apart",
+    "with find_unused_parameters=True torch's DDP raised nothing, but rank 0's head.weight never moved, rank 1's "
+    "did: the replicas ended apart",
 )
 warnings_of = each_rank(warned)
 lesson.claim(
@@ -416,8 +415,8 @@ lesson.claim(
 # the bug: a branch on rank 0 only
 minddp_says(
     lambda: train(*build(extra=True), 1, use_extra=rank == 0),
-    ("Fix: pass find_unused_parameters=True", "parameter 'extra.weight'", "in step 0"),
-    "debug mode stopped every rank in step 0, naming the parameter",
+    ("Fix: pass find_unused_parameters=True", "parameters 'extra.weight' and 'extra.bias'", "in step 0"),
+    "debug mode stopped every rank in step 0, naming both parameters",
 )
 
 
@@ -480,7 +479,7 @@ lesson.claim(
 # exact: both reducers halve each gradient, then add the 2 ranks', which rounds the same in either order
 lesson.claim(
     all(each_rank(all(torch.equal(a, b) for a, b in zip(paused_params, on_params)))),
-    "after the same 5 steps, each rank's parameters with debug mode on equal its own with it paused bit for bit",
+    "after the same 5 steps, each rank's parameters are bit for bit the same with debug mode on or paused",
 )
 
 # %%

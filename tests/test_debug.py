@@ -249,14 +249,20 @@ def test_5_uneven_inputs_name_the_rank_that_left_and_the_step(runs):
 def test_6_requires_grad_that_differs_is_told_apart_from_a_parameter_unused_on_some_ranks(runs):
     for impl in ("minddp", "bucket-async"):
         line = lines(runs, impl, "frozen-late")  # frozen on rank 0 after wrapping
-        assert line.startswith("requires_grad differs across ranks: parameter 'head.weight' requires grad on ranks [1]")
+        # the whole layer, both its tensors, as torch's error lists them (its indices 2 3)
+        assert line.startswith(
+            "requires_grad differs across ranks: parameters 'head.weight' and 'head.bias' require grad on ranks [1]"
+        ), line
+        assert "unfreeze 'head.weight' and 'head.bias' on every rank" in line, line
         assert "not on ranks [0] at step 1" in line and "find_unused_parameters=True does not fix this" in line
     for r in runs:  # frozen on rank 0 before wrapping: the model check, with or without the flag
         error = r["minddp", "frozen"]["error"]
         assert "'head.weight'" in error and "(requires_grad mismatch)" in error, error
         assert "the same parameters frozen" in error
     line = lines(runs, "minddp", "unused")
-    assert line.startswith("a parameter unused on some ranks: parameter 'extra.weight' got a gradient on ranks [0]")
+    assert line.startswith(  # both of the branch's tensors, as torch lists them (its indices 4 5)
+        "a parameter unused on some ranks: parameters 'extra.weight' and 'extra.bias' got a gradient on ranks [0]"
+    ), line
     assert "Fix: pass find_unused_parameters=True" in line
 
 

@@ -211,7 +211,7 @@ class Watch:
         n = len(self.named)
         flags, params, bufs = table[:, :n], table[:, n : 2 * n], table[:, 2 * n :]
         if (i := _first_difference(flags)) is not None:
-            raise DebugError(self._frozen(i, flags[:, i]))
+            raise DebugError(self._frozen(i, flags))
         if (i := _first_difference(params)) is not None:
             raise DebugError(self._drifted(i, params))
         if (i := _first_difference(bufs)) is not None and "buffers" not in self.warned:
@@ -219,13 +219,14 @@ class Watch:
             self._warn(self._buffers_differ(buffers, bufs, wrapper))
 
     def _frozen(self, i: int, flags: torch.Tensor) -> str:
-        name = self.named[i][0]
-        yes, no = _where_value(flags, 1), _where_value(flags, 0)
+        names = _alike([n for n, _ in self.named], flags, i)
+        yes, no = _where_value(flags[:, i], 1), _where_value(flags[:, i], 0)
         return finding(
             "requires_grad differs across ranks",
-            f"parameter {name!r} requires grad on ranks {yes} but not on ranks {no} at step {self.step}, so the "
-            "ranks would send different gradients (this is not an unused parameter)",
-            f"freeze (requires_grad_(False)) or unfreeze {name!r} on every rank, before wrapping the model; "
+            f"{_parameters(names)} {'requires' if len(names) == 1 else 'require'} grad on ranks {yes} but not on "
+            f"ranks {no} at step {self.step}, so the ranks would send different gradients (this is not an unused "
+            "parameter)",
+            f"freeze (requires_grad_(False)) or unfreeze {_quoted(names)} on every rank, before wrapping the model; "
             "find_unused_parameters=True does not fix this",
             dist.get_rank(),
             BY,
@@ -315,13 +316,17 @@ class Watch:
     def _not_averaged(self, i, step, present, arrived, sums, table) -> str:
         name, param = self.trainable[i]
         if len(set(arrived.tolist())) > 1:
+            n = len(self.trainable)
+            names = _alike([t[0] for t in self.trainable], table[:, 1 + 2 * n : 1 + 3 * n], i)
+            it = "it" if len(names) == 1 else "them"
             return finding(
                 "a parameter unused on some ranks",
-                f"parameter {name!r} got a gradient on ranks {_where_value(arrived, 1)} but not on ranks "
-                f"{_where_value(arrived, 0)} in step {step}: the forward did not use it there (a branch taken on "
-                "some ranks only), so its gradient was not averaged over every rank",
+                f"{_parameters(names)} got a gradient on ranks {_where_value(arrived, 1)} but not on ranks "
+                f"{_where_value(arrived, 0)} in step {step}: the forward did not use {it} there (a branch taken on "
+                f"some ranks only), so {'its gradient was' if it == 'it' else 'their gradients were'} not averaged "
+                "over every rank",
                 "pass find_unused_parameters=True to the wrapper (it then averages zeros in for the ranks that did "
-                "not use it), or use every parameter on every rank",
+                f"not use {it}), or use every parameter on every rank",
                 dist.get_rank(),
                 BY,
             )
@@ -410,6 +415,19 @@ def _ranks(ranks: list[int]) -> str:
 
 def _where_value(column: torch.Tensor, value: int) -> list[int]:
     return (column == value).nonzero().view(-1).tolist()
+
+
+def _alike(names: list[str], table: torch.Tensor, i: int) -> list[str]:
+    """The names of the columns whose values across ranks are those of column ``i``, in order."""
+    return [name for j, name in enumerate(names) if torch.equal(table[:, j], table[:, i])]
+
+
+def _quoted(names: list[str]) -> str:
+    return " and ".join(filter(None, [", ".join(repr(n) for n in names[:-1]), repr(names[-1])]))
+
+
+def _parameters(names: list[str]) -> str:
+    return f"{'parameter' if len(names) == 1 else 'parameters'} {_quoted(names)}"
 
 
 def _and_more(names: list[str]) -> str:
