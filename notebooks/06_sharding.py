@@ -309,10 +309,10 @@ kept_as_was = (in_bf16.float() * (1 - decay)).to(torch.bfloat16) == in_bf16
 nonzero = values != 0
 decayed32 = (values * (1 - decay) != values)[nonzero]  # in fp32
 lesson.claim(
-    decay < 2**-9 and bool(kept_as_was.all()) and bool(decayed32.all()),
-    f"lr · λ = {decay:.1e}, {2**-9 / decay:.0f} times under 2⁻⁹: held in bf16, all {values.numel():,} values lose "
-    f"the decay (and the RMSNorms' {int(in_a_norm.sum()):,} weights the lr step, above); in fp32, the master "
-    f"weights' dtype, all {int(nonzero.sum()):,} nonzero values keep both.",
+    decay < 2**-9 and bool(kept_as_was[nonzero].all()) and bool(decayed32.all()),
+    f"lr · λ = {decay:.1e}, {2**-9 / decay:.0f} times under 2⁻⁹: each of the {int(nonzero.sum()):,} nonzero "
+    "values loses the decay held in bf16 (and the RMSNorms' weights the lr step, above), and keeps both in "
+    "fp32, the master weights' dtype.",
 )
 
 # %% [markdown]
@@ -347,10 +347,10 @@ lesson.claim(
 formulas.round(2)
 
 # %% [markdown]
-# ## ZeRO-1: an optimizer that updates its own shard
+# ## minddp's `zero1`: an optimizer that updates its own shard
 #
 # Each parameter tensor of `numel` elements is cut, flattened, into n chunks of `ceil(numel/n)` elements,
-# in rank order, the last ranks' shorter or empty (padded with zeros where sent); rank `r` keeps the
+# the last ranks' shorter or empty (padded with zeros where sent); rank `r` keeps the
 # optimizer state of chunk `r` of each. (An optimizer that is not element-wise needs tensors uncut: one
 # rank then keeps each one's state, `owned_whole` below; AdamW is element-wise.) The updated chunks are all-gathered
 # in buckets of their own (`BUCKET_CAP_MB`, printed), not the stage's 4 MiB gradient buckets:
