@@ -80,8 +80,8 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         waited = ""
         if o is kill and ms(o.exit_s) > asked:
             waited = (
-                f", the wait for slot {o.fault.slot}'s exit's record (found ended at "
-                f"{ms(o.seen_s)} ms, recorded at {ms(o.exit_s)} ms, after EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms)"
+                f" (it waited for slot {o.fault.slot}'s exit's record, made EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms"
+                " after the process was found ended)"
             )
         came = f"{came_ms} ms more until it came" if came_ms else "it came at once"
         print(
@@ -94,7 +94,7 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
     longer = f"{abs(total)} ms {'longer' if total > 0 else 'shorter'} than" if total else "as long as"
     # the kill line names its wait (the middle part) only when the exit's record held the quorum back
     named = ms(kill.exit_s) > parts[0][0]
-    why = f"{diff[1]:+d} ms in the wait for slot {kill.fault.slot}'s exit's record; the other" if named else "the"
+    why = f"{diff[1]:+d} ms until the quorum came; the other" if named else "the"
     rest = " and ".join(f"{d:+d}" for d in (diff[::2] if named else diff))
     print(f"the kill's recovery took {longer} the raise's: {why} parts' {rest} ms have no cause measured here")
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
