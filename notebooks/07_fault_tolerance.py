@@ -215,7 +215,7 @@ lesson.claim(
 set_equal = {(e["tag"], e["step"]) for _, _, e in run.entries if e["step"] == 0 or e["healed"]}
 lesson.claim(
     checks.one_start,
-    f"every member that recorded a digest started each attempt from the same bytes (a test in "
+    f"each attempt's recording members started from the same bytes (a test in "
     f"{checks.attempts - len(set_equal)} of {checks.attempts}: not step 0's or the heal's, "
     "set equal by a broadcast or a copy)",
 )

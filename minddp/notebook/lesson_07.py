@@ -15,7 +15,6 @@ and, for the cells' claims, readers of the members' entries (one per member and 
 from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
-from minddp.ft.launch import EXIT_WAIT_S
 from minddp.ft.report import asked_s, first_request_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
@@ -79,10 +78,7 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         asked, came_ms, to_commit = _parts(run, o)
         waited = ""
         if o is kill and ms(o.exit_s) > asked:
-            waited = (
-                f" (it waited for slot {o.fault.slot}'s exit's record, made EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms"
-                " after the process was found ended)"
-            )
+            waited = f" (it waited for slot {o.fault.slot}'s exit's record)"
         came = f"{came_ms} ms more until it came" if came_ms else "it came at once"
         print(
             f"{o.fault}: recovery {asked + came_ms + to_commit} ms: {asked} ms until the next quorum's members "
