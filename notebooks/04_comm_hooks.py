@@ -134,7 +134,7 @@ lesson.claim(
     and table.loc["fp16", "all_reduces"]
     == table.loc["bf16", "all_reduces"]
     == table.loc["plain averaging", "all_reduces"],
-    "fp16 and bf16's payload is exactly half of plain averaging's, in as many all_reduces: 2 bytes a value instead of 4.",
+    "fp16 and bf16's payload is exactly half of plain averaging's, in as many all_reduces.",
 )
 # ĝ and g: the same division and sum (allreduce_hook's) of the same values, in two all_reduces; their sums agree
 # bit for bit only where each is one addition: on 2 ranks
@@ -145,7 +145,7 @@ lesson.claim(
 )
 lesson.claim(
     all(err[name] <= bound[name] for name in dtypes),
-    "Their last step's relative gradient errors stay within the worst-case bounds on rounding alone, ‖b‖ / ‖g‖ = "
+    "fp16's and bf16's last step's relative gradient errors stay within the worst-case bounds on rounding alone, ‖b‖ / ‖g‖ = "
     + " and ".join(f"{bound[k]:.1e} for {k}" for k in dtypes)
     + ".",
 )
@@ -155,8 +155,8 @@ cast_up = math.ceil(cast * 10) / 10  # printed rounded up: still a bound
 f16, b16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
 lesson.claim(
     cast_up < f16.max,
-    f"No value the fp16 copy cast in its {STEPS} steps can exceed {cast_up:.1f} in magnitude (its largest n‖a‖, "
-    f"a the vector of a step's a_i), below float16's largest, {f16.max:.0f}: none overflowed.",
+    f"No value the fp16 copy cast in its {STEPS} steps can exceed {cast_up:.1f} in magnitude (its largest n‖a‖ "
+    f"over the steps), below float16's largest, {f16.max:.0f}: none overflowed.",
 )
 lesson.claim(
     err["fp16"] < err["bf16"],
@@ -168,25 +168,25 @@ lesson.claim(
 #
 # On a compressing step the hook first adds to the whole bucket what this rank kept on the step before (error
 # feedback: zero on the first compressing step) and saves the bucket so corrected. Then it takes each gradient it
-# compresses as an h × w matrix `M` and, at matrix rank r:
+# compresses as an h × w matrix `G` and, at matrix rank r:
 #
-# * computes `P = M Q` (h × r), with `Q` (w × r) the one of the step before (a random one the first time),
+# * computes `P = G Q` (h × r), with `Q` (w × r) the one of the step before (a random one the first time),
 #   made orthonormal on every step;
 # * all_reduces the P's without dividing them (orthonormalizing removes the scale), and makes each `P`'s columns
 #   orthonormal: every rank now holds the same `P`;
-# * computes `Q = Mᵀ P`, all_reduces the Q's and divides their sum by the world size: as every rank used the
-#   same `P`, that is `M̄ᵀ P`, M̄ the ranks' average `M`;
-# * writes `P Qᵀ` = `P Pᵀ M̄`, M̄ projected onto `P`'s r columns, over `M` and, when the bucket's all_reduces are done,
+# * computes `Q = Gᵀ P`, all_reduces the Q's and divides their sum by the world size: as every rank used the
+#   same `P`, that is `Ḡᵀ P`, Ḡ the ranks' average `G`;
+# * writes `P Qᵀ` = `P Pᵀ Ḡ`, Ḡ projected onto `P`'s r columns, over `G` and, when the bucket's all_reduces are done,
 #   keeps for the next step the saved bucket minus the average it hands back. The ranks' average of what they keep, e,
-#   is M̄ − `P Qᵀ` on a matrix (what compression left out), 0 elsewhere.
+#   is Ḡ − `P Qᵀ` on a matrix (what compression left out), 0 elsewhere.
 #
-# On the first compressing step M̄ = g, so e = g − ĝ. On the next, M̄ = g + e and, on a compressed matrix,
+# On the first compressing step Ḡ = g, so e = g − ĝ. On the next, Ḡ = g + e and, on a compressed matrix,
 # ĝ − g = `P Pᵀ e` − (g − `P Pᵀ g`): the part of e sent a step late, and the part of g outside `P`'s columns, at
 # right angles to the first, of norm at most ‖g‖. So ‖`P Pᵀ e`‖ ≥ √(‖ĝ − g‖² − ‖g‖²).
 #
 # Of a compressed matrix only `P` and `Q` travel: (h + w) · r values instead of h · w. A compressing bucket makes
 # up to three all_reduces: one for the tensors it leaves uncompressed, if it holds any (a matrix is compressed
-# only when h · w exceeds `min_compression_rate`, 2 as in torch, times (h + w) · r; a vector never is); one for
+# only when h · w exceeds `min_compression_rate` (2) times (h + w) · r; a vector never is); one for
 # all its P factors and one for all its Q factors, if it compresses any matrix.
 
 # %%
@@ -239,7 +239,8 @@ lesson.claim(
     f"Step {first} has no error feedback yet, its e = g − ĝ has norm "
     f"{err1:.3f} × {norm1:.2f} = {fed_back:.2f}. On step {second}, ‖ĝ − g‖ = {err2:.3f} × {norm2:.2f} = {through:.2f} and ‖P Pᵀ e‖ ≥ √({through:.2f}² − "
     f"{norm2:.2f}²) = {low:.2f}: P Pᵀ e, step {first}'s e projected onto step {second}'s P, makes at least {share:.0%} "
-    f"of ‖ĝ − g‖².",
+    f"of ‖ĝ − g‖²: most of step {second}'s error is step {first}'s e arriving a step late, the rest is kept in the "
+    "next e.",
 )
 plain2 = shown.loc[second, PLAIN]
 lesson.claim(
@@ -250,7 +251,6 @@ lesson.claim(
     and (shown.loc[:first, NORM] == shown.loc[:first, PLAIN]).all()
     and norm2 != plain2,
     f"PowerSGD's relative error rose from {err1:.3f} to {err2:.3f}"
-    + (" (above 1: ĝ is further from g than a zero gradient is)" if err2 > 1 else "")
     + f" though ‖ĝ − g‖ fell ({fed_back:.2f} to {through:.2f}), "
     f"as ‖g‖ fell from {norm1:.2f} to {norm2:.2f}. Uncompressed, the plain averaging copy's fell too, to {plain2:.2f} "
     f"(the copies part from step {second}, after step {first}'s compressed update).",
@@ -315,7 +315,7 @@ lesson.say(
 #   is paid 2(n − 1) times, while the bytes each rank sends, 2(n − 1)/n · S, stay under 2S whatever n.
 #
 # The cell prices both hooks' last steps on each preset link of `minddp.comm.link.PRESETS` but `loopback`, a
-# modelled α and B (the table's first two columns). The figure draws both link times against B at `1gbit`'s α:
+# modelled α and B. The figure draws both link times against B at `1gbit`'s α:
 # each line falls towards its hook's fixed costs (c₁ or c₂ times 2(n − 1) α), and the two cross at 1gbit's B*. A
 # preset's two markers differ from their lines by c₁ or c₂ times 2(n − 1) (α − 1gbit's α).
 
@@ -339,7 +339,7 @@ faster = wins["PowerSGD, link ms"] < wins["plain averaging, link ms"]
 lesson.claim(
     all(faster[nm] == (spec.bandwidth < crossover(spec.latency)) for nm, spec in lesson_04.presets().items()),
     f"With c₁ = {c1}, S₁ = {S1} bytes and c₂ = {c2}, S₂ = {S2} bytes, "
-    f"on every preset the smaller link ms is the one B* names (PowerSGD's below it, plain averaging's above). "
+    f"on every preset the smaller link ms is the one B* names. "
     f"{lesson_04.where_shorter(wins)}.",
 )
 tie = LinkSpec("B*", crossover(LINK.latency), LINK.latency)

@@ -40,8 +40,8 @@
 # that order: piece 0 holds the forward's last layers; a *piece's backward* is the run of its gradient node. A bucket
 # whose last gradient a piece produces can then be handed over before the next piece's backward begins.
 #
-# The figure shows the backward pass of the third training step (after one that compiles and one that rebuilds the
-# buckets) of `ddp` in each of three runs, one row each: eager (not compiled), compiled without the cut
+# The figure shows the backward pass of the third training step (after one that rebuilds the buckets, and in the
+# compiled runs one before it that compiles) of `ddp` in each of three runs, one row each: eager (not compiled), compiled without the cut
 # (`torch._dynamo.config.optimize_ddp = False`) and compiled with it. The model: an MLP of 1 MiB layers without biases
 # (eight; two after the exercise). The backend is `aot_eager`, which runs the graph with the *aten* operators an
 # uncompiled model calls.
@@ -114,12 +114,9 @@ lesson.say(
 # %% [markdown]
 # ## The backward pass of each run
 #
-# Each row is one run's backward pass on rank 0 (the pale bar), from its first node's start to its last node's end,
-# scaled to that span, with the model's gradient nodes in blue and a tick where the reducer's hook calls `all_reduce`
-# on a bucket.
-#
-# What to look for: with the cut, as in eager, a gradient node ends after each tick but the last;
-# without it, none does.
+# Each row is one run's backward pass on rank 0, from its first node's start to its last node's end, scaled to that
+# span: the model's gradient nodes blue, the rest (the loss's nodes among it) pale, a tick where the reducer's hook
+# calls `all_reduce` on a bucket.
 #
 # Read the order only, not widths; count pieces and buckets in the row labels.
 
@@ -189,7 +186,7 @@ for i, bucket in enumerate(buckets):
     lesson.say(f"bucket {i} ({sum(size[name] for name in bucket) / 2**20:g} MiB): {', '.join(names)}")
 lesson.claim(
     sum(size[name] for name in pieces[0]) / 2**20 == CAP == sum(size[name] for name in buckets[0]) / 2**20,
-    f"Piece 0 holds {CAP:g} MiB of parameters, the bucket cap, as bucket 0 does.",
+    f"Piece 0 holds {CAP:g} MiB, the bucket cap, as bucket 0 does.",
 )
 runs = {label: looks[label]["pieces_run"] for label in (NO_CUT, CUT)}
 lesson.claim(
@@ -249,9 +246,10 @@ print(check_handover(solutions.handed_over_after))
 #
 # The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. A graph break is a place inside a
 # graph Dynamo has begun where it stops the graph, runs Python, and starts a new one. minddp's `ddp` marks its whole
-# `forward` for Dynamo to skip (`torch.compiler.disable(forward, recursive=False)`): Dynamo runs it as Python, so
-# begins no graph and counts no break there, and compiles the module it calls apart. Dynamo's cut
-# into pieces is no graph break (the next section shows pieces with none).
+# `forward` for Dynamo to skip (`torch.compiler.disable(forward, recursive=False)`), the first frame Dynamo enters, so
+# Dynamo begins no graph there (torch's DDP skips a call inside its `forward`, whose graph Dynamo has begun) and
+# compiles the module it calls apart. Dynamo's cut into pieces is no graph break (the next section shows pieces with
+# none).
 
 
 # %%
@@ -279,7 +277,7 @@ reasons = {
 }
 counts = {label: sum(by_reason.values()) for label, by_reason in reasons.items()}
 lesson.say(
-    "Graph breaks in one training step of MLP(depth=2): "
+    "Graph breaks in one training step: "
     + "; ".join(f"{label} {'at ' * bool(why)}{lesson_09.untraced_calls(why)}" for label, why in reasons.items())
 )
 lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")

@@ -1331,6 +1331,14 @@ def hook_divides_the_original_buffer(process_group, bucket):
     return fut.then(lambda f: f.value()[0].to(torch.float32))
 
 
+def hook_sends_the_buffer(process_group, bucket):
+    """Makes and divides the float16 copy, then all_reduces the float32 buffer: the undivided float32 sum."""
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.float16).div_(dist.get_world_size(process_group))  # noqa: F841 (never sent)
+    fut = dist.all_reduce(buffer, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].to(torch.float32))
+
+
 def hook_divided_twice(process_group, bucket):
     """Divides by the world size before the sum and again after it: half the average on 2 ranks."""
     compressed = bucket.buffer().to(torch.float16).div_(dist.get_world_size())

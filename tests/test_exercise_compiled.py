@@ -652,3 +652,21 @@ def test_bucket_0_closed_at_piece_0s_end_is_named():
     assert bucket_0_ends_with_piece_0([[1, 8, 1], [8]], 8) == [0, 0, 1]
     verdict = check_handover(bucket_0_ends_with_piece_0)
     assert not verdict.ok and "the bucket still open when piece 0 ended was closed there" in verdict.line, verdict.line
+
+
+def test_pieces_numbered_by_index_is_named():
+    # read 20 (09-t) 4: `pieces.index(piece)` for `enumerate` gives equal pieces the first one's index; that answer
+    # got only the generic first-differing-case verdict
+    def numbered_by_index(pieces, cap):
+        out, total, last = [], 0, 0
+        for piece in pieces:
+            i = pieces.index(piece)  # the mistake: the first equal piece's index
+            for size in piece:
+                total, last = total + size, i
+                if total >= cap:
+                    out, total = out + [i], 0
+        return out + [last] * (total > 0)
+
+    assert numbered_by_index([[4, 4], [4, 4], [4, 4]], 8) == [0, 0, 0]
+    verdict = check_handover(numbered_by_index)
+    assert not verdict.ok and "numbered by `pieces.index(piece)`" in verdict.line, verdict.line

@@ -702,6 +702,8 @@ HOOK_MISTAKES = [
         wrong.hook_divides_the_original_buffer,
         "it divided the bucket's float32 buffer, but the all_reduce sent the float16 copy made before that division",
     ),
+    # learner read 04 (round 20) 5: all_reducing the float32 buffer, not the divided copy, was told to divide
+    (wrong.hook_sends_the_buffer, "the all_reduce sent the bucket's float32 buffer, 4 bytes a value"),
     (wrong.hook_divided_twice, "your hook divided by the world size twice: its average is 1/2 of the true one"),
     (wrong.hook_bfloat16, "your hook sent bfloat16, not float16"),
     # right on the check's 2 ranks: named by the second check, on 3

@@ -1280,6 +1280,11 @@ def _hook_finding(f: dict, report: dict) -> str:
             "the all_reduce sent the float16 copy made before that division; divide the copy you send, "
             "buffer.to(torch.float16).div_(world_size)"
         )
+    if kind == "summed" and "float32" in f.get("sent_dtypes", []):  # learner read 04 (round 20) 5
+        return (
+            "your hook returns the sum over ranks, not the average: the all_reduce sent the bucket's float32 "
+            "buffer, 4 bytes a value, not the divided float16 copy; all_reduce the copy"
+        )
     if kind == "summed":
         return (
             "your hook returns the sum over ranks, not the average: divide by the world size (forgot the division; "

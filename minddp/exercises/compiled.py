@@ -345,6 +345,12 @@ def _never_past_next_gradient(pieces, cap):
     return after + [i] * (filled > 0)
 
 
+def _numbered_by_index(pieces, cap):
+    """The model answer with each piece numbered by ``pieces.index(piece)``: pieces equal to an earlier one get its
+    index."""
+    return [pieces.index(pieces[i]) for i in solutions.handed_over_after(pieces, cap)]
+
+
 def _open_bucket_closed_at_piece_0_end(pieces, cap):
     """The model answer's rule with the bucket still open when piece 0 ends closed there (:data:`FIRST_AT_PIECE_0`)."""
     after, filled, left, last = [], 0, False, 0
@@ -448,6 +454,11 @@ MISTAKES = {
         "a bucket was closed before the gradient that would take it past the cap, and given that gradient's "
         "piece: ddp adds that gradient and closes the bucket after it, so a bucket can end past the cap, handed "
         "over after the piece of its last gradient",
+    ),
+    "numbered by pieces.index": (
+        _numbered_by_index,
+        "the pieces were numbered by `pieces.index(piece)`, which finds the first piece equal to it: pieces can be "
+        "alike ([4, 4] twice), so number them by position (`enumerate`)",
     ),
 }
 

@@ -1558,7 +1558,12 @@ def hook_finding(mine: dict, reference: dict, world: int, bound: float) -> dict 
     error = mine["relative_error"]
     # a sum is off from the average by world − 1 times the average: far beyond any rounding (world > 1)
     if mine["summed_error"] < 0.01 and world > 1:
-        return {"kind": "summed", "error": error, "buffer_divided": mine.get("buffer_divided", False)}
+        return {
+            "kind": "summed",
+            "error": error,
+            "buffer_divided": mine.get("buffer_divided", False),
+            "sent_dtypes": mine.get("sent_dtypes", []),
+        }
     # divided twice: off from the average by 1 − 1/world of it, as far beyond rounding (world > 1)
     if mine.get("twice_error", 1.0) < 0.01 and world > 1:
         return {"kind": "divided_twice", "error": error}

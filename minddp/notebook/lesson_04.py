@@ -45,12 +45,16 @@ def preset_table(reduced: dict, n: int, crossover):
 
 def where_shorter(table) -> str:
     """Which hook's messages take less link time on which presets, from :func:`preset_table`'s rows, each preset
-    named with what it models (its ``about``), after a dash."""
+    named with what it models (its ``about``), after a dash; a preset where the two differ by under 5% of the
+    longer is marked about equal."""
     links = presets()
-    faster = table["PowerSGD, link ms"] < table["plain averaging, link ms"]
+    psgd, plain = table["PowerSGD, link ms"], table["plain averaging, link ms"]
+    faster = psgd < plain
+    gap = (psgd - plain).abs() / psgd.combine(plain, max)
 
     def named(names) -> str:
-        return "; ".join(f"{nm} — {links[nm].about}" for nm in names) or "none"
+        marks = {nm: " (about equal: within 5%)" if gap[nm] < 0.05 else "" for nm in names}
+        return "; ".join(f"{nm} — {links[nm].about}{marks[nm]}" for nm in names) or "none"
 
     return (
         f"PowerSGD's messages take less link time on {named(table.index[faster])}. Plain averaging's on "

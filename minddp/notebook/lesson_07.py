@@ -15,7 +15,6 @@ and, for the cells' claims, readers of the members' entries (one per member and 
 from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
-from minddp.ft.launch import EXIT_WAIT_S
 from minddp.ft.report import asked_s, first_request_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
@@ -79,10 +78,7 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         asked, came_ms, to_commit = _parts(run, o)
         waited = ""
         if o is kill and ms(o.exit_s) > asked:
-            waited = (
-                f", the wait for slot {o.fault.slot}'s exit's record (found ended at "
-                f"{ms(o.seen_s)} ms, recorded at {ms(o.exit_s)} ms, after EXIT_WAIT_S = {EXIT_WAIT_S * 1000:g} ms)"
-            )
+            waited = f" (it waited for slot {o.fault.slot}'s exit's record)"
         came = f"{came_ms} ms more until it came" if came_ms else "it came at once"
         print(
             f"{o.fault}: recovery {asked + came_ms + to_commit} ms: {asked} ms until the next quorum's members "
@@ -94,7 +90,7 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
     longer = f"{abs(total)} ms {'longer' if total > 0 else 'shorter'} than" if total else "as long as"
     # the kill line names its wait (the middle part) only when the exit's record held the quorum back
     named = ms(kill.exit_s) > parts[0][0]
-    why = f"{diff[1]:+d} ms in the wait for slot {kill.fault.slot}'s exit's record; the other" if named else "the"
+    why = f"{diff[1]:+d} ms until the quorum came; the other" if named else "the"
     rest = " and ".join(f"{d:+d}" for d in (diff[::2] if named else diff))
     print(f"the kill's recovery took {longer} the raise's: {why} parts' {rest} ms have no cause measured here")
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]

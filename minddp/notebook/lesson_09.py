@@ -49,7 +49,7 @@ from minddp.runtime.compat import dynamo_reset, graph_breaks, uncompiled
 
 def third_step(ddp, model, data, loss_fn) -> dict:
     """Three SGD steps (lr 0.01) of ``ddp``, which wraps ``model`` (compiled or not), on ``data``'s next batches: the
-    first compiles, the second rebuilds the buckets, the third is profiled. Returns the third's
+    first compiles (a compiled model), the second rebuilds the buckets, the third is profiled. Returns the third's
     :func:`~minddp.notebook.nodes.node_view`, its bars the model's gradient nodes
     (:func:`~minddp.notebook.nodes.node_names` of one more forward), with ``buckets``
     (:func:`~minddp.notebook.nodes.bucket_names`), ``params`` (:func:`flat`, after the steps) and ``moved`` (each

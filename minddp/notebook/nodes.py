@@ -141,7 +141,7 @@ def refusal(error: BaseException) -> str:
 #: the library's legend words (minddp.analysis.timeline) -> notebook 09's
 WORDS = {"backward": "the model's gradient nodes", "handed to the wire": "a bucket handed over"}
 #: the pale bar's legend: the whole pass, seen where no bar is drawn
-PALE = "the backward pass"
+PALE = "the rest of the backward pass"
 
 
 def in_percent(row: dict) -> dict:
