@@ -115,9 +115,9 @@ def least_caps(model: list) -> tuple[float, list[str]]:
     return least, [f"{c.cap_mb:g}" for c in model if round(1e3 * c.after_backward, 1) == least]
 
 
-def say_sweep(swept: dict, model: list, per_gradient, this_run_s: float) -> None:
+def say_sweep(swept: dict, model: list, per_gradient, this_run_s: float, h: dict) -> None:
     """The cap sweep in a sentence: the model's link after backward, buckets against one message per gradient (the
-    measured steps' are in :func:`sweep_table`)."""
+    measured steps' are in :func:`sweep_table`); ``h``: hook-async's look, whose step ran its own backward."""
     own = {c: backward_less_check(v) for c, v in swept.items()}
     median_of = [cap_name(c) for c, b in own.items() if abs(b / 1e3 - this_run_s) < 1e-9]
     least, at_least = least_caps(model)
@@ -128,7 +128,8 @@ def say_sweep(swept: dict, model: list, per_gradient, this_run_s: float) -> None
         + (f": the {median_of[0]} step's own" if median_of else "")
         + f"); one message per gradient leaves {per_gradient_ms:.1f} ms of link after backward, buckets "
         + (f"less at {' and '.join(fewer)} MiB" if fewer else "more at every cap")
-        + f" (least {least:.1f} ms, at {' and '.join(at_least)} MiB)."
+        + f" (least {least:.1f} ms, at {' and '.join(at_least)} MiB); each step ran its own backward (hook-async's "
+        + f"{backward_less_check(h):.0f} ms, the caps': the table's last column), so its link after backward differs."
     )
 
 
@@ -259,22 +260,13 @@ def say_met(name: str, runs: dict, blog_buckets: int) -> None:
     say(f"{name}: bucket-async sent {sent} buckets (the blog's 25 MiB on SmolLM2: {blog_buckets}{why}).")
 
 
-def say_sized_measures(t4: dict, far: dict, sized_ms: dict) -> None:
-    """Each sized link's rungs: link time and exposed, and each rung's backward against the one the
-    link was sized from (``sized_ms``, by setting); a
+def say_sized_measures(t4: dict, far: dict) -> None:
+    """Each sized link's rungs: link time and exposed; a
     whole-ms match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
         say(
             f"On the link with the ratios of {name}, each rung's link time and exposed: "
             + "; ".join(f"{s} {r['link_ms']:.0f} and {r['exposed_ms']:.0f} ms" for s, r in runs.items())
-            + "."
-        )
-        sized = sized_ms[name]
-        bare = {s: r for s, r in runs.items() if not r["waits_in_backward"]}  # a backward of compute, no wait in it
-        say(
-            f"Against the {sized:.0f} ms backward that link was sized from, the backwards without a wait for "
-            "a message ran, in times: "
-            + ", ".join(f"{s} {r['backward_ms'] / sized:.1f}" for s, r in bare.items())
             + "."
         )
     if round(t4["bucket-async"]["backward_ms"]) == round(far["bucket-async"]["backward_ms"]):
@@ -289,34 +281,26 @@ def _after(ms: float) -> str:
     return f"{ms:.1f} ms" if round(ms, 1) > 0 else "none"
 
 
-def say_bucket_lesson(swept: dict, h: dict, here, t4: dict, far: dict) -> None:
-    """The bucket lesson's steps: each step's link after backward with the ratios of 4 × T4, then, link by link,
-    which of hook-async and bucket-async had the shorter backward less the check plus exposed, ranked only where
-    the gap is wider than the sweep's backwards spread (caps but None). On this notebook's link: ``h``
-    (hook-async's look) against ``swept`` (cap -> bucket-async's look), ``here`` the workload's cap; ``t4``,
-    ``far``: the sized links' runs (``on_the_link``'s values, with ``backward_ms``)."""
-    backs = {c: backward_less_check(v) for c, v in swept.items()}
-    h_back = backward_less_check(h)
-    ht, bt, hf, bf = t4["hook-async"], t4["bucket-async"], far["hook-async"], far["bucket-async"]
+def say_bucket_lesson(looks: dict, t4: dict) -> None:
+    """The bucket lesson's last lines: each step's link after backward with the ratios of 4 × T4 (``t4``: that
+    link's runs, ``on_the_link``'s values), then what hiding cost on these cores: each stage that sends during its
+    backward (no wait in it) against the range of those that send nothing in it, on this notebook's link
+    (``looks``, stage -> look)."""
+    ht, bt = t4["hook-async"], t4["bucket-async"]
     say(
         "Link after backward, one step each, with the ratios of 4 × T4: hook-async "
         f"{_after(ht['end_ms'])}, bucket-async at that link's cap {_after(bt['end_ms'])}."
     )
-    steps = {  # backward less the check plus exposed, one step each: hook-async's, bucket-async's
-        "on this notebook's link": (h_back + h["exposed_ms"], backs[here] + swept[here]["exposed_ms"]),
-        "with the ratios of 4 × T4": (ht["backward_ms"] + ht["exposed_ms"], bt["backward_ms"] + bt["exposed_ms"]),
-        "with those of 1024 ranks": (hf["backward_ms"] + hf["exposed_ms"], bf["backward_ms"] + bf["exposed_ms"]),
-    }
-    planned = [b for c, b in backs.items() if c is not None]  # None sends little during backward: left out
-    spread = round(max(planned) - min(planned))  # one stage across the caps: how far a step's backward strays
-    ranked = {n: "buckets" if b < a else "hook-async" for n, (a, b) in steps.items() if abs(round(a - b)) > spread}
-    within = [n for n in steps if n not in ranked]
+    quiet = [backward_less_check(looks[s]) for s in ("single", "simple", "ga")]
+    lo, hi = round(min(quiet)), round(max(quiet))
+    sending = {s: round(backward_less_check(looks[s])) for s in ("hook-async", "bucket-async", "ddp", "torch")}
+    longer = [s for s, b in sending.items() if b > hi]
+    rest = [s for s in sending if s not in longer]
+    said = ", ".join(f"{s} {sending[s]} ms" for s in longer)
     say(
-        "Backward less the check plus exposed, hook-async against bucket-async: "
-        + "; ".join(f"{n} {a:.0f} against {b:.0f} ms" for n, (a, b) in steps.items())
-        + f". bucket-async's backwards across the caps but None, on this notebook's link, spread {spread:.0f} ms; "
-        + "a wider gap: "
-        + ("; ".join(f"{w} shorter {n}" for n, w in ranked.items()) if ranked else "none")
-        + (f"; not ranked (within it): {'; '.join(within)}" if within else "")
+        "What hiding costs here: the same cores run the backward's compute and gloo's and the link's threads; "
+        + (f"sending during backward, {said}," if longer else "no stage sending during backward")
+        + f" ran a longer backward less the check than single, simple and ga, which send nothing in it ({lo}–{hi} ms)"
+        + (f"; {', '.join(rest)} did not" if longer and rest else "")
         + "."
     )
