@@ -108,8 +108,8 @@ lesson.claim(
 t
 
 # %% [markdown]
-# `%dist_status` names the ranks' backend and counts *restarts*: the times the runner, unable to
-# release a rank, ended the ranks and started fresh ones (their variables lost). The failed cell caused none.
+# `%dist_status` names the ranks' backend and counts *restarts*: the times the runner ended the
+# ranks and started fresh ones (their variables lost). The failed cell caused none.
 
 # %%
 # %dist_status

@@ -173,8 +173,8 @@ def torch_does(script, say: bool = True, level: str = "OFF") -> list[str]:
     except RuntimeError as error:  # torch's and gloo's errors: the lines the docstring names
         excerpt = _excerpt(str(error))
         took, step = time.perf_counter() - start, _in_step[0]
-        where = "" if step is None else f"in step {step}, "
-        mine = f"[{where}after {took:.2f} s] {type(error).__name__}: {excerpt}"  # in brackets: not torch's words
+        where = "" if step is None else f"in train()'s step {step}, "
+        mine = f"[{where}{took:.2f} s from start] {type(error).__name__}: {excerpt}"  # in brackets: not torch's words
         for g in groups:
             dist.destroy_process_group(g)  # where this rank's process would end
         groups = []
