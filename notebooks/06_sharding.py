@@ -149,7 +149,7 @@ for name, t in trainees.items():
 
 # %% [markdown]
 # The *memory table* sets each stage's measured model state (parameters + gradients + optimizer state)
-# beside its formula, for `Ψ` float32 parameter values (elements) with
+# beside its formula, for `Ψ` float32 parameter values with
 # Adam on n ranks: each value costs 4 bytes of parameter, 4 of gradient and
 # 8 of Adam's two moments, and each rung divides one more of the three among the ranks: DDP `16Ψ`;
 # ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and gradients) `4Ψ + 12Ψ/n`; FSDP (and parameters)
@@ -170,7 +170,7 @@ for name, got in memory.items():
     }
 table = pd.DataFrame(rows).T
 tensors = sum(p.requires_grad for p in trainees["ddp"].model.module.parameters())
-lesson.say(f"Ψ = {memory['ddp']['psi']:,} trainable parameter values (elements) in {tensors} parameter tensors.")
+lesson.say(f"Ψ = {memory['ddp']['psi']:,} trainable parameter values in {tensors} tensors.")
 # before the last backward's sync every gradient is accumulated whole (fsdp's in its units): 4 bytes a value
 lesson.claim(
     all(between[s] == 4 * memory[s]["psi"] for s in STAGES)
@@ -198,7 +198,7 @@ replicated = {id(p): p for _, _, p in trainees["fsdp"].model.replicated}
 lesson.say(
     f"fsdp's {len(replicated)} replicated tensors: "
     + ", ".join(f"{names[i]} ({p.numel():,} values)" for i, p in replicated.items())
-    + f"; Ψᵣ = {memory['fsdp']['replicated']:,}."
+    + f"; Ψᵣ = {memory['fsdp']['replicated']:,}, whose gradients and moments every rank keeps whole."
 )
 
 # %% [markdown]
@@ -439,7 +439,7 @@ accum = lesson.SETTINGS.grad_accum
 z = looks["zero2"]
 lesson.claim(
     z["bytes"] == looks["ddp"]["bytes"],
-    f"Run as all_reduces here, zero2's gradient collectives are given ddp's bytes, {lesson.mib(z['bytes'])}.",
+    f"zero2's gradient collectives are given ddp's bytes, {lesson.mib(z['bytes'])}.",
 )
 units = len(trainees["fsdp"].model.units)
 outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
@@ -488,7 +488,7 @@ passes = f_sent["all_gather"] / one_pass  # what a rank sent gathering units, in
 lesson.claim(
     total["fsdp"] <= fsdp_most and passes < 2 * accum,
     f"fsdp sent {f_sent['all_gather'] / 2**20:.2f} MiB gathering its units: {passes:.2f} passes of the model, "
-    f"{passes / accum:.2f} a micro-batch, under the bound's 2. In all it sent {total['fsdp'] / 2**20:.2f} MiB a "
+    f"under the bound's {2 * accum}. In all it sent {total['fsdp'] / 2**20:.2f} MiB a "
     f"step, {total['fsdp'] / whole:.1f} times ddp's, within the bound's {lesson.mib(fsdp_most)}.",
 )
 on_wire.round(2)
@@ -687,8 +687,8 @@ lesson.claim(
     and early_fsdp < early
     and total["fsdp"] > total["zero2"]
     and handed["fsdp"] > handed["zero2"],
-    f"fsdp holds {spared['fsdp'] - spared['zero2']:.1f} MiB less model state than zero2 at the update "
-    f"({lesson.mib(early_fsdp)} against {lesson.mib(early)} by a later micro-batch's forward), for "
+    "fsdp holds less model state than zero2 at the update and by a later micro-batch's forward "
+    f"({early_fsdp / 2**20:.2f} MiB against {early / 2**20:.2f} MiB), for "
     f"{total['fsdp'] / total['zero2']:.1f} times its bytes sent and {handed['fsdp']} collectives handed over "
     f"against {handed['zero2']}: it gathers its units in each of the {accum} micro-batches, zero2 its buckets "
     "once a step.",
