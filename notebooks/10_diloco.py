@@ -152,7 +152,7 @@ lesson.claim(
 # %% [markdown]
 # That is one *seed* (a start and chains that every run shares) on 2 replicas. The bench trains 2000 steps on 4
 # replicas, 5 seeds; the figure and numbers below are read from its committed results
-# (`docs/diloco/convergence.json`), not run here. Its
+# (`docs/diloco/convergence.json`). Its
 # runs: `ddp`; `single` (a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100);
 # `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (those outer learning rates; not drawn);
 # `streaming-h100` (H = 100, 2 fragments, split as the profiled run below prints, τ = 5, α = 0.5; its syncs are
