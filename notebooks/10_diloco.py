@@ -152,7 +152,7 @@ lesson.claim(
 # %% [markdown]
 # That is one *seed* (a start and chains that every run shares) on 2 replicas. The bench trains 2000 steps on 4
 # replicas, 5 seeds; the figure and numbers below are read from its committed results
-# (`docs/diloco/convergence.json`), not run here. Its
+# (`docs/diloco/convergence.json`). Its
 # runs: `ddp`; `single` (a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100);
 # `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (those outer learning rates; not drawn);
 # `streaming-h100` (H = 100, 2 fragments, split as the profiled run below prints, τ = 5, α = 0.5; its syncs are
@@ -232,9 +232,8 @@ lesson.claim(
     )
     and all(n.endswith(f"-lr{outer[n]['lr']:g}") for n in sweep)
     and "added after the run, read from the code that ran it" in results["outer_source"],
-    f"the file records each DiLoCo run's outer SGD, written in after the runs from the code that ran them (commit "
-    f"{commit}): Nesterov momentum {mu:g}, lr {lr0:g} except in the "
-    f"{len(sweep)} lr runs, which have the lr their names give",
+    f"the file's records agree (written in after the runs, from the code at commit {commit}; this checks the file, "
+    f"not the runs): outer SGD with Nesterov momentum {mu:g}, lr {lr0:g} except in the {len(sweep)} lr runs, named by their lr",
 )
 lesson.claim(
     all(
@@ -255,8 +254,7 @@ lesson.claim(
     and all(dd["loss"][at300] < lo["loss"][at300] for dd, lo in zip(curves["ddp"], curves["local-sgd-h10"]))
     and min(behind) > 0
     and 2 * ahead10 < len(curves["diloco-h10"]),  # the takeaway's "behind local SGD in most seeds"
-    "at step 300 the bench has the run above's order in every seed (DDP lowest, then local SGD, then DiLoCo at "
-    "H = 10; the order only, not the losses). DiLoCo's mean is below local SGD's "
+    "at step 300 every seed has DDP lowest, then local SGD, then DiLoCo at H = 10. DiLoCo's mean is below local SGD's "
     f"at steps {', '.join(map(str, steps[1:cross]))}, above from step {steps[cross]} on; by step 2000 DiLoCo is below local "
     f"SGD in {ahead10} of {len(curves['diloco-h10'])} seeds",
 )
@@ -579,7 +577,7 @@ print(
     "one after another, "
     f"each 2 hops × {spec.latency * 1e3:g} ms + {size / 1e6:.0f} MB at "
     f"{spec.bandwidth * 8 / 1e9:g} Gbit/s = {each * 1e3:.1f} ms; the first handed over {start * 1e3:.1f} ms into "
-    f"the step (the forward, then 1/32 of the backward), the last delivered at {start * 1e3:.1f} + {len(buckets)} × "
+    f"the step (the forward's {cp.forward * 1e3:.1f} ms, then 1/32 of the backward's {cp.backward * 1e3:.1f} ms), the last delivered at {start * 1e3:.1f} + {len(buckets)} × "
     f"{each * 1e3:.1f} = {(start + len(buckets) * each) * 1e3:.0f} ms, the step's end: it computes "
     f"{table[first]['ddp']['compute_s'] * 1e3:.0f} ms of it ({pct(table[first]['ddp']['utilisation'])})"
 )
