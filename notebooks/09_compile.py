@@ -247,9 +247,8 @@ print(check_handover(solutions.handed_over_after))
 # The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. A graph break is a place inside a
 # graph Dynamo has begun where it stops the graph, runs Python, and starts a new one. minddp's `ddp` marks its whole
 # `forward` for Dynamo to skip (`torch.compiler.disable(forward, recursive=False)`), the first frame Dynamo enters, so
-# Dynamo begins no graph there (torch's DDP skips a call inside its `forward`, whose graph Dynamo has begun) and
-# compiles the module it calls apart. Dynamo's cut into pieces is no graph break (the next section shows pieces with
-# none).
+# Dynamo begins no graph there and compiles the module it calls apart. Dynamo's cut into pieces is no graph break (the
+# next section shows pieces with none).
 
 
 # %%
@@ -277,8 +276,8 @@ reasons = {
 }
 counts = {label: sum(by_reason.values()) for label, by_reason in reasons.items()}
 lesson.say(
-    "Graph breaks in one training step: "
-    + "; ".join(f"{label} {'at ' * bool(why)}{lesson_09.untraced_calls(why)}" for label, why in reasons.items())
+    "Graph-breaking calls in one training step: "
+    + "; ".join(f"{label} {lesson_09.untraced_calls(why)}" for label, why in reasons.items())
 )
 lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
 lesson.claim(counts[ALONE] == 0 < counts[THEIRS], "torch's DDP adds graph breaks.")
@@ -348,8 +347,8 @@ lesson.claim(
 #   node ended after the hand-over of each bucket but the last, the order those buckets' `all_reduce`s need to run
 #   while gradients are still computed; without it, none did.
 #
-# * `torch.compile(wrapper)`: torch's DDP adds graph breaks (at a call it marks for Dynamo to skip and one
-#   Dynamo cannot trace); `ddp`, which has Dynamo skip its whole `forward`, adds none.
+# * `torch.compile(wrapper)`: torch's DDP adds graph breaks; `ddp`, which has Dynamo skip its whole `forward`, adds
+#   none.
 #
 # * At a bucket cap of 0.5 MiB, with the cut on (the default), torch's DDP of the version above does not compile:
 #   Dynamo's cap for its first piece is above the bucket cap. minddp's `ddp`, which sets that cap to the bucket cap it
