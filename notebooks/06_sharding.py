@@ -34,7 +34,7 @@
 #   gather started one unit ahead (a *prefetch*).
 #
 # The notation is notebook 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one
-# message, β the time per byte. A *step* is all its micro-batches' forwards and backwards and the
+# message, β the time per byte; *comm hook* and *global batch* are notebook 02's words. A *step* is all its micro-batches' forwards and backwards and the
 # *update* at their end (the optimizer's `step()`). ddp, zero1 and zero2 send their gradients in
 # *buckets*, one collective per bucket; fsdp per unit and per replicated tensor.
 
@@ -130,8 +130,8 @@ lesson.say(
 # parameters and their `.grad`s just before the update, optimizer state just after, the activations (the most
 # bytes autograd saved for the backward during one micro-batch's forward, leaving out saved tensors that
 # lie in a parameter's storage or, for fsdp, a gathered unit's), and fsdp's *gathered units* at their
-# peak: the full parameters it has gathered and the buffers its all-gathers receive into (zero1's and
-# zero2's all-gather buffers are not measured). `lesson.Trainee(stage, warmup=0)` builds each stage
+# peak: the full parameters it has gathered and the buffers its all-gathers receive into (zero1 and zero2
+# all-gather too, into buffers not measured here). `lesson.Trainee(stage, warmup=0)` builds each stage
 # without a step, so the measured step is its first, the *memory step*.
 
 # %%
@@ -263,7 +263,7 @@ lesson.claim(
 # ### Why the master weights stay fp32
 #
 # A bf16 number has 8 significant bits: its spacing at a value is at least 2⁻⁸ of it, so a change under
-# 2⁻⁹ of a weight is lost. AdamW changes each value by lr times the running average of its gradients over
+# 2⁻⁹ of a weight is lost and a larger one rounded. AdamW changes each value by lr times the running average of its gradients over
 # the square root of that of their squares, both corrected for their bias, which makes them g and g² at
 # the first update: so the first update moves each value whose gradient g is neither zero nor as small as
 # AdamW's ε by about lr (g/|g| = ±1). The cell prints ddp's first update's median change, then adds lr to,
@@ -288,11 +288,10 @@ lost = moved["bf16"] == 0
 kept = {k: v[v != 0] for k, v in moved.items()}  # each change that was not lost
 lesson.claim(
     all(torch.equal(row, in_a_norm) for row in lost) and bool((values[in_a_norm] == 1).all()) and moved["fp32"].all(),
-    f"Adding lr = {lr} to, and subtracting it from, each of this model's {values.numel():,} initial parameter "
-    f"values: in bf16 each of the two leaves unchanged exactly the {int(in_a_norm.sum()):,} weights of its "
-    f"{len(norms)} RMSNorms ({in_a_norm.double().mean():.2%} of the values), each 1.0; each of the other "
-    f"{int((~in_a_norm).sum()):,} values moves by "
-    f"{kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr. In fp32 every value moves, by lr to within "
+    f"Adding or subtracting lr = {lr} in bf16 leaves unchanged exactly the {int(in_a_norm.sum()):,} weights "
+    f"(each 1.0) of the {len(norms)} RMSNorms, {in_a_norm.double().mean():.2%} of the model's {values.numel():,} "
+    f"values, and moves the others by {kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr, up to "
+    f"{max(1 - kept['bf16'].min(), kept['bf16'].max() - 1):.0%} off; in fp32 every value moves by lr to within "
     f"{(kept['fp32'] - 1).abs().max():.3%}.",
 )
 
@@ -400,7 +399,7 @@ show_source(ZeroRedundancyOptimizer.step)
 #    bucket's just before it runs (forward pre-hooks).
 #
 # The cell prints the line that does each part, then part 2's reduce-scatter hook; `Wire.of(state)`
-# makes the hook's state a `Wire`, minddp's wrapper of a process group through which comm hooks send.
+# makes the hook's state a `Wire`, minddp's wrapper of a process group.
 
 # %%
 # %%rank 0
@@ -428,9 +427,8 @@ show_source(reduce_scatter_hook)
 # passed in). Its *gradient collectives* are those that sum gradients (fsdp's all_reduces of its replicated
 # tensors included); it counts the all-gathers of parameters apart. In these *gloo looks* a `Wire` with no
 # transport of its own runs zero2's and fsdp's reduce-scatters as all_reduces of the whole tensor, keeping this
-# rank's piece: gloo's own reduce_scatter hands back no Future for a comm hook to chain to (the ring below runs
-# a reduce-scatter). Each is its trainee's second step: the first was the memory step, so zero2's starts by
-# gathering the parameters that step updated.
+# rank's piece (the ring below runs reduce-scatters). Each is its trainee's second step: the first was the
+# memory step, so zero2's starts by gathering the parameters that step updated.
 
 # %%
 # %%distributed
@@ -504,7 +502,7 @@ on_wire.round(2)
 # prefetched gather) and starts the gather of the unit before it; (5) a unit's gradients arrive together, in
 # the backward of one autograd function (`Unshard`): in the last micro-batch's backward they go to one
 # gradient collective (a reduce-scatter), and each replicated tensor's
-# gradient to an all_reduce; in the others they are accumulated whole under `no_sync()`; (6)
+# gradient to an all_reduce; in the others they are only accumulated, whole; (6)
 # at the end of the backward fsdp waits for them and gives each shard its piece as `.grad`. The lines that
 # do parts 2 to 6:
 
@@ -660,12 +658,12 @@ same = abs(total["zero2"] - total["ddp"]) < 1e-3 * total["ddp"]  # to within the
 kept = memory["ddp"]["optimizer"] - memory["zero1"]["optimizer"]  # zero1's only saving, at the update
 lesson.claim(
     len(set(act.values())) == 1 and spared.idxmax() == "fsdp" and act["ddp"] > spared.max() * 2**20,
-    f"Model state only: every buffer is left out, and the activations, {lesson.mib(act['ddp'])} in every stage, "
+    f"Model state only: every buffer (the all-gathers' too) is left out, and the activations, {lesson.mib(act['ddp'])} in every stage, "
     f"alone outweigh the largest saving below, fsdp's {spared['fsdp']:.1f} MiB.",
 )
 lesson.claim(
     abs(spared["zero1"] * 2**20 - kept) < 1 and abs(total["zero1"] - 1.5 * total["ddp"]) < 1e-3 * total["ddp"],
-    f"At the update zero1 holds {lesson.mib(kept)} less optimizer state than ddp, for "
+    f"zero1 keeps {lesson.mib(kept)} less optimizer state than ddp, for "
     f"{total['zero1'] / total['ddp']:.1f} times ddp's bytes sent.",
 )
 cut = memory["ddp"]["gradients"] - memory["zero2"]["gradients"]  # held whole by a later forward (cell 12)
@@ -676,8 +674,8 @@ lesson.claim(
     and between["zero2"] == memory["ddp"]["gradients"]
     and early == state["zero1"]
     and same,
-    f"zero2 holds {spared['zero2']:.1f} MiB less model state than ddp at the update only (by a later "
-    f"micro-batch's forward it holds whole gradients: zero1's {lesson.mib(early)}), for "
+    f"zero2 holds {spared['zero2']:.1f} MiB less model state than ddp at the update and, its gradients whole "
+    f"again by a later micro-batch's forward, {(state['ddp'] - early) / 2**20:.1f} MiB less then, as zero1; for "
     + ("the same bytes sent" if total["zero2"] == total["ddp"] else "ddp's bytes sent to within 0.1 %")
     + ".",
 )
@@ -688,7 +686,7 @@ lesson.claim(
     and total["fsdp"] > total["zero2"]
     and handed["fsdp"] > handed["zero2"],
     "fsdp holds less model state than zero2 at the update and by a later micro-batch's forward "
-    f"({early_fsdp / 2**20:.2f} MiB against {early / 2**20:.2f} MiB), for "
+    f"({lesson.mib(early_fsdp)} against {lesson.mib(early)}), for "
     f"{total['fsdp'] / total['zero2']:.1f} times its bytes sent and {handed['fsdp']} collectives handed over "
     f"against {handed['zero2']}: it gathers its units in each of the {accum} micro-batches, zero2 its buckets "
     "once a step.",
