@@ -127,7 +127,7 @@ asy, blk = (shares.loc[g, "overlap (%)"] for g in (asynchronous, blocking))
 lesson.say(
     f"Every asynchronous stage's overlap ({asy.min()}–{asy.max()} %) is "
     f"{'above' if asy.min() > blk.max() else 'not above'} every blocking one's ({blk.min()}–{blk.max()} %). "
-    f"The checks hold the most non-compute in {(c := shares.iloc[:, 3]).idxmax()}: {c.max()} of its "
+    f"The checks hold the most non-compute in {(c := shares['in checks (ms)']).idxmax()}: {c.max()} of its "
     f"{shares.loc[c.idxmax(), 'non-compute (ms)']} ms."
 )
 
@@ -216,10 +216,13 @@ lesson.say(
     f"({blk.min():.1f}–{blk.max():.1f} %)."
 )
 h, b = waited["hook-async"], waited["bucket-async"]
+part = {
+    st: f"{waited[st]} ms" + (f", {exposed[st]} of them while its link carried a transfer" if waited[st] else "")
+    for st in ("hook-async", "bucket-async")
+}
 lesson.say(
-    f"bucket-async waited {'longer than' if b > h else 'shorter than' if b < h else 'as long as'} hook-async "
-    f"({b} vs {h} ms); its link carried a transfer through {exposed['bucket-async']} ms of its wait, "
-    f"hook-async's through {exposed['hook-async']} ms."
+    f"bucket-async waited {'longer than' if b > h else 'shorter than' if b < h else 'as long as'} hook-async: "
+    f"{part['bucket-async']}; hook-async {part['hook-async']}."
 )
 per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, how many during a backward, link time (ms)
 

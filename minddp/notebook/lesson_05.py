@@ -27,15 +27,14 @@ def summary(result) -> pd.DataFrame:
 
 
 def shares(zero: pd.DataFrame, run: Path) -> pd.DataFrame:
-    """The loopback table: in flight (ms), overlap (%), non-compute (ms) and the part of it inside the parameter
-    checks (:func:`lesson.non_compute_in_checks`), each to 0.1."""
+    """The loopback table: in flight (ms), overlap (%), non-compute (ms) and the part of that non-compute inside
+    the parameter checks (:func:`lesson.non_compute_in_checks`, ``in checks``), each to 0.1."""
     return pd.DataFrame(
         {
             "in flight (ms)": zero["comm_time_per_step_us"] / 1e3,
             "overlap (%)": zero["comm_comp_overlap_pctg"],
             "non-compute (ms)": zero["non_compute_time_us"] / 1e3,
-            "of it, in the checks (ms)": pd.Series({st: lesson.non_compute_in_checks(run, st) for st in zero.index})
-            / 1e3,
+            "in checks (ms)": pd.Series({st: lesson.non_compute_in_checks(run, st) for st in zero.index}) / 1e3,
         }
     ).round(1)
 
