@@ -27,15 +27,14 @@ def summary(result) -> pd.DataFrame:
 
 
 def shares(zero: pd.DataFrame, run: Path) -> pd.DataFrame:
-    """The loopback table: in flight (ms), overlap (%), non-compute (ms) and the part of it inside the parameter
-    checks (:func:`lesson.non_compute_in_checks`), each to 0.1."""
+    """The loopback table: in flight (ms), overlap (%), non-compute (ms) and the part of that non-compute inside
+    the parameter checks (:func:`lesson.non_compute_in_checks`, ``in checks``), each to 0.1."""
     return pd.DataFrame(
         {
             "in flight (ms)": zero["comm_time_per_step_us"] / 1e3,
             "overlap (%)": zero["comm_comp_overlap_pctg"],
             "non-compute (ms)": zero["non_compute_time_us"] / 1e3,
-            "of it, in the checks (ms)": pd.Series({st: lesson.non_compute_in_checks(run, st) for st in zero.index})
-            / 1e3,
+            "in checks (ms)": pd.Series({st: lesson.non_compute_in_checks(run, st) for st in zero.index}) / 1e3,
         }
     ).round(1)
 
@@ -106,18 +105,14 @@ def link_ms(linked, link, stage: str) -> float:
 
 
 def link_table(linked, link) -> pd.DataFrame:
-    """The link run's table (rank 0, one profiled step each): link time, waited, exposed and the step's last
-    backward band's length (ms, to 0.1)."""
+    """The link run's table (rank 0, one profiled step each): link time, waited and exposed (ms, to 0.1)."""
     stages = rank0(linked.summary)["stage"]
     waits = rank0(linked.per_step).groupby("stage")[["waited_us", "exposed_us"]].mean() / 1e3
-    p = rank0(linked.phases)
-    back = p[p["phase"] == "backward"].sort_values("start_us").groupby("stage").last()
     table = pd.DataFrame(
         {
             "link time (ms)": [link_ms(linked, link, st) for st in stages],
             "waited (ms)": waits["waited_us"].reindex(stages).to_numpy(),
             "exposed (ms)": waits["exposed_us"].reindex(stages).to_numpy(),
-            "last backward (ms)": ((back["end_us"] - back["start_us"]) / 1e3).reindex(stages).to_numpy(),
         },
         index=pd.Index(stages, name="stage"),
     ).round(1)
