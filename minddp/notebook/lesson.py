@@ -488,13 +488,13 @@ def link_end_in_words(stage: str, w: dict, look: dict) -> str:
     lag = wait_after_backward(look["row"])
     if lag is None:
         return said + f"; its thread waited {look['waited_ms']:.0f} ms in all for its messages"
-    left = w["end_ms"] - lag  # the link's time still to run when the thread reached its first wait
+    left = round(w["end_ms"], 1) - round(lag, 1)  # the link's time still to run at the first wait, as the two print
     said += f"; its thread reached its first wait {lag:.1f} ms after backward ended"
     if left <= 0:
         return said + f", after the last transfer ended, and stood through {w['exposed_ms']:.0f} ms (exposed)"
     said += f", {left:.1f} ms before the last transfer ended,"  # counted from that wait, not from backward's end
     if left - w["exposed_ms"] < 0.5:  # to the printed whole ms
-        return said + f" and stood through all of them ({w['exposed_ms']:.0f} ms exposed)"
+        return said + " and stood through it all (exposed)"
     return said + (  # the finish loop waits for one message, writes it back, then waits for the next
         f" and stood through {w['exposed_ms']:.0f} ms of them (exposed), the rest between its waits, while it wrote "
         "back the averages already in"

@@ -261,13 +261,22 @@ def say_met(name: str, runs: dict, blog_buckets: int) -> None:
 
 
 def say_sized_measures(t4: dict, far: dict) -> None:
-    """Each sized link's rungs: link time and exposed; a
-    whole-ms match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
+    """Each sized link's rungs: link time and exposed, then in words which exposed less, buckets or one message per
+    gradient (in flight; waiting too where ``hook`` ran), and whether one message per gradient needed more link time
+    than its own step's backward (less the check); a whole-ms match of bucket-async's backward on the two links is
+    said to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
+        h, b = runs["hook-async"], runs["bucket-async"]
+        said = f"In flight, buckets exposed {lesson.than(b['exposed_ms'], h['exposed_ms'])} one message per gradient"
+        if "hook" in runs:
+            said += f"; waiting, {lesson.than(runs['bucket']['exposed_ms'], runs['hook']['exposed_ms'])} it"
+        if round(h["link_ms"]) > round(h["backward_ms"]):
+            own = h["backward_ms"]
+            said += f"; hook-async's link time is longer than its step's backward less the check, {own:.0f} ms"
         say(
             f"On the link with the ratios of {name}, each rung's link time and exposed: "
             + "; ".join(f"{s} {r['link_ms']:.0f} and {r['exposed_ms']:.0f} ms" for s, r in runs.items())
-            + "."
+            + f". {said}."
         )
     if round(t4["bucket-async"]["backward_ms"]) == round(far["bucket-async"]["backward_ms"]):
         say(
@@ -281,26 +290,11 @@ def _after(ms: float) -> str:
     return f"{ms:.1f} ms" if round(ms, 1) > 0 else "none"
 
 
-def say_bucket_lesson(looks: dict, t4: dict) -> None:
-    """The bucket lesson's last lines: each step's link after backward with the ratios of 4 × T4 (``t4``: that
-    link's runs, ``on_the_link``'s values), then what hiding cost on these cores: each stage that sends during its
-    backward (no wait in it) against the range of those that send nothing in it, on this notebook's link
-    (``looks``, stage -> look)."""
+def say_t4_ends(t4: dict) -> None:
+    """Each step's link after backward with the ratios of 4 × T4 (``t4``: that link's runs, ``on_the_link``'s
+    values), beside the step-time model's verdict printed above it."""
     ht, bt = t4["hook-async"], t4["bucket-async"]
     say(
         "Link after backward, one step each, with the ratios of 4 × T4: hook-async "
         f"{_after(ht['end_ms'])}, bucket-async at that link's cap {_after(bt['end_ms'])}."
-    )
-    quiet = [backward_less_check(looks[s]) for s in ("single", "simple", "ga")]
-    lo, hi = round(min(quiet)), round(max(quiet))
-    sending = {s: round(backward_less_check(looks[s])) for s in ("hook-async", "bucket-async", "ddp", "torch")}
-    longer = [s for s, b in sending.items() if b > hi]
-    rest = [s for s in sending if s not in longer]
-    said = ", ".join(f"{s} {sending[s]} ms" for s in longer)
-    say(
-        "What hiding costs here: the same cores run the backward's compute and gloo's and the link's threads; "
-        + (f"sending during backward, {said}," if longer else "no stage sending during backward")
-        + f" ran a longer backward less the check than single, simple and ga, which send nothing in it ({lo}–{hi} ms)"
-        + (f"; {', '.join(rest)} did not" if longer and rest else "")
-        + "."
     )
