@@ -79,7 +79,7 @@ lesson.say(
 #
 # `LocalSGD(model, optimizer, sync_every=H)` wraps an ordinary loop: a post-hook on the optimizer counts the
 # steps and, after every H-th, averages the weights over the replicas. The sync goes through a comm hook: here
-# `allreduce_hook` (one all_reduce of one flat bucket, as in notebook 04) on `Wire(None, traffic=traffic)`,
+# `allreduce_hook` on `Wire(None, traffic=traffic)`,
 # which all_reduces over the default process group and counts each call and the bytes of the tensor it was
 # handed: the *payload*. A ring all_reduce on 2 ranks takes 2 *hops* (one rank handing a chunk to the other), each
 # paying the link's latency once, and moves the payload once per rank.
@@ -129,9 +129,9 @@ print(doc.split("a few left out::")[1].split("Example")[0].rstrip())
 
 # %% [markdown]
 # One run of local SGD and of DiLoCo (its default outer SGD) on the two ranks, DDP beside them, from the same start
-# on the same chains (300 steps, H = 10), by `train_config`, the bench's run: AdamW, its lr from 3·10⁻³ down to a
-# tenth along a half cosine over the run's steps, and the expected loss scored on the weights the replicas *agree on*: DDP's, local SGD's last average (rank 0's own weights
-# before the first), DiLoCo's synced weights (until its first sync, the untrained start):
+# on the same chains (300 steps, H = 10), by `train_config`, the bench's run, the expected loss scored on the
+# weights the replicas *agree on*: DDP's, local SGD's last average (rank 0's own weights before the first), DiLoCo's
+# synced weights (until its first sync, the untrained start):
 
 # %%
 # %%distributed
@@ -155,7 +155,7 @@ lesson.claim(
 # (`docs/diloco/convergence.json`). Its
 # runs: `ddp`; `single` (a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100);
 # `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (those outer learning rates; not drawn);
-# `streaming-h100` (H = 100, 2 fragments, split as the profiled run below prints, τ = 5, α = 0.5; its syncs are
+# `streaming-h100` (H = 100, 2 fragments, τ = 5, α = 0.5; its syncs are
 # *fragment syncs*, one fragment's each, 2 every H steps). Each is scored as the run above (streaming DiLoCo: each
 # fragment as of its last sync, the untrained start before its first).
 #
@@ -289,7 +289,7 @@ lesson.claim(
 )
 
 
-def period(n):  # the steps between run n's syncs (fragment syncs for streaming)
+def sync_interval(n):  # the steps from one of run n's syncs to the next (fragment syncs for streaming)
     config = results["configs"][n]
     return config["sync_every"] // config.get("fragments", 1)
 
@@ -301,12 +301,12 @@ risen = {n: r for n, r in rose.items() if r}
 
 
 def nth_outer(n, t):  # run n's sync at step t: its fragment and which outer step of that fragment
-    k, fragments = t // period(n), results["configs"][n].get("fragments", 1)  # the run's k-th sync, from 1
+    k, fragments = t // sync_interval(n), results["configs"][n].get("fragments", 1)  # the run's k-th sync, from 1
     return (k - 1) % fragments, (k - 1) // fragments + 1
 
 
 lesson.claim(
-    risen and all(t % period(n) == 0 for n, r in risen.items() for t in r),
+    risen and all(t % sync_interval(n) == 0 for n, r in risen.items() for t in r),
     "of the drawn means of the runs that talk rarely, only these rose from one score to the next: "
     + ", ".join(
         f"{n} at step {t} ("
@@ -419,7 +419,7 @@ order = [e.name for e in events if e.name.startswith(("minddp.fragment_", "mindd
 # The figure (its code collapsed): the profiled steps' row, each hand-over and apply marked.
 from minddp.notebook import lesson_10
 
-view = live.step_view(prof, link)  # the row to draw, and the link's waits
+view = live.step_view(prof, link)  # the row to draw
 if rank == 0:
     fig = lesson_10.streaming_steps(
         dict(view["row"], label="rank 0", stage="streaming DiLoCo"),
@@ -457,7 +457,7 @@ lesson.claim(
 )
 outlasted = []  # the fragments still on the modeled link when the step τ later asked for them
 for m, s, a in zip(link.log[-len(sends) :], sends, applies):
-    asked = link.waits[m["seq"]]  # when step a's post-hook called wait(), on the link's clock (s)
+    asked = link.asked[m["seq"]]  # when step a's post-hook called wait(), on the link's clock (s)
     # ms from the message's start on the link, rounded as printed first, so that the printed numbers add up
     on_link, before, delivered = (round((t - m["start"]) * 1e3, 1) for t in (m["modeled_end"], asked, m["delivered"]))
     waited = metrics.waited([(before, max(before, delivered))])  # ms
@@ -573,12 +573,10 @@ size, start = buckets[0].nbytes, min(m.at for m in buckets)
 each = 2 * spec.latency + size / spec.bandwidth  # 2 hops, each paying the latency; on 2 ranks 1× the bytes in all
 assert abs(start - (cp.forward + cp.backward / 32)) < 1e-12  # the forward, then the last tensor's 1/32 of the backward
 print(
-    f"DDP on '{first}': {len(buckets)} messages a step, one per gradient tensor (each over DDP's 25 MiB bucket cap), "
-    "one after another, "
-    f"each 2 hops × {spec.latency * 1e3:g} ms + {size / 1e6:.0f} MB at "
-    f"{spec.bandwidth * 8 / 1e9:g} Gbit/s = {each * 1e3:.1f} ms; the first handed over {start * 1e3:.1f} ms into "
-    f"the step (the forward's {cp.forward * 1e3:.1f} ms, then 1/32 of the backward's {cp.backward * 1e3:.1f} ms), the last delivered at {start * 1e3:.1f} + {len(buckets)} × "
-    f"{each * 1e3:.1f} = {(start + len(buckets) * each) * 1e3:.0f} ms, the step's end: it computes "
+    f"DDP on '{first}': {len(buckets)} messages a step, one per gradient tensor, one after another, each 2 hops × "
+    f"{spec.latency * 1e3:g} ms + {size / 1e6:.0f} MB at {spec.bandwidth * 8 / 1e9:g} Gbit/s = {each * 1e3:.1f} ms; "
+    f"the first handed over {start * 1e3:.1f} ms into the step, the last delivered at {start * 1e3:.1f} + "
+    f"{len(buckets)} × {each * 1e3:.1f} = {(start + len(buckets) * each) * 1e3:.0f} ms, the step's end: it computes "
     f"{table[first]['ddp']['compute_s'] * 1e3:.0f} ms of it ({pct(table[first]['ddp']['utilisation'])})"
 )
 computing = 100 * table[first]["diloco"]["compute_s"]  # a period's compute: 100 inner steps' (s)
@@ -642,8 +640,8 @@ lesson.claim(
 #   every seed at H = 50 and 100, its loss rising far more with H; at H = 100, at every outer lr
 #   tried, it ended worse than one replica alone in every seed, while local SGD ended below one replica alone at
 #   every H, in every seed. An outer step can raise the synced weights' loss (the
-#   claims' last line). Of the bench's runs that talk rarely, streaming DiLoCo (H = 100, 2 fragments, τ = 5, α = 0.5) ended closest to DDP; which of the last three
-#   helps was not separated.
+#   claims' last line). Of the bench's runs that talk rarely, streaming DiLoCo ended closest to DDP; which of the
+#   three settings it changes helps was not separated.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it; the replica waits
 #   when its message is not delivered within them.

@@ -1885,6 +1885,21 @@ def outer_sync_zero_grad_after_setting(params, synced, outer):
     _outer(params, synced, outer, pseudo, clear=True)
 
 
+def outer_sync_zero_grad_instead_of_setting(params, synced, outer):
+    """Learner read 22 (10-v #1): p.grad = g forgotten, outer.zero_grad() meant to clear the inner gradient: the
+    step finds every .grad None, though no .grad was ever set for zero_grad to clear."""
+    with torch.no_grad():
+        pseudo = _flat_mean([s - p for p, s in zip(params, synced)])
+        for p, s in zip(params, synced):
+            p.copy_(s)
+    del pseudo  # averaged, never handed to .grad
+    outer.zero_grad()
+    outer.step()
+    with torch.no_grad():
+        for p, s in zip(params, synced):
+            s.copy_(p)
+
+
 def outer_sync_without_no_grad(params, synced, outer):
     """The model answer without torch.no_grad(): the in-place copy into a parameter that requires grad raises."""
     pseudo = [s - p for p, s in zip(params, synced)]

@@ -168,7 +168,7 @@ def test_a_live_step_over_a_link_measures_with_the_same_functions():
     s = 1e-3  # the link logs seconds; the marker below puts its clock on the profiler's (µs) with offset 0
     log = [{"seq": 0, "kind": "all_reduce", "bytes": 4, "ranks": 2}]
     log[0].update(handed_over=10 * s, start=10 * s, modeled_end=30 * s, delivered=32 * s)
-    link = SimpleNamespace(log=log, waits={0: 25 * s}, spec=SimpleNamespace(name="fake"), seconds=lambda *a: 20 * s)
+    link = SimpleNamespace(log=log, asked={0: 25 * s}, spec=SimpleNamespace(name="fake"), seconds=lambda *a: 20 * s)
     row = {"sent": [], "waits": [], "messages": []}
     seen = _on_link([event("minddp.link_send#0", 10e3)], link, row, 0.0, [(0.0, 20e3)])
     assert (seen["link_ms"], seen["waited_ms"], seen["exposed_ms"]) == pytest.approx((20.0, 7.0, 5.0))
@@ -194,7 +194,7 @@ def test_a_wait_is_inside_a_backward_by_its_own_range_on_the_backwards_clock():
     log = [{"seq": n, "kind": "all_reduce", "bytes": 4, "ranks": 2} for n in (0, 1)]
     for m, at in zip(log, (5, 10)):
         m.update(handed_over=at * s, start=at * s, modeled_end=(at + 1) * s, delivered=22 * s)
-    link = SimpleNamespace(log=log, waits={0: 19.5 * s, 1: 14 * s}, spec=SimpleNamespace(name="fake"),
+    link = SimpleNamespace(log=log, asked={0: 19.5 * s, 1: 14 * s}, spec=SimpleNamespace(name="fake"),
                            seconds=lambda *a: 1 * s)  # fmt: skip
     events = [event("minddp.link_send#0", 5e3), event("minddp.link_send#1", 10e3)]
     events += [event("minddp.link_wait#0", 20.5e3), event("minddp.link_wait#1", 15e3)]

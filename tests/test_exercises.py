@@ -1334,6 +1334,7 @@ OUTER_SYNC_MISTAKES = [  # each wrong idea, and the words its verdict must hold
     (wrong.outer_sync_restores_after_the_step, "the synced weights were put back after outer.step()"),
     (wrong.outer_sync_aliases_synced, "synced holds the parameters themselves"),
     (wrong.outer_sync_zero_grad_after_setting, "outer.zero_grad() after p.grad = g"),
+    (wrong.outer_sync_zero_grad_instead_of_setting, "your sync never gave .grad the averaged pseudo-gradient"),
     (wrong.outer_sync_without_no_grad, "inside torch.no_grad()"),
     (wrong.outer_sync_unfinished, "your code raised NotImplementedError in outer_sync_unfinished"),
     # learner read 10-3: a rebinding slip, a restore that aliases, an update by hand, an average on a copy, no torch

@@ -46,7 +46,7 @@ def _look_over_a_link(stages: list[str]) -> dict:
         opt = torch.optim.SGD(wrapped.parameters(), lr=0.01)
         train_step(wrapped, opt, micro, loss_fn)
         link.log.clear()
-        link.waits.clear()
+        link.asked.clear()
         prof = live.profiler()
         with prof:
             train_step(wrapped, opt, micro, loss_fn)

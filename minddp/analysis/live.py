@@ -159,7 +159,7 @@ def _on_link(events, link, row: dict, t0: float, backwards: list) -> dict:
     places it on the profiler's clock (the median offset, as
     :meth:`minddp.comm.link.Link.annotate_trace` does). A message is drawn from the
     start of its modeled transfer to its modeled end; a wait runs from the first
-    ``wait()`` on a message (``Link.waits``) to its delivery. Whether a wait began inside a backward is read off
+    ``wait()`` on a message (``Link.asked``) to its delivery. Whether a wait began inside a backward is read off
     its ``minddp.link_wait#<n>`` range instead, on the backward's own clock and thread.
     """
     import statistics
@@ -178,7 +178,7 @@ def _on_link(events, link, row: dict, t0: float, backwards: list) -> dict:
 
     row["messages"] = [(at(m["start"]), at(m["modeled_end"])) for m in log]
     row["sent"] = [at(m["handed_over"]) for m in log]
-    waits = sorted((at(link.waits[m["seq"]]), at(m["delivered"])) for m in log if m["seq"] in link.waits)
+    waits = sorted((at(link.asked[m["seq"]]), at(m["delivered"])) for m in log if m["seq"] in link.asked)
     row["waits"] = [(s, e) for s, e in waits if e > s]
     # inside a backward: by the ``minddp.link_wait#<n>`` range each first wait() records on the training thread,
     # on the profiler's clock like the backward's nodes, so program order decides (a wait inside a grad hook
@@ -186,7 +186,7 @@ def _on_link(events, link, row: dict, t0: float, backwards: list) -> dict:
     begun = {
         int(e.name.rpartition("#")[2]): e.time_range.start for e in events if e.name.startswith("minddp.link_wait#")
     }
-    in_backward = [begun[m["seq"]] for m in log if m["seq"] in link.waits and m["seq"] in begun]
+    in_backward = [begun[m["seq"]] for m in log if m["seq"] in link.asked and m["seq"] in begun]
     return {
         "link_ms": 1e3 * metrics.link_time(link, [(m["kind"], m["bytes"], m["ranks"]) for m in log]),
         "waited_ms": metrics.waited(row["waits"]),

@@ -12,7 +12,7 @@ under the comm layer, so that a laptop shows what a 1 Gbit/s cluster, or four PC
    the link's own thread (one NIC per rank) carries the messages one at a time and completes each
    Future no earlier than its modeled transfer has ended;
 3. **in a trace** (:meth:`Link.annotate_trace`): the transfers as ``minddp.link:<collective>``
-   ranges, and when the training thread first waited for each (:attr:`Link.waits`): a ``wait()`` on
+   ranges, and when the training thread first asked for each (:attr:`Link.asked`): a ``wait()`` on
    the Future :meth:`Link.carry` returned, or on the Future a comm hook returned for a bucket whose
    messages it handed over (:func:`handed_over`, :func:`waited_through`: a hook that chains
    ``.then`` or collects several Futures hands back one the link never sees).
@@ -181,8 +181,8 @@ class _Message:
 
 
 class _Delivery(torch.futures.Future):
-    """A Future whose ``wait()`` is the first wait for each of its messages (``(waits, seq)`` pairs: a link's
-    :attr:`Link.waits` and the message's number), noted there: what :meth:`Link.carry` hands back while a
+    """A Future whose ``wait()`` is the first wait for each of its messages (``(asked, seq)`` pairs: a link's
+    :attr:`Link.asked` and the message's number), noted there: what :meth:`Link.carry` hands back while a
     profiler runs, and :func:`waited_through`'s."""
 
     def __init__(self, messages: list[tuple[dict, int]], device: torch.device | None = None):
@@ -191,9 +191,9 @@ class _Delivery(torch.futures.Future):
 
     def wait(self):
         now = time.perf_counter()
-        for waits, seq in self._messages:
-            if seq not in waits:  # the first time the caller needed it: on both clocks
-                waits[seq] = now
+        for asked, seq in self._messages:
+            if seq not in asked:  # the first time the caller needed it: on both clocks
+                asked[seq] = now
                 with torch.profiler.record_function(f"minddp.link_wait#{seq}"):
                     pass
         return super().wait()
@@ -211,7 +211,7 @@ _handing = threading.local()
 
 @contextmanager
 def handed_over():
-    """The messages :meth:`Link.carry` logs on this thread inside the block, as ``(waits, seq)`` pairs (for
+    """The messages :meth:`Link.carry` logs on this thread inside the block, as ``(asked, seq)`` pairs (for
     :func:`waited_through`); nested blocks' messages are their outer block's too."""
     outer = getattr(_handing, "messages", None)
     _handing.messages = []
@@ -269,7 +269,7 @@ class Link:
         self._free_at = 0.0  # perf_counter() at which the last modeled transfer ends
         self._seq = itertools.count()
         self.log: list[dict] = []  # transfers carried while a profiler ran (annotate_trace)
-        self.waits: dict[int, float] = {}  # seq -> perf_counter() of its first wait() (logged messages)
+        self.asked: dict[int, float] = {}  # seq -> perf_counter() of its first wait(): a wait's start (logged messages)
 
     def seconds(self, kind: str, nbytes: float, world: int) -> float:
         return self.spec.seconds(kind, nbytes, world)
@@ -292,9 +292,9 @@ class Link:
             with torch.profiler.record_function(f"minddp.link_send#{seq}"):
                 pass
         device = None if isinstance(payload, int) else payload.device
-        done = _Delivery([(self.waits, seq)], device) if logged else torch.futures.Future(devices=_devices(device))
+        done = _Delivery([(self.asked, seq)], device) if logged else torch.futures.Future(devices=_devices(device))
         if logged and getattr(_handing, "messages", None) is not None:
-            _handing.messages.append((self.waits, seq))
+            _handing.messages.append((self.asked, seq))
         self._start_thread()
         self._inbox.put(_Message(seq, kind, nbytes, world, handed_over, real, done, logged))
         return done
@@ -381,7 +381,7 @@ class Link:
             if e.get("ph") == "X" and e.get("name", "").startswith("minddp.link_send#"):
                 markers[int(e["name"].rpartition("#")[2])] = e
         logged, self.log = self.log, []
-        waits, self.waits = self.waits, {}
+        asked, self.asked = self.asked, {}
         placed = [m for m in logged if m["seq"] in markers]
         if not placed:
             return 0
@@ -417,7 +417,7 @@ class Link:
                         "link": self.spec.name,
                         "handed_over_ts": m["handed_over"] * 1e6 + offset,
                         "modeled_end_ts": m["modeled_end"] * 1e6 + offset,
-                        **({"waited_ts": waits[m["seq"]] * 1e6 + offset} if m["seq"] in waits else {}),
+                        **({"waited_ts": asked[m["seq"]] * 1e6 + offset} if m["seq"] in asked else {}),
                     },
                 }
             )

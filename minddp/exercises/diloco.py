@@ -25,9 +25,9 @@ the last sync (copies), ``outer`` the outer optimizer over ``params``. On the ch
    ``async_op=True`` and never waited for (what the sync computed then depends on timing: named whatever yours
    matches), then the candidate yours matches
    (:func:`close`), a single mistake before two of them at once (:data:`PAIRS`), named with what to change (an
-   outer step that never moves by its cause, :data:`NO_MOVE`: no ``outer.step()``, its ``.grad`` cleared by
-   ``zero_grad()``, its ``.grad`` set to all_reduce's result (None), a zero pseudo-gradient taken after the
-   restore, the restore after the step), then ``synced``
+   outer step that never moves by its cause, :data:`NO_MOVE`: no ``outer.step()``, its ``.grad`` never set (only
+   ``zero_grad()`` called) or cleared by ``zero_grad()``, its ``.grad`` set to all_reduce's result (None), a zero
+   pseudo-gradient taken after the restore, the restore after the step), then ``synced``
    aliased to the parameters, then ``outer.step()`` called more than once a sync (inside the loop over the
    parameters), then a sync that stepped an optimizer of its own (made in the sync) or moved the
    weights by hand, then replicas that disagree after a sync, then an outer step handed a multiple of the averaged
@@ -284,6 +284,10 @@ FIXED_WORLD = {
 NO_MOVE = {
     "never_stepped": "the outer step did not move the weights: outer.step() was never called; call it after setting "
     "each p.grad to the averaged pseudo-gradient",
+    "grads_unset": "the outer step did not move the weights: your sync never gave .grad the averaged "
+    "pseudo-gradient: outer.zero_grad() cleared the last inner gradient and no tensor was set after it, so "
+    "outer.step() found every .grad None or zero; set each p.grad to the averaged pseudo-gradient (the tensor you "
+    "all_reduced), then call outer.step()",
     "grads_cleared": "the outer step did not move the weights: when outer.step() ran every .grad was None or zero, "
     "cleared by outer.zero_grad() after p.grad = g (zero_grad sets each .grad to None, so the step skips every "
     "parameter); set p.grad last, right before outer.step() (zero_grad is not needed: p.grad = g replaces the old "
@@ -368,7 +372,8 @@ AVG_HINT = (
 
 #: What the checker adds to a NameError for a module: the function reaches the ranks with the kernel's names only.
 class NotedSGD(torch.optim.SGD):
-    """DiLoCo's outer SGD (0.7, momentum 0.9, Nesterov), noting what a sync does with it: each ``zero_grad()`` and,
+    """DiLoCo's outer SGD (0.7, momentum 0.9, Nesterov), noting what a sync does with it: each ``zero_grad()`` (and
+    whether every ``.grad`` was still the one the sync began with, ``entry``: the last inner gradient) and,
     at each ``step()``, whether the ``.grad`` it finds is set, zero or ``None``, and whether the parameters hold
     ``start`` (the synced weights the sync began with: put back before the step); ``grads``: the ``.grad`` its
     first step found."""
@@ -378,9 +383,14 @@ class NotedSGD(torch.optim.SGD):
         self.notes: list[str] = []
         self.start: list[torch.Tensor] = []
         self.grads: list[torch.Tensor] | None = None  # the .grad the round's first step found (zeros for None)
+        self.entry: list[tuple] = []  # each .grad when the sync began (the last inner gradient), and its values
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.notes.append("zero_grad")
+        params = [p for group in self.param_groups for p in group["params"]]
+        unset = bool(self.entry) and all(
+            p.grad is g and (g is None or g.equal(v)) for p, (g, v) in zip(params, self.entry)
+        )
+        self.notes.append("zero_grad:unset" if unset else "zero_grad")  # unset: each .grad the inner one still
         super().zero_grad(set_to_none)
 
     def step(self, closure=None):
@@ -394,6 +404,8 @@ class NotedSGD(torch.optim.SGD):
             else "set"
         )
         restored = all(p.equal(s) for p, s in zip(params, self.start))
+        if self.entry and all(p.grad is None or p.grad is g for p, (g, _) in zip(params, self.entry)):
+            self.notes.append("grads:untouched")  # no .grad given a new tensor in this sync
         if self.grads is None:
             self.grads = [torch.zeros_like(p) if g is None else g.detach().clone() for p, g in zip(params, grads)]
         self.notes.append(f"step:{seen}:{'restored' if restored else 'local'}")
@@ -429,6 +441,7 @@ def rounds_with(sync, rank: int, group, seen: dict | None = None) -> list[dict]:
         for t in range(SYNC_EVERY):
             inner_step(model, inner, r * SYNC_EVERY + t, rank)
         outer.notes, outer.start, outer.grads = [], [s.clone() for s in synced], None
+        outer.entry = [(p.grad, None if p.grad is None else p.grad.clone()) for p in params]
         if seen is not None:
             seen["outer"] = outer.notes
         events = harness.Events()  # which collective launched with async_op=True was never waited for
@@ -562,8 +575,12 @@ def no_move_cause(notes: list[str]) -> str:
     if not steps:
         return "never_stepped"
     _, grad, where = steps[0]
-    if grad in ("none", "zero") and "zero_grad" in notes[: notes.index(":".join(steps[0]))]:
+    before = notes[: notes.index(":".join(steps[0]))]
+    cleared = [n for n in before if n.startswith("zero_grad")]
+    if grad in ("none", "zero") and cleared and cleared[-1] == "zero_grad":
         return "grads_cleared"
+    if grad in ("none", "zero") and cleared and "grads:untouched" in before:  # zero_grad() met the inner .grad
+        return "grads_unset"
     if grad == "none":  # never cleared, so set to None: the learner kept all_reduce's result
         return "grads_none"
     if grad == "zero":
@@ -711,7 +728,9 @@ def _none_hint(reports: dict) -> str:
     if not raised:
         return ""
     message = raised[0]["error"]["message"]
-    if re.search(r"'NoneType' and '(int|float)'", message) or "zero_grad" not in raised[0].get("outer", ()):
+    if re.search(r"'NoneType' and '(int|float)'", message) or not any(
+        n.startswith("zero_grad") for n in raised[0].get("outer", ())
+    ):
         return f" ({ALL_REDUCE_RETURNS_NONE})"
     return ZERO_GRAD_NONE_HINT
 

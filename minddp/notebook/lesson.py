@@ -287,13 +287,13 @@ class Trainee:
 
 def profiled_step(step, link=None) -> dict:
     """What :meth:`Trainee.look` reads of one step: ``step(prof)`` runs it with the profiler ``prof`` around the
-    training step; returns :func:`minddp.analysis.live.step_view` over ``link`` (its log and waits emptied first,
+    training step; returns :func:`minddp.analysis.live.step_view` over ``link`` (its log and ``asked`` emptied first,
     so they hold this step's only), with ``sent`` (:func:`sent_by_collective`)."""
     from minddp.analysis import live
 
     if link is not None:
         link.log.clear()
-        link.waits.clear()
+        link.asked.clear()
     prof = live.profiler()
     step(prof)
     seen = live.step_view(prof, link=link)
