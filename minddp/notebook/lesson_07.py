@@ -15,7 +15,7 @@ and, for the cells' claims, readers of the members' entries (one per member and 
 from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
-from minddp.ft.report import asked_s, first_request_s
+from minddp.ft.report import asked_s, first_request_s, heal_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
 
@@ -70,29 +70,25 @@ def _parts(run, o) -> tuple[int, int, int]:
 
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
-    """Each fault's recovery, in whole ms, split in its parts: until the members of the next quorum had all asked
-    for it; from then to that quorum (for the kill, which waits for the launcher's record of the process's exit,
-    after its fixed wait ``EXIT_WAIT_S``); from that quorum to the commit. Then whether either lasted the hang
-    bound."""
+    """Each fault's recovery, in whole ms: when the next quorum came, when its members had all asked for it (and, for
+    the kill, when the launcher recorded the process's exit), then the time from that quorum to the commit. Then the
+    two recoveries and quorums compared, and whether either lasted the hang bound."""
+    quorums = []
     for o in (kill, raised):
         asked, came_ms, to_commit = _parts(run, o)
-        waited = ""
-        if o is kill and ms(o.exit_s) > asked:
-            waited = f" (it waited for slot {o.fault.slot}'s exit's record)"
-        came = f"{came_ms} ms more until it came" if came_ms else "it came at once"
+        quorums.append(asked + came_ms)
+        exited = f"; the launcher recorded slot {o.fault.slot}'s exit at {ms(o.exit_s)} ms" if o is kill else ""
         print(
-            f"{o.fault}: recovery {asked + came_ms + to_commit} ms: {asked} ms until the next quorum's members "
-            f"had all asked, {came}{waited}, {to_commit} ms from it to the commit of step {o.committed_step}"
+            f"{o.fault}: recovery {asked + came_ms + to_commit} ms: the next quorum came {asked + came_ms} ms after "
+            f"the fault (its members had all asked by {asked} ms{exited}), then {to_commit} ms to the commit of step "
+            f"{o.committed_step}"
         )
-    parts = [_parts(run, o) for o in (kill, raised)]  # ms: until all asked, then to the quorum, then to the commit
-    diff = [k - r for k, r in zip(*parts)]
-    total = sum(diff)  # the kill's recovery less the raise's, as the two lines print them
+
+    total = sum(_parts(run, kill)) - sum(_parts(run, raised))  # ms, as the two lines print them
     longer = f"{abs(total)} ms {'longer' if total > 0 else 'shorter'} than" if total else "as long as"
-    # the kill line names its wait (the middle part) only when the exit's record held the quorum back
-    named = ms(kill.exit_s) > parts[0][0]
-    why = f"{diff[1]:+d} ms until the quorum came; the other" if named else "the"
-    rest = " and ".join(f"{d:+d}" for d in (diff[::2] if named else diff))
-    print(f"the kill's recovery took {longer} the raise's: {why} parts' {rest} ms have no cause measured here")
+    dq = quorums[0] - quorums[1]
+    sooner = f"{abs(dq)} ms {'longer' if dq > 0 else 'less'}" if dq else "as long"
+    print(f"the kill's recovery took {longer} the raise's; its quorum took {sooner} to come")
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
         print(
@@ -104,8 +100,8 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     """For a kill ``o``: the rejoin, split in the parts that add up to it, each with its share of the rejoin: until
     the launcher started the slot's new process; that process's start-up to its first quorum request; from that
     request to the quorum.
-    Then what the survivors did meanwhile, and whether they waited for the start-up because the run's
-    ``full_world_at`` scripted it."""
+    Then how long the survivors trained nothing before that quorum (and whether the run's ``full_world_at`` kept it
+    for the slot), and the heal: bytes received, and the time from that quorum to the attempt's work."""
     slot, step = o.fault.slot, o.fault.step
     others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
     last_step, last = o.last_commit
@@ -117,18 +113,22 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
 
     print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill:")
     print(f"  {start} ms ({share(start)}) until the launcher started the new process")
-    print(f"  {startup} ms ({share(startup)}) the new process's start-up, to its first quorum request")
+    print(f"  {startup} ms ({share(startup)}) start-up (forked, store joined, model built) to its first request")
     print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
     survivors = f"slots {' and '.join(others)}"
     steps = f"step {step}" if last_step == step else f"steps {step}-{last_step}"
+    idle = rejoin - ms(last)
     # they had committed the step before the new process asked: the scripted quorum waited for it
-    scripted = o.healed_at in full_world_at and ms(last) < asked
-    then = (
-        f", then waited for the new process's first quorum request because full_world_at names step {o.healed_at}"
-        if scripted
-        else f", then {rejoin - ms(last)} ms to step {o.healed_at}'s quorum"
+    why = f", held for slot {slot} by full_world_at" if o.healed_at in full_world_at and ms(last) < asked else ""
+    times = f" ({idle / ms(o.recovery_s):.0f} times the kill's recovery)" if idle >= 2 * ms(o.recovery_s) else ""
+    print(
+        f"{survivors}: committed {steps} at world {len(others)} by {ms(last)} ms after the kill, then trained nothing "
+        f"for {idle} ms{times}, until step {o.healed_at}'s quorum{why}"
     )
-    print(f"{survivors}: committed {steps} at world {len(others)} by {ms(last)} ms after the kill{then}")
+    heal = heal_s(run, o)
+    if heal is not None:
+        got = run.results[slot]["healed_bytes"]
+        print(f"the heal: {got:,} bytes from a peer, within the {ms(heal)} ms from that quorum to the attempt's work")
 
 
 def attempts(run, step: int, *, committed: bool) -> list[tuple[int, dict]]:
