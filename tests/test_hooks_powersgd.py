@@ -4,7 +4,8 @@
   for the model's shapes, (n + m)·r per compressed n x m matrix plus every
   uncompressed tensor, and is far below plain allreduce.
 * Error: ||g - ĝ||/||g|| is ~0 for allreduce, small for fp16, large for
-  PowerSGD rank 1; with the flag off no extra collective runs.
+  PowerSGD rank 1; with the flag off no extra collective runs; two buckets'
+  measurements, on two threads at once (as two gloo threads run them), both count.
 * Resume: k steps, a checkpoint per rank (model, optimizer, hook name and
   state), then k steps in *new processes* from the checkpoint equal 2k steps
   uninterrupted; resuming with a fresh hook state (same iteration count) does
@@ -13,12 +14,15 @@
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.distributed as dist
 from test_hooks_support import fresh, make_model, params_of, train, wrap
 
 from minddp import launch
 from minddp.comm import make_hook
+from minddp.comm.grad_bucket import GradBucket
 from minddp.comm.measure import error_measured
 from minddp.comm.wire import Traffic, Wire
 
@@ -95,6 +99,48 @@ def test_bytes_on_the_wire_and_relative_error():
         # ... and nothing at all when not asked for.
         off = out["error-off", "powersgd"]
         assert off["relative_error"] is None and off["all_reduce_calls"] == off["calls"], off
+
+
+class Midway:
+    """A hook's result whose ``float()`` (error_measured's first read of it) stops until ``go`` is set, having
+    set ``inside``: its bucket's measurement is then midway, on the thread that completed its Future."""
+
+    def __init__(self, value: torch.Tensor):
+        self.value, self.inside, self.go = value, threading.Event(), threading.Event()
+
+    def float(self) -> torch.Tensor:
+        self.inside.set()
+        self.go.wait()
+        return self.value.float()
+
+
+def rank_measured_at_once() -> tuple[float, float]:
+    """Bucket a's measurement stopped midway on a thread of its own while bucket b's runs whole (two gloo
+    threads completing two buckets' Futures can interleave so); returns (error_sq, what the buckets' add to)."""
+    traffic, futures = Traffic(), []
+
+    def hook(state, bucket: GradBucket) -> torch.futures.Future:  # a hook whose Futures the test completes
+        futures.append(torch.futures.Future())
+        return futures[-1]
+
+    measured = error_measured(hook, traffic)
+    p = torch.nn.Parameter(torch.zeros(4))
+    done = [measured(None, GradBucket(i, torch.ones(4), [p], is_last=i == 1)) for i in range(2)]
+    a, b = Midway(torch.full((4,), 3.0)), torch.zeros(4)  # each off the exact average (1) by 2 and 1
+    completing = threading.Thread(target=futures[0].set_result, args=(a,))  # runs a's measurement there
+    completing.start()
+    a.inside.wait()
+    futures[1].set_result(b)  # b's measurement, whole, on this thread
+    a.go.set()
+    completing.join()
+    torch.futures.wait_all(done)
+    return traffic.error_sq, 4 * 2.0**2 + 4 * 1.0**2  # small integers: exact in float32 and float64
+
+
+def test_two_buckets_measured_at_once_both_count():
+    # Without the lock, a's `error_sq += ...` read the sum before b's measurement and wrote back a's alone: 16.
+    for error_sq, both in launch(rank_measured_at_once, world_size=1):
+        assert error_sq == both, (error_sq, both)
 
 
 # -- checkpoint / resume --------------------------------------------------------------------------

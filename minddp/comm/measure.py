@@ -10,7 +10,8 @@
 2. runs the wrapped hook as usual;
 3. when the hook's result is in, adds ||ĝ - g||² and ||g||² to ``traffic``
    (and the magnitudes' sums that :func:`rounding_bound` reads) and hands back
-   that result, untouched.
+   that result, untouched. This runs on the backend's thread, maybe beside
+   another bucket's step 3: :meth:`Traffic.measured` adds under a lock.
 
 :func:`rounding_bound` is the most a 16-bit average can be off by rounding alone, derived from the
 operation: the exercise checker judges a learner's fp16 hook by it, and notebook 04 checks the
@@ -66,11 +67,10 @@ def error_measured(hook, traffic: Traffic):
         def compare(done: torch.futures.Future):  # step 3
             result = done.value()
             got = result[0] if isinstance(result, list) else result
-            traffic.error_sq += float((got.float().view(-1) - exact).pow(2).sum())
-            traffic.norm_sq += float(exact.pow(2).sum())
-            traffic.magnitude_sq += float(magnitude.pow(2).sum())
-            traffic.magnitude_sum += float(magnitude.sum())
-            traffic.values += magnitude.numel()
+            error_sq = float((got.float().view(-1) - exact).pow(2).sum())
+            norm_sq, magnitude_sq = float(exact.pow(2).sum()), float(magnitude.pow(2).sum())
+            # on a backend thread, maybe beside another bucket's: computed first, added as one step
+            traffic.measured(error_sq, norm_sq, magnitude_sq, float(magnitude.sum()), magnitude.numel())
             return result
 
         return keep.then(fut, compare)

@@ -30,8 +30,9 @@ Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -57,6 +58,9 @@ class Traffic:
     all_reduce per bucket, which is *not* counted here), and ``magnitude_sq``,
     ``magnitude_sum``, ``values`` what :func:`minddp.comm.measure.rounding_bound`
     needs of the ranks' mean magnitudes ``a_i``: Σ a_i², Σ a_i and their number.
+
+    Those are added by :meth:`measured`, from the callbacks of the backend's threads: two buckets' at once
+    when two collectives end together; so each sum is read and written back under one lock.
     """
 
     calls: int = 0
@@ -68,6 +72,17 @@ class Traffic:
     magnitude_sq: float = 0.0
     magnitude_sum: float = 0.0
     values: int = 0
+    _adding: ClassVar[threading.Lock] = threading.Lock()  # one for every meter: they are added to rarely
+
+    def measured(self, error_sq: float, norm_sq: float, magnitude_sq: float, magnitude_sum: float, values: int) -> None:
+        """Add one bucket's measurement (:func:`~minddp.comm.measure.error_measured`), as one step: a
+        ``+=`` from two threads could read the same old sum and write back one bucket's only."""
+        with self._adding:
+            self.error_sq += error_sq
+            self.norm_sq += norm_sq
+            self.magnitude_sq += magnitude_sq
+            self.magnitude_sum += magnitude_sum
+            self.values += values
 
     def record(self, tensor: torch.Tensor, op: str = "all_reduce") -> None:
         nbytes = tensor.numel() * tensor.element_size()
