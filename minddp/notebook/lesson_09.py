@@ -2,12 +2,12 @@
 
 :func:`compile_at` builds a model wrapped in a DDP (torch's or minddp's) and compiled with either pattern (the model
 first, nanoGPT's, or ``torch.compile(wrapper)``; the notebook's cell writes each out), trains one step and says what
-happened: the refusal torch raised, or the step's buckets, Dynamo's count of graph breaks and the compiled pieces of one
-more forward, each bucket and piece in brackets; with the line, how far the trained parameters lie from eager ddp's.
+happened: the refusal torch raised, or Dynamo's count of graph breaks in the step and the compiled pieces of one more
+forward, each piece in brackets; with the line, how far the trained parameters lie from eager ddp's.
 :func:`flat` is that comparison's vector, :func:`rounding_bound` the distance a change in the order of a sum's rounding
-can explain; :func:`third_step` runs each of the figure's runs; :func:`untraced_calls` says where Dynamo broke a graph,
-and why. The notebook keeps its claims in its cells; these only compute and print. The notebook's other plumbing (its
-step's autograd nodes, the figure) is :mod:`minddp.notebook.nodes`.
+can explain; :func:`third_step` runs each of the figure's runs. The notebook keeps its claims in its cells; these
+only compute and print. The notebook's other plumbing (its step's autograd nodes, the figure) is
+:mod:`minddp.notebook.nodes`.
 
 Example (one rank here; notebook 09 runs it on every rank): two layers of 16 KiB, a cap below one layer, so
 one compiled piece per layer::
@@ -27,8 +27,7 @@ one compiled piece per layer::
     ...     return DistributedDataParallel(torch.compile(model, backend="aot_eager"), bucket_cap_mb=cap)
     >>> line, apart = compile_at(build, two_layers(), batch, loss_fn, flat(eager))
     >>> print(line)
-    trained a step; the step's 1 bucket: [0.weight, 1.weight]; graph breaks: 0;
-    one more forward's 2 pieces: [1.weight], [0.weight]
+    trained a step; graph breaks: 0; one more forward's 2 pieces: [1.weight], [0.weight]
     >>> moved = (flat(eager) - flat(two_layers())).abs().max().item()  # the step's largest move, lr·max|g|
     >>> apart <= rounding_bound([moved], flat(eager).abs().max().item(), k=2 * 2 * 64 + 8)
     True
@@ -37,14 +36,13 @@ one compiled piece per layer::
 from __future__ import annotations
 
 import contextlib
-import re
 
 import torch
 
 from minddp.analysis import live
 from minddp.ladder.loop import train_step
 from minddp.notebook import nodes
-from minddp.runtime.compat import dynamo_reset, graph_breaks, uncompiled
+from minddp.runtime.compat import dynamo_reset, graph_breaks
 
 
 def third_step(ddp, model, data, loss_fn) -> dict:
@@ -89,58 +87,28 @@ def rounding_bound(moved: list[float], largest: float, k: int) -> float:
     return sum(k * 2**-24 * m + 2**-24 * largest for m in moved)
 
 
-def untraced_calls(reasons: dict) -> str:
-    """The calls at which Dynamo broke a graph, in a line: ``reasons`` is Dynamo's counter of graph-break reasons
-    (its ``counters["graph_break"]``: reason -> breaks); each reason as the call it names (``Class.method``), then
-    Dynamo's reason in brief (the reason's first line); no counts (Dynamo counts one call once in each frame it traced
-    that reached it); ``"none"`` when Dynamo broke no graph.
-
-    >>> untraced_calls({"Unsupported method call\\n  Explanation: ... method `log` of class `Logger`": 1, "Other": 2})
-    'Logger.log (Unsupported method call), Other'
-    >>> untraced_calls({})
-    'none'
-    """
-
-    def call(reason: str) -> str:
-        brief = reason.strip().splitlines()[0]
-        named = re.search(r"(?:method|function) `([^`]+)`(?: of class `([^`]+)`)?", reason)
-        if named is None:
-            return brief
-        return f"{f'{named[2]}.{named[1]}' if named[2] else named[1]} ({brief})"
-
-    return ", ".join(call(reason) for reason in reasons) or "none"
-
-
 def compile_at(build, model, batch, loss_fn, reference) -> tuple[str, float | None]:
     """One SGD training step (lr 0.01) of ``build(model)``: ``model`` wrapped in a DDP and compiled, the model
     first (``wrapper(torch.compile(model))``) or the wrapper (``torch.compile(wrapper(model))``).
 
     Returns a line and a distance. The line says what torch raised (:func:`~minddp.notebook.nodes.refusal`; the
-    distance is then ``None``), or the step's buckets (:func:`~minddp.notebook.nodes.bucket_names`), Dynamo's
-    count of graph breaks in the step, then the compiled pieces of one more forward
-    (:func:`~minddp.notebook.nodes.compiled_pieces`; under ``no_sync()``, its backward never runs), each as its
-    parameters' names, in the order backward would run them. The distance is the largest |difference| between
+    distance is then ``None``), or Dynamo's count of graph breaks in the step, then the compiled pieces of one more
+    forward (:func:`~minddp.notebook.nodes.compiled_pieces`; under ``no_sync()``, its backward never runs), each as
+    its parameters' names, in the order backward would run them. The distance is the largest |difference| between
     the trained parameters and ``reference`` (:func:`flat` of eager ddp after the same step), 0.0 when they
     agree to the bit."""
     dynamo_reset()
     wrapped = build(model)
-    ddp = uncompiled(wrapped)  # the DDP, inside torch.compile's wrapper when the wrapper was compiled
     try:
         train_step(wrapped, torch.optim.SGD(model.parameters(), lr=0.01), batch, loss_fn)
     except Exception as error:  # what torch raises, said in one line, with the file of torch's that raised it
         return nodes.refusal(error), None
     apart = (flat(model) - reference).abs().max().item()
-    step_buckets = nodes.bucket_names(ddp)  # a first step's plan
     breaks = graph_breaks()
     with wrapped.no_sync():  # a forward whose backward never runs, to walk its pieces
         pieces = nodes.compiled_pieces(wrapped(torch.randn_like(batch[0])), model)
     line = (
-        f"trained a step; the step's {_counted(step_buckets, 'bucket')}; graph breaks: {breaks}; "
-        f"one more forward's {_counted(pieces, 'piece')}"
+        f"trained a step; graph breaks: {breaks}; one more forward's {len(pieces)} piece{'s' * (len(pieces) != 1)}: "
+        + ", ".join(f"[{', '.join(piece)}]" for piece in pieces)
     )
     return line, apart
-
-
-def _counted(groups: list[list[str]], noun: str) -> str:
-    """``groups`` of names counted and listed, each in brackets: ``2 pieces: [a], [b]``."""
-    return f"{len(groups)} {noun}{'s' * (len(groups) != 1)}: " + ", ".join(f"[{', '.join(g)}]" for g in groups)
