@@ -280,8 +280,7 @@ show_source(solutions.ft_shard)
 # Unlike a killed process, a frozen one (`SIGSTOP`) keeps its sockets open and says nothing: its peers'
 # all_reduce fails at the group's timeout (`hang_s`) or when the evicted process is ended, and the next quorum
 # waits for the eviction. So the recovery lasts the hang bound and a little more, and halving the bound takes
-# about as much off it. The first cell below runs it at two bounds, the second half the first (6
-# steps, no restart, no 10 ms pause).
+# about as much off it. The first cell below runs it at two bounds, the second half the first.
 #
 # </details>
 #
@@ -291,7 +290,7 @@ show_source(solutions.ft_shard)
 # of the newest committed step); the state lives only in the training processes. Processes started again
 # would train from step 0, so the launcher stops the run with one line rather than train the committed
 # steps again.
-# The second cell below runs it with the main run's settings but 6 steps, no `full_world_at`, no digests and no 10 ms pause.
+# The second cell below runs it.
 #
 # </details>
 #

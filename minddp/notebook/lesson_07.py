@@ -5,7 +5,7 @@ Each function reads a run of :func:`minddp.ft.launch_ft` and one of its faults (
 it defines no measure of its own. The notebook keeps its claims in its cells; these print or read:
 
 * :func:`print_phase_lines`: the lines of the rung and of the lighthouse that run each phase of an attempt;
-* :func:`print_recoveries`: each fault's recovery and its parts, with what the kill's next quorum waited for;
+* :func:`print_recoveries`: each fault's recovery and its parts, with when the launcher recorded the kill's exit;
 * :func:`print_rejoin`: the parts of a kill's rejoin, and what the survivors did meanwhile;
 
 and, for the cells' claims, readers of the members' entries (one per member and attempt): :func:`attempts`,
@@ -15,6 +15,7 @@ and, for the cells' claims, readers of the members' entries (one per member and 
 from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
+from minddp.ft.launch import EXIT_WAIT_S
 from minddp.ft.report import asked_s, first_request_s, heal_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
@@ -71,24 +72,21 @@ def _parts(run, o) -> tuple[int, int, int]:
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms: when the next quorum came, when its members had all asked for it (and, for
-    the kill, when the launcher recorded the process's exit), then the time from that quorum to the commit. Then the
-    two recoveries and quorums compared, and whether either lasted the hang bound."""
-    quorums = []
+    the kill, when the launcher found the process ended and, after its fixed wait ``EXIT_WAIT_S``, recorded its exit),
+    then the time from that quorum to the commit. Then whether either lasted the hang bound."""
     for o in (kill, raised):
         asked, came_ms, to_commit = _parts(run, o)
-        quorums.append(asked + came_ms)
-        exited = f"; the launcher recorded slot {o.fault.slot}'s exit at {ms(o.exit_s)} ms" if o is kill else ""
+        exited = ""
+        if o is kill and o.seen_s is not None:
+            exited = (
+                f"; the launcher found slot {o.fault.slot}'s process ended at {ms(o.seen_s)} ms and recorded its exit "
+                f"at {ms(o.exit_s)} ms, after a fixed {EXIT_WAIT_S * 1000:g} ms wait for a result in flight"
+            )
         print(
             f"{o.fault}: recovery {asked + came_ms + to_commit} ms: the next quorum came {asked + came_ms} ms after "
             f"the fault (its members had all asked by {asked} ms{exited}), then {to_commit} ms to the commit of step "
             f"{o.committed_step}"
         )
-
-    total = sum(_parts(run, kill)) - sum(_parts(run, raised))  # ms, as the two lines print them
-    longer = f"{abs(total)} ms {'longer' if total > 0 else 'shorter'} than" if total else "as long as"
-    dq = quorums[0] - quorums[1]
-    sooner = f"{abs(dq)} ms {'longer' if dq > 0 else 'less'}" if dq else "as long"
-    print(f"the kill's recovery took {longer} the raise's; its quorum took {sooner} to come")
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
         print(
@@ -98,7 +96,7 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     """For a kill ``o``: the rejoin, split in the parts that add up to it, each with its share of the rejoin: until
-    the launcher started the slot's new process; that process's start-up to its first quorum request; from that
+    the launcher started the slot's new process; from then to that process's first quorum request; from that
     request to the quorum.
     Then how long the survivors trained nothing before that quorum (and whether the run's ``full_world_at`` kept it
     for the slot), and the heal: bytes received, and the time from that quorum to the attempt's work."""
@@ -113,17 +111,17 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
 
     print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill:")
     print(f"  {start} ms ({share(start)}) until the launcher started the new process")
-    print(f"  {startup} ms ({share(startup)}) start-up (forked, store joined, model built) to its first request")
+    print(f"  {startup} ms ({share(startup)}) from then to its first quorum request")
     print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
     survivors = f"slots {' and '.join(others)}"
     steps = f"step {step}" if last_step == step else f"steps {step}-{last_step}"
     idle = rejoin - ms(last)
     # they had committed the step before the new process asked: the scripted quorum waited for it
-    why = f", held for slot {slot} by full_world_at" if o.healed_at in full_world_at and ms(last) < asked else ""
-    times = f" ({idle / ms(o.recovery_s):.0f} times the kill's recovery)" if idle >= 2 * ms(o.recovery_s) else ""
+    held = o.healed_at in full_world_at and ms(last) < asked
+    why = f", which this demo's script (full_world_at) held for slot {slot}" if held else ""
     print(
         f"{survivors}: committed {steps} at world {len(others)} by {ms(last)} ms after the kill, then trained nothing "
-        f"for {idle} ms{times}, until step {o.healed_at}'s quorum{why}"
+        f"for {idle} ms, until step {o.healed_at}'s quorum{why}"
     )
     heal = heal_s(run, o)
     if heal is not None:
