@@ -208,8 +208,8 @@ waited, lt, exposed = on_link["waited (ms)"], on_link["link time (ms)"], on_link
 share = exposed / lt * 100  # the share of link time rank 0 waited through, %
 asy, blk = share[["hook-async", "bucket-async"]], share[["simple", "ga", "hook", "bucket"]]
 said = (
-    "less than half of each asynchronous stage's link time, nine tenths or more of each blocking one's"
-    if asy.max() < 50 and blk.min() >= 90
+    "less than half of each asynchronous stage's link time, most of each blocking one's"
+    if asy.max() < 50 < blk.min()
     else "less of each asynchronous stage's link time than of any blocking one's"
     if asy.max() < blk.min()
     else f"at least as much of {asy.idxmax()}'s link time as of {blk.idxmin()}'s"
