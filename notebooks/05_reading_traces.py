@@ -89,8 +89,7 @@ lesson.say(
 # More terms:
 #
 # * the *finish*: minddp's `finish_gradient_synchronization()`, which the training loop calls after every
-#   backward (torch's DDP has none; `ddp`'s finds its work done when `loss.backward()` returns). `simple`
-#   syncs in it after every micro-batch, `ga` once a step;
+#   backward (torch's DDP has none). `simple` syncs in it after every micro-batch, `ga` once a step;
 # * the *parameter check* (`minddp.stages.checks`): once a sync, before its first
 #   message, `simple` to `bucket-async` check that both ranks' forwards used the same parameters, with one
 #   all_gather (one byte per parameter tensor): at the start of the finish in `simple` and `ga`, in `hook` to
@@ -120,15 +119,13 @@ from minddp.notebook import lesson, lesson_05
 RUN = lesson.trace_dir("05_reading_traces")
 result = analyze_run(RUN)
 zero = lesson_05.summary(result)  # rank 0's summary row of each stage but single
-shares = lesson_05.shares(zero, RUN)
+shares = lesson_05.shares(zero)
 display(shares)
 blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
 asy, blk = (shares.loc[g, "overlap (%)"] for g in (asynchronous, blocking))
 lesson.say(
     f"Every asynchronous stage's overlap ({asy.min()}–{asy.max()} %) is "
-    f"{'above' if asy.min() > blk.max() else 'not above'} every blocking one's ({blk.min()}–{blk.max()} %). "
-    f"The checks hold the most non-compute in {(c := shares['in checks (ms)']).idxmax()}: {c.max()} of its "
-    f"{shares.loc[c.idxmax(), 'non-compute (ms)']} ms."
+    f"{'above' if asy.min() > blk.max() else 'not above'} every blocking one's ({blk.min()}–{blk.max()} %)."
 )
 
 # %%
@@ -146,7 +143,7 @@ lesson.claim(
 #   from the micro-batch's start to its first *autograd node*, *backward* from the first to the last autograd node
 #   (an `autograd::engine::evaluate_function` event: one gradient function's run; the gradients and the autograd
 #   hooks run inside those nodes: the check, `hook`'s and `bucket`'s messages); a backward band ends before
-#   `loss.backward()` returns (torch's DDP waits for its messages in between);
+#   `loss.backward()` returns;
 # * a tick when a message was *handed over* to be sent;
 # * an orange bar while the message's gloo all_reduce range was open, held open included. Ranges open at once
 #   (a blocking stage's too: the caveat) are drawn one below another, and each level's bars alternate two shades
@@ -197,8 +194,8 @@ mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
 #   `wait()` on one (the call that returns once the message is delivered; a blocking stage calls it after each
 #   hand-over, so a transfer can start before it) to its delivery. The parameter check is not a message and is not counted,
 #   so waited is not non-compute, even of one run;
-# * **exposed**: the part of that union during which rank 0's link carried a transfer (the rest waited for the
-#   real all_reduce: the other rank or a core).
+# * **exposed**: the part of that union during which rank 0's link carried a transfer (the rest, waited − exposed,
+#   was a wait for the real all_reduce: the other rank or a core).
 
 # %%
 from minddp.comm.link import parse_link
@@ -208,21 +205,28 @@ linked, link = analyze_run(LINKED), parse_link("1gbit")
 on_link = lesson_05.link_table(linked, link)
 display(on_link)
 waited, lt, exposed = on_link["waited (ms)"], on_link["link time (ms)"], on_link["exposed (ms)"]
-ratio = waited / lt * 100  # waited ÷ link time, %
-blk = ratio[["simple", "ga", "hook", "bucket"]]
+share = exposed / lt * 100  # the share of link time rank 0 waited through, %
+asy, blk = share[["hook-async", "bucket-async"]], share[["simple", "ga", "hook", "bucket"]]
+said = (
+    "less than half of each asynchronous stage's link time, most of each blocking one's"
+    if asy.max() < 50 < blk.min()
+    else "less of each asynchronous stage's link time than of any blocking one's"
+    if asy.max() < blk.min()
+    else f"at least as much of {asy.idxmax()}'s link time as of {blk.idxmin()}'s"
+)
 lesson.say(
-    f"Waited ÷ link time: hook-async {ratio['hook-async']:.1f} %, bucket-async {ratio['bucket-async']:.1f} %, "
-    f"{'below' if max(ratio[['hook-async', 'bucket-async']]) < blk.min() else 'not below'} every blocking stage's "
-    f"({blk.min():.1f}–{blk.max():.1f} %)."
+    f"Exposed ÷ link time: hook-async {asy['hook-async']:.1f} %, bucket-async {asy['bucket-async']:.1f} %, "
+    f"blocking stages {blk.min():.1f}–{blk.max():.1f} %: rank 0 waited through {said}."
 )
 h, b = waited["hook-async"], waited["bucket-async"]
-part = {
-    st: f"{waited[st]} ms" + (f", {exposed[st]} of them while its link carried a transfer" if waited[st] else "")
-    for st in ("hook-async", "bucket-async")
-}
+after = lesson_05.link_after_backward(LINKED, linked, "bucket-async")  # ms
+why = (
+    f": its link still carried transfers for {after:.1f} ms after its last backward ended"
+    if b > h and after >= 0.05
+    else ""
+)
 lesson.say(
-    f"bucket-async waited {'longer than' if b > h else 'shorter than' if b < h else 'as long as'} hook-async: "
-    f"{part['bucket-async']}; hook-async {part['hook-async']}."
+    f"bucket-async waited {'longer than' if b > h else 'shorter than' if b < h else 'as long as'} hook-async{why}."
 )
 per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, how many during a backward, link time (ms)
 

@@ -723,12 +723,3 @@ def parameter_checks(run: Path, stage: str):
     iv = rank_intervals(load_stage(Path(run) / stage).ranks[0])
     _, s0, s1 = iv.steps[-1]
     return iv, s0, [(e["ts"], end_of(e)) for e in iv.allgathers if s0 <= e["ts"] <= s1]
-
-
-def non_compute_in_checks(run: Path, stage: str) -> float:
-    """The part of the stage's non-compute (rank 0's profiled step) inside its parameter checks: ``metrics.non_compute``
-    over the step with the checks' all_gather ranges in place of all its gloo ranges, µs."""
-    from minddp.analysis import metrics
-
-    iv, _, checks = parameter_checks(run, stage)
-    return metrics.non_compute([iv.steps[-1][1:]], iv.compute, checks)

@@ -26,17 +26,19 @@ def summary(result) -> pd.DataFrame:
     return zero[zero["stage"] != "single"].set_index("stage")
 
 
-def shares(zero: pd.DataFrame, run: Path) -> pd.DataFrame:
-    """The loopback table: in flight (ms), overlap (%), non-compute (ms) and the part of that non-compute inside
-    the parameter checks (:func:`lesson.non_compute_in_checks`, ``in checks``), each to 0.1."""
-    return pd.DataFrame(
-        {
-            "in flight (ms)": zero["comm_time_per_step_us"] / 1e3,
-            "overlap (%)": zero["comm_comp_overlap_pctg"],
-            "non-compute (ms)": zero["non_compute_time_us"] / 1e3,
-            "in checks (ms)": pd.Series({st: lesson.non_compute_in_checks(run, st) for st in zero.index}) / 1e3,
-        }
-    ).round(1)
+def shares(zero: pd.DataFrame) -> pd.DataFrame:
+    """The loopback table: in flight (ms), overlap (%) and non-compute (ms), each to 0.1."""
+    return (
+        pd.DataFrame(
+            {
+                "in flight (ms)": zero["comm_time_per_step_us"] / 1e3,
+                "overlap (%)": zero["comm_comp_overlap_pctg"],
+                "non-compute (ms)": zero["non_compute_time_us"] / 1e3,
+            }
+        )
+        .round(1)
+        .rename_axis(None)
+    )
 
 
 def sent_in_backward(result, stage: str) -> int:
@@ -134,3 +136,17 @@ def link_messages(linked, link) -> pd.DataFrame:
         },
         index=pd.Index(stages, name="stage"),
     )
+
+
+def link_after_backward(run: Path, linked, stage: str) -> float:
+    """How long after the end of the step's last backward band rank 0's link still carried a transfer (its last
+    modeled transfer's end, the trace's ``link`` intervals), ms; 0 where the link had finished by then."""
+    from minddp.analysis.cpu import rank_intervals
+    from minddp.analysis.events import load_stage
+
+    iv = rank_intervals(load_stage(Path(run) / stage).ranks[0])
+    number, s0, s1 = iv.steps[-1]
+    p = rank0(linked.phases)
+    end = s0 + p[(p["stage"] == stage) & (p["phase"] == "backward") & (p["step"] == number)]["end_us"].max()
+    last = max((e for s, e in iv.link if s0 <= s <= s1), default=end)
+    return max(0.0, last - end) / 1e3
