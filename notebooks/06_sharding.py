@@ -115,7 +115,7 @@ lesson.say(
     f"ZeRO-1's and ZeRO-2's reduce-scatter + all-gather {lesson.mib(2 * one_pass)}, minddp's zero1's all_reduce + "
     f"all-gather {lesson.mib(3 * one_pass)}; FSDP's reduce-scatter + all-gathers + all_reduce of its replicated "
     f"tensors at most {lesson.mib(fsdp_most)} "
-    f"(1 + 2 × {accum} passes, a bound: at most {fsdp_most / (2 * one_pass):.1f} times DDP's)."
+    f"(1 + 2 × {accum} passes: {fsdp_most / (2 * one_pass):.1f} times DDP's)."
 )
 
 # %% [markdown]
@@ -130,8 +130,8 @@ lesson.say(
 # parameters and their `.grad`s just before the update, optimizer state just after, the activations (the most
 # bytes autograd saved for the backward during one micro-batch's forward, leaving out saved tensors that
 # lie in a parameter's storage or, for fsdp, a gathered unit's), and fsdp's *gathered units* at their
-# peak: the full parameters it has gathered and the buffers its all-gathers receive into (zero1 and zero2
-# all-gather too, into buffers not measured here). `lesson.Trainee(stage, warmup=0)` builds each stage
+# peak: the full parameters it has gathered and the buffers its all-gathers receive into (zero1's and
+# zero2's all-gather buffers: *What each rung trades*). `lesson.Trainee(stage, warmup=0)` builds each stage
 # without a step, so the measured step is its first, the *memory step*.
 
 # %%
@@ -197,8 +197,8 @@ names = {id(p): n for n, p in trainees["fsdp"].model.module.named_parameters()}
 replicated = {id(p): p for _, _, p in trainees["fsdp"].model.replicated}
 lesson.say(
     f"fsdp's {len(replicated)} replicated tensors: "
-    + ", ".join(f"{names[i]} ({p.numel():,} values)" for i, p in replicated.items())
-    + f"; Ψᵣ = {memory['fsdp']['replicated']:,}, whose gradients and moments every rank keeps whole."
+    + ", ".join(names[i] for i in replicated)
+    + f"; Ψᵣ = {memory['fsdp']['replicated']:,}."
 )
 
 # %% [markdown]
@@ -263,7 +263,7 @@ lesson.claim(
 # ### Why the master weights stay fp32
 #
 # A bf16 number has 8 significant bits: its spacing at a value is at least 2⁻⁸ of it, so a change under
-# 2⁻⁹ of a weight is lost and a larger one rounded. AdamW changes each value by lr times the running average of its gradients over
+# 2⁻⁹ of a weight is always lost. AdamW changes each value by lr times the running average of its gradients over
 # the square root of that of their squares, both corrected for their bias, which makes them g and g² at
 # the first update: so the first update moves each value whose gradient g is neither zero nor as small as
 # AdamW's ε by about lr (g/|g| = ±1). The cell prints ddp's first update's median change, then adds lr to,
@@ -290,8 +290,8 @@ lesson.claim(
     all(torch.equal(row, in_a_norm) for row in lost) and bool((values[in_a_norm] == 1).all()) and moved["fp32"].all(),
     f"Adding or subtracting lr = {lr} in bf16 leaves unchanged exactly the {int(in_a_norm.sum()):,} weights "
     f"(each 1.0) of the {len(norms)} RMSNorms, {in_a_norm.double().mean():.2%} of the model's {values.numel():,} "
-    f"values, and moves the others by {kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr, up to "
-    f"{max(1 - kept['bf16'].min(), kept['bf16'].max() - 1):.0%} off; in fp32 every value moves by lr to within "
+    f"values, and moves the others by {kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr; in fp32 every "
+    "value moves by lr to within "
     f"{(kept['fp32'] - 1).abs().max():.3%}.",
 )
 
@@ -310,8 +310,7 @@ decayed32 = (values * (1 - decay) != values)[nonzero]  # in fp32
 lesson.claim(
     decay < 2**-9 and bool(kept_as_was[nonzero].all()) and bool(decayed32.all()),
     f"lr · λ = {decay:.1e}, {2**-9 / decay:.0f} times under 2⁻⁹: each of the {int(nonzero.sum()):,} nonzero "
-    "values loses the decay held in bf16 (and the RMSNorms' weights the lr step, above), and keeps both in "
-    "fp32, the master weights' dtype.",
+    "values loses the decay held in bf16 and keeps it in fp32, the master weights' dtype.",
 )
 
 # %% [markdown]
@@ -559,7 +558,7 @@ lesson.claim(
 lesson.claim(
     received + unpacked == peak == 2 * memory["fsdp bf16"]["gathered"],
     f"fsdp's gathered units peak at {lesson.mib(peak)} in the memory step: those two storages, held together as a "
-    "unit is unpacked; the prefetch (one unit's parameters beside the next one's buffer) raises it no higher. "
+    "unit is unpacked; the prefetch raises it no higher. "
     f"Computing in bf16, fsdp's peak is exactly half, {lesson.mib(memory['fsdp bf16']['gathered'])}.",
 )
 f = looks["fsdp"]
@@ -610,8 +609,7 @@ lesson.claim(
 )
 lesson.claim(
     where["zero2"]["gathers"] == ["forward 1"],
-    f"zero2 hands its {looks['zero2']['gathers']} all-gathers over in the first forward, which needs the parameters "
-    "the last step updated.",
+    f"zero2 hands its {looks['zero2']['gathers']} all-gathers over in the first forward.",
 )
 lesson.claim(
     all(where[s]["calls"] == [f"backward {accum}"] for s in STAGES),
@@ -651,6 +649,8 @@ lesson.say(
 
 # %%
 # %%rank 0
+from minddp.sharding.memory import all_gather_buffer_bytes
+
 trade = pd.DataFrame({"model state MiB": table["model state MiB"], "sent a step MiB": pd.Series(total) / 2**20})
 spared = trade.loc["ddp", "model state MiB"] - trade["model state MiB"]  # against ddp's, at the update
 handed = {s: looks[s]["calls"] + looks[s]["gathers"] for s in STAGES}  # collectives in the gloo looks (the figure's)
@@ -658,8 +658,7 @@ same = abs(total["zero2"] - total["ddp"]) < 1e-3 * total["ddp"]  # to within the
 kept = memory["ddp"]["optimizer"] - memory["zero1"]["optimizer"]  # zero1's only saving, at the update
 lesson.claim(
     len(set(act.values())) == 1 and spared.idxmax() == "fsdp" and act["ddp"] > spared.max() * 2**20,
-    f"Model state only: every buffer (the all-gathers' too) is left out, and the activations, {lesson.mib(act['ddp'])} in every stage, "
-    f"alone outweigh the largest saving below, fsdp's {spared['fsdp']:.1f} MiB.",
+    f"Model state only: the activations, {lesson.mib(act['ddp'])} in every stage, alone outweigh the largest saving below, fsdp's {spared['fsdp']:.1f} MiB.",
 )
 lesson.claim(
     abs(spared["zero1"] * 2**20 - kept) < 1 and abs(total["zero1"] - 1.5 * total["ddp"]) < 1e-3 * total["ddp"],
@@ -690,6 +689,17 @@ lesson.claim(
     f"{total['fsdp'] / total['zero2']:.1f} times its bytes sent and {handed['fsdp']} collectives handed over "
     f"against {handed['zero2']}: it gathers its units in each of the {accum} micro-batches, zero2 its buckets "
     "once a step.",
+)
+z1 = trainees["zero1"].optimizer  # one bucket: its send and receive buffers are held together in its update
+buffers = {"zero1": all_gather_buffer_bytes(z1), "zero2": all_gather_buffer_bytes(trainees["zero2"].model)}
+over = state["zero1"] + buffers["zero1"] - state["ddp"]  # zero1's model state and buffers against ddp's
+lesson.claim(
+    len(z1.buckets) == 1,
+    f"The table leaves out the all-gather buffers: zero1's, {lesson.mib(buffers['zero1'])} in its update, against "
+    f"its {lesson.mib(kept)} saving (with them, {lesson.mib(abs(over))} "
+    + ("more than ddp's model state: no saving there" if over > 0 else "less than ddp's model state: a smaller saving")
+    + f"); zero2's, up to {lesson.mib(buffers['zero2'])} as its next step's first forward starts; fsdp's gathered "
+    f"units peak at {lesson.mib(memory['fsdp']['gathered'])}.",
 )
 trade.round(1)
 

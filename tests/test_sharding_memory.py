@@ -159,3 +159,59 @@ def test_between_micro_batches_every_stage_holds_the_whole_gradients():
         assert per_stage["zero2"]["gradients"] < per_stage["zero2"]["between"]
         assert per_stage["fsdp"]["gradients"] < per_stage["fsdp"]["between"]
         assert per_stage["fsdp:bf16"]["replicated"] > 0  # the tensors it casts for the forward
+
+
+def handed_to_all_gathers() -> dict:
+    """On every rank: zero1 and zero2, in buckets of 4 KiB, over a model whose sizes 3 ranks do not divide; the
+    bytes of the tensors their all-gathers of parameters are handed in one step, and of the receive buffers held
+    at the last start."""
+    import weakref
+
+    import torch
+    from torch import nn
+
+    from minddp.comm.wire import Wire
+    from minddp.ladder import make_optimizer, wrap
+    from minddp.ladder.loop import train_step
+    from minddp.sharding import zero1
+    from minddp.sharding.memory import all_gather_buffer_bytes
+
+    handed, receiving = [], []
+    start = Wire.all_gather
+
+    def recording(wire, output, input):
+        receiving.append(weakref.ref(output))
+        handed.append((output.untyped_storage().nbytes() + input.untyped_storage().nbytes(), output.numel()))
+        held_now = sum(r().untyped_storage().nbytes() for r in receiving if r() is not None)
+        handed[-1] += (held_now,)
+        return start(wire, output, input)
+
+    Wire.all_gather = recording
+    zero1.BUCKET_CAP_MB = 4 / 1024  # several all-gather buckets
+    g = torch.Generator().manual_seed(0)
+    batch = [(torch.randn(4, 7, generator=g), torch.randn(4, 5, generator=g))]
+    out = {}
+    for stage in ("zero1", "zero2"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(7, 31), nn.Tanh(), nn.Linear(31, 31), nn.Tanh(), nn.Linear(31, 5))
+        wrapped = wrap(stage, model, bucket_cap_mb=4 / 1024)
+        optimizer = make_optimizer(stage, wrapped, torch.optim.AdamW, lr=1e-3)
+        for _ in range(2):  # zero2 all-gathers in the forward after a step: record the second step's only
+            handed.clear()
+            receiving.clear()
+            train_step(wrapped, optimizer, batch, lambda m, b: ((m(b[0]) - b[1]) ** 2).mean())
+        sharded = optimizer if stage == "zero1" else wrapped
+        out[stage] = {"function": all_gather_buffer_bytes(sharded), "handed": list(handed)}
+    return out
+
+
+def test_all_gather_buffer_bytes_are_what_zero1_and_zero2_hand_their_all_gathers():
+    """The oracle is the stages' own tensors: the storages each all-gather of parameters is handed in a step (send
+    block and receive buffer) sum to the function's bytes, over several buckets with padded chunks; every
+    receive buffer is still held when the last all-gather starts."""
+    for per_stage in launch(handed_to_all_gathers, world_size=3, backend="gloo", timeout_s=180):
+        for stage, got in per_stage.items():
+            calls = got["handed"]
+            assert len(calls) > 1, (stage, calls)  # several buckets
+            assert sum(b for b, _, _ in calls) == got["function"], (stage, got)
+            assert calls[-1][2] == sum(4 * numel for _, numel, _ in calls), (stage, calls)

@@ -41,6 +41,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from minddp.sharding.shards import chunk_size
+
 STAGES = ("ddp", "zero1", "zero2", "fsdp")
 KINDS = ("parameters", "gradients", "optimizer", "activations", "gathered")
 
@@ -212,6 +214,25 @@ def gathered_bytes(fsdp: nn.Module) -> int:
         + (sum(t.untyped_storage().nbytes() for t in u.full) if u.full is not None else 0)
         for u in fsdp.units
     )
+
+
+def all_gather_buffer_bytes(sharded) -> int:
+    """Bytes of the buffers the all-gathers of parameters of ``zero1`` (its optimizer) or ``zero2`` (its wrapper)
+    send from and receive into: per bucket this rank's block and ``world`` blocks, every bucket's at once (each
+    stage starts all its all-gathers before waiting for any).
+
+    A block is this rank's chunks of the bucket back to back, padded: zero1's to the longest rank's, zero2's each
+    chunk to ``ceil(numel / world)``.
+    """
+    world, total = sharded.world, 0
+    for bucket in sharded.buckets:
+        if hasattr(sharded, "ranges"):  # zero1's optimizer
+            ranges = [sharded.ranges[sharded.index[id(p)]] for p in bucket]
+            block = max(sum(r[k][1] - r[k][0] for r in ranges) for k in range(world))
+        else:  # zero2
+            block = sum(chunk_size(p.numel(), world) for p in bucket)
+        total += (world + 1) * block * bucket[0].element_size()
+    return total
 
 
 def model_size(wrapped: nn.Module, module: nn.Module) -> dict[str, int]:
