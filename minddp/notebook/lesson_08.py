@@ -331,12 +331,12 @@ def cpp_warnings():
 
 
 def gist(warning: str) -> str:
-    """A warning of :func:`cpp_warnings` without its middle: its first sentence, then from the one advising to turn
-    the flag off on ("…" between), without the log's "(function ...)" tag.
+    """A warning of :func:`cpp_warnings` cut to two sentences: its first, and the one advising to turn the flag off
+    ("…" for each cut), without the log's "(function ...)" tag.
 
     >>> gist("f.cpp:1: X was set. Y found none. If so, consider turning this flag off. Note Z. (function operator())")
-    'f.cpp:1: X was set. … If so, consider turning this flag off. Note Z.'
+    'f.cpp:1: X was set. … If so, consider turning this flag off. …'
     """
-    parts = warning.removesuffix(" (function operator())").split(". ")
+    parts = warning.removesuffix(" (function operator())").removesuffix(".").split(". ")
     advice = next(i for i, part in enumerate(parts) if "turning this flag off" in part)
-    return ". ".join(parts[:1] + ["… " + parts[advice]] + parts[advice + 1 :])
+    return ". ".join(parts[:1] + ["… " + parts[advice]]) + (". …" if advice + 1 < len(parts) else ".")
