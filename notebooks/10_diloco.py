@@ -657,10 +657,10 @@ lesson.claim(
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it; the replica waits
 #   when its message is not delivered within them.
-# * The step-time model *predicts* (a 360 M-parameter model, H = 100): DDP computes less than half of the time
-#   already on `10gbit`, less than 5 % on `wan`, where streaming DiLoCo with 4 equal fragments and τ = 10 computes all
-#   of it; streaming computes all of the time only where a fragment's time on the link fits in its τ steps, and on `100mbit` and `home` less
-#   than one percentage point more than DiLoCo not streamed.
+# * The step-time model *predicts* (a 360 M-parameter model, H = 100): on `wan` DDP computes less than 5 % of the
+#   time (less than half already on `10gbit`), and streaming DiLoCo with 4 equal fragments and τ = 10 all of it;
+#   streaming computes all of the time only where a fragment's time on the link fits in its τ steps, and on
+#   `100mbit` and `home` less than one percentage point more than DiLoCo not streamed.
 
 # %%
 # %dist_shutdown
