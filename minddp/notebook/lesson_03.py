@@ -263,12 +263,12 @@ def say_sized(
 
 def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
     """Each sized link's rungs (2 ranks; ``sized_from``: the backward, s, each link was sized from): link time,
-    exposed and the step's own last backward less the check, then in words which exposed less in flight, buckets
-    or one message per gradient, and whether one message per gradient needed more link time than its own backward;
+    exposed and the step's own last backward less the check, then in words which exposed less, bucket-async or
+    hook-async, and whether one message per gradient needed more link time than its own backward;
     a whole-ms match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
         h, b = runs["hook-async"], runs["bucket-async"]
-        said = f"In flight, buckets exposed {lesson.than(b['exposed_ms'], h['exposed_ms'])} one message per gradient"
+        said = f"bucket-async exposed {lesson.than(b['exposed_ms'], h['exposed_ms'])} hook-async"
         if round(h["link_ms"]) > round(h["backward_ms"]):
             said += "; hook-async's link time is longer than its backward less the check"
         say(
