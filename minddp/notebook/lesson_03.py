@@ -287,20 +287,28 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
 
 
 def say_takeaway(per_grad: dict, bucketed: dict, saved_ms: float, t4: dict, far: dict) -> None:
-    """The takeaway in words, from the runs: what buckets saved on the link, what their last bucket's transfer left
-    after backward (``on_the_link`` of hook-async's and bucket-async's steps on this notebook's link), and which
-    exposed less, bucket-async or hook-async, on each link (``t4``, ``far``: the sized links' runs)."""
+    """The takeaway in words, from the runs: what buckets saved on the link, which hand-over set bucket-async's link
+    after backward (the tail, the late start or another; ``on_the_link`` of hook-async's and bucket-async's steps on
+    this notebook's link), and which exposed less, bucket-async or hook-async, on each link (``t4``, ``far``: the
+    sized links' runs)."""
     end = round(bucketed["end_ms"], 1)
-    tail = (
-        f"Their last bucket takes {bucketed['tail_ms']:.1f} ms on the link, hook-async's last message "
-        f"{per_grad['tail_ms']:.1f} ms; "
-    )
     if end <= 0:
-        tail += "bucket-async left no link after backward."
+        tail = "bucket-async left no link after backward."
     elif bucketed["limit"] == "tail":
-        tail += f"it set bucket-async's {end:.1f} ms of link after backward."
+        tail = (
+            f"Their last bucket takes {bucketed['tail_ms']:.1f} ms on the link, hook-async's last message "
+            f"{per_grad['tail_ms']:.1f} ms; it set bucket-async's {end:.1f} ms of link after backward."
+        )
+    elif bucketed["limit"] == "start":
+        tail = (
+            f"Their first message leaves later (the late start): its hand-over set bucket-async's {end:.1f} ms of "
+            "link after backward."
+        )
     else:
-        tail += f"bucket-async's {end:.1f} ms of link after backward was set by an earlier hand-over."
+        tail = (
+            f"bucket-async's {end:.1f} ms of link after backward was set by the hand-over of its {bucketed['limit']} "
+            f"of {bucketed['messages']}."
+        )
     word = {"as much as": "as much", "more than": "more", "less than": "less"}
     verdicts = []
     for where, h, b in (
