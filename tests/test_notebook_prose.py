@@ -44,7 +44,7 @@ STEADY: dict[str, dict[str, str]] = {
     },
     "03_build_up": {
         "**emulated 1 Gbit/s link**": LINK,
-        "**the ratios of 4 × T4**": "the blog's machine: four T4 GPUs",
+        "**sized for 4 × T4**": "the blog's machine: four T4 GPUs",
         "over 100 Gbit/s InfiniBand": LINK,
     },
     "04_comm_hooks": {},

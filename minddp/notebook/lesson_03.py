@@ -30,10 +30,12 @@ def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
     return {s: [r[s] for r in everyone] for s in mine}
 
 
-def say_check(stage: str, on_ranks: list[float], spans: list) -> None:
+def say_check(stage: str, on_ranks: list[float], spans: list, look: dict) -> None:
     """The time the parameters-used check held each rank in one step of ``stage`` (:func:`checks_on_ranks`), in
     words: its all_gather returns only once every rank has joined it, so the difference is the earlier rank's wait.
-    ``spans``: rank 0's checks (ms). Call on every rank; rank 0 says it."""
+    ``spans``: rank 0's checks (ms); ``look``: this rank's look of the step (where rank 0's hold outlasts both its
+    messages' link time and its waits for them, that is said: the check is then what its picture shows most).
+    Call on every rank; rank 0 says it."""
     order = sorted(range(len(on_ranks)), key=on_ranks.__getitem__)
     long, short = order[-1], order[0]
     ranks = " and ".join(f"rank {r} {ms:.0f} ms" for r, ms in enumerate(on_ranks))
@@ -54,6 +56,12 @@ def say_check(stage: str, on_ranks: list[float], spans: list) -> None:
     else:
         told = f"rank {long} stood {gap:.0f} ms longer at them in all, waiting for rank {short}."
     said = f"{stage}'s check held {ranks}. " + (why + told if first else told[0].upper() + told[1:])
+    link, waited = look["link_ms"], look["waited_ms"]
+    if round(on_ranks[0]) > max(round(link), round(waited)):
+        said += (
+            f" In rank 0's picture the check outlasts its messages: {on_ranks[0]:.0f} ms against {link:.0f} ms of "
+            f"link time and {waited:.0f} ms waited."
+        )
     say(said)
 
 
@@ -253,29 +261,22 @@ def say_sized(
     )
 
 
-def say_met(name: str, runs: dict, blog_buckets: int) -> None:
-    """The buckets bucket-async sent on a sized link, beside those the blog's 25 MiB cuts SmolLM2 into."""
-    sent = runs["bucket-async"]["calls"]
-    why = "" if sent == blog_buckets else ": tensors of other sizes"
-    say(f"{name}: bucket-async sent {sent} buckets (the blog's 25 MiB on SmolLM2: {blog_buckets}{why}).")
-
-
-def say_sized_measures(t4: dict, far: dict) -> None:
-    """Each sized link's rungs: link time and exposed, then in words which exposed less, buckets or one message per
-    gradient (in flight; waiting too where ``hook`` ran), and whether one message per gradient needed more link time
-    than its own step's backward (less the check); a whole-ms match of bucket-async's backward on the two links is
-    said to be chance (two networks, two steps)."""
+def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
+    """Each sized link's rungs (2 ranks; ``sized_from``: the backward, s, each link was sized from): link time,
+    exposed and the step's own last backward less the check, then in words which exposed less, bucket-async or
+    hook-async, and whether one message per gradient needed more link time than its own backward;
+    a whole-ms match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
         h, b = runs["hook-async"], runs["bucket-async"]
-        said = f"In flight, buckets exposed {lesson.than(b['exposed_ms'], h['exposed_ms'])} one message per gradient"
-        if "hook" in runs:
-            said += f"; waiting, {lesson.than(runs['bucket']['exposed_ms'], runs['hook']['exposed_ms'])} it"
+        said = f"bucket-async exposed {lesson.than(b['exposed_ms'], h['exposed_ms'])} hook-async"
         if round(h["link_ms"]) > round(h["backward_ms"]):
-            own = h["backward_ms"]
-            said += f"; hook-async's link time is longer than its step's backward less the check, {own:.0f} ms"
+            said += "; hook-async's link time is longer than its backward less the check"
         say(
-            f"On the link with the ratios of {name}, each rung's link time and exposed: "
-            + "; ".join(f"{s} {r['link_ms']:.0f} and {r['exposed_ms']:.0f} ms" for s, r in runs.items())
+            f"2 ranks on the link sized for {name} from a {1e3 * sized_from[name]:.0f} ms backward; each rung's link "
+            "time, exposed and own last backward less the check, ms: "
+            + "; ".join(
+                f"{s} {r['link_ms']:.0f}, {r['exposed_ms']:.0f}, {r['backward_ms']:.0f}" for s, r in runs.items()
+            )
             + f". {said}."
         )
     if round(t4["bucket-async"]["backward_ms"]) == round(far["bucket-async"]["backward_ms"]):
@@ -285,16 +286,41 @@ def say_sized_measures(t4: dict, far: dict) -> None:
         )
 
 
-def _after(ms: float) -> str:
-    """One step's link after backward (ms) as printed; "none" where its transfers ended by its backward's end."""
-    return f"{ms:.1f} ms" if round(ms, 1) > 0 else "none"
-
-
-def say_t4_ends(t4: dict) -> None:
-    """Each step's link after backward with the ratios of 4 × T4 (``t4``: that link's runs, ``on_the_link``'s
-    values), beside the step-time model's verdict printed above it."""
-    ht, bt = t4["hook-async"], t4["bucket-async"]
+def say_takeaway(per_grad: dict, bucketed: dict, saved_ms: float, t4: dict, far: dict) -> None:
+    """The takeaway in words, from the runs: what buckets saved on the link, which hand-over set bucket-async's link
+    after backward (the tail, the late start or another; ``on_the_link`` of hook-async's and bucket-async's steps on
+    this notebook's link), and which exposed less, bucket-async or hook-async, on each link (``t4``, ``far``: the
+    sized links' runs)."""
+    end = round(bucketed["end_ms"], 1)
+    if end <= 0:
+        tail = "bucket-async left no link after backward."
+    elif bucketed["limit"] == "tail":
+        tail = (
+            f"Their last bucket takes {bucketed['tail_ms']:.1f} ms on the link, hook-async's last message "
+            f"{per_grad['tail_ms']:.1f} ms; it set bucket-async's {end:.1f} ms of link after backward."
+        )
+    elif bucketed["limit"] == "start":
+        tail = (
+            f"Their first message leaves later (the late start): its hand-over set bucket-async's {end:.1f} ms of "
+            "link after backward."
+        )
+    else:
+        tail = (
+            f"bucket-async's {end:.1f} ms of link after backward was set by the hand-over of its {bucketed['limit']} "
+            f"of {bucketed['messages']}."
+        )
+    word = {"as much as": "as much", "more than": "more", "less than": "less"}
+    verdicts = []
+    for where, h, b in (
+        ("on this notebook's link", per_grad, bucketed),
+        ("sized for 4 × T4", t4["hook-async"], t4["bucket-async"]),
+        ("sized for 1024 ranks", far["hook-async"], far["bucket-async"]),
+    ):
+        said = word[lesson.than(b["exposed_ms"], h["exposed_ms"])]
+        joined = "and" if said == "as much" else "against"
+        verdicts.append(f"{said} {where} ({b['exposed_ms']:.0f} {joined} {h['exposed_ms']:.0f} ms)")
     say(
-        "Link after backward, one step each, with the ratios of 4 × T4: hook-async "
-        f"{_after(ht['end_ms'])}, bucket-async at that link's cap {_after(bt['end_ms'])}."
+        f"Buckets cut the link time by the fixed costs of the messages they no longer send: {saved_ms:.1f} ms of "
+        f"hook-async's {per_grad['link_ms']:.0f} ms here. {tail} Exposed, one step each, bucket-async against "
+        f"hook-async: {', '.join(verdicts)}."
     )
