@@ -74,8 +74,7 @@ lesson.say(lesson.describe())
 # %% [markdown]
 # ## Payload and gradient error
 #
-# The table is each hook's last step, each error against its own copy's g. PowerSGD's error is taken apart in the
-# next section.
+# The table is each hook's last step, each error against its own copy's g. The next section explains PowerSGD's.
 #
 # The cell after the table checks fp16's and bf16's error against a worst-case bound on rounding alone
 # (`minddp.comm.measure.rounding_bound`): value i of the average is off by at most
@@ -170,9 +169,10 @@ lesson.claim(
 #   keeps for the next step the saved bucket minus the average it hands back. The ranks' average of what they keep, e,
 #   is Ḡ − `P Qᵀ` on a matrix (what compression left out), 0 elsewhere.
 #
-# On the first compressing step Ḡ = g, so e = g − ĝ. On the next, Ḡ = g + e and, on a compressed matrix,
+# On the first compressing step Ḡ = g, so e = g − ĝ. On the next, Ḡ = g + e and, on each compressed matrix,
 # ĝ − g = `P Pᵀ e` − (g − `P Pᵀ g`): the part of e sent a step late, and the part of g outside `P`'s columns, at
-# right angles to the first, of norm at most ‖g‖. So ‖`P Pᵀ e`‖ ≥ √(‖ĝ − g‖² − ‖g‖²).
+# right angles to the first, of norm at most that matrix's ‖g‖. Adding squared norms over the matrices (elsewhere
+# ĝ − g is rounding), ‖`P Pᵀ e`‖ ≥ √(‖ĝ − g‖² − ‖g‖²).
 #
 # Of a compressed matrix only `P` and `Q` travel: (h + w) · r values instead of h · w. A compressing bucket makes
 # up to three all_reduces: one for the tensors it leaves uncompressed, if it holds any (a matrix is compressed
@@ -230,9 +230,8 @@ lesson.claim(
     share > 0.5,
     f"Step {first} has no error feedback yet, its e = g − ĝ has norm "
     f"{err1:.3f} × {norm1:.2f} = {fed_back:.2f}. On step {second}, ‖ĝ − g‖ = {err2:.3f} × {norm2:.2f} = {through:.2f} and ‖P Pᵀ e‖ ≥ √({through:.2f}² − "
-    f"{norm2:.2f}²) = {low:.2f}: P Pᵀ e, step {first}'s e projected onto step {second}'s P, makes at least {share:.0%} "
-    f"of ‖ĝ − g‖²: most of step {second}'s error is step {first}'s e arriving a step late, the rest is kept in the "
-    "next e.",
+    f"{norm2:.2f}²) = {low:.2f}, so ‖P Pᵀ e‖² is at least {share:.0%} of ‖ĝ − g‖²: most of step {second}'s error "
+    f"is step {first}'s e arriving a step late.",
 )
 plain2 = shown.loc[second, PLAIN]
 lesson.claim(
@@ -243,6 +242,7 @@ lesson.claim(
     and (shown.loc[:first, NORM] == shown.loc[:first, PLAIN]).all()
     and norm2 != plain2,
     f"PowerSGD's relative error rose from {err1:.3f} to {err2:.3f}"
+    + (" (above 1: ĝ is further from g than a zero gradient is)" if err2 > 1 else "")
     + f" though ‖ĝ − g‖ fell ({fed_back:.2f} to {through:.2f}), "
     f"as ‖g‖ fell from {norm1:.2f} to {norm2:.2f}. Uncompressed, the plain averaging copy's fell too, to {plain2:.2f} "
     f"(the copies part from step {second}, after step {first}'s compressed update).",
@@ -306,9 +306,9 @@ lesson.say(
 # * **ranks**: it is the shorter below `n* = (S₁ − S₂) / ((c₂ − c₁) α B)`: around a ring every message's α
 #   is paid 2(n − 1) times, while the bytes each rank sends, 2(n − 1)/n · S, stay under 2S whatever n.
 #
-# The cell prices both hooks' last steps on each preset link of `minddp.comm.link.PRESETS` but `loopback`, a
-# modelled α and B. The figure draws both link times against B at `1gbit`'s α:
-# each line falls towards its hook's fixed costs (c₁ or c₂ times 2(n − 1) α), and the two cross at 1gbit's B*.
+# The cell prices both hooks' last steps on each preset link but `loopback`. The figure draws both link times
+# against B at `1gbit`'s α: each line falls towards its hook's fixed costs (c₁ or c₂ times 2(n − 1) α), and the
+# two cross at 1gbit's B*.
 # Compare a preset's circle with its triangle, not with a line: the lines are at 1gbit's α.
 
 # %%
@@ -388,8 +388,7 @@ def my_fp16_hook(process_group, bucket):
 check_hook(my_fp16_hook, like="fp16")
 
 # %% [markdown]
-# Stuck? The next cell, collapsed in Jupyter, holds a model answer
-# and the checker's verdict on it.
+# Stuck? The next cell, collapsed in Jupyter, holds a model answer and its verdict.
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true}
 from minddp.exercises import solutions
