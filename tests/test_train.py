@@ -261,7 +261,18 @@ def test_shard_sampler_splits_each_global_batch_disjointly():
             assert per_rank[0] | per_rank[1] == set(glob[b * batch * world : (b + 1) * batch * world])
 
 
-def _torch_powersgd_with_two_buckets():
+def _torch_powersgd_with_two_buckets(signal: str):
+    """torch's DDP with its powerSGD_hook, two buckets and more on gloo, with the ranks' order of collectives made
+    to differ as it may by chance: torch issues a bucket's first all_reduce from the hook (the thread running backward)
+    and its next from a Future callback, and gloo pairs the ranks' collectives by the order each rank issues them.
+
+    In the first compressing step rank 1 issues bucket 0's and bucket 1's first all_reduces before rank 0 issues any
+    (rank 0 waits for ``signal``, a file rank 1 writes); then rank 0 waits until bucket 0's callback has issued its
+    next all_reduce before it goes on to bucket 1. Rank 0's second collective is then bucket 0's P, rank 1's is
+    bucket 1's first: no timing decides it (the waits are for events, not for time)."""
+    import threading
+    import time
+
     import torch
     from torch_oracle import cpu_safe_torch_powersgd
 
@@ -270,10 +281,39 @@ def _torch_powersgd_with_two_buckets():
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
     from torch.nn.parallel import DistributedDataParallel
 
+    issued = threading.Condition()
+    count = [0]  # all_reduces this rank issued, from any thread
+    plain_all_reduce = dist.all_reduce
+
+    def all_reduce(*args, **kwargs):
+        work = plain_all_reduce(*args, **kwargs)
+        with issued:
+            count[0] += 1
+            issued.notify_all()
+        return work
+
+    dist.all_reduce = all_reduce  # torch's hook calls dist.all_reduce by name
+    rank, compressing_calls = dist.get_rank(), [0]
+
+    def hook(state, bucket):
+        k = compressing_calls[0] if state.iter >= state.start_powerSGD_iter else None
+        compressing_calls[0] += k is not None
+        if k == 0 and rank == 0:
+            while not Path(signal).exists():  # rank 1 has issued two buckets' first all_reduces
+                time.sleep(0.01)
+            before = count[0]
+        future = torch_psgd.powerSGD_hook(state, bucket)
+        if k == 0 and rank == 0:
+            with issued:  # bucket 0's first all_reduce and the one its callback issues
+                issued.wait_for(lambda: count[0] >= before + 2)
+        if k == 1 and rank == 1:
+            Path(signal).touch()
+        return future
+
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))
     ddp = DistributedDataParallel(net, bucket_cap_mb=0.01)  # several buckets in flight
-    ddp.register_comm_hook(torch_psgd.PowerSGDState(None, start_powerSGD_iter=2), torch_psgd.powerSGD_hook)
+    ddp.register_comm_hook(torch_psgd.PowerSGDState(None, start_powerSGD_iter=2), hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     for _ in range(5):
         ddp(torch.randn(8, 64) * (dist.get_rank() + 1)).sum().backward()
@@ -281,8 +321,9 @@ def _torch_powersgd_with_two_buckets():
         opt.zero_grad()
 
 
-def test_torch_stage_skips_only_hooks_torch_cannot_run_here():
-    """The skip reasons are torch's real failures: its powerSGD_hook with several buckets on gloo dies."""
+def test_torch_stage_skips_only_hooks_torch_cannot_run_here(tmp_path):
+    """The skip reasons are torch's real failures: its powerSGD_hook with several buckets on gloo dies where the ranks'
+    collectives are issued in different orders, made certain here (before: left to chance, it could pass by luck)."""
     from minddp import RankError
     from minddp.runtime.launch import launch
 
@@ -290,8 +331,10 @@ def test_torch_stage_skips_only_hooks_torch_cannot_run_here():
     assert train.torch_hook_unavailable("powersgd", "gloo", 25) is None
     assert train.torch_hook_unavailable("fp16", "gloo", 0.1) is None
     assert "NCCL" in train.torch_hook_unavailable("bf16", "gloo", 25)
-    with pytest.raises(RankError):
-        launch(_torch_powersgd_with_two_buckets, world_size=2, timeout_s=10, stall_s=10)
+    with pytest.raises(RankError) as failed:  # the order of the ranks' collectives made to differ (the function's doc)
+        launch(_torch_powersgd_with_two_buckets, str(tmp_path / "signal"), world_size=2, timeout_s=10, stall_s=30)
+    # gloo's failure (a collective's error, or gloo aborting the process), not a hang of the test's own waits
+    assert failed.value.exc_type in ("RuntimeError", "ProcessDied"), str(failed.value)
 
 
 @pytest.mark.parametrize(
