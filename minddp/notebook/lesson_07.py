@@ -9,7 +9,7 @@ it defines no measure of its own. The notebook keeps its claims in its cells; th
 * :func:`print_rejoin`: the parts of a kill's rejoin, and what the survivors did meanwhile;
 
 and, for the cells' claims, readers of the members' entries (one per member and attempt): :func:`attempts`,
-:func:`in_a_new_group`, :func:`heals`; and of the lighthouse's evictions: :func:`evicted_s`.
+:func:`in_a_new_group`, :func:`heals`, :func:`kept_group_starts`; and of the lighthouse's evictions: :func:`evicted_s`.
 """
 
 from __future__ import annotations
@@ -71,22 +71,29 @@ def _parts(run, o) -> tuple[int, int, int]:
 
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
-    """Each fault's recovery, in whole ms: when the next quorum came, when its members had all asked for it (and, for
-    the kill, when the launcher found the process ended and, after its fixed wait ``EXIT_WAIT_S``, recorded its exit),
-    then the time from that quorum to the commit. Then whether either lasted the hang bound."""
+    """Each fault's recovery, in whole ms: when the next quorum came, how long after its members had all asked (and,
+    for the kill, when the launcher found the process ended, before its fixed wait ``EXIT_WAIT_S``), then the time
+    from that quorum to the commit; how much longer the kill's was, and whether either lasted the hang bound."""
+    # the kill's quorum came once the launcher had recorded the exit: it waited for that record
+    recorded = kill.seen_s is not None and kill.exit_s is not None and kill.exit_s <= kill.quorum_s
     for o in (kill, raised):
         asked, came_ms, to_commit = _parts(run, o)
         exited = ""
-        if o is kill and o.seen_s is not None:
+        if o is kill and recorded:
             exited = (
-                f"; the launcher found slot {o.fault.slot}'s process ended at {ms(o.seen_s)} ms and recorded its exit "
-                f"at {ms(o.exit_s)} ms, after a fixed {EXIT_WAIT_S * 1000:g} ms wait for a result in flight"
+                f", once the launcher recorded slot {o.fault.slot}'s exit (found ended at {ms(o.seen_s)} ms, after "
+                f"which it waits a fixed {EXIT_WAIT_S * 1000:g} ms)"
             )
         print(
             f"{o.fault}: recovery {asked + came_ms + to_commit} ms: the next quorum came {asked + came_ms} ms after "
-            f"the fault (its members had all asked by {asked} ms{exited}), then {to_commit} ms to the commit of step "
-            f"{o.committed_step}"
+            f"the fault, {f'{came_ms} ms after' if came_ms else 'as soon as'} its members had all asked{exited}, then "
+            f"{to_commit} ms to the commit of step {o.committed_step}"
         )
+    longer, waited = ms(kill.recovery_s) - ms(raised.recovery_s), _parts(run, kill)[1]
+    if longer > 0 and recorded:
+        part = "mostly" if waited > longer / 2 else "partly"
+        mostly = f", {part} its quorum's {waited} ms wait for the launcher" if waited else ""
+        print(f"The kill's recovery was {longer} ms longer than the raise's{mostly}")
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
         print(
@@ -111,14 +118,19 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
 
     print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill:")
     print(f"  {start} ms ({share(start)}) until the launcher started the new process")
-    print(f"  {startup} ms ({share(startup)}) from then to its first quorum request")
+    print(f"  {startup} ms ({share(startup)}) from then to its first quorum request: the new process starting up")
     print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
     survivors = f"slots {' and '.join(others)}"
     steps = f"step {step}" if last_step == step else f"steps {step}-{last_step}"
     idle = rejoin - ms(last)
     # they had committed the step before the new process asked: the scripted quorum waited for it
     held = o.healed_at in full_world_at and ms(last) < asked
-    why = f", which this demo's script (full_world_at) held for slot {slot}" if held else ""
+    why = f", which full_world_at held for slot {slot}" if held else ""
+    left = max(e["step"] for _, _, e in run.entries) - last_step  # steps after the survivors' last, to the run's end
+    if held and last_step > step and left:
+        pace = (ms(last) - ms(o.recovery_s)) / (last_step - step)  # ms a step, after the fault's step was committed
+        if ms(last) + left * pace < asked:
+            why += f": at their {pace:.0f} ms a step, the {left} steps left would have ended before it asked"
     print(
         f"{survivors}: committed {steps} at world {len(others)} by {ms(last)} ms after the kill, then trained nothing "
         f"for {idle} ms, until step {o.healed_at}'s quorum{why}"
@@ -166,6 +178,26 @@ def evicted_s(run, o) -> list[float]:
     [2.5]
     """
     return [e[3] - o.fired for e in run.events if e[0] == "evict" and e[1] == o.fault.slot]
+
+
+def kept_group_starts(run) -> list[list[str]]:
+    """The members' *before* digests of each attempt that kept the last attempt's group (no new group, so no
+    broadcast set its parameters), in the order recorded.
+
+    >>> from types import SimpleNamespace
+    >>> run = SimpleNamespace(entries=[(0, 0, {"step": 0, "tag": "a", "before": "d0"}),
+    ...                                (0, 0, {"step": 1, "tag": "a", "before": "d1"})])
+    >>> kept_group_starts(run)
+    [['d1']]
+    """
+    built: dict[str, int] = {}  # tag -> the step of its first attempt, where its group was built
+    for _, _, e in run.entries:
+        built[e["tag"]] = min(built.get(e["tag"], e["step"]), e["step"])
+    starts: dict[tuple[str, int], list[str]] = {}
+    for _, _, e in run.entries:
+        if e.get("before") and e["step"] != built[e["tag"]]:
+            starts.setdefault((e["tag"], e["step"]), []).append(e["before"])
+    return list(starts.values())
 
 
 def heals(run) -> list[tuple[int, int, bool]]:
