@@ -18,10 +18,9 @@
 #
 # Autograd runs the backward pass as *nodes*, here of two kinds. A parameter's `AccumulateGrad` node adds its gradient
 # into the parameter's `.grad`; `ddp` (minddp's `DistributedDataParallel`) hooks its *reducer* in there, which groups
-# the gradients into *buckets* and averages each bucket over the ranks with one `all_reduce`. Its first step, with
-# `find_unused_parameters` off as here, has one bucket per dtype and device; from the second, a bucket closes at the
-# gradient that takes it to the *bucket cap* or past it. Every other node is a *gradient node*: it computes gradients
-# (the model's nodes, and the loss's).
+# the gradients into *buckets* and averages each bucket over the ranks with one `all_reduce`. From its second step, a
+# bucket closes at the gradient that takes it to the *bucket cap* or past it. Every other node is a *gradient node*: it
+# computes gradients (the model's nodes, and the loss's).
 #
 # A bucket is *handed over* (the tick in the figure) when the reducer calls `all_reduce` on it, once its last gradient
 # is there and every earlier bucket has been handed over. A bucket's `all_reduce` can run while gradients are still
@@ -42,9 +41,8 @@
 #
 # The figure shows the backward pass of the third training step (by then the buckets are rebuilt, the compiled runs
 # compiled) of `ddp` in each of three runs, one row each: eager (not compiled), compiled without the cut
-# (`torch._dynamo.config.optimize_ddp = False`) and compiled with it. The model: an MLP of 1 MiB layers without biases
-# (eight; two after the exercise). The backend is `aot_eager`, which runs the graph with the *aten* operators an
-# uncompiled model calls.
+# (`torch._dynamo.config.optimize_ddp = False`) and compiled with it. The model: an MLP of 1 MiB layers without biases.
+# The backend is `aot_eager`, which runs the graph with eager PyTorch's operators.
 
 # %%
 # %load_ext minddp.notebook
@@ -115,9 +113,10 @@ lesson.say(
 # ## The backward pass of each run
 #
 # Each row is one run's backward pass on rank 0, from its first node's start to its last node's end, scaled to that
-# span: the model's gradient nodes blue, the rest (the loss's nodes and the `AccumulateGrad` nodes among it) pale, a
-# tick where the reducer's hook, in an `AccumulateGrad` node, calls `all_reduce` on a bucket. Read the order only, not
-# widths.
+# span: the model's gradient nodes blue; the rest pale: the loss's nodes and the `AccumulateGrad` nodes, in one of
+# which the reducer's hook hands each bucket over: it copies the bucket's gradients into one tensor, then calls
+# `all_reduce` on it (a tick). Read the order, not widths; where ticks and bars look to touch, the printed claims
+# give it.
 
 # %%
 # %%distributed
@@ -139,11 +138,10 @@ lesson.claim(
 # the reducer's hook runs in each parameter's AccumulateGrad node, after the gradient is accumulated
 lesson.claim(
     all(all(v["inside_accumulate"]) for v in looks.values()),
-    "In all three runs every hand-over came inside an AccumulateGrad node.",
+    "Every hand-over came inside an AccumulateGrad node.",
 )
-# aot_eager runs eager's aten ops, whose sums may still round in another order: rounding_bound estimates how far
-# apart that may leave the parameters (k: an upper bound on the terms summed behind a weight's gradient, WIDTH for
-# each layer forward and backward, 32 the batch's)
+# the graph may split or lay out eager's ops otherwise, so a sum may round in another order: rounding_bound says how
+# far apart that may leave the parameters (k: the most terms summed behind a weight's gradient)
 eager = looks["eager"]
 apart = max((v["params"] - eager["params"]).abs().max().item() for v in looks.values())
 bound = lesson_09.rounding_bound(eager["moved"], eager["params"].abs().max().item(), k=2 * DEPTH * WIDTH + 32)
@@ -190,7 +188,7 @@ lesson.claim(
 runs = {label: looks[label]["pieces_run"] for label in (NO_CUT, CUT)}
 lesson.claim(
     runs == {NO_CUT: 1, CUT: len(pieces)},
-    "Backward ran one CompiledFunctionBackward node per piece with the cut, one for the whole graph without it.",
+    "One CompiledFunctionBackward node ran per piece with the cut, one in all without it.",
 )
 piece_of = {name: i for i, piece in enumerate(pieces) for name in piece}
 homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
@@ -204,8 +202,7 @@ lesson.claim(
 ended, begun = (looks[CUT][key] for key in ("pieces_ended_at_handover", "pieces_begun_at_handover"))
 lesson.claim(
     ended == begun == [home[0] + 1 for home in homes],
-    "Each bucket was handed over after its piece's backward ended, and all but the last before the next "
-    "piece's backward began.",
+    "Each bucket was handed over after its piece's backward ended, all but the last before the next piece's began.",
 )
 
 # %% [markdown]
@@ -245,9 +242,9 @@ print(check_handover(solutions.handed_over_after))
 #
 # The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. A graph break is a place inside a
 # graph Dynamo has begun where it stops the graph, runs Python, and starts a new one. minddp's `ddp` marks its whole
-# `forward` for Dynamo to skip (`torch.compiler.disable(forward, recursive=False)`), the first frame Dynamo enters, so
-# Dynamo begins no graph there and compiles the module it calls apart. Dynamo's cut into pieces is no graph break (the
-# next section shows pieces with none).
+# `forward` for Dynamo to skip (`torch.compiler.disable(forward, recursive=False)`), so Dynamo begins no graph there
+# and compiles the module it calls apart. Dynamo's cut into pieces is no graph break (the next section shows pieces
+# with none).
 
 
 # %%
@@ -273,14 +270,17 @@ counts = {
     OURS: breaks(lambda m: DistributedDataParallel(m, bucket_cap_mb=CAP)),
     THEIRS: breaks(lambda m: torch.nn.parallel.DistributedDataParallel(m, bucket_cap_mb=CAP)),
 }
-lesson.claim(counts[OURS] == counts[ALONE], "minddp's ddp adds no graph break to the model's own.")
-lesson.claim(counts[ALONE] == 0 < counts[THEIRS], "torch's DDP adds graph breaks.")
+lesson.say("Dynamo's graph-break count, one training step: " + ", ".join(f"{name} {n}" for name, n in counts.items()))
+lesson.claim(
+    counts[OURS] == counts[ALONE] == 0 < counts[THEIRS],
+    "minddp's ddp adds no graph break to the model's own; torch's DDP adds some.",
+)
 
 # %% [markdown]
 # ## A bucket cap of 0.5 MiB
 #
 # Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: the error that
-# compiling raised, or one training step's graph breaks and one more forward's pieces.
+# compiling raised, or Dynamo's graph-break count in one training step and one more forward's pieces.
 
 
 # %%
@@ -322,15 +322,15 @@ lesson.claim(
         and "(raised in torch/_dynamo/" in outcomes["torch's DDP", pattern][0]
         for pattern in patterns
     ),
-    f"With the cut on, at a bucket cap of {SMALL:g} MiB torch's DDP compiles with neither pattern: Dynamo's cap for "
-    f"its first piece, {torch_first:g} MiB, is above it.",
+    f"With the cut on, torch's DDP compiles with neither pattern at {SMALL:g} MiB, below Dynamo's "
+    f"{torch_first:g} MiB cap for its first piece.",
 )
 ours = [outcomes["minddp's ddp", pattern] for pattern in patterns]
 worst = max(apart for _, apart in ours)
 near = "to the bit" if worst == 0 else f"to {worst:.1e}, within the {bound:.1e} estimated for summing in another order"
 lesson.claim(
     all(line.startswith("trained a step") for line, _ in ours) and worst <= bound,
-    f"minddp's ddp compiles there with either pattern; its first step trains to eager ddp's parameters ({near}).",
+    f"minddp's ddp compiles with either pattern and its step ends at eager ddp's parameters ({near}).",
 )
 
 
