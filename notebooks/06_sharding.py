@@ -130,8 +130,7 @@ lesson.say(
 # parameters and their `.grad`s just before the update, optimizer state just after, the activations (the most
 # bytes autograd saved for the backward during one micro-batch's forward, leaving out saved tensors that
 # lie in a parameter's storage or, for fsdp, a gathered unit's), and fsdp's *gathered units* at their
-# peak: the full parameters it has gathered and the buffers its all-gathers receive into (zero1's and
-# zero2's all-gather buffers: *What each rung trades*). `lesson.Trainee(stage, warmup=0)` builds each stage
+# peak: the full parameters it has gathered and the buffers its all-gathers receive into. `lesson.Trainee(stage, warmup=0)` builds each stage
 # without a step, so the measured step is its first, the *memory step*.
 
 # %%
@@ -250,12 +249,15 @@ by = probe.activations_by  # the bf16 run's saved bytes by (dtype, class of the 
 low = sum(b for (dtype, _), b in by.items() if dtype == "bfloat16")
 norm32 = sum(b for (dtype, m), b in by.items() if dtype == "float32" and m.endswith("RMSNorm"))
 other = f16["activations"] - low  # every byte not saved in bf16, in any dtype, by any module
+rest = sorted({f"{m} in {d}" for (d, m) in by if d != "bfloat16" and not (d == "float32" and m.endswith("RMSNorm"))})
 # in fp32 the bytes saved in bf16 here are twice as many and the others the same: the others keep it above half
 lesson.claim(
     abs(2 * low + other - f32["activations"]) < 1e-3 * f32["activations"],
     f"Its activations are {f16['activations'] / f32['activations']:.2f} times fp32 fsdp's, not half: "
     f"{low / 2**20:.2f} MiB of them are saved in bf16 and {other / 2**20:.2f} MiB not "
-    f"({norm32 / 2**20:.2f} MiB of those in fp32 by the RMSNorms); twice the first plus the second come to "
+    f"({norm32 / 2**20:.2f} MiB of those in fp32 by the RMSNorms"
+    + (f", the rest by {', '.join(rest)}" if rest else "")
+    + f"); twice the first plus the second come to "
     f"fp32 fsdp's {lesson.mib(f32['activations'])}.",
 )
 
@@ -287,12 +289,15 @@ in_a_norm = torch.cat([torch.full((p.numel(),), id(p) in norms) for p in initial
 lost = moved["bf16"] == 0
 kept = {k: v[v != 0] for k, v in moved.items()}  # each change that was not lost
 lesson.claim(
-    all(torch.equal(row, in_a_norm) for row in lost) and bool((values[in_a_norm] == 1).all()) and moved["fp32"].all(),
+    all(torch.equal(row, in_a_norm) for row in lost)
+    and bool((values[in_a_norm] == 1).all())
+    and torch.equal(values.abs() * 2**-9 > lr, in_a_norm)
+    and moved["fp32"].all(),
     f"Adding or subtracting lr = {lr} in bf16 leaves unchanged exactly the {int(in_a_norm.sum()):,} weights "
-    f"(each 1.0) of the {len(norms)} RMSNorms, {in_a_norm.double().mean():.2%} of the model's {values.numel():,} "
-    f"values, and moves the others by {kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr; in fp32 every "
-    "value moves by lr to within "
-    f"{(kept['fp32'] - 1).abs().max():.3%}.",
+    f"(each 1.0) of the {len(norms)} RMSNorms, the only values lr is under 2⁻⁹ of, and moves the others by "
+    f"{kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr; in fp32 every value moves by lr to within "
+    f"{(kept['fp32'] - 1).abs().max():.3%}. So bf16 master weights would freeze the RMSNorms at this lr and miss lr "
+    f"elsewhere by up to {(kept['bf16'] - 1).abs().max():.0%}.",
 )
 
 # %% [markdown]
@@ -310,7 +315,7 @@ decayed32 = (values * (1 - decay) != values)[nonzero]  # in fp32
 lesson.claim(
     decay < 2**-9 and bool(kept_as_was[nonzero].all()) and bool(decayed32.all()),
     f"lr · λ = {decay:.1e}, {2**-9 / decay:.0f} times under 2⁻⁹: each of the {int(nonzero.sum()):,} nonzero "
-    "values loses the decay held in bf16 and keeps it in fp32, the master weights' dtype.",
+    "values loses the decay held in bf16 and keeps it in fp32: bf16 master weights would never decay.",
 )
 
 # %% [markdown]
@@ -468,8 +473,7 @@ lesson.claim(
     abs(z2["reduce_scatter"] - whole / 2) < 1e-3 * whole,
     f"zero2's reduce-scatter sent {z2['reduce_scatter'] / 2**20:.2f} MiB, "
     + ("exactly" if 2 * z2["reduce_scatter"] == whole else "to within 0.1 % (chunks padded to equal length)")
-    + f" half of ddp's all_reduce ({whole / 2**20:.2f} MiB): each rank receives only the piece of the average it "
-    "updates.",
+    + f" half of ddp's all_reduce ({whole / 2**20:.2f} MiB): it is the all_reduce's first step alone.",
 )
 lesson.claim(
     abs(total["zero2"] - whole) < 1e-3 * whole,
@@ -645,63 +649,74 @@ lesson.say(
 # %% [markdown]
 # ## What each rung trades
 #
-# Rank 0's model state at the update beside what it sent in a step (the ring table).
+# Rank 0's bytes at three moments of a step: model state, and what its all-gathers of parameters hold.
 
 # %%
 # %%rank 0
 from minddp.sharding.memory import all_gather_buffer_bytes
 
-trade = pd.DataFrame({"model state MiB": table["model state MiB"], "sent a step MiB": pd.Series(total) / 2**20})
-spared = trade.loc["ddp", "model state MiB"] - trade["model state MiB"]  # against ddp's, at the update
-handed = {s: looks[s]["calls"] + looks[s]["gathers"] for s in STAGES}  # collectives in the gloo looks (the figure's)
-same = abs(total["zero2"] - total["ddp"]) < 1e-3 * total["ddp"]  # to within the chunks' padding
-kept = memory["ddp"]["optimizer"] - memory["zero1"]["optimizer"]  # zero1's only saving, at the update
-lesson.claim(
-    len(set(act.values())) == 1 and spared.idxmax() == "fsdp" and act["ddp"] > spared.max() * 2**20,
-    f"Model state only: the activations, {lesson.mib(act['ddp'])} in every stage, alone outweigh the largest saving below, fsdp's {spared['fsdp']:.1f} MiB.",
-)
-lesson.claim(
-    abs(spared["zero1"] * 2**20 - kept) < 1 and abs(total["zero1"] - 1.5 * total["ddp"]) < 1e-3 * total["ddp"],
-    f"zero1 keeps {lesson.mib(kept)} less optimizer state than ddp, for "
-    f"{total['zero1'] / total['ddp']:.1f} times ddp's bytes sent.",
-)
-cut = memory["ddp"]["gradients"] - memory["zero2"]["gradients"]  # held whole by a later forward (cell 12)
-state = {s: memory[s]["parameters"] + memory[s]["gradients"] + memory[s]["optimizer"] for s in STAGES}
-early = state["zero2"] + between["zero2"] - memory["zero2"]["gradients"]  # zero2's by a later micro-batch's forward
-lesson.claim(
-    abs((spared["zero2"] - spared["zero1"]) * 2**20 - cut) < 1
-    and between["zero2"] == memory["ddp"]["gradients"]
-    and early == state["zero1"]
-    and same,
-    f"zero2 holds {spared['zero2']:.1f} MiB less model state than ddp at the update and, its gradients whole "
-    f"again by a later micro-batch's forward, {(state['ddp'] - early) / 2**20:.1f} MiB less then, as zero1; for "
-    + ("the same bytes sent" if total["zero2"] == total["ddp"] else "ddp's bytes sent to within 0.1 %")
-    + ".",
-)
-early_fsdp = state["fsdp"] + between["fsdp"] - memory["fsdp"]["gradients"]  # whole gradients in its units (cell 12)
-lesson.claim(
-    spared["fsdp"] > spared["zero2"]
-    and early_fsdp < early
-    and total["fsdp"] > total["zero2"]
-    and handed["fsdp"] > handed["zero2"],
-    "fsdp holds less model state than zero2 at the update and by a later micro-batch's forward "
-    f"({lesson.mib(early_fsdp)} against {lesson.mib(early)}), for "
-    f"{total['fsdp'] / total['zero2']:.1f} times its bytes sent and {handed['fsdp']} collectives handed over "
-    f"against {handed['zero2']}: it gathers its units in each of the {accum} micro-batches, zero2 its buckets "
-    "once a step.",
-)
+
+def grads_now(t):  # gradient bytes held between steps, in every tensor a stage may hold them in
+    held = {id(p): p for g in t.optimizer.param_groups for p in g["params"]} | {id(p): p for p in t.model.parameters()}
+    held |= {id(p): p for p in getattr(t.model, "full", [])}  # zero2's full parameters
+    return sum(p.grad.nbytes for p in held.values() if p.grad is not None)
+
+
+kept = {s: memory[s]["parameters"] + memory[s]["optimizer"] for s in STAGES}
 z1 = trainees["zero1"].optimizer  # one bucket: its send and receive buffers are held together in its update
-buffers = {"zero1": all_gather_buffer_bytes(z1), "zero2": all_gather_buffer_bytes(trainees["zero2"].model)}
-over = state["zero1"] + buffers["zero1"] - state["ddp"]  # zero1's model state and buffers against ddp's
-lesson.claim(
-    len(z1.buckets) == 1,
-    f"The table leaves out the all-gather buffers: zero1's, {lesson.mib(buffers['zero1'])} in its update, against "
-    f"its {lesson.mib(kept)} saving (with them, {lesson.mib(abs(over))} "
-    + ("more than ddp's model state: no saving there" if over > 0 else "less than ddp's model state: a smaller saving")
-    + f"); zero2's, up to {lesson.mib(buffers['zero2'])} as its next step's first forward starts; fsdp's gathered "
-    f"units peak at {lesson.mib(memory['fsdp']['gathered'])}.",
+plan = "planned"
+MOMENTS = {  # moment: (model state, buffers, how the buffers are known) by stage
+    "at the update": {
+        s: (kept[s] + memory[s]["gradients"], *((all_gather_buffer_bytes(z1), plan) if s == "zero1" else (0, "")))
+        for s in STAGES
+    },
+    "at a step's first forward": {
+        s: (
+            kept[s] + grads_now(trainees[s]),
+            *{
+                "zero2": (all_gather_buffer_bytes(trainees["zero2"].model), plan),
+                "fsdp": (memory["fsdp"]["gathered"], "measured"),
+            }.get(s, (0, "")),
+        )
+        for s in STAGES
+    },
+    "at a later micro-batch's forward": {
+        s: (kept[s] + between[s], *((memory["fsdp"]["gathered"], "measured") if s == "fsdp" else (0, "")))
+        for s in STAGES
+    },
+}
+total_at = {m: {s: a + b for s, (a, b, _) in by.items()} for m, by in MOMENTS.items()}
+trade = pd.DataFrame(
+    {
+        m: {
+            s: f"{(a + b) / 2**20:.1f}" + (f" = {a / 2**20:.1f} + {b / 2**20:.1f} {how}" if b else "")
+            for s, (a, b, how) in by.items()
+        }
+        for m, by in MOMENTS.items()
+    }
 )
-trade.round(1)
+lesson.say(
+    "MiB on rank 0: model state + what all-gathers of parameters hold (fsdp's gathered units), planned from the "
+    "bucket plan or measured."
+)
+forward_saving = max(total_at[m]["ddp"] - total_at[m][s] for m in list(MOMENTS)[1:] for s in STAGES)
+lesson.claim(
+    len(z1.buckets) == 1 and len(set(act.values())) == 1 and act["ddp"] > forward_saving,
+    f"While a forward runs, the activations, {lesson.mib(act['ddp'])} in every stage, outweigh the most any "
+    f"stage's total falls below ddp's then, {lesson.mib(forward_saving)}.",
+)
+verdicts = []
+for s in STAGES[1:]:
+    more = [m for m in MOMENTS if total_at[m][s] > total_at[m]["ddp"]]
+    verdicts.append(f"{s}'s " + (f"is more {' and '.join(more)}" if more else "less at every moment"))
+lesson.say(
+    "Against ddp's total at the same moment, "
+    + ", ".join(verdicts)
+    + "; bytes sent a step, against ddp's: "
+    + ", ".join(f"{s} {total[s] / total['ddp']:.1f}" for s in STAGES[1:])
+    + " times."
+)
+trade
 
 # %% [markdown]
 # ## Your turn: all_reduce from its two halves
