@@ -139,7 +139,7 @@ from minddp.bench.convergence import cosine, train_config
 
 runs = {name: train_config(name, task, seed=0, steps=300, batch=32, lr=3e-3, eval_every=100) for name in
         ("ddp", "local-sgd-h10", "diloco-h10")}  # fmt: skip
-lesson.say(f"after 300 steps, AdamW's lr annealed to {cosine(300)(300):g} × 3e-3: the expected loss, payload bytes")
+lesson.say(f"after 300 steps (lr annealed to {cosine(300)(300):g} × 3e-3): expected loss, payload bytes")
 for name, run in runs.items():
     lesson.say(f"{name:>14}: {run['loss'][-1]:.4f}, {int(run['bytes'][-1]):>10,} bytes")
 lesson.claim(
@@ -148,8 +148,8 @@ lesson.claim(
 )
 
 # %% [markdown]
-# That is one *seed* (a start and chains that every run shares) on 2 replicas. The bench trains 2000 steps (its lr annealed over those) on 4
-# replicas, 5 seeds; the figure and numbers below are read from its committed results
+# That is one *seed* (a start and chains that every run shares) on 2 replicas. The bench trains 2000 steps (its lr
+# annealed over those) on 4 replicas, 5 seeds; the figure and numbers below are read from its committed results
 # (`docs/diloco/convergence.json`). Its
 # runs: `ddp`; `single` (a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100);
 # `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (those outer learning rates; not drawn);
@@ -261,7 +261,7 @@ lesson.claim(
     and scheduled,
     f"AdamW's lr in train_config: {results['lr']:g} × `cosine(steps)`, a half cosine; at step 300, × "
     f"{cosine(results['steps'])(300):.2f} in the bench, × {cosine(300)(300):g} in the run above. Yet at step 300 "
-    "every bench seed orders them as the run above: DDP, local SGD, DiLoCo at H = 10; by step 2000 DiLoCo is "
+    "every bench seed has the run above's order: DDP, local SGD, DiLoCo at H = 10; by step 2000 DiLoCo is "
     f"below local SGD in {ahead10} of {len(curves['diloco-h10'])} seeds",
 )
 lesson.claim(
@@ -480,10 +480,10 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
 most = H // FRAGMENTS - 1  # the largest τ with one fragment in flight (τ < H/K)
 short = [f for f, n in need.items() if n > most]
 lesson.say(
-    "covering the modeled end at its own ms a step (asks at ÷ τ) takes "
-    + " and ".join(f"τ = {n} for fragment {f}" for f, n in need.items())
+    "to cover its modeled end at its own ms a step (asks at ÷ τ): "
+    + ", ".join(f"τ = {n} for fragment {f}" for f, n in need.items())
     + f"; τ < H/K allows at most {most}: "
-    + (f"no allowed τ fits fragment {' or '.join(short)}" if short else "an allowed τ fits each")
+    + (f"none fits fragment {' or '.join(short)}" if short else "each fits")
     + (f", which holds the {'×'.join(map(str, biggest.shape))} weight whole" if str(holder) in short else "")
 )
 
@@ -615,7 +615,7 @@ lesson.claim(
     and all(gain[name] > 0 for name in slower)
     and [n for n in slower if gain[n] < 0.01] == ["100mbit", "home"],  # the takeaway's "less than one point"
     f"streaming DiLoCo computes 100.0 % of the time on exactly the links where one fragment's time on the link "
-    f"fits in its τ = 10 steps ({tau_s:.2f} s; on '{first}' a fragment takes {fragment_on(first):.2f} s). On "
+    f"fits in its τ = 10 steps ({tau_s:.2f} s). On "
     + ", ".join(f"'{name}'" for name in slower)
     + " it takes "
     + ", ".join(f"{fragment_on(name):.1f}" for name in slower)
@@ -652,8 +652,8 @@ lesson.claim(
 # * In the bench (this task and model) DiLoCo not streamed ended behind local SGD in most seeds at H = 10 and in
 #   every seed at H = 50 and 100, its loss rising far more with H; at H = 100, at every outer lr
 #   tried, it ended worse than one replica alone in every seed, while local SGD ended below it at
-#   every H, in every seed. An outer step can raise the synced weights' loss. Of the bench's runs that talk rarely, `streaming-h100` ended closest to DDP; which of its
-#   three settings helps was not separated.
+#   every H, in every seed. An outer step can raise the synced weights' loss. Of the bench's runs that
+#   talk rarely, `streaming-h100` ended closest to DDP; which of its three settings helps was not separated.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it; the replica waits
 #   when its message is not delivered within them.
