@@ -129,29 +129,27 @@ print(doc.split("a few left out::")[1].split("Example")[0].rstrip())
 
 # %% [markdown]
 # One run of local SGD and of DiLoCo (its default outer SGD) on the two ranks, DDP beside them, from the same start
-# on the same chains (300 steps, H = 10), by `train_config`, the bench's run, scoring the expected loss of DDP's
+# on the same chains (300 steps, H = 10), by the bench's `train_config`, scoring the expected loss of DDP's
 # weights, local SGD's last average, DiLoCo's synced weights; before a first sync, rank 0's own weights (local SGD)
 # and the untrained start (DiLoCo):
 
 # %%
 # %%distributed
-from minddp.bench.convergence import train_config
+from minddp.bench.convergence import cosine, train_config
 
 runs = {name: train_config(name, task, seed=0, steps=300, batch=32, lr=3e-3, eval_every=100) for name in
         ("ddp", "local-sgd-h10", "diloco-h10")}  # fmt: skip
-lesson.say("after 300 steps: the expected loss, and the payload bytes per replica")
+lesson.say(f"after 300 steps (lr annealed to {cosine(300)(300):g} × 3e-3): expected loss, payload bytes")
 for name, run in runs.items():
     lesson.say(f"{name:>14}: {run['loss'][-1]:.4f}, {int(run['bytes'][-1]):>10,} bytes")
-ranked = sorted(runs, key=lambda name: runs[name]["loss"][-1])
-lesson.say(f"lowest expected loss first, after 300 steps: {', '.join(ranked)}")
 lesson.claim(
     runs["ddp"]["bytes"][-1] == 10 * runs["diloco-h10"]["bytes"][-1] == 10 * runs["local-sgd-h10"]["bytes"][-1],
     "with H = 10 both rungs send exactly 10 times fewer bytes than DDP",
 )
 
 # %% [markdown]
-# That is one *seed* (a start and chains that every run shares) on 2 replicas. The bench trains 2000 steps on 4
-# replicas, 5 seeds; the figure and numbers below are read from its committed results
+# That is one *seed* (a start and chains that every run shares) on 2 replicas. The bench trains 2000 steps (its lr
+# annealed over those) on 4 replicas, 5 seeds; the figure and numbers below are read from its committed results
 # (`docs/diloco/convergence.json`). Its
 # runs: `ddp`; `single` (a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100);
 # `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (those outer learning rates; not drawn);
@@ -196,7 +194,7 @@ spread = {n: (min(final(n)), max(final(n))) for n in curves}
 sweep = sorted(n for n in curves if n.startswith("diloco-h100-lr"))  # DiLoCo at H = 100, other outer lrs
 shown = ("ddp", "single", *(f"{r}-h{h}" for h in (10, 50, 100) for r in ("local-sgd", "diloco")), *sweep,
          "streaming-h100")  # fmt: skip
-print("the final expected loss: the mean over the seeds (lowest seed to highest)")
+print("the final expected loss over the seeds: mean (lowest to highest)")
 for name in shown:
     low, high = spread[name]
     print(f"{name:>17}: {statistics.mean(final(name)):.4f} ({low:.4f} to {high:.4f})")
@@ -262,9 +260,9 @@ lesson.claim(
     and 2 * ahead10 < len(curves["diloco-h10"])  # the takeaway's "behind local SGD in most seeds"
     and scheduled,
     f"AdamW's lr in train_config: {results['lr']:g} × `cosine(steps)`, a half cosine; at step 300, × "
-    f"{cosine(results['steps'])(300):.2f} in the bench, × {cosine(300)(300):g} in the run above. There every seed "
-    "has DDP lowest, then local SGD, then DiLoCo at H = 10; by step 2000 DiLoCo is below local SGD in "
-    f"{ahead10} of {len(curves['diloco-h10'])} seeds",
+    f"{cosine(results['steps'])(300):.2f} in the bench, × {cosine(300)(300):g} in the run above. Yet at step 300 "
+    "every bench seed has the run above's order: DDP, local SGD, DiLoCo at H = 10; by step 2000 DiLoCo is "
+    f"below local SGD in {ahead10} of {len(curves['diloco-h10'])} seeds",
 )
 lesson.claim(
     all(max(final(f"local-sgd-h{h}")) < min(final("single")) for h in (10, 50, 100)),
@@ -440,6 +438,8 @@ if rank == 0:
 # %% jupyter={"source_hidden": true}
 # %%distributed
 # The lines under the figure (this cell's code collapsed).
+import math
+
 from minddp.analysis import metrics
 
 sends = [i for i, n in enumerate(order) if n.startswith("minddp.fragment_send")]
@@ -463,7 +463,7 @@ lesson.claim(
     len(sends) == len(applies) == FRAGMENTS and all(step_of(a) - step_of(s) == TAU for s, a in zip(sends, applies)),
     f"each fragment was applied in the post-hook of the {TAU}th = τth step after the one that handed it over",
 )
-outlasted = []  # the fragments still on the modeled link when the step τ later asked for them
+need = {}  # each fragment's τ that would have covered its modeled time on the link, at its own τ steps' pace
 for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     asked = link.asked[m["seq"]]  # when step a's post-hook called wait(), on the link's clock (s)
     # ms from the message's start on the link, rounded as printed first, so that the printed numbers add up
@@ -471,19 +471,20 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     waited = metrics.waited([(before, max(before, delivered))])  # ms
     fragment = order[s].rpartition("#")[2]
     large = " (the large weight's)" if int(fragment) == holder else ""
-    outlasted += [fragment + large] if on_link > before else []
+    need[fragment] = math.ceil(on_link / (before / TAU))  # ms on the link / ms a step (its τ steps, as asked)
     lesson.say(
         f"fragment {fragment}{large}, handed over in step {step_of(s)}, ms from its start on the link: modeled end "
         f"{on_link:.1f}, delivered {delivered:.1f}, step {step_of(a)} asks at {before:.1f}: "
         + (f"waited {waited:.1f} ms" if waited else "no wait")
     )
+most = H // FRAGMENTS - 1  # the largest τ with one fragment in flight (τ < H/K)
+short = [f for f, n in need.items() if n > most]
 lesson.say(
-    f"both fragments were still on the modeled link when asked for: τ = {TAU} steps is too short on this link"
-    if len(outlasted) == FRAGMENTS
-    else f"only fragment {outlasted[0]} was still on the modeled link when asked for: τ = {TAU} steps is too short "
-    "for it on this link"
-    if outlasted
-    else f"each fragment's modeled time on the link ended within its τ = {TAU} steps"
+    "to cover its modeled end at its own ms a step (asks at ÷ τ): "
+    + ", ".join(f"τ = {n} for fragment {f}" for f, n in need.items())
+    + f"; τ < H/K allows at most {most}: "
+    + (f"none fits fragment {' or '.join(short)}" if short else "each fits")
+    + (f", which holds the {'×'.join(map(str, biggest.shape))} weight whole" if str(holder) in short else "")
 )
 
 
@@ -526,7 +527,7 @@ print(check_fragment_schedule(solutions.fragment_to_send))
 # not progress. Here for a model of SmolLM2-360M's size (fp32 pseudo-gradients and gradients, 1.44 GB, taken as
 # 32 equal tensors), 2 replicas, each 16,384 tokens per step at an assumed 300 TFLOP/s, a step's compute taken
 # as 6 FLOPs per parameter and token: DDP, DiLoCo not streamed with H = 100, and streaming DiLoCo with H = 100,
-# 4 equal fragments and τ = 10, on seven of the preset links, the widest first.
+# 4 equal fragments and τ = 10, on seven preset links, widest first.
 
 # %%
 from minddp.comm.link import PRESETS
@@ -574,8 +575,8 @@ lesson.claim(
     all(table[name]["streaming"]["utilisation"] == 1.0 for name in down_to)
     and all(table[name]["ddp"]["utilisation"] < 0.5 for name in links[links.index(half) :])
     and all(table[name]["ddp"]["utilisation"] < 0.05 for name in links[links.index(first) :]),
-    f"DDP computes less than half of the time from '{half}' ({PRESETS[half].about}; "
-    f"{pct(table[half]['ddp']['utilisation'])}) down, less than 5 % from '{first}' ({spec.about}; "
+    f"DDP computes less than half of the time from '{half}' ("
+    f"{pct(table[half]['ddp']['utilisation'])}) down, less than 5 % from '{first}' ("
     f"{pct(table[first]['ddp']['utilisation'])}) down; on "
     f"'{first}' and every wider link DiLoCo not streamed computes at least "
     f"{pct(min(table[name]['diloco']['utilisation'] for name in down_to))} of the time, and streaming DiLoCo all of it",
@@ -614,7 +615,7 @@ lesson.claim(
     and all(gain[name] > 0 for name in slower)
     and [n for n in slower if gain[n] < 0.01] == ["100mbit", "home"],  # the takeaway's "less than one point"
     f"streaming DiLoCo computes 100.0 % of the time on exactly the links where one fragment's time on the link "
-    f"fits in its τ = 10 steps ({tau_s:.2f} s; on '{first}' a fragment takes {fragment_on(first):.2f} s). On "
+    f"fits in its τ = 10 steps ({tau_s:.2f} s). On "
     + ", ".join(f"'{name}'" for name in slower)
     + " it takes "
     + ", ".join(f"{fragment_on(name):.1f}" for name in slower)
@@ -645,21 +646,20 @@ lesson.claim(
 # %% [markdown]
 # ## What to take away
 #
-# * Local SGD and DiLoCo send H times fewer bytes than DDP. With no more payload than DDP has handed over by step
-#   50, each drawn run that talks rarely is below DDP's step-50 loss by step 2000; step for step, after
-#   the start, DDP's mean is below each of theirs.
+# * Local SGD and DiLoCo send H times fewer bytes than DDP. In the bench, with no more payload than DDP has handed
+#   over by step 50, each drawn run that talks rarely is below DDP's step-50 loss by step 2000; step for step,
+#   after the start, DDP's mean is below each of theirs.
 # * In the bench (this task and model) DiLoCo not streamed ended behind local SGD in most seeds at H = 10 and in
 #   every seed at H = 50 and 100, its loss rising far more with H; at H = 100, at every outer lr
-#   tried, it ended worse than one replica alone in every seed, while local SGD ended below one replica alone at
-#   every H, in every seed. An outer step can raise the synced weights' loss (the
-#   claims' last line). Of the bench's runs that talk rarely, streaming DiLoCo ended closest to DDP; which of the
-#   three settings it changes helps was not separated.
+#   tried, it ended worse than one replica alone in every seed, while local SGD ended below it at
+#   every H, in every seed. An outer step can raise the synced weights' loss. Of the bench's runs that
+#   talk rarely, `streaming-h100` ended closest to DDP; which of its three settings helps was not separated.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it; the replica waits
 #   when its message is not delivered within them.
-# * The step-time model *predicts* (a 360 M-parameter model, H = 100): on `wan` DDP computes less than 5 % of the
-#   time (less than half already on `10gbit`), and streaming DiLoCo with 4 equal fragments and τ = 10 all of it;
-#   streaming computes all of the time only where a fragment's time on the link fits in its τ steps, and on
+# * The step-time model, times only (a 360 M-parameter model, H = 100; not the bench's settings), *predicts*: on
+#   `wan` DDP computes less than 5 % of the time, and streaming DiLoCo with 4 equal fragments and τ = 10 all of
+#   it; streaming computes all of the time only where a fragment's time on the link fits in its τ steps, and on
 #   `100mbit` and `home` less than one percentage point more than DiLoCo not streamed.
 
 # %%
