@@ -49,7 +49,6 @@ STEADY: dict[str, dict[str, str]] = {
     },
     "04_comm_hooks": {},
     "05_reading_traces": {
-        "non-compute = (100 % − overlap)": "a definition: the whole as 100 %",
         "**emulated 1 Gbit/s link**": LINK,
         "preset's α = 50 µs and β = 8 ns a byte (1 Gbit/s)": LINK,
     },
