@@ -53,8 +53,8 @@ def say_check(stage: str, on_ranks: list[float], spans: list, look: dict) -> Non
         told = "here the ranks' times differ by less than 1 ms."
     elif len(spans) == 1:
         told = f"rank {long}, there first, stood {gap:.0f} ms longer, waiting for rank {short}."
-    else:
-        told = f"rank {long} stood {gap:.0f} ms longer at them in all, waiting for rank {short}."
+    else:  # a net over the checks: at each, either rank may have been there first
+        told = "at each, the rank there first waited for the other."
     said = f"{stage}'s check held {ranks}. " + (why + told if first else told[0].upper() + told[1:])
     link, waited = look["link_ms"], look["waited_ms"]
     if round(on_ranks[0]) > max(round(link), round(waited)):
@@ -81,7 +81,7 @@ def look_table(looks: dict, checks: dict[str, list[float]]):
 def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, object]:
     """The bucket lesson's first cell: hook-async's and bucket-async's links (``on_the_link`` of each step's row),
     the late start said from the bare network's timings (``bare``, :func:`minddp.costmodel.compute.probe`; ``plan``
-    the workload's buckets), and the two links' ends in words. Returns (the links, their table)."""
+    the workload's buckets). Returns (the links, their table)."""
     import pandas as pd
 
     from minddp.costmodel.buckets import on_the_link
@@ -100,11 +100,6 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
         pd.DataFrame(why)
         .T[["messages", "link_ms", "end_ms", "exposed_ms"]]
         .rename(columns={"link_ms": "link time, ms", "end_ms": "link after backward, ms", "exposed_ms": "exposed, ms"})
-    )
-    say(
-        "In one profiled step each: "
-        + "; ".join(lesson.link_end_in_words(s, why[s], looks[s]) for s in ("bucket-async", "hook-async"))
-        + "."
     )
     table = table.infer_objects()
     exposed = table["exposed, ms"].round().astype(int)  # whole ms from the measured value, as every other line
@@ -134,10 +129,11 @@ def say_sweep(swept: dict, model: list, per_gradient, this_run_s: float, h: dict
     say(
         f"The step-time model replays every cap with one backward's compute, {1e3 * this_run_s:.0f} ms (their median"
         + (f": the {median_of[0]} step's own" if median_of else "")
-        + f"); one message per gradient leaves {per_gradient_ms:.1f} ms of link after backward, buckets "
+        + "), lengthened by each hand-over's cost (a bucket's with its copy)"
+        + f"; one message per gradient leaves {per_gradient_ms:.1f} ms of link after backward, buckets "
         + (f"less at {' and '.join(fewer)} MiB" if fewer else "more at every cap")
         + f" (least {least:.1f} ms, at {' and '.join(at_least)} MiB); each step ran its own backward (hook-async's "
-        + f"{backward_less_check(h):.0f} ms, the caps': the table's last column), so its link after backward differs."
+        + f"{backward_less_check(h):.0f} ms, the caps': the table's last column)."
     )
 
 
@@ -160,7 +156,7 @@ def sweep_figure(swept: dict, model: list, default, per_gradient, link_name: str
         (
             48,
             measured[None],
-            f"one step: link after backward, None, torch's default ({measured[None]:.0f} ms)",
+            f"one step: link after backward, cap None ({measured[None]:.0f} ms)",
         ),
         (
             64,
@@ -286,41 +282,51 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
         )
 
 
-def say_takeaway(per_grad: dict, bucketed: dict, saved_ms: float, t4: dict, far: dict) -> None:
-    """The takeaway in words, from the runs: what buckets saved on the link, which hand-over set bucket-async's link
-    after backward (the tail, the late start or another; ``on_the_link`` of hook-async's and bucket-async's steps on
-    this notebook's link), and which exposed less, bucket-async or hook-async, on each link (``t4``, ``far``: the
-    sized links' runs)."""
-    end = round(bucketed["end_ms"], 1)
-    if end <= 0:
-        tail = "bucket-async left no link after backward."
-    elif bucketed["limit"] == "tail":
-        tail = (
-            f"Their last bucket takes {bucketed['tail_ms']:.1f} ms on the link, hook-async's last message "
-            f"{per_grad['tail_ms']:.1f} ms; it set bucket-async's {end:.1f} ms of link after backward."
-        )
-    elif bucketed["limit"] == "start":
-        tail = (
-            f"Their first message leaves later (the late start): its hand-over set bucket-async's {end:.1f} ms of "
-            "link after backward."
-        )
-    else:
-        tail = (
-            f"bucket-async's {end:.1f} ms of link after backward was set by the hand-over of its {bucketed['limit']} "
-            f"of {bucketed['messages']}."
+def say_takeaway(per_grad: dict, bucketed: dict, saved_ms: float, backward_ms: dict, t4: dict, far: dict, share: dict):
+    """The takeaway in words, from the runs: what buckets saved on the link, how bucket-async's link time on this
+    notebook's link compares with its own backward (``backward_ms``: each stage's backward less the check there), and
+    which exposed less, bucket-async or hook-async, on each link (``t4``, ``far``: the sized links' runs), with the
+    two steps' backwards where they differ by more than the exposed times do; ``share``: one message's fixed cost
+    over one backward on each link, named where bucket-async exposed less exactly on the links of the largest."""
+    b_ms, link = backward_ms["bucket-async"], bucketed["link_ms"]
+    said = (
+        f"Buckets cut the link time by the fixed costs of the messages they no longer send: {saved_ms:.1f} ms of "
+        f"hook-async's {per_grad['link_ms']:.0f} ms here."
+    )
+    if link >= 0.9 * b_ms and round(bucketed["end_ms"], 1) > 0:  # within a tenth, or longer: said so, not one message
+        size = "about as long as" if link <= 1.1 * b_ms else "longer than"
+        said += (
+            f" On the link bucket-async's messages took {size} its own backward ({link:.0f} against {b_ms:.0f} ms) "
+            f"and ran {bucketed['end_ms']:.1f} ms past its end."
         )
     word = {"as much as": "as much", "more than": "more", "less than": "less"}
-    verdicts = []
-    for where, h, b in (
-        ("on this notebook's link", per_grad, bucketed),
-        ("sized for 4 × T4", t4["hook-async"], t4["bucket-async"]),
-        ("sized for 1024 ranks", far["hook-async"], far["bucket-async"]),
+    here = dict(per_grad, backward_ms=backward_ms["hook-async"]), dict(bucketed, backward_ms=b_ms)
+    verdicts, apart, less = [], False, []
+    for where, (h, b) in (
+        ("on this notebook's link", here),
+        ("sized for 4 × T4", (t4["hook-async"], t4["bucket-async"])),
+        ("sized for 1024 ranks", (far["hook-async"], far["bucket-async"])),
     ):
-        said = word[lesson.than(b["exposed_ms"], h["exposed_ms"])]
-        joined = "and" if said == "as much" else "against"
-        verdicts.append(f"{said} {where} ({b['exposed_ms']:.0f} {joined} {h['exposed_ms']:.0f} ms)")
-    say(
-        f"Buckets cut the link time by the fixed costs of the messages they no longer send: {saved_ms:.1f} ms of "
-        f"hook-async's {per_grad['link_ms']:.0f} ms here. {tail} Exposed, one step each, bucket-async against "
-        f"hook-async: {', '.join(verdicts)}."
+        said_of = word[lesson.than(b["exposed_ms"], h["exposed_ms"])]
+        less += [where] if said_of == "less" else []
+        numbers = f"{b['exposed_ms']:.0f} {'and' if said_of == 'as much' else 'against'} {h['exposed_ms']:.0f} ms"
+        gap = abs(round(b["exposed_ms"]) - round(h["exposed_ms"]))
+        if abs(round(b["backward_ms"]) - round(h["backward_ms"])) > gap:  # unequal compute: the steps' backwards
+            numbers += f"; backwards {b['backward_ms']:.0f} against {h['backward_ms']:.0f} ms"
+            apart = True
+        verdicts.append(f"{said_of} {where} ({numbers})")
+    said += f" Exposed, one step each, bucket-async against hook-async: {', '.join(verdicts)}"
+    said += (
+        ": where the backwards are given they differ by more than the exposed times, so those steps do not compare "
+        "the links on equal compute."
+        if apart
+        else "."
     )
+    largest = max(share.values())
+    others = [v for v in share.values() if v < largest]
+    if less and others and all((share[w] == largest) == (w in less) for w in share):
+        said += (
+            f" bucket-async exposed less only {' and '.join(less)}, where one message's fixed cost is the largest "
+            f"share of a backward ({largest:.1e}; elsewhere at most {max(others):.1e})."
+        )
+    say(said)
