@@ -86,7 +86,7 @@ def meet(stage, before=None):
     lesson.say_look(looks, stage)
     if stage in lesson_03.CHECKED:  # each rank's own time at the parameters-used check
         on_ranks = lesson_03.checks_on_ranks(looks, [stage])[stage]
-        lesson_03.say_check(stage, on_ranks, looks[stage]["check_spans"], looks[stage])
+        lesson_03.say_check(stage, on_ranks, looks[stage]["check_spans"])
     lesson.picture(looks, stage, before, title=f"{stage}" + (f" (below) and {before} (faded)" if before else ""))
 
 
@@ -682,7 +682,7 @@ lesson.claim(
     + ".",
 )
 here = lesson.SETTINGS.bucket_cap_mb
-lesson_03.say_sweep(swept, model, per_gradient, this_run, looks["hook-async"])
+lesson_03.say_sweep(swept, model, per_gradient, this_run)
 if rank == 0:
     lesson_03.sweep_figure(swept, model, default, per_gradient, LINK.name, world_size, here, looks["hook-async"])
 
@@ -775,7 +775,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # %%distributed
 t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
 far = {s: blog_runs["1024 ranks", s] for s in RUN["1024 ranks"]}
-lesson_03.say_sized_measures(t4, far, sized_from)
+lesson_03.say_sized_measures(t4, far)
 
 # %% [markdown]
 # ## Takeaway

@@ -30,11 +30,10 @@ def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
     return {s: [r[s] for r in everyone] for s in mine}
 
 
-def say_check(stage: str, on_ranks: list[float], spans: list, look: dict) -> None:
+def say_check(stage: str, on_ranks: list[float], spans: list) -> None:
     """The time the parameters-used check held each rank in one step of ``stage`` (:func:`checks_on_ranks`), in
     words: its all_gather returns only once every rank has joined it, so the difference is the earlier rank's wait.
-    ``spans``: rank 0's checks (ms); ``look``: this rank's look of the step (where rank 0's hold outlasts both its
-    messages' link time and its waits for them, that is said: the check is then what its picture shows most).
+    ``spans``: rank 0's checks (ms); over several checks, the net difference is not one rank's wait.
     Call on every rank; rank 0 says it."""
     order = sorted(range(len(on_ranks)), key=on_ranks.__getitem__)
     long, short = order[-1], order[0]
@@ -56,12 +55,6 @@ def say_check(stage: str, on_ranks: list[float], spans: list, look: dict) -> Non
     else:  # a net over the checks: at each, either rank may have been there first
         told = "at each, the rank there first waited for the other."
     said = f"{stage}'s check held {ranks}. " + (why + told if first else told[0].upper() + told[1:])
-    link, waited = look["link_ms"], look["waited_ms"]
-    if round(on_ranks[0]) > max(round(link), round(waited)):
-        said += (
-            f" In rank 0's picture the check outlasts its messages: {on_ranks[0]:.0f} ms against {link:.0f} ms of "
-            f"link time and {waited:.0f} ms waited."
-        )
     say(said)
 
 
@@ -118,9 +111,9 @@ def least_caps(model: list) -> tuple[float, list[str]]:
     return least, [f"{c.cap_mb:g}" for c in model if round(1e3 * c.after_backward, 1) == least]
 
 
-def say_sweep(swept: dict, model: list, per_gradient, this_run_s: float, h: dict) -> None:
+def say_sweep(swept: dict, model: list, per_gradient, this_run_s: float) -> None:
     """The cap sweep in a sentence: the model's link after backward, buckets against one message per gradient (the
-    measured steps' are in :func:`sweep_table`); ``h``: hook-async's look, whose step ran its own backward."""
+    measured steps' are in :func:`sweep_table`); the model's compute is one backward, ``this_run_s``."""
     own = {c: backward_less_check(v) for c, v in swept.items()}
     median_of = [cap_name(c) for c, b in own.items() if abs(b / 1e3 - this_run_s) < 1e-9]
     least, at_least = least_caps(model)
@@ -132,8 +125,7 @@ def say_sweep(swept: dict, model: list, per_gradient, this_run_s: float, h: dict
         + "), lengthened by each hand-over's cost (a bucket's with its copy)"
         + f"; one message per gradient leaves {per_gradient_ms:.1f} ms of link after backward, buckets "
         + (f"less at {' and '.join(fewer)} MiB" if fewer else "more at every cap")
-        + f" (least {least:.1f} ms, at {' and '.join(at_least)} MiB); each step ran its own backward (hook-async's "
-        + f"{backward_less_check(h):.0f} ms, the caps': the table's last column)."
+        + f" (least {least:.1f} ms, at {' and '.join(at_least)} MiB)."
     )
 
 
@@ -257,8 +249,8 @@ def say_sized(
     )
 
 
-def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
-    """Each sized link's rungs (2 ranks; ``sized_from``: the backward, s, each link was sized from): link time,
+def say_sized_measures(t4: dict, far: dict) -> None:
+    """Each sized link's rungs (2 ranks): link time,
     exposed and the step's own last backward less the check, then in words which exposed less, bucket-async or
     hook-async, and whether one message per gradient needed more link time than its own backward;
     a whole-ms match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
@@ -268,8 +260,8 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
         if round(h["link_ms"]) > round(h["backward_ms"]):
             said += "; hook-async's link time is longer than its backward less the check"
         say(
-            f"2 ranks on the link sized for {name} from a {1e3 * sized_from[name]:.0f} ms backward; each rung's link "
-            "time, exposed and own last backward less the check, ms: "
+            f"2 ranks on the link sized for {name}; each rung's link time, exposed and own last backward less the "
+            "check, ms: "
             + "; ".join(
                 f"{s} {r['link_ms']:.0f}, {r['exposed_ms']:.0f}, {r['backward_ms']:.0f}" for s, r in runs.items()
             )
@@ -315,7 +307,7 @@ def say_takeaway(per_grad: dict, bucketed: dict, saved_ms: float, backward_ms: d
             numbers += f"; backwards {b['backward_ms']:.0f} against {h['backward_ms']:.0f} ms"
             apart = True
         verdicts.append(f"{said_of} {where} ({numbers})")
-    said += f" Exposed, one step each, bucket-async against hook-async: {', '.join(verdicts)}"
+    said += f" Exposed, bucket-async against hook-async: {', '.join(verdicts)}"
     said += (
         ": where the backwards are given they differ by more than the exposed times, so those steps do not compare "
         "the links on equal compute."
