@@ -22,7 +22,7 @@
 #
 # Each stage from `ga` to `bucket-async` has five parts:
 #
-# 1. **the idea**, in words and in the few plain `torch.distributed` lines that carry it;
+# 1. **the idea**, in words and, where it is new, in plain code;
 # 2. **the code**: the stage's class in `minddp/stages/`, and **what changed** from the stage
 #    before, method by method. Besides the idea's lines, a class sends its gradients
 #    through the *comm hook* (`self.comm_hook(self.comm_state, GradBucket(...))`; `04_comm_hooks`
@@ -86,7 +86,7 @@ def meet(stage, before=None):
     lesson.say_look(looks, stage)
     if stage in lesson_03.CHECKED:  # each rank's own time at the parameters-used check
         on_ranks = lesson_03.checks_on_ranks(looks, [stage])[stage]
-        lesson_03.say_check(stage, on_ranks, looks[stage]["check_spans"], looks[stage])
+        lesson_03.say_check(stage, on_ranks, looks[stage]["check_spans"])
     lesson.picture(looks, stage, before, title=f"{stage}" + (f" (below) and {before} (faded)" if before else ""))
 
 
@@ -316,10 +316,10 @@ check(solutions.HookDDP, like="hook")
 # %% [markdown]
 # ## `hook-async`: start each all_reduce and keep going
 #
-# One change: the grad hook keeps the all_reduce's Future instead of waiting on it, and backward goes
-# on computing the earlier layers while the link carries the later layers' gradients. Every
-# Future is waited for once, in `finish_gradient_synchronization()`, just before the optimizer
-# step. The idea:
+# One change: the grad hook keeps the all_reduce's *work* (through the comm hook, a Future;
+# both have `wait()`) instead of waiting on it, and backward goes on computing the earlier
+# layers while the link carries the later layers' gradients. Each is waited for once, in
+# `finish_gradient_synchronization()`, just before the optimizer step. The idea:
 #
 # ```python
 # def _grad_ready(self, p):
@@ -352,7 +352,7 @@ lesson.claim(
 #
 # ### Your turn: `hook-async`
 #
-# Start the all_reduce with `async_op=True`, keep the handle, and wait for all of them in finish.
+# Start the all_reduce with `async_op=True`, keep its work, and wait for all of them in finish.
 
 
 # %%
@@ -381,8 +381,8 @@ check(solutions.AsyncHookDDP, like="hook-async")
 # ## `bucket`: fewer, bigger messages
 #
 # Every all_reduce pays a fixed cost, 2(n−1)·α, before its bytes move: one all_reduce per parameter
-# pays it once per parameter tensor, buckets once per bucket. At construction the parameters are grouped, in reverse order (backward
-# produces the last layers' gradients first), into buckets of about `bucket_cap_mb` (torch's rule,
+# pays it once per parameter tensor, buckets once per bucket. At construction the parameters are grouped, in reverse order (about the order
+# backward produces them in), into buckets of about `bucket_cap_mb` (torch's rule,
 # `plan_buckets`); in the grad hook each parameter is counted in its bucket, and when the bucket's last
 # gradient is in, the bucket is flattened into one buffer and sent in one call; when the average is
 # back, each slice is copied into its parameter's `.grad`. Like `hook`, this stage waits for each
@@ -467,7 +467,7 @@ check(solutions.BucketDDP, like="bucket")
 # %% [markdown]
 # ## `bucket-async`: buckets in flight while backward goes on
 #
-# No new idea: `bucket`'s buckets with `hook-async`'s not-waiting: keep each bucket's Future, wait
+# No new idea: `bucket`'s buckets with `hook-async`'s not-waiting: keep each bucket's work, wait
 # for them all in finish. Unlike torch's DDP, which launches buckets strictly in the plan's order,
 # `bucket-async` sends each at its last gradient.
 
@@ -486,7 +486,7 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: `bucket`'s few messages leaving while the backward goes on, no wait inside it,
-# and its last message still on the link after it, waited for in finish (red).
+# and messages still on the link after it, waited for in finish (red).
 #
 # ### Your turn: `bucket-async`
 #
@@ -565,8 +565,8 @@ lesson.claim(
 # %% [markdown]
 # ## Side by side: the ladder on one time axis
 #
-# Every profiled step above on one axis (a bar's length does not compare the stages' compute, so the
-# table has no step column), and their numbers (units in the column names). *Last
+# Every profiled step above on one axis (a bar's length does not compare the stages' compute), and
+# their numbers (units in the column names). *Last
 # backward less the check*: the backward of the step's last micro-batch, measured once on a shared
 # machine, less rank 0's time at the check inside it (from `hook` to `bucket-async`); `hook`'s and
 # `bucket`'s hold their waits. *At the check*: the time the check held each rank, summed over the step's checks (in
@@ -652,7 +652,7 @@ table
 # The cap decides all three costs: a small cap makes many small buckets (many fixed costs, a short
 # tail); a large cap makes a few large ones. Below, `bucket-async` runs one
 # profiled step, no warm-up, at other caps on the same link (the workload's cap is the step above;
-# `None`: the stage's torch default caps, drawn right of the grid). The
+# `None`: torch's default, 25 MiB after a first bucket of 1 MiB, drawn right of the grid). The
 # step-time model (`docs/scaling.md`) replays each cap's plan on the link, with the bare network's
 # timings scaled to the median of the five steps' backwards (less the check). The lower panel: the model's
 # three costs of each grid cap (None's: the table).
@@ -682,7 +682,7 @@ lesson.claim(
     + ".",
 )
 here = lesson.SETTINGS.bucket_cap_mb
-lesson_03.say_sweep(swept, model, per_gradient, this_run, looks["hook-async"])
+lesson_03.say_sweep(swept, model, per_gradient, this_run)
 if rank == 0:
     lesson_03.sweep_figure(swept, model, default, per_gradient, LINK.name, world_size, here, looks["hook-async"])
 
@@ -705,9 +705,9 @@ lesson_03.sweep_table(swept, model, default)
 #   (`100gbit-ib`), a setting the blog did not run: every all_reduce makes 2 × 1023 hops, so one
 #   message's fixed cost is a far larger share of the backward. On `deep-llama`, an offline preset
 #   with SmolLM2's 32 layers at CPU size, so as many gradient tensors as SmolLM2. Only `hook-async`
-#   and the bucketed rungs run there, one micro-batch a step: `simple`, `ga` and `hook` wait for each of hundreds of fixed costs.
+#   and the bucketed rungs run there, one micro-batch a step.
 #
-# The bucketed stages get the blog's 25 MiB scaled by the network's bytes over SmolLM2's.
+# The bucketed stages get the blog's 25 MiB (torch's default) scaled by the network's bytes over SmolLM2's.
 
 # %%
 # %%distributed
@@ -775,14 +775,17 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # %%distributed
 t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
 far = {s: blog_runs["1024 ranks", s] for s in RUN["1024 ranks"]}
-lesson_03.say_sized_measures(t4, far, sized_from)
+lesson_03.say_sized_measures(t4, far)
 
 # %% [markdown]
 # ## Takeaway
 
 # %%
 # %%distributed
-lesson_03.say_takeaway(per_grad, bucketed, saved, t4, far)
+own = {s: lesson.backward_less_check(looks[s]) for s in ("hook-async", "bucket-async")}  # each step's backward, ms
+share = {"on this notebook's link": per_message_ms / (1e3 * this_run)}  # one message's fixed cost, in backwards
+share |= {f"sized for {name}": setting_ratios[name][1] for name in setting_ratios}
+lesson_03.say_takeaway(per_grad, bucketed, saved, own, t4, far, share)
 
 # %%
 # %dist_shutdown

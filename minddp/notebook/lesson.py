@@ -453,52 +453,10 @@ def link_parts(v: dict) -> tuple[int, int]:
     return round(v["link_ms"]), round(v["exposed_ms"])
 
 
-def wait_after_backward(row: dict) -> float | None:
-    """ms from the end of a step row's last backward to the first wait that began after it (the thread reaching
-    its wait in finish), ``None`` if none did: the link's time before that is neither under compute nor exposed."""
-    end = row["backward"][-1][1]
-    late = [s for s, _ in row.get("waits", []) if s >= end]
-    return min(late) - end if late else None
-
-
 def backward_less_check(v: dict) -> float:
     """ms of a look's last backward less the time the parameters-used check held the thread inside it."""
     b0, b1 = v["row"]["backward"][-1]
     return v["last_backward_ms"] - sum(max(0.0, min(e, b1) - max(s, b0)) for s, e in v["check_spans"])
-
-
-def _before_after(ms: float) -> str:
-    return f"{abs(ms):.1f} ms {'after' if ms >= 0 else 'before'}"
-
-
-def link_end_in_words(stage: str, w: dict, look: dict) -> str:
-    """What set a stage's *link after backward* in one step, and what its thread then waited through, in words:
-    ``w`` is :func:`minddp.costmodel.buckets.on_the_link` of the step's row, ``look`` the step's look (its waits)."""
-    if round(w["end_ms"], 1) > 0:
-        said = f"{stage} left {w['end_ms']:.1f} ms of link after backward"
-    else:
-        ended = _before_after(w["end_ms"])
-        said = f"{stage} left no link after backward (its last transfer ended {ended} its backward did)"
-    if w["limit"] == "start":
-        said += ", set by its first message's hand-over"
-    elif w["limit"] == "tail":
-        said += ", set by its last message's hand-over"
-    else:
-        said += f", set by the hand-over of its {w['limit']} of {w['messages']}"
-    lag = wait_after_backward(look["row"])
-    if lag is None:
-        return said + f"; its thread waited {look['waited_ms']:.0f} ms in all for its messages"
-    left = round(w["end_ms"], 1) - round(lag, 1)  # the link's time still to run at the first wait, as the two print
-    said += f"; its thread reached its first wait {lag:.1f} ms after backward ended"
-    if left <= 0:
-        return said + f", after the last transfer ended, and stood through {w['exposed_ms']:.0f} ms (exposed)"
-    said += f", {left:.1f} ms before the last transfer ended,"  # counted from that wait, not from backward's end
-    if left - w["exposed_ms"] < 0.5:  # to the printed whole ms
-        return said + " and stood through it all (exposed)"
-    return said + (  # the finish loop waits for one message, writes it back, then waits for the next
-        f" and stood through {w['exposed_ms']:.0f} ms of them (exposed), the rest between its waits, while it wrote "
-        "back the averages already in"
-    )
 
 
 def than(bucketed: float, per_gradient: float) -> str:

@@ -30,11 +30,10 @@ def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
     return {s: [r[s] for r in everyone] for s in mine}
 
 
-def say_check(stage: str, on_ranks: list[float], spans: list, look: dict) -> None:
+def say_check(stage: str, on_ranks: list[float], spans: list) -> None:
     """The time the parameters-used check held each rank in one step of ``stage`` (:func:`checks_on_ranks`), in
     words: its all_gather returns only once every rank has joined it, so the difference is the earlier rank's wait.
-    ``spans``: rank 0's checks (ms); ``look``: this rank's look of the step (where rank 0's hold outlasts both its
-    messages' link time and its waits for them, that is said: the check is then what its picture shows most).
+    ``spans``: rank 0's checks (ms); over several checks, the net difference is not one rank's wait.
     Call on every rank; rank 0 says it."""
     order = sorted(range(len(on_ranks)), key=on_ranks.__getitem__)
     long, short = order[-1], order[0]
@@ -53,15 +52,9 @@ def say_check(stage: str, on_ranks: list[float], spans: list, look: dict) -> Non
         told = "here the ranks' times differ by less than 1 ms."
     elif len(spans) == 1:
         told = f"rank {long}, there first, stood {gap:.0f} ms longer, waiting for rank {short}."
-    else:
-        told = f"rank {long} stood {gap:.0f} ms longer at them in all, waiting for rank {short}."
+    else:  # a net over the checks: at each, either rank may have been there first
+        told = "at each, the rank there first waited for the other."
     said = f"{stage}'s check held {ranks}. " + (why + told if first else told[0].upper() + told[1:])
-    link, waited = look["link_ms"], look["waited_ms"]
-    if round(on_ranks[0]) > max(round(link), round(waited)):
-        said += (
-            f" In rank 0's picture the check outlasts its messages: {on_ranks[0]:.0f} ms against {link:.0f} ms of "
-            f"link time and {waited:.0f} ms waited."
-        )
     say(said)
 
 
@@ -81,7 +74,7 @@ def look_table(looks: dict, checks: dict[str, list[float]]):
 def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, object]:
     """The bucket lesson's first cell: hook-async's and bucket-async's links (``on_the_link`` of each step's row),
     the late start said from the bare network's timings (``bare``, :func:`minddp.costmodel.compute.probe`; ``plan``
-    the workload's buckets), and the two links' ends in words. Returns (the links, their table)."""
+    the workload's buckets). Returns (the links, their table)."""
     import pandas as pd
 
     from minddp.costmodel.buckets import on_the_link
@@ -101,11 +94,6 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
         .T[["messages", "link_ms", "end_ms", "exposed_ms"]]
         .rename(columns={"link_ms": "link time, ms", "end_ms": "link after backward, ms", "exposed_ms": "exposed, ms"})
     )
-    say(
-        "In one profiled step each: "
-        + "; ".join(lesson.link_end_in_words(s, why[s], looks[s]) for s in ("bucket-async", "hook-async"))
-        + "."
-    )
     table = table.infer_objects()
     exposed = table["exposed, ms"].round().astype(int)  # whole ms from the measured value, as every other line
     table = table.round(1)
@@ -123,9 +111,9 @@ def least_caps(model: list) -> tuple[float, list[str]]:
     return least, [f"{c.cap_mb:g}" for c in model if round(1e3 * c.after_backward, 1) == least]
 
 
-def say_sweep(swept: dict, model: list, per_gradient, this_run_s: float, h: dict) -> None:
+def say_sweep(swept: dict, model: list, per_gradient, this_run_s: float) -> None:
     """The cap sweep in a sentence: the model's link after backward, buckets against one message per gradient (the
-    measured steps' are in :func:`sweep_table`); ``h``: hook-async's look, whose step ran its own backward."""
+    measured steps' are in :func:`sweep_table`); the model's compute is one backward, ``this_run_s``."""
     own = {c: backward_less_check(v) for c, v in swept.items()}
     median_of = [cap_name(c) for c, b in own.items() if abs(b / 1e3 - this_run_s) < 1e-9]
     least, at_least = least_caps(model)
@@ -134,10 +122,10 @@ def say_sweep(swept: dict, model: list, per_gradient, this_run_s: float, h: dict
     say(
         f"The step-time model replays every cap with one backward's compute, {1e3 * this_run_s:.0f} ms (their median"
         + (f": the {median_of[0]} step's own" if median_of else "")
-        + f"); one message per gradient leaves {per_gradient_ms:.1f} ms of link after backward, buckets "
+        + "), lengthened by each hand-over's cost (a bucket's with its copy)"
+        + f"; one message per gradient leaves {per_gradient_ms:.1f} ms of link after backward, buckets "
         + (f"less at {' and '.join(fewer)} MiB" if fewer else "more at every cap")
-        + f" (least {least:.1f} ms, at {' and '.join(at_least)} MiB); each step ran its own backward (hook-async's "
-        + f"{backward_less_check(h):.0f} ms, the caps': the table's last column), so its link after backward differs."
+        + f" (least {least:.1f} ms, at {' and '.join(at_least)} MiB)."
     )
 
 
@@ -160,7 +148,7 @@ def sweep_figure(swept: dict, model: list, default, per_gradient, link_name: str
         (
             48,
             measured[None],
-            f"one step: link after backward, None, torch's default ({measured[None]:.0f} ms)",
+            f"one step: link after backward, cap None ({measured[None]:.0f} ms)",
         ),
         (
             64,
@@ -261,8 +249,8 @@ def say_sized(
     )
 
 
-def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
-    """Each sized link's rungs (2 ranks; ``sized_from``: the backward, s, each link was sized from): link time,
+def say_sized_measures(t4: dict, far: dict) -> None:
+    """Each sized link's rungs (2 ranks): link time,
     exposed and the step's own last backward less the check, then in words which exposed less, bucket-async or
     hook-async, and whether one message per gradient needed more link time than its own backward;
     a whole-ms match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
@@ -272,8 +260,8 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
         if round(h["link_ms"]) > round(h["backward_ms"]):
             said += "; hook-async's link time is longer than its backward less the check"
         say(
-            f"2 ranks on the link sized for {name} from a {1e3 * sized_from[name]:.0f} ms backward; each rung's link "
-            "time, exposed and own last backward less the check, ms: "
+            f"2 ranks on the link sized for {name}; each rung's link time, exposed and own last backward less the "
+            "check, ms: "
             + "; ".join(
                 f"{s} {r['link_ms']:.0f}, {r['exposed_ms']:.0f}, {r['backward_ms']:.0f}" for s, r in runs.items()
             )
@@ -286,41 +274,51 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
         )
 
 
-def say_takeaway(per_grad: dict, bucketed: dict, saved_ms: float, t4: dict, far: dict) -> None:
-    """The takeaway in words, from the runs: what buckets saved on the link, which hand-over set bucket-async's link
-    after backward (the tail, the late start or another; ``on_the_link`` of hook-async's and bucket-async's steps on
-    this notebook's link), and which exposed less, bucket-async or hook-async, on each link (``t4``, ``far``: the
-    sized links' runs)."""
-    end = round(bucketed["end_ms"], 1)
-    if end <= 0:
-        tail = "bucket-async left no link after backward."
-    elif bucketed["limit"] == "tail":
-        tail = (
-            f"Their last bucket takes {bucketed['tail_ms']:.1f} ms on the link, hook-async's last message "
-            f"{per_grad['tail_ms']:.1f} ms; it set bucket-async's {end:.1f} ms of link after backward."
-        )
-    elif bucketed["limit"] == "start":
-        tail = (
-            f"Their first message leaves later (the late start): its hand-over set bucket-async's {end:.1f} ms of "
-            "link after backward."
-        )
-    else:
-        tail = (
-            f"bucket-async's {end:.1f} ms of link after backward was set by the hand-over of its {bucketed['limit']} "
-            f"of {bucketed['messages']}."
+def say_takeaway(per_grad: dict, bucketed: dict, saved_ms: float, backward_ms: dict, t4: dict, far: dict, share: dict):
+    """The takeaway in words, from the runs: what buckets saved on the link, how bucket-async's link time on this
+    notebook's link compares with its own backward (``backward_ms``: each stage's backward less the check there), and
+    which exposed less, bucket-async or hook-async, on each link (``t4``, ``far``: the sized links' runs), with the
+    two steps' backwards where they differ by more than the exposed times do; ``share``: one message's fixed cost
+    over one backward on each link, named where bucket-async exposed less exactly on the links of the largest."""
+    b_ms, link = backward_ms["bucket-async"], bucketed["link_ms"]
+    said = (
+        f"Buckets cut the link time by the fixed costs of the messages they no longer send: {saved_ms:.1f} ms of "
+        f"hook-async's {per_grad['link_ms']:.0f} ms here."
+    )
+    if link >= 0.9 * b_ms and round(bucketed["end_ms"], 1) > 0:  # within a tenth, or longer: said so, not one message
+        size = "about as long as" if link <= 1.1 * b_ms else "longer than"
+        said += (
+            f" On the link bucket-async's messages took {size} its own backward ({link:.0f} against {b_ms:.0f} ms) "
+            f"and ran {bucketed['end_ms']:.1f} ms past its end."
         )
     word = {"as much as": "as much", "more than": "more", "less than": "less"}
-    verdicts = []
-    for where, h, b in (
-        ("on this notebook's link", per_grad, bucketed),
-        ("sized for 4 × T4", t4["hook-async"], t4["bucket-async"]),
-        ("sized for 1024 ranks", far["hook-async"], far["bucket-async"]),
+    here = dict(per_grad, backward_ms=backward_ms["hook-async"]), dict(bucketed, backward_ms=b_ms)
+    verdicts, apart, less = [], False, []
+    for where, (h, b) in (
+        ("on this notebook's link", here),
+        ("sized for 4 × T4", (t4["hook-async"], t4["bucket-async"])),
+        ("sized for 1024 ranks", (far["hook-async"], far["bucket-async"])),
     ):
-        said = word[lesson.than(b["exposed_ms"], h["exposed_ms"])]
-        joined = "and" if said == "as much" else "against"
-        verdicts.append(f"{said} {where} ({b['exposed_ms']:.0f} {joined} {h['exposed_ms']:.0f} ms)")
-    say(
-        f"Buckets cut the link time by the fixed costs of the messages they no longer send: {saved_ms:.1f} ms of "
-        f"hook-async's {per_grad['link_ms']:.0f} ms here. {tail} Exposed, one step each, bucket-async against "
-        f"hook-async: {', '.join(verdicts)}."
+        said_of = word[lesson.than(b["exposed_ms"], h["exposed_ms"])]
+        less += [where] if said_of == "less" else []
+        numbers = f"{b['exposed_ms']:.0f} {'and' if said_of == 'as much' else 'against'} {h['exposed_ms']:.0f} ms"
+        gap = abs(round(b["exposed_ms"]) - round(h["exposed_ms"]))
+        if abs(round(b["backward_ms"]) - round(h["backward_ms"])) > gap:  # unequal compute: the steps' backwards
+            numbers += f"; backwards {b['backward_ms']:.0f} against {h['backward_ms']:.0f} ms"
+            apart = True
+        verdicts.append(f"{said_of} {where} ({numbers})")
+    said += f" Exposed, bucket-async against hook-async: {', '.join(verdicts)}"
+    said += (
+        ": where the backwards are given they differ by more than the exposed times, so those steps do not compare "
+        "the links on equal compute."
+        if apart
+        else "."
     )
+    largest = max(share.values())
+    others = [v for v in share.values() if v < largest]
+    if less and others and all((share[w] == largest) == (w in less) for w in share):
+        said += (
+            f" bucket-async exposed less only {' and '.join(less)}, where one message's fixed cost is the largest "
+            f"share of a backward ({largest:.1e}; elsewhere at most {max(others):.1e})."
+        )
+    say(said)
