@@ -136,17 +136,3 @@ def link_messages(linked, link) -> pd.DataFrame:
         },
         index=pd.Index(stages, name="stage"),
     )
-
-
-def link_after_backward(run: Path, linked, stage: str) -> float:
-    """How long after the end of the step's last backward band rank 0's link still carried a transfer (its last
-    modeled transfer's end, the trace's ``link`` intervals), ms; 0 where the link had finished by then."""
-    from minddp.analysis.cpu import rank_intervals
-    from minddp.analysis.events import load_stage
-
-    iv = rank_intervals(load_stage(Path(run) / stage).ranks[0])
-    number, s0, s1 = iv.steps[-1]
-    p = rank0(linked.phases)
-    end = s0 + p[(p["stage"] == stage) & (p["phase"] == "backward") & (p["step"] == number)]["end_us"].max()
-    last = max((e for s, e in iv.link if s0 <= s <= s1), default=end)
-    return max(0.0, last - end) / 1e3
