@@ -748,6 +748,27 @@ HOOK_MISTAKES = [
 ]
 
 
+def test_a_callbacks_wait_on_its_completed_future_is_not_a_blocking_hook():
+    # Learner read 04 (round 22, read 25) 1: a hook whose .then callback reads its result with fut.wait(), as torch's
+    # own Future.then example does, was told "your hook waited for its all_reduce before returning" whenever the
+    # all_reduce had finished before .then() was called (the callback then runs at once, inside .then()): a verdict
+    # left to the network's speed. The order here is fixed: a Future completed before .then() is called.
+    from minddp.exercises.harness import Events, waited_after_launch
+
+    ready = torch.futures.Future()
+    ready.set_result(torch.ones(2))
+    events = Events()
+    with events.recording():
+        events._note("launch", "all_reduce")  # what the dispatcher notes at an all_reduce
+        chained = ready.then(lambda fut: fut.wait() / 2)  # the callback runs here, inside .then()
+        inline = list(events.log)
+        ready.wait()  # outside a callback: a wait in the hook's own code, before it returns
+        outside = list(events.log)
+    assert chained.done() and torch.equal(chained.wait(), torch.full((2,), 0.5))  # it did run inline
+    assert inline == [("launch", "all_reduce"), ("wait", "resolved")] and not waited_after_launch(inline)
+    assert outside[-1] == ("wait", None) and waited_after_launch(outside)
+
+
 def test_gloos_refusal_of_reduce_op_avg_gets_the_fix():
     # torch 2.6's gloo refuses ReduceOp.AVG with this message (docs/torch-versions.md); 2.13's averages, and the
     # hook_reduce_op_avg mistake is named by the overflow verdict instead

@@ -318,7 +318,9 @@ class Events(TorchDispatchMode):
       ``dist.*`` collective goes through the dispatcher on the calling
       thread, async or not;
     * ``("wait", None)``: the stage waited for a collective (``Work.wait()``,
-      which a blocking ``dist.all_reduce`` calls too, or ``Future.wait()``).
+      which a blocking ``dist.all_reduce`` calls too, or ``Future.wait()``);
+      ``("wait", "resolved")`` where a callback waited on a work or Future
+      already complete (no block: a callback may run at once, inside ``.then()``).
 
     A message is *in flight* from its launch to the first wait after it. The
     order of these events is fixed by the stage's code, not by the machine:
@@ -616,7 +618,7 @@ class Events(TorchDispatchMode):
             return future_then(self, called_back, *args, **kwargs)
 
         def waited_work(self, *args, **kwargs):
-            events._note("wait", None)
+            events._note("wait", "resolved" if events.in_callback and self.is_completed() else None)
             index = events._index(self)
             if index is None and events._again(self):
                 pass  # an earlier step's work: a wait for none of this step's
@@ -631,7 +633,7 @@ class Events(TorchDispatchMode):
             return future
 
         def waited_future(self, *args, **kwargs):
-            events._note("wait", None)
+            events._note("wait", "resolved" if events.in_callback and self.done() else None)
             index = next((i for f, i in events.futures if f is self), None)
             if index is not None or not events._again(self):
                 events._waited_for(index)
@@ -1423,6 +1425,16 @@ def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
             dist.destroy_process_group(checker)
 
 
+def waited_after_launch(log: list[tuple[str, str | None]]) -> bool:
+    """Whether ``log`` (:class:`Events`') holds a wait after its first launch: a hook that blocked.
+
+    A callback's wait on a completed work or Future (``("wait", "resolved")``: its own argument, say) does not
+    block, even where the callback ran at once, inside ``.then()``, because the all_reduce had already finished.
+    """
+    launched = [i for i, (what, _) in enumerate(log) if what == "launch"]
+    return bool(launched) and any(what == "wait" and how is None for what, how in log[launched[0] :])
+
+
 def call_hook(fn, values: torch.Tensor):
     """Step 1 of the hook check: ``fn(None, bucket)`` on a bucket of ``values``, its Future waited for.
 
@@ -1446,8 +1458,7 @@ def call_hook(fn, values: torch.Tensor):
         until_return = list(events.log)
         done = isinstance(fut, compat.future_type()) and fut.done()
         value = fut.wait() if isinstance(fut, compat.future_type()) else fut  # torch.futures.Future's base too
-    launched = [i for i, (what, _) in enumerate(until_return) if what == "launch"]
-    blocked = bool(launched) and any(what == "wait" for what, _ in until_return[launched[0] :])
+    blocked = waited_after_launch(until_return)
     # SentBytes sees every dist.* collective, at the call; the profiler's backend range also sees one started
     # through a ProcessGroup object directly, but may miss one (see SentBytes): either can only undercount, so
     # the larger is what was sent
