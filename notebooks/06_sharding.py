@@ -296,7 +296,7 @@ lesson.claim(
     f"Adding or subtracting lr = {lr} in bf16 leaves unchanged exactly the {int(in_a_norm.sum()):,} weights "
     f"(each 1.0) of the {len(norms)} RMSNorms, the only values lr is under 2⁻⁹ of, and moves the others by "
     f"{kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr; in fp32 every value moves by lr to within "
-    f"{(kept['fp32'] - 1).abs().max():.3%}. So bf16 master weights would freeze the RMSNorms at this lr and miss lr "
+    f"{(kept['fp32'] - 1).abs().max():.3%}. So bf16 master weights would drop a step of lr on the RMSNorms and miss lr "
     f"elsewhere by up to {(kept['bf16'] - 1).abs().max():.0%}.",
 )
 
@@ -551,7 +551,7 @@ lesson.claim(
     idle == 0
     and len({sum(u.numels) for u in fsdp.units}) == 1
     and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, unpacked)),
-    "Gathering any unit (all are one size) fills two storages, the buffer its all-gather receives into and the "
+    "Gathering any unit (all are one size) fills the buffer its all-gather receives into and the "
     f"parameters unpacked from it, each {lesson.mib(unit_bytes)}, "
     + ("exactly" if received == unpacked == unit_bytes else "to within 0.1 %")
     + " its full parameters.",
@@ -561,8 +561,8 @@ lesson.claim(
 # computing in bf16 the same units are gathered at 2 bytes a value instead of 4
 lesson.claim(
     received + unpacked == peak == 2 * memory["fsdp bf16"]["gathered"],
-    f"fsdp's gathered units peak at {lesson.mib(peak)} in the memory step: those two storages, held together as a "
-    "unit is unpacked; the prefetch raises it no higher. "
+    f"fsdp's gathered units peak at {lesson.mib(peak)} in the memory step: those two, held together as a "
+    "unit is unpacked. "
     f"Computing in bf16, fsdp's peak is exactly half, {lesson.mib(memory['fsdp bf16']['gathered'])}.",
 )
 f = looks["fsdp"]
@@ -649,7 +649,7 @@ lesson.say(
 # %% [markdown]
 # ## What each rung trades
 #
-# Rank 0's bytes at three moments of a step: model state, and what its all-gathers of parameters hold.
+# Rank 0's bytes at three moments of a step.
 
 # %%
 # %%rank 0
@@ -696,14 +696,14 @@ trade = pd.DataFrame(
     }
 )
 lesson.say(
-    "MiB on rank 0: model state + what all-gathers of parameters hold (fsdp's gathered units), planned from the "
-    "bucket plan or measured."
+    "MiB on rank 0: model state + all-gather buffers, planned (send and receive) or measured (fsdp's gathered "
+    "units, its send block not counted)."
 )
 forward_saving = max(total_at[m]["ddp"] - total_at[m][s] for m in list(MOMENTS)[1:] for s in STAGES)
 lesson.claim(
     len(z1.buckets) == 1 and len(set(act.values())) == 1 and act["ddp"] > forward_saving,
-    f"While a forward runs, the activations, {lesson.mib(act['ddp'])} in every stage, outweigh the most any "
-    f"stage's total falls below ddp's then, {lesson.mib(forward_saving)}.",
+    f"The activations one forward saves, {lesson.mib(act['ddp'])} in every stage, outweigh the most any "
+    f"stage's total as a forward starts falls below ddp's, {lesson.mib(forward_saving)}.",
 )
 verdicts = []
 for s in STAGES[1:]:
