@@ -118,8 +118,8 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # Here each rank trains its own shard and never talks to the other: not data parallelism (the
 # replicas drift apart), with no message at all. The picture is one step: the forward (pale) and
 # backward (blue) of each micro-batch, then the optimizer (green); the black line is the end of the
-# step. The stages below add messages (orange on the wire, two shades alternating; a tick under the
-# row where each was handed to the wire), waits (red: the thread standing still until a message's
+# step. The stages below add messages (orange, the legend's *wire*: the link's modeled transfer, two shades
+# alternating; a tick under the row where each was handed over), waits (red: the thread standing still until a message's
 # all_reduce returns), the parameters-used check (hatched red over a band's top half, at times a
 # sliver; the legend's *parameter check*: its all_gather holds a rank until the other rank joins it) and `finish_gradient_synchronization()` (a
 # thin purple strip, the legend's *finish*). A legend names the marks drawn in its figure's rows, the
@@ -650,7 +650,7 @@ table
 # ### The cap, swept
 #
 # The cap decides all three costs: a small cap makes many small buckets (many fixed costs, a short
-# tail); a large cap makes a few large ones. Below, `bucket-async` runs one
+# tail). Below, `bucket-async` runs one
 # profiled step, no warm-up, at other caps on the same link (the workload's cap is the step above;
 # `None`: torch's default, 25 MiB after a first bucket of 1 MiB, drawn right of the grid). The
 # step-time model (`docs/scaling.md`) replays each cap's plan on the link, with the bare network's
@@ -682,7 +682,7 @@ lesson.claim(
     + ".",
 )
 here = lesson.SETTINGS.bucket_cap_mb
-lesson_03.say_sweep(swept, model, per_gradient, this_run)
+lesson_03.say_sweep(swept, this_run)
 if rank == 0:
     lesson_03.sweep_figure(swept, model, default, per_gradient, LINK.name, world_size, here, looks["hook-async"])
 
@@ -696,7 +696,7 @@ lesson_03.sweep_table(swept, model, default)
 # Two ratios matter: one sync's bytes' time and one message's fixed cost, each over one backward.
 # The cell sets α and β so that one backward timed here (rank 0's; for the T4s the cap sweep's median,
 # for 1024 ranks single's) has both ratios of a setting. Each run below is one profiled step, no
-# warm-up; its own backward is printed beside it. Both settings' ratios are those of SmolLM2-360M
+# warm-up; its own backward, printed beside it, gives it other ratios. Both settings' ratios are those of SmolLM2-360M
 # (the blog's workload, not run here) as the step-time model rebuilds it (`docs/scaling.md` §5):
 #
 # * **sized for 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`); the rungs from `simple` to
@@ -783,9 +783,8 @@ lesson_03.say_sized_measures(t4, far)
 # %%
 # %%distributed
 own = {s: lesson.backward_less_check(looks[s]) for s in ("hook-async", "bucket-async")}  # each step's backward, ms
-share = {"on this notebook's link": per_message_ms / (1e3 * this_run)}  # one message's fixed cost, in backwards
-share |= {f"sized for {name}": setting_ratios[name][1] for name in setting_ratios}
-lesson_03.say_takeaway(per_grad, bucketed, saved, own, t4, far, share)
+waited = {s: looks[s]["waited_ms"] for s in own}  # each step's waited, ms
+lesson_03.say_takeaway(per_grad, bucketed, saved, own, t4, far, waited)
 
 # %%
 # %dist_shutdown

@@ -105,27 +105,15 @@ def cap_name(cap) -> str:
     return "None" if cap is None else f"{cap:g} MiB"
 
 
-def least_caps(model: list) -> tuple[float, list[str]]:
-    """The model's least link after backward (ms, at the printed 0.1 ms) and every grid cap that reaches it there."""
-    least = min(round(1e3 * c.after_backward, 1) for c in model)
-    return least, [f"{c.cap_mb:g}" for c in model if round(1e3 * c.after_backward, 1) == least]
-
-
-def say_sweep(swept: dict, model: list, per_gradient, this_run_s: float) -> None:
-    """The cap sweep in a sentence: the model's link after backward, buckets against one message per gradient (the
-    measured steps' are in :func:`sweep_table`); the model's compute is one backward, ``this_run_s``."""
+def say_sweep(swept: dict, this_run_s: float) -> None:
+    """The cap sweep's model in a sentence: its compute is one backward, ``this_run_s``, and the measured steps' own
+    backwards (less the check) span a range around it (their link after backward: :func:`sweep_table`)."""
     own = {c: backward_less_check(v) for c, v in swept.items()}
     median_of = [cap_name(c) for c, b in own.items() if abs(b / 1e3 - this_run_s) < 1e-9]
-    least, at_least = least_caps(model)
-    per_gradient_ms = round(1e3 * per_gradient.after_backward, 1)
-    fewer = [f"{c.cap_mb:g}" for c in model if round(1e3 * c.after_backward, 1) < per_gradient_ms]
     say(
         f"The step-time model replays every cap with one backward's compute, {1e3 * this_run_s:.0f} ms (their median"
         + (f": the {median_of[0]} step's own" if median_of else "")
-        + "), lengthened by each hand-over's cost (a bucket's with its copy)"
-        + f"; one message per gradient leaves {per_gradient_ms:.1f} ms of link after backward, buckets "
-        + (f"less at {' and '.join(fewer)} MiB" if fewer else "more at every cap")
-        + f" (least {least:.1f} ms, at {' and '.join(at_least)} MiB)."
+        + f"; the steps' own: {min(own.values()):.0f} to {max(own.values()):.0f} ms)."
     )
 
 
@@ -274,12 +262,12 @@ def say_sized_measures(t4: dict, far: dict) -> None:
         )
 
 
-def say_takeaway(per_grad: dict, bucketed: dict, saved_ms: float, backward_ms: dict, t4: dict, far: dict, share: dict):
+def say_takeaway(per_grad: dict, bucketed: dict, saved_ms: float, backward_ms: dict, t4: dict, far: dict, waited: dict):
     """The takeaway in words, from the runs: what buckets saved on the link, how bucket-async's link time on this
     notebook's link compares with its own backward (``backward_ms``: each stage's backward less the check there), and
     which exposed less, bucket-async or hook-async, on each link (``t4``, ``far``: the sized links' runs), with the
-    two steps' backwards where they differ by more than the exposed times do; ``share``: one message's fixed cost
-    over one backward on each link, named where bucket-async exposed less exactly on the links of the largest."""
+    two steps' backwards where they differ by more than the exposed times do; ``waited``: each stage's waited on this
+    notebook's link, given where it orders the two the other way round."""
     b_ms, link = backward_ms["bucket-async"], bucketed["link_ms"]
     said = (
         f"Buckets cut the link time by the fixed costs of the messages they no longer send: {saved_ms:.1f} ms of "
@@ -293,32 +281,29 @@ def say_takeaway(per_grad: dict, bucketed: dict, saved_ms: float, backward_ms: d
         )
     word = {"as much as": "as much", "more than": "more", "less than": "less"}
     here = dict(per_grad, backward_ms=backward_ms["hook-async"]), dict(bucketed, backward_ms=b_ms)
-    verdicts, apart, less = [], False, []
+    verdicts, apart = [], False
     for where, (h, b) in (
         ("on this notebook's link", here),
         ("sized for 4 × T4", (t4["hook-async"], t4["bucket-async"])),
         ("sized for 1024 ranks", (far["hook-async"], far["bucket-async"])),
     ):
         said_of = word[lesson.than(b["exposed_ms"], h["exposed_ms"])]
-        less += [where] if said_of == "less" else []
         numbers = f"{b['exposed_ms']:.0f} {'and' if said_of == 'as much' else 'against'} {h['exposed_ms']:.0f} ms"
         gap = abs(round(b["exposed_ms"]) - round(h["exposed_ms"]))
         if abs(round(b["backward_ms"]) - round(h["backward_ms"])) > gap:  # unequal compute: the steps' backwards
             numbers += f"; backwards {b['backward_ms']:.0f} against {h['backward_ms']:.0f} ms"
             apart = True
+        if where == "on this notebook's link":
+            w_b, w_h = round(waited["bucket-async"]), round(waited["hook-async"])
+            by_exposed = round(b["exposed_ms"]) - round(h["exposed_ms"])
+            if by_exposed * (w_b - w_h) < 0:  # the two measures order the stages oppositely
+                numbers += f"; waited, the other way round: {w_b} against {w_h} ms"
         verdicts.append(f"{said_of} {where} ({numbers})")
-    said += f" Exposed, bucket-async against hook-async: {', '.join(verdicts)}"
+    said += f" Exposed at each link's own cap, bucket-async against hook-async: {', '.join(verdicts)}"
     said += (
         ": where the backwards are given they differ by more than the exposed times, so those steps do not compare "
         "the links on equal compute."
         if apart
         else "."
     )
-    largest = max(share.values())
-    others = [v for v in share.values() if v < largest]
-    if less and others and all((share[w] == largest) == (w in less) for w in share):
-        said += (
-            f" bucket-async exposed less only {' and '.join(less)}, where one message's fixed cost is the largest "
-            f"share of a backward ({largest:.1e}; elsewhere at most {max(others):.1e})."
-        )
     say(said)
