@@ -76,7 +76,8 @@ lesson_07.print_phase_lines()
 #   its first heartbeat until it has been silent for the hang bound (the lighthouse then **evicts** it: the
 #   launcher ends its process; never the last process holding the trained state), its process has finished
 #   its last step, or the launcher has recorded its exit;
-# * `full_world_at=(9,)`: step 9's first quorum waits for all three slots;
+# * `full_world_at=(9,)`: step 9's first quorum waits for all three slots, so steps are left when slot 1's new
+#   process asks (without it the survivors finish first and nothing rejoins);
 # * `restart_after_steps=1`: the launcher starts a killed slot again only after a step was committed
 #   without it, or at once when every slot is down;
 # * `digests=True`: each member records a sha256 of its parameters and optimizer state just before each
@@ -128,7 +129,7 @@ lesson_07.print_recoveries(run, kill, raised, hang_s)
 
 
 # %% [markdown]
-# The kill's rejoin in parts, what slots 0 and 2 did meanwhile, and the heal.
+# The kill's rejoin in parts, and the heal.
 
 # %%
 lesson.claim(
@@ -192,7 +193,7 @@ lesson.claim(
 
 # %% [markdown]
 # Three more checks on the parameters and the optimizer's state. The second skips each attempt with a new
-# group (`*`): `wrap()` had just broadcast its parameters.
+# group (`*`), where `wrap()` sets the parameters (not AdamW's state).
 
 # %%
 from minddp.ft import consistency
@@ -265,10 +266,9 @@ show_source(solutions.ft_shard)
 # 3. Suppose a split used 3, the run's first world, in place of `world`, whatever the world now: of a
 #    global batch of `B` rows, rank `r` takes rows `r·B // 3` up to, not including, `(r+1)·B // 3`. Which
 #    rows of the checker's 10-row batch would a step at world 2 skip, and which of the three checks above
-#    (slots equal, the same bytes at each attempt's start, a discard changes nothing) would still pass?
+#    would still pass?
 #
-# Model answers, each hidden under its number (click to open it); the three cells after them run
-# questions 1, 2 and 3.
+# Model answers (click to open); the three cells after them run questions 1, 2 and 3.
 #
 # <details><summary>1. A frozen process</summary>
 #

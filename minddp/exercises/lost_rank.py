@@ -834,8 +834,8 @@ def coverage_problem(fn, committed, task: Lanes, difference: float, blind: bool,
 
     if blind:  # what the processes' own checks cannot see
         left += (
-            f", though the processes' own checks all pass (the {WORLD} slots end equal, every member that "
-            "recorded a digest started its attempt from the same bytes, every discarded attempt changed nothing)"
+            f", though the processes' own checks all pass (the {WORLD} slots end equal, each attempt's "
+            "members, new group or not, started it from the same bytes, every discarded attempt changed nothing)"
         )
     for step, world in committed:
         batch = task.global_batch(step)

@@ -15,7 +15,6 @@ and, for the cells' claims, readers of the members' entries (one per member and 
 from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
-from minddp.ft.launch import EXIT_WAIT_S
 from minddp.ft.report import asked_s, first_request_s, heal_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
@@ -71,29 +70,22 @@ def _parts(run, o) -> tuple[int, int, int]:
 
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
-    """Each fault's recovery, in whole ms: when the next quorum came, how long after its members had all asked (and,
-    for the kill, when the launcher found the process ended, before its fixed wait ``EXIT_WAIT_S``), then the time
-    from that quorum to the commit; how much longer the kill's was, and whether either lasted the hang bound."""
+    """Each fault's recovery, in whole ms: the moments (after the fault) its next quorum's members had all asked,
+    the launcher recorded the killed process's exit, and the quorum came; then the time from that quorum to the
+    commit; how much longer the kill's was, and whether either lasted the hang bound."""
     # the kill's quorum came once the launcher had recorded the exit: it waited for that record
-    recorded = kill.seen_s is not None and kill.exit_s is not None and kill.exit_s <= kill.quorum_s
+    recorded = kill.exit_s is not None and kill.exit_s <= kill.quorum_s
     for o in (kill, raised):
         asked, came_ms, to_commit = _parts(run, o)
-        exited = ""
-        if o is kill and recorded:
-            exited = (
-                f", once the launcher recorded slot {o.fault.slot}'s exit (found ended at {ms(o.seen_s)} ms, after "
-                f"which it waits a fixed {EXIT_WAIT_S * 1000:g} ms)"
-            )
+        exited = f", slot {o.fault.slot}'s exit recorded at {ms(o.exit_s)} ms" if o is kill and recorded else ""
         print(
-            f"{o.fault}: recovery {asked + came_ms + to_commit} ms: the next quorum came {asked + came_ms} ms after "
-            f"the fault, {f'{came_ms} ms after' if came_ms else 'as soon as'} its members had all asked{exited}, then "
-            f"{to_commit} ms to the commit of step {o.committed_step}"
+            f"{o.fault}: recovery {asked + came_ms + to_commit} ms: the next quorum came at {asked + came_ms} ms "
+            f"(its members had all asked by {asked} ms{exited}), then {to_commit} ms to the commit of step "
+            f"{o.committed_step}"
         )
-    longer, waited = ms(kill.recovery_s) - ms(raised.recovery_s), _parts(run, kill)[1]
-    if longer > 0 and recorded:
-        part = "mostly" if waited > longer / 2 else "partly"
-        mostly = f", {part} its quorum's {waited} ms wait for the launcher" if waited else ""
-        print(f"The kill's recovery was {longer} ms longer than the raise's{mostly}")
+    longer = ms(kill.recovery_s) - ms(raised.recovery_s)
+    if longer > 0 and recorded and ms(kill.exit_s) > _parts(run, kill)[0]:
+        print(f"The kill's recovery was {longer} ms longer than the raise's: its quorum waited for that record")
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
         print(
