@@ -16,7 +16,7 @@
 # %% [markdown]
 # # 10 · Slow links: local SGD → DiLoCo → streaming DiLoCo
 #
-# Every rung so far sends every gradient every step. On a slow link that all_reduce can take longer than the
+# Every rung so far sends a message every step. On a slow link that all_reduce can take longer than the
 # step's compute. The rungs of this notebook **talk rarely**: each replica
 # trains alone for H steps (its *inner* steps), then the replicas **sync**: they average what they
 # learnt and each applies the result.
@@ -149,7 +149,7 @@ lesson.claim(
 
 # %% [markdown]
 # That is one *seed* (a start and chains that every run shares) on 2 replicas. The bench trains 2000 steps (its lr
-# annealed over those) on 4 replicas, 5 seeds; the figure and numbers below are read from its committed results
+# annealed over those) on 4 replicas, 5 seeds; the figure and numbers below read its committed results
 # (`docs/diloco/convergence.json`). Its
 # runs: `ddp`; `single` (a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100);
 # `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (those outer learning rates; not drawn);
@@ -204,6 +204,7 @@ within = {  # each drawn rare run's last score with no more payload than that: (
     n: max((s, b, lo) for s, b, lo in zip(steps, mean_of(n, "bytes"), mean_of(n, "loss")) if b <= payload)
     for n, _ in drawn[1:]
 }
+stale = {n: max(s % results["configs"][n]["sync_every"] for s in steps) for n in within}  # steps since last sync
 step_for_step = all(  # at every score after the start (step 0, where every run scores the same weights)
     all(d < lo for d, lo in zip(mean_of("ddp", "loss")[1:], mean_of(n, "loss")[1:])) for n in within
 )
@@ -212,7 +213,9 @@ lesson.claim(
     f"by step {steps[1]} DDP has handed over {payload / 1e6:.2f} MB, its mean expected loss {ddp_first:.3f}; "
     "with no more payload, each drawn run that talks rarely gets below it: "
     + ", ".join(f"{n} {lo:.3f} (step {s})" for n, (s, _, lo) in within.items())
-    + ". Step for step, DDP's mean is below each of theirs at every score after the start",
+    + ". At every score after the start DDP's mean is below each of theirs; "
+    + ", ".join(n for n in stale if stale[n])
+    + f" score weights up to {max(stale.values())} steps old, DDP its current ones",
 )
 early = {n: mean_of(n, "loss")[1] for n in ("local-sgd-h100", "diloco-h100")}  # step 50, before a sync
 lesson.claim(
@@ -259,10 +262,10 @@ lesson.claim(
     and min(behind) > 0
     and 2 * ahead10 < len(curves["diloco-h10"])  # the takeaway's "behind local SGD in most seeds"
     and scheduled,
-    f"AdamW's lr in train_config: {results['lr']:g} × `cosine(steps)`, a half cosine; at step 300, × "
-    f"{cosine(results['steps'])(300):.2f} in the bench, × {cosine(300)(300):g} in the run above. Yet at step 300 "
-    "every bench seed has the run above's order: DDP, local SGD, DiLoCo at H = 10; by step 2000 DiLoCo is "
-    f"below local SGD in {ahead10} of {len(curves['diloco-h10'])} seeds",
+    f"at step 300 every bench seed ({results['replicas']} replicas, AdamW's lr × {cosine(results['steps'])(300):.2f}) "
+    f"has the order of the run above (2 replicas, lr × {cosine(300)(300):g}): DDP, local SGD, DiLoCo at H = 10, so "
+    f"that order is not the annealing's; by step 2000 DiLoCo is below local SGD in {ahead10} of "
+    f"{len(curves['diloco-h10'])} seeds",
 )
 lesson.claim(
     all(max(final(f"local-sgd-h{h}")) < min(final("single")) for h in (10, 50, 100)),
@@ -471,18 +474,18 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     waited = metrics.waited([(before, max(before, delivered))])  # ms
     fragment = order[s].rpartition("#")[2]
     large = " (the large weight's)" if int(fragment) == holder else ""
-    need[fragment] = math.ceil(on_link / (before / TAU))  # ms on the link / ms a step (its τ steps, as asked)
+    need[fragment] = (math.ceil(on_link / (before / TAU)), before / TAU)  # (steps its time spans, ms a step)
     lesson.say(
         f"fragment {fragment}{large}, handed over in step {step_of(s)}, ms from its start on the link: modeled end "
-        f"{on_link:.1f}, delivered {delivered:.1f}, step {step_of(a)} asks at {before:.1f}: "
+        f"{on_link:.1f}, delivered {delivered:.1f}, step {step_of(a)} calls wait() at {before:.1f}: "
         + (f"waited {waited:.1f} ms" if waited else "no wait")
     )
 most = H // FRAGMENTS - 1  # the largest τ with one fragment in flight (τ < H/K)
-short = [f for f, n in need.items() if n > most]
+short = [f for f, (n, _) in need.items() if n > most]
 lesson.say(
-    "to cover its modeled end at its own ms a step (asks at ÷ τ): "
-    + ", ".join(f"τ = {n} for fragment {f}" for f, n in need.items())
-    + f"; τ < H/K allows at most {most}: "
+    "steps of compute its modeled end spans: "
+    + ", ".join(f"fragment {f} {n} (at {ms:.1f} ms a step)" for f, (n, ms) in need.items())
+    + f"; the run's τ = {TAU}, and τ < H/K allows at most {most}: "
     + (f"none fits fragment {' or '.join(short)}" if short else "each fits")
     + (f", which holds the {'×'.join(map(str, biggest.shape))} weight whole" if str(holder) in short else "")
 )
@@ -535,6 +538,7 @@ from minddp.costmodel.compute import from_throughput, synthesize
 from minddp.costmodel.slow_link import ddp_step, per_step
 
 PARAMS, TOKENS, FLOPS = 360_000_000, 16_384, 300e12
+QUARTER_BYTES = 4 * PARAMS // 4  # a fragment of a quarter of the parameters, 4 bytes each (`fragments`: byte sizes)
 cp = from_throughput([4 * PARAMS // 32] * 32, PARAMS, TOKENS, FLOPS, micro_batches=1)  # 32 equal gradients
 links = sorted(
     ["nvlink", "100gbit-ib", "10gbit", "1gbit", "wan", "100mbit", "home"], key=lambda n: -PRESETS[n].bandwidth
@@ -544,7 +548,7 @@ for name in links:
     table[name] = {
         "ddp": ddp_step(cp, name),
         "diloco": per_step(cp, name, sync_every=100),
-        "streaming": per_step(cp, name, sync_every=100, fragments=[4 * PARAMS // 4] * 4, delay=10),
+        "streaming": per_step(cp, name, sync_every=100, fragments=[QUARTER_BYTES] * 4, delay=10),
     }
 print(
     f"compute per step: 6 × {PARAMS / 1e6:.0f} M parameters × {TOKENS} tokens / {FLOPS / 1e12:.0f} TFLOP/s = "
@@ -605,7 +609,7 @@ tau_s = 10 * table[first]["diloco"]["compute_s"]  # τ = 10 inner steps' compute
 
 
 def fragment_on(name):  # one of streaming's 4 fragments (360 MB) on the link: 2 hops + its bytes at the link's rate
-    return 2 * PRESETS[name].latency + PARAMS / PRESETS[name].bandwidth
+    return 2 * PRESETS[name].latency + QUARTER_BYTES / PRESETS[name].bandwidth
 
 
 slower = [name for name in links if fragment_on(name) > tau_s]
@@ -626,7 +630,7 @@ lesson.claim(
 
 
 def streaming_on_home(fewer):  # streaming DiLoCo on home, each fragment `fewer` times smaller; compute, H, τ kept
-    return per_step(cp, "home", sync_every=100, fragments=[int(PARAMS / fewer)] * 4, delay=10)["utilisation"]
+    return per_step(cp, "home", sync_every=100, fragments=[int(QUARTER_BYTES / fewer)] * 4, delay=10)["utilisation"]
 
 
 low, needed = 1, 2  # the fewest times less traffic for 90 %: doubled until enough, then halved down (it only rises)
@@ -647,12 +651,12 @@ lesson.claim(
 # ## What to take away
 #
 # * Local SGD and DiLoCo send H times fewer bytes than DDP. In the bench, with no more payload than DDP has handed
-#   over by step 50, each drawn run that talks rarely is below DDP's step-50 loss by step 2000; step for step,
-#   after the start, DDP's mean is below each of theirs.
-# * In the bench (this task and model) DiLoCo not streamed ended behind local SGD in most seeds at H = 10 and in
+#   over by step 50, each drawn run that talks rarely is below DDP's step-50 loss by step 2000; at every
+#   score after the start DDP's mean is below each of theirs (H = 100: on weights up to H/2 steps old).
+# * In the bench DiLoCo not streamed ended behind local SGD in most seeds at H = 10 and in
 #   every seed at H = 50 and 100, its loss rising far more with H; at H = 100, at every outer lr
-#   tried, it ended worse than one replica alone in every seed, while local SGD ended below it at
-#   every H, in every seed. An outer step can raise the synced weights' loss. Of the bench's runs that
+#   tried, it ended worse than one replica alone in every seed; local SGD ended below one replica alone at
+#   every H, in every seed. Of the bench's runs that
 #   talk rarely, `streaming-h100` ended closest to DDP; which of its three settings helps was not separated.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
 # * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it; the replica waits
