@@ -41,8 +41,6 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from minddp.sharding.shards import chunk_size
-
 STAGES = ("ddp", "zero1", "zero2", "fsdp")
 KINDS = ("parameters", "gradients", "optimizer", "activations", "gathered")
 
@@ -224,15 +222,8 @@ def all_gather_buffer_bytes(sharded) -> int:
     A block is this rank's chunks of the bucket back to back, padded: zero1's to the longest rank's, zero2's each
     chunk to ``ceil(numel / world)``.
     """
-    world, total = sharded.world, 0
-    for bucket in sharded.buckets:
-        if hasattr(sharded, "ranges"):  # zero1's optimizer
-            ranges = [sharded.ranges[sharded.index[id(p)]] for p in bucket]
-            block = max(sum(r[k][1] - r[k][0] for r in ranges) for k in range(world))
-        else:  # zero2
-            block = sum(chunk_size(p.numel(), world) for p in bucket)
-        total += (world + 1) * block * bucket[0].element_size()
-    return total
+    world = sharded.world
+    return sum((world + 1) * sharded.gather_block(bucket) * bucket[0].element_size() for bucket in sharded.buckets)
 
 
 def model_size(wrapped: nn.Module, module: nn.Module) -> dict[str, int]:

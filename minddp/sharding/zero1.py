@@ -151,12 +151,18 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def _range(self, p: torch.Tensor) -> tuple[int, int]:
         return self.ranges[self.index[id(p)]][self.rank]
 
+    def gather_block(self, bucket) -> int:
+        """Part 4's block for ``bucket``, in values: the most of it any rank holds (each rank's chunks back to back,
+        padded to this)."""
+        ranges = [self.ranges[self.index[id(p)]] for p in bucket]
+        return max(sum(end - start for start, end in (r[k] for r in ranges)) for k in range(self.world))
+
     def _all_gather(self) -> None:
         """Part 4: per bucket, every rank's chunks back to back (padded to the largest), gathered, copied in."""
         pending = []
         for b, bucket in enumerate(self.buckets):
             ranges = [self.ranges[self.index[id(p)]] for p in bucket]
-            block = max(sum(end - start for start, end in (r[k] for r in ranges)) for k in range(self.world))
+            block = self.gather_block(bucket)
             mine = [p.detach().view(-1)[r[self.rank][0] : r[self.rank][1]] for p, r in zip(bucket, ranges)]
             send = torch.cat(mine + [bucket[0].new_zeros(block - sum(m.numel() for m in mine))])
             gathered = bucket[0].new_empty(self.world * block)

@@ -156,6 +156,11 @@ class Zero2DDP(AsyncBucketDDP):
             self.had_grad.clear()
             self.stale = True  # the optimizer steps the shards next
 
+    def gather_block(self, members) -> int:
+        """Part 4's block for a bucket's ``members``, in values: each one's chunk padded to ``ceil(numel / world)``,
+        back to back."""
+        return sum(chunk_size(p.numel(), self.world) for p in members)
+
     @torch.no_grad()
     def gather_parameters(self, wait: bool = True) -> None:
         """Part 4: start every rank's shards on their way into every rank's full parameters; ``wait``: finish now.
@@ -173,7 +178,7 @@ class Zero2DDP(AsyncBucketDDP):
                     for p in members
                 ]
             )
-            gathered = block.new_empty(self.world * block.numel())
+            gathered = block.new_empty(self.world * self.gather_block(members))
             with torch.profiler.record_function(f"minddp.all_gather_launch#{b}"):  # named, as send() names buckets
                 self.gathering[b] = (members, gathered, wire.all_gather(gathered, block))
         self.stale = False
