@@ -224,12 +224,19 @@ def test_no_module_but_metrics_turns_spans_into_a_time():
 
 
 def test_a_function_named_after_a_measure_hands_over_to_metrics():
-    """Outside metrics.py, a function or property named like a measure (a look's, the step-time model's) calls the
-    one in metrics (``metrics.<name>``) rather than computing it again."""
+    """Outside metrics.py, a function or property named like a measure (a look's, the step-time model's, a lesson's
+    measure in its unit: ``link_ms`` for link time in ms, ``exposed_ms``) calls the one in metrics
+    (``metrics.<name>``) rather than computing it again."""
     names = set(MEASURES) | {"non_compute_pct", "pooled_overlap_pct", "overlap_parts"}
+    units = ("ms", "s", "seconds", "pct")
+    named = (
+        names
+        | {f"{m.removesuffix('_time')}_{u}" for m in MEASURES for u in units}
+        | {f"{m}_{u}" for m in MEASURES for u in units}
+    )
     found = []
     for place, node in _other_nodes():
-        if isinstance(node, ast.FunctionDef) and node.name in names:
+        if isinstance(node, ast.FunctionDef) and node.name in named:
             called = {
                 n.func.attr
                 for n in ast.walk(node)

@@ -13,13 +13,14 @@ NAMES = {"allreduce": "plain averaging", "fp16": "fp16", "bf16": "bf16", "powers
 
 
 def link_ms(reduced: tuple[int, int], spec, n: int) -> float:
-    """The link time of one step's all_reduces ``reduced`` (``(calls, payload bytes)``) on the link ``spec`` (a
-    :class:`~minddp.comm.link.LinkSpec`) and ``n`` ranks, ms: each message's α-β time, added (the link carries one
-    at a time). That time is a fixed cost plus a price per byte, so the sum needs only the count and the bytes in
-    all: ``calls`` fixed costs and the price of ``bytes``."""
+    """The *link time* (``metrics.link_time``) of one step's all_reduces ``reduced`` (``(calls, payload bytes)``) on
+    the link ``spec`` (a :class:`~minddp.comm.link.LinkSpec`) and ``n`` ranks, ms. A message's α-β time is a fixed
+    cost plus a price per byte, so the sum needs only the count and the bytes in all: here one message carries
+    them all and the other ``calls - 1`` are empty, which adds the same ``calls`` fixed costs and price of bytes."""
+    from minddp.analysis import metrics
+
     calls, nbytes = reduced
-    fixed = spec.seconds("all_reduce", 0, n)
-    return (calls * fixed + spec.seconds("all_reduce", nbytes, n) - fixed) * 1e3
+    return 1e3 * metrics.link_time(spec, [("all_reduce", nbytes, n)] + [("all_reduce", 0, n)] * (calls - 1))
 
 
 def preset_table(reduced: dict, n: int, crossover):
