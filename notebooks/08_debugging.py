@@ -19,8 +19,8 @@
 # We break DDP on purpose,
 # nine bugs in six sections, and run each three ways on the two ranks:
 #
-# 1. **torch** (*under torch*): debug mode *paused* (`minddp.debug.disable()`), torch's own debug
-#    level at its default, OFF (once at DETAIL, in section 4): what torch's DDP says (or `torch.distributed`, for the script's own
+# 1. **torch** (*under torch*): debug mode *paused* (`minddp.debug.disable()`), torch's debug
+#    level OFF, its default (DETAIL once, in section 4): what torch's DDP says (or `torch.distributed`, for the script's own
 #    collectives). The script's own collectives run on a group, `short` (*the short group*), whose
 #    calls give up after seconds, and torch's DDP on another, `group`, with torch's default timeout;
 #    a rank that fails destroys both, so a partner waiting on `group` fails at once;
@@ -43,10 +43,7 @@
 # The set-up cell's helpers (`minddp/notebook/lesson_08.py`) give every rank the same model (its
 # *replica*), `build()`'s `Net` (`encoder`, tanh, `head`; `Net(extra=True)` adds a second head,
 # `extra`, in a forward given `use_extra=True`), wrapped (`model`, *the wrapper*, is the DDP object;
-# `model.module` is the `Net` it wraps), and its own batches (its shard);
-# `train(model, optimizer, steps, **kw)` takes that many correct steps on them, `kw` going to each
-# forward. `apart(model)` is the
-# largest difference between a rank's parameters and rank 0's. They run each script three ways:
+# `model.module` is the `Net` it wraps), and its own batches (its shard). They run each script three ways:
 #
 # * `torch_does`: `script(group, short)` with debug mode paused; an excerpt (… marks a cut) of what
 #   each rank raised, led by the notebook's own note in square brackets: its step if in `train()`
@@ -72,7 +69,7 @@ from minddp.notebook.lesson_08 import (
     DEFAULT_WAIT_S,
     WAIT_S,
     Net,
-    apart,
+    apart,  # apart(model): the largest difference between a rank's parameters and rank 0's
     batch,  # batch(step): this rank's (x, y) of that step; same_on_every_rank=True: the same on every rank
     build,
     cpp_warnings,  # yields the torch C++ warnings written in a block, as "file:line: message"
@@ -87,7 +84,7 @@ from minddp.notebook.lesson_08 import (
     torch_drifts,
     torch_step,
     torch_took,
-    train,
+    train,  # train(model, optimizer, steps, **kw): that many correct steps on this rank's batches, kw to each forward
 )
 
 minddp.debug.enable()  # what `MINDDP_DEBUG=1 torchrun ...` does for every rank when it imports minddp
@@ -221,17 +218,15 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # number. A call is written op(dtype[shape], ...) at its place, then its step:
 # `(step 0)` in a wrapper's step, `(after step S)` after the last
 # step a wrapper took on that rank: this script has no wrapper, so its step is the last of section
-# 3's fix.
+# 3's fix. Last, torch runs the bug at debug level DETAIL (`TORCH_DISTRIBUTED_DEBUG=DETAIL`), which also
+# compares each collective across ranks before it is sent.
 
 # %%
 # %%distributed
 logged = [0.5, 0.9] if rank == 0 else [0.5]  # the bug: loss and accuracy on rank 0, the loss alone on rank 1
 raised = torch_does(lambda group, short: dist.all_reduce(torch.tensor(logged, device=device), group=short))
-lesson.claim(
-    "raised nothing" not in raised and any("Timed out" in s and t >= WAIT_S for s, t in zip(raised, torch_took)),
-    f"under torch both ranks failed, at least one at the {WAIT_S} s timeout",
-)
-minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)), "mismatched collectives")
+timed_out = "raised nothing" not in raised and any("Timed out" in s and t >= WAIT_S for s, t in zip(raised, torch_took))
+ours = minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)), "mismatched collectives")
 detail = torch_does(
     lambda group, short: dist.all_reduce(torch.tensor(logged, device=device), group=short), say=False, level="DETAIL"
 )
@@ -243,9 +238,12 @@ lesson.claim(
         and not ("<In [" in e or "step" in e)
         for e in detail
     )
-    and max(torch_took) < WAIT_S,
-    f"at DETAIL torch raised on every rank within {max(max(torch_took), 0.01):.2f} s, not at the {WAIT_S} s timeout: "
-    "'Detected mismatch between collectives', naming each rank's op and shape, no line or step",
+    and max(torch_took) < WAIT_S
+    and timed_out
+    and "<In [" in ours
+    and "step" in ours,
+    f"at DETAIL torch too raised on every rank within {max(max(torch_took), 0.01):.2f} s, not at the {WAIT_S} s "
+    "timeout: 'Detected mismatch between collectives', each rank's op and shape; debug mode adds the line and step",
 )
 metrics = torch.tensor([0.5, 0.9], device=device)
 with quiet() as said:
@@ -275,11 +273,7 @@ def log_loss(model, optimizer, short=None, everywhere=False):
     optimizer.step()
 
 
-raised = torch_does(lambda group, short: log_loss(*build(TorchDDP, process_group=group), short=short))
-lesson.claim(
-    "Timed out" in raised[0] and torch_took[0] >= WAIT_S and raised[1] == "raised nothing",
-    f"under torch rank 0 timed out after the short group's {WAIT_S} s; rank 1 raised nothing",
-)
+torch_does(lambda group, short: log_loss(*build(TorchDDP, process_group=group), short=short))
 minddp_says(lambda: log_loss(*build()), "mismatched collectives")
 fixed(log_loss, "the loss logged on every rank", everywhere=True)
 
@@ -450,33 +444,44 @@ lesson.claim(
 # ## What it adds
 #
 # A wrapper built in debug mode has a *watch* (it runs the forward and step checks) and a
-# `DebugReducer` (its *reducer* averages the gradients).
+# `DebugReducer` (a `Reducer` whose buckets go through the collective check).
 
 
 # %%
 # %%distributed
 def five_steps(on: bool):
-    """5 steps of the correct script with debug mode on or paused: the wrapper and its parameters."""
+    """5 steps of the correct script with debug mode on or paused: the wrapper, its parameters, the collectives the
+    collective check compared in step 4."""
     (minddp.debug.enable if on else minddp.debug.disable)()
     model, optimizer = build()
-    train(model, optimizer, steps=5)
+    with minddp.debug.collective_check.recorded() as calls:
+        train(model, optimizer, steps=5)
     minddp.debug.enable()
-    return model, [p.detach().clone() for p in model.parameters()]
+    return model, [p.detach().clone() for p in model.parameters()], [c for c in calls if c.step == 4]
 
 
-(paused, paused_params), (on, on_params) = five_steps(False), five_steps(True)
+(paused, paused_params, unchecked), (on, on_params, checked) = five_steps(False), five_steps(True)
+added = {"forward check": "all_gather", "end of backward": "all_gather_object", "step check": "all_gather"}
+extra = [c for c in checked if "bucket" not in c.where]
+at_once = on.reducer.state.all_reduce(torch.zeros(1, device=device)).done()  # done when the call returns
 lesson.claim(
-    paused.watch is None
-    and type(paused.reducer).__name__ == "Reducer"
+    [c.op for c in extra] == list(added.values())
+    and all(name in c.where for name, c in zip(added, extra))
+    and paused.watch is None
     and on.watch is not None
-    and type(on.reducer).__name__ == "DebugReducer",
-    f"built with debug mode on, minddp's DDP has a {type(on.reducer).__name__} and a watch; "
-    f"paused, a {type(paused.reducer).__name__} and no watch",
+    and not paused.check_consistency  # paused: no end-of-backward check either
+    and unchecked == []
+    and type(on.reducer).__name__ == "DebugReducer"
+    and at_once,
+    f"debug mode's cost in step 4: {len(extra)} more collectives than a wrapper built paused "
+    f"({'; '.join(f'{name}: {op}' for name, op in added.items())}), the collective check before each of the "
+    f"step's {len(checked)}, and a {type(on.reducer).__name__} whose all_reduce returns once summed: no bucket "
+    "travels while backward computes",
 )
 # exact: both reducers halve each gradient, then add the 2 ranks', which rounds the same in either order
 lesson.claim(
     all(each_rank(all(torch.equal(a, b) for a, b in zip(paused_params, on_params)))),
-    "after 5 steps, each rank's parameters are bit for bit the same with debug mode on or paused",
+    "after 5 steps each rank's parameters are bit for bit as with debug mode paused",
 )
 
 # %%
