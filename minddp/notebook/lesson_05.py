@@ -60,6 +60,23 @@ def anatomy(result, stages) -> pd.DataFrame:
     return pd.DataFrame(rows).T.astype(int)
 
 
+def checks(run: Path, stages) -> pd.DataFrame:
+    """Per stage, rank 0's profiled step's parameter checks (:func:`lesson.parameter_checks`, what the figure
+    hatches): how many, how long their all_gather ranges were open (``metrics.in_flight``) and the non-compute in
+    them (``metrics.non_compute``), ms."""
+    from minddp.analysis import metrics
+
+    rows = {}
+    for st in stages:
+        iv, _, spans = lesson.parameter_checks(run, st)
+        rows[st] = {
+            "checks": len(spans),
+            "open (ms)": metrics.in_flight(spans) / 1e3,
+            "non-compute (ms)": metrics.non_compute(spans, iv.compute, spans) / 1e3,
+        }
+    return pd.DataFrame(rows).T
+
+
 def timeline_rows(result, run: Path) -> list[dict]:
     """The rows :func:`minddp.analysis.timeline.draw_steps` draws (``rows_from_analysis``), each with its stage's
     parameter checks (``checks``: gloo's all_gather ranges, ms from the step's start, so ``checks_in_flight``)."""
@@ -107,7 +124,8 @@ def link_ms(linked, link, stage: str) -> float:
 
 
 def link_table(linked, link) -> pd.DataFrame:
-    """The link run's table (rank 0, one profiled step each): link time, waited and exposed (ms, to 0.1)."""
+    """The link run's table (rank 0, one profiled step each): link time, waited, exposed and waited − exposed (ms,
+    to 0.1)."""
     stages = rank0(linked.summary)["stage"]
     waits = rank0(linked.per_step).groupby("stage")[["waited_us", "exposed_us"]].mean() / 1e3
     table = pd.DataFrame(
@@ -116,9 +134,29 @@ def link_table(linked, link) -> pd.DataFrame:
             "waited (ms)": waits["waited_us"].reindex(stages).to_numpy(),
             "exposed (ms)": waits["exposed_us"].reindex(stages).to_numpy(),
         },
-        index=pd.Index(stages, name="stage"),
+        index=pd.Index(stages.to_numpy()),
     ).round(1)
+    # not on the link; from the rounded columns, so that it is their difference as printed
+    table["waited − exposed (ms)"] = (table["waited (ms)"] - table["exposed (ms)"]).round(1)
     return table
+
+
+def last_message(linked, link, stage: str) -> dict:
+    """The last message rank 0 handed over in its profiled step of ``stage`` (link run): its size (MiB), how long
+    before the end of the step's last backward band it was handed over (ms), and its own link time
+    (``metrics.link_time``, ms)."""
+    from minddp.analysis import metrics
+
+    sent, p = rank0(linked.buckets), rank0(linked.phases)
+    mine = sent[sent["stage"] == stage]
+    last = mine.loc[mine["ready_us"].idxmax()]
+    end = p.loc[(p["stage"] == stage) & (p["phase"] == "backward"), "end_us"].max()
+    nbytes, world = float(last["numel"]) * 4, int(linked.summary["rank"].nunique())  # float32: 4 bytes a number
+    return {
+        "MiB": nbytes / 2**20,
+        "before the end (ms)": (end - last["ready_us"]) / 1e3,
+        "link time (ms)": 1e3 * metrics.link_time(link, [("all_reduce", nbytes, world)]),
+    }
 
 
 def link_messages(linked, link) -> pd.DataFrame:
