@@ -66,11 +66,14 @@ def streaming_steps(row: dict, events: list, warm: int, title: str):
     ends) labelled with its inner step, counted from ``warm`` + 1 (the first profiled step) by the
     ``minddp.optimizer_step`` events started by then; each message bar named by the fragment of the
     ``minddp.fragment_send#i`` event it follows (in time order); the waits drawn again over the optimizer step's
-    green; the time axis from the first profiled forward; every message bar in the first message shade (the
-    second, darker one removed). The legend above the axes names each kind once. Returns the figure."""
+    green; the time axis from the first profiled forward; each step's forward and backward one bar (where the
+    CPU's time splits between them varies from step to step, and no lesson rests on it); every message bar in the
+    first message shade (the second, darker one removed). The legend above the axes names each kind once. Returns
+    the figure."""
     from minddp.analysis.timeline import COLORS, draw_steps, legend_above
 
     t0 = min(e.time_range.start for e in events if e.name == "minddp.forward_backward")  # the row's 0 ms
+    row = dict(row, forward=[], backward=[(f[0], b[1]) for f, b in zip(row["forward"], row["backward"])])
 
     def ms(t):
         return (t - t0) / 1e3
@@ -105,7 +108,8 @@ def streaming_steps(row: dict, events: list, warm: int, title: str):
     ax.set_xlim(right=1.04 * ax.get_xlim()[1])  # room after the last step's marks
     ax.set_ylim(ax.get_ylim()[0], -0.62)  # room above the row for the apply triangles and their labels
     ax.set_xlabel(f"ms since step {warm + 1}'s forward started", fontsize=8)
-    named = {"message on the wire": "message on the link (modeled)", "handed to the wire": "handed to the link"}
+    named = {"message on the wire": "message on the link (modeled)", "handed to the wire": "handed to the link",
+             "backward": "forward and backward"}  # fmt: skip
     handles, labels = ax.get_legend_handles_labels()
     entries = {named.get(label, label): handle for label, handle in zip(labels, handles)}
     legend_above(ax, entries, 5)
