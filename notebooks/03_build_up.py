@@ -57,8 +57,8 @@
 # of it the training thread stood waiting through. A *wait* is one call of a message's `wait()`, which
 # may find it already back; *waited* is the
 # measured time the thread stood still for its messages: the exposed part and any waiting after the
-# link had delivered, which the link does not model. The parameters-used check (*the check*; not the
-# checker) is printed apart (*at the check*).
+# link had delivered, which the link does not model. The time the parameters-used check (*the check*; not the
+# checker) *holds* a rank is in neither.
 #
 # **Words of this notebook.** `hook` in code type is a stage. A *grad hook* is the function autograd
 # calls when a parameter's gradient is ready (`register_post_accumulate_grad_hook`; `hook` and every
@@ -87,7 +87,10 @@ def meet(stage, before=None):
     if stage in lesson_03.CHECKED:  # each rank's own time at the parameters-used check
         on_ranks = lesson_03.checks_on_ranks(looks, [stage])[stage]
         lesson_03.say_check(stage, on_ranks, looks[stage]["check_spans"])
-    lesson.picture(looks, stage, before, title=f"{stage}" + (f" (below) and {before} (faded)" if before else ""))
+    if stage == "single":  # the no-message baseline: a forward the shared machine slowed is said
+        lesson_03.say_slow_forward(stage, looks[stage])
+    title = f"{stage}" + (f" (below) and {before} (faded)" if before else "") + ", rank 0"
+    lesson.picture(looks, stage, before, title=title)
 
 
 lesson.say(lesson.describe())
@@ -118,9 +121,10 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # Here each rank trains its own shard and never talks to the other: not data parallelism (the
 # replicas drift apart), with no message at all. The picture is one step: the forward (pale) and
 # backward (blue) of each micro-batch, then the optimizer (green); the black line is the end of the
-# step. The stages below add messages (orange, the legend's *wire*: the link's modeled transfer, two shades
+# step. A bar's length, here and below, is one step's on a shared machine and does not compare the stages' compute.
+# The stages below add messages (orange, the legend's *message on the wire*: the link's modeled transfer, two shades
 # alternating; a tick under the row where each was handed over), waits (red: the thread standing still until a message's
-# all_reduce returns), the parameters-used check (hatched red over a band's top half, at times a
+# all_reduce returns), the parameters-used check (hatched red, at times a
 # sliver; the legend's *parameter check*: its all_gather holds a rank until the other rank joins it) and `finish_gradient_synchronization()` (a
 # thin purple strip, the legend's *finish*). A legend names the marks drawn in its figure's rows, the
 # faded one's too, except those under 1/500 of the axis.
@@ -154,8 +158,7 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: three bursts of messages, one after each backward, each waited for (red)
-# before the next micro-batch may start. A bar's length, here and below, the faded row's too, is one
-# step's on a shared machine and does not compare the stages' compute.
+# before the next micro-batch may start.
 #
 # ## `ga`: gradient accumulation, `no_sync()`
 #
@@ -197,10 +200,11 @@ lesson.claim(
     abs(v["link_ms"] * k - prev["link_ms"]) <= 1e-9 * prev["link_ms"],
     f"So its messages need 1/{k} of simple's time on the link: {v['link_ms']:.0f} ms against {prev['link_ms']:.0f} ms.",
 )
+lesson_03.say_still(("ga", "simple"), looks)
 
 # %% [markdown]
-# What to look for: one burst of messages, after the last backward, with the thread's waits for them
-# (red); the micro-batches before it run straight on into each other.
+# What to look for: after the last backward, rank 0 held at the check (hatched), then one burst of messages
+# with the thread's waits for them (red); the micro-batches before run straight on into each other.
 #
 # ### Your turn: `ga`
 #
@@ -565,11 +569,11 @@ lesson.claim(
 # %% [markdown]
 # ## Side by side: the ladder on one time axis
 #
-# Every profiled step above on one axis (a bar's length does not compare the stages' compute), and
+# Every profiled step above on one axis, and
 # their numbers (units in the column names). *Last
 # backward less the check*: the backward of the step's last micro-batch, measured once on a shared
 # machine, less rank 0's time at the check inside it (from `hook` to `bucket-async`); `hook`'s and
-# `bucket`'s hold their waits. *At the check*: the time the check held each rank, summed over the step's checks (in
+# `bucket`'s include their waits. *At the check*: the time the check held each rank, summed over the step's checks (in
 # neither waited nor exposed; "–": no check). torch's waits are not seen (–).
 
 # %%
@@ -682,7 +686,7 @@ lesson.claim(
     + ".",
 )
 here = lesson.SETTINGS.bucket_cap_mb
-lesson_03.say_sweep(swept, this_run)
+lesson_03.say_sweep(swept, this_run, model, default)
 if rank == 0:
     lesson_03.sweep_figure(swept, model, default, per_gradient, LINK.name, world_size, here, looks["hook-async"])
 
@@ -721,8 +725,8 @@ SETTINGS_OF = {  # 2 ranks each, on a link sized with the named setting's ratios
     "1024 ranks": ("100gbit-ib", 1024, "deep-llama"),
 }
 ladder6 = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
-# At 1024 ranks the rungs that wait for each message at once (simple, ga, hook) would stand still for every one
-# of their hundreds of fixed costs, so only the bucketed rungs and hook-async run there, one micro-batch a step.
+# At 1024 ranks simple, ga and hook would stand still for one message per gradient tensor, one after another, each
+# paying its fixed cost; hook-async does not wait for each, the bucketed rungs send few: only these run there.
 RUN = {"4 × T4": ladder6, "1024 ranks": ["hook-async", "bucket", "bucket-async"]}
 blog_runs, setting_ratios, sized_from = {}, {}, {}
 for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
@@ -782,9 +786,7 @@ lesson_03.say_sized_measures(t4, far)
 
 # %%
 # %%distributed
-own = {s: lesson.backward_less_check(looks[s]) for s in ("hook-async", "bucket-async")}  # each step's backward, ms
-waited = {s: looks[s]["waited_ms"] for s in own}  # each step's waited, ms
-lesson_03.say_takeaway(per_grad, bucketed, saved, own, t4, far, waited)
+lesson_03.say_takeaway(per_grad, saved, far)
 
 # %%
 # %dist_shutdown

@@ -389,8 +389,8 @@ def mib(n_bytes: float) -> str:
 
 
 def say_look(looks: dict, stage: str) -> None:
-    """What one profiled step of ``stage`` shows over an emulated link, in sentences: its messages, and the link's
-    time the training thread waited through (exposed) and did not, and all its waiting for them (waited)."""
+    """What one profiled step of ``stage`` shows over an emulated link, in sentences: its messages, their link time,
+    its exposed part and where the rest went, and the step's waited."""
     v = looks[stage]
     say(
         f"{stage}: {v['calls']} all_reduce calls a step, {v['calls_in_backward']} of them started while a "
@@ -406,34 +406,28 @@ def say_look(looks: dict, stage: str) -> None:
         return
     link, exposed = link_parts(v)
     waited = round(v["waited_ms"])  # whole ms, as the table prints it: the part after delivery is their difference
-    say(
-        f"On the emulated link its messages took {link} ms (modeled). The training thread stood waiting through "
-        f"{exposed} ms of them (exposed)"
-        + (
-            f" and did not wait through the other {link - exposed} ms"
-            # a stage that waits later runs the backward and the loop's lines between; one that waits for each message
-            # before sending the next: a wait ends no earlier than the link's delivery, so the rest lies before it
-            + (
-                " (it ran the backward, or the stage's and the loop's own lines, between handing a message over and "
-                "waiting for it)."
-                if v["calls_in_backward"] and not v["waits_in_backward"]
-                else f", {(link - exposed) / v['calls']:.2f} ms a message on average: the link starts a message when "
-                "the comm hook hands it over, and the thread reaches its wait for it only after the hook has returned."
-                if abs(before_waits(v["row"]) - (v["link_ms"] - v["exposed_ms"])) < 1
-                else "."
-            )
-            if link - exposed
-            else "."
+    rest = link - exposed
+    said = f"On the emulated link its messages took {link} ms (modeled), {exposed} ms of them exposed"
+    if rest and v["calls_in_backward"] and not v["waits_in_backward"]:  # it waits later: the backward runs between
+        said += f"; through the other {rest} ms the thread ran the backward, or the stage's and the loop's lines."
+    elif rest and abs(before_waits(v["row"]) - (v["link_ms"] - v["exposed_ms"])) < 1:
+        # it waits for each message before sending the next: a wait ends no earlier than the link's delivery
+        said += (
+            f"; the other {rest} ms ({rest / v['calls']:.2f} ms a message on average) ran before the thread's wait "
+            "began: the link starts a message as the comm hook hands it over, the wait starts after the hook returns."
         )
-        + f" It waited {waited} ms in all for its messages ({v['waits_in_backward']} of its {v['waits']} "
-        "waits began inside a backward)"
-        + (
-            f": the {exposed} exposed, and {waited - exposed} ms after the link had delivered, until the "
-            "real all_reduce returned, once every rank had joined it: a wait the emulated link does not model."
-            if waited - exposed >= 1
-            else "."
+    else:
+        said += "."
+    said += f" It waited {waited} ms for its messages ({v['waits_in_backward']} of its {v['waits']} waits began"
+    said += " inside a backward)"
+    if waited - exposed >= 1:
+        said += (
+            f": the {exposed} exposed and {waited - exposed} ms after the link had delivered, until every rank had "
+            "joined the real all_reduce, which the emulated link does not model."
         )
-    )
+    else:
+        said += "."
+    say(said)
 
 
 def before_waits(row: dict) -> float:

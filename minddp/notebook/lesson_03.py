@@ -32,30 +32,52 @@ def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
 
 def say_check(stage: str, on_ranks: list[float], spans: list) -> None:
     """The time the parameters-used check held each rank in one step of ``stage`` (:func:`checks_on_ranks`), in
-    words: its all_gather returns only once every rank has joined it, so the difference is the earlier rank's wait.
-    ``spans``: rank 0's checks (ms); over several checks, the net difference is not one rank's wait.
-    Call on every rank; rank 0 says it."""
+    words: its all_gather returns only once every rank has joined it, so the difference is how much longer the
+    earlier rank was held. ``spans``: rank 0's checks (ms); over several checks, the net difference is not one
+    rank's. Call on every rank; rank 0 says it."""
     order = sorted(range(len(on_ranks)), key=on_ranks.__getitem__)
     long, short = order[-1], order[0]
-    ranks = " and ".join(f"rank {r} {ms:.0f} ms" for r, ms in enumerate(on_ranks))
+    said = f"{stage}'s check held " + " and ".join(f"rank {r} {ms:.0f} ms" for r, ms in enumerate(on_ranks))
     if len(spans) > 1:
-        ranks += f", over {len(spans)} checks"
+        said += f", over {len(spans)} checks"
     gap = round(on_ranks[long]) - round(on_ranks[short])  # of the whole ms printed, so that the sum adds up
-    first = stage == CHECKED[0]  # why the ranks differ is said once, at the first stage checked
-    why = (
-        "Its all_gather returns only once both ranks have joined it (a rank slowed by the machine's load joins "
-        "late), so "
-        if first
-        else ""
-    )
-    if gap == 0:
-        told = "here the ranks' times differ by less than 1 ms."
+    if stage == CHECKED[0]:  # why the ranks differ is said once, at the first stage checked
+        said += (
+            ": its all_gather holds the rank there first until the other joins (a rank slowed by the machine's load "
+            "joins late), a cost of the check, not of the link."
+        )
+    elif gap == 0:
+        said += "; the ranks' times differ by less than 1 ms."
     elif len(spans) == 1:
-        told = f"rank {long}, there first, stood {gap:.0f} ms longer, waiting for rank {short}."
+        said += f": rank {long}, there first, was held {gap:.0f} ms longer, until rank {short} joined."
     else:  # a net over the checks: at each, either rank may have been there first
-        told = "at each, the rank there first waited for the other."
-    said = f"{stage}'s check held {ranks}. " + (why + told if first else told[0].upper() + told[1:])
+        said += "; at each, the rank there first was held until the other joined."
     say(said)
+
+
+def say_still(stages: tuple[str, str], looks: dict) -> None:
+    """Rank 0's standing still in one step of each of ``stages``: held at the check plus waited, and the two parts
+    (rank 0's own looks; call on every rank, rank 0 says it)."""
+    parts = {s: (round(looks[s]["check_ms"]), round(looks[s]["waited_ms"])) for s in stages}  # whole ms, as printed
+    a, b = stages
+    say(
+        f"Rank 0 stood still {sum(parts[a])} ms in {a}, {parts[a][0]} held at the check and {parts[a][1]} waited, "
+        f"against {sum(parts[b])} ms in {b} ({parts[b][0]} and {parts[b][1]})."
+    )
+
+
+def say_slow_forward(stage: str, v: dict) -> None:
+    """If one forward of ``stage``'s step took over twice as long as each of its others (the same computation on
+    batches of one size), say so: the extra time is the shared machine's, not the network's compute."""
+    took = [e - s for s, e in v["row"]["forward"]]
+    slow = max(range(len(took)), key=took.__getitem__)
+    others = [t for i, t in enumerate(took) if i != slow]
+    if others and took[slow] > 2 * max(others):
+        say(
+            f"{stage}'s forward {slow + 1} took {took[slow]:.0f} ms, its others "
+            + " and ".join(f"{t:.0f}" for t in others)
+            + f" ms: the same computation, so the extra is the shared machine's; {stage}'s bar is no compute baseline."
+        )
 
 
 def look_table(looks: dict, checks: dict[str, list[float]]):
@@ -105,15 +127,19 @@ def cap_name(cap) -> str:
     return "None" if cap is None else f"{cap:g} MiB"
 
 
-def say_sweep(swept: dict, this_run_s: float) -> None:
-    """The cap sweep's model in a sentence: its compute is one backward, ``this_run_s``, and the measured steps' own
-    backwards (less the check) span a range around it (their link after backward: :func:`sweep_table`)."""
-    own = {c: backward_less_check(v) for c, v in swept.items()}
-    median_of = [cap_name(c) for c, b in own.items() if abs(b / 1e3 - this_run_s) < 1e-9]
+def say_sweep(swept: dict, this_run_s: float, model: list, default) -> None:
+    """The cap sweep's steps against the model in a sentence: their own backwards (less the check) beside the model's
+    one, ``this_run_s``, and each step's link after backward over the model's at its cap (``model``: the grid's
+    :func:`~minddp.costmodel.buckets.plan_costs`, ``default``: None's), as a range."""
+    from minddp.costmodel.buckets import on_the_link
+
+    own = [backward_less_check(v) for v in swept.values()]
+    at = {c.cap_mb: c for c in model} | {None: default}
+    ratio = [on_the_link(v["row"])["end_ms"] / (1e3 * at[c].after_backward) for c, v in swept.items()]
     say(
-        f"The step-time model replays every cap with one backward's compute, {1e3 * this_run_s:.0f} ms (their median"
-        + (f": the {median_of[0]} step's own" if median_of else "")
-        + f"; the steps' own: {min(own.values()):.0f} to {max(own.values()):.0f} ms)."
+        f"The steps' own backwards ran {min(own):.0f} to {max(own):.0f} ms against the model's "
+        f"{1e3 * this_run_s:.0f}; their link after backward, {min(ratio):.2g} to {max(ratio):.2g} times the model's "
+        "at their cap."
     )
 
 
@@ -154,7 +180,7 @@ def sweep_figure(swept: dict, model: list, default, per_gradient, link_name: str
             f"one step: link after backward, hook-async's ({h_end:.1f} ms)": h_end,
         },
         title=f"bucket-async on {link_name}, {world} ranks: link after backward against the cap "
-        "(exposed and waited: the table)",
+        "(each step on its own backward; exposed and waited: the table)",
     )
     fig.axes[0].set_ylabel("link after backward, ms")  # one step's, or the model's one backward's: not a rate
     ticks = [c.cap_mb for c in model]  # None's two points: one tick between them, named None, not a cap
@@ -262,48 +288,21 @@ def say_sized_measures(t4: dict, far: dict) -> None:
         )
 
 
-def say_takeaway(per_grad: dict, bucketed: dict, saved_ms: float, backward_ms: dict, t4: dict, far: dict, waited: dict):
-    """The takeaway in words, from the runs: what buckets saved on the link, how bucket-async's link time on this
-    notebook's link compares with its own backward (``backward_ms``: each stage's backward less the check there), and
-    which exposed less, bucket-async or hook-async, on each link (``t4``, ``far``: the sized links' runs), with the
-    two steps' backwards where they differ by more than the exposed times do; ``waited``: each stage's waited on this
-    notebook's link, given where it orders the two the other way round."""
-    b_ms, link = backward_ms["bucket-async"], bucketed["link_ms"]
-    said = (
-        f"Buckets cut the link time by the fixed costs of the messages they no longer send: {saved_ms:.1f} ms of "
-        f"hook-async's {per_grad['link_ms']:.0f} ms here."
-    )
-    if link >= 0.9 * b_ms and round(bucketed["end_ms"], 1) > 0:  # within a tenth, or longer: said so, not one message
-        size = "about as long as" if link <= 1.1 * b_ms else "longer than"
-        said += (
-            f" On the link bucket-async's messages took {size} its own backward ({link:.0f} against {b_ms:.0f} ms) "
-            f"and ran {bucketed['end_ms']:.1f} ms past its end."
+def say_takeaway(per_grad: dict, saved_ms: float, far: dict) -> None:
+    """The takeaway in words, from the runs: the link time buckets cut (the fixed costs of the messages they no
+    longer send) on this notebook's link (``per_grad``: hook-async's, ``saved_ms``: the cut) and on the link sized
+    for 1024 ranks (``far``: its runs), each as a share of hook-async's link time."""
+    h, b = far["hook-async"]["link_ms"], far["bucket-async"]["link_ms"]
+    here, there = 100 * saved_ms / per_grad["link_ms"], 100 * (h - b) / h
+    say(
+        f"Buckets cut the link time by the fixed costs of the messages they no longer send: {here:.0f} % of "
+        f"hook-async's here ({saved_ms:.1f} of {per_grad['link_ms']:.0f} ms), {there:.0f} % on the link sized for "
+        f"1024 ranks ({h - b:.0f} of {h:.0f} ms)"
+        + (  # the verdict only where the runs bear it
+            ". So buckets pay off in link time where the messages' fixed costs are "
+            + ("most" if there > 50 else "a larger share")
+            + " of it, as sized for many ranks."
+            if there > here
+            else "."
         )
-    word = {"as much as": "as much", "more than": "more", "less than": "less"}
-    here = dict(per_grad, backward_ms=backward_ms["hook-async"]), dict(bucketed, backward_ms=b_ms)
-    verdicts, apart = [], False
-    for where, (h, b) in (
-        ("on this notebook's link", here),
-        ("sized for 4 × T4", (t4["hook-async"], t4["bucket-async"])),
-        ("sized for 1024 ranks", (far["hook-async"], far["bucket-async"])),
-    ):
-        said_of = word[lesson.than(b["exposed_ms"], h["exposed_ms"])]
-        numbers = f"{b['exposed_ms']:.0f} {'and' if said_of == 'as much' else 'against'} {h['exposed_ms']:.0f} ms"
-        gap = abs(round(b["exposed_ms"]) - round(h["exposed_ms"]))
-        if abs(round(b["backward_ms"]) - round(h["backward_ms"])) > gap:  # unequal compute: the steps' backwards
-            numbers += f"; backwards {b['backward_ms']:.0f} against {h['backward_ms']:.0f} ms"
-            apart = True
-        if where == "on this notebook's link":
-            w_b, w_h = round(waited["bucket-async"]), round(waited["hook-async"])
-            by_exposed = round(b["exposed_ms"]) - round(h["exposed_ms"])
-            if by_exposed * (w_b - w_h) < 0:  # the two measures order the stages oppositely
-                numbers += f"; waited, the other way round: {w_b} against {w_h} ms"
-        verdicts.append(f"{said_of} {where} ({numbers})")
-    said += f" Exposed at each link's own cap, bucket-async against hook-async: {', '.join(verdicts)}"
-    said += (
-        ": where the backwards are given they differ by more than the exposed times, so those steps do not compare "
-        "the links on equal compute."
-        if apart
-        else "."
     )
-    say(said)
