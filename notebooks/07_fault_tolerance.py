@@ -47,8 +47,7 @@
 #   here); a process started again after a fault takes the same slot; faults name slots (`kill@4:1`: slot
 #   1, in step 4);
 # * a process's **rank** is its index among the attempt's members (its rank in the group built for them),
-#   and the **world** is their number: after slot 1 is lost, slots 0 and 2 are ranks 0 and 1 of world 2;
-# * a quorum's **tag** names its group: a new tag when a new group is built (phase 2), else the last one's.
+#   and the **world** is their number: after slot 1 is lost, slots 0 and 2 are ranks 0 and 1 of world 2.
 #
 # The cell below prints the rung's and the lighthouse's lines for these phases.
 
