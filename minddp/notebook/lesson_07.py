@@ -5,17 +5,19 @@ Each function reads a run of :func:`minddp.ft.launch_ft` and one of its faults (
 it defines no measure of its own. The notebook keeps its claims in its cells; these print or read:
 
 * :func:`print_phase_lines`: the lines of the rung and of the lighthouse that run each phase of an attempt;
-* :func:`print_recoveries`: each fault's recovery and its parts, with when the launcher recorded the kill's exit;
+* :func:`print_recoveries`: each fault's recovery and its parts, with when the launcher recorded the kill's exit, and
+  the part in which the two recoveries differed most;
 * :func:`print_rejoin`: the parts of a kill's rejoin, and what the survivors did meanwhile;
 
 and, for the cells' claims, readers of the members' entries (one per member and attempt): :func:`attempts`,
-:func:`in_a_new_group`, :func:`heals`, :func:`kept_group_starts`; and of the lighthouse's evictions: :func:`evicted_s`.
+:func:`in_a_new_group`, :func:`heals`; and of the lighthouse's evictions: :func:`evicted_s`.
 """
 
 from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
-from minddp.ft.report import asked_s, first_request_s, heal_s
+from minddp.ft.launch import EXIT_WAIT_S
+from minddp.ft.report import asked_s, first_request_s, heal_s, retry_work_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
 
@@ -23,10 +25,8 @@ from minddp.notebook.source import key_lines
 RUNG_LINES = [
     ("each step", "train", "self.until_committed("),
     ("phase 1", "until_committed", "quorum = self.coordinator.quorum("),
-    ("phase 2", "until_committed", "if quorum.tag != self.group_tag"),
     ("phases 2 and 3", "until_committed", 'entry["healed"] = self.rebuild_group('),
     ("phase 3", "heal", "payload = self.state_bytes()"),
-    ("phase 3", "heal", "dist.recv(payload"),
     ("phase 4", "until_committed", "value = work(quorum, entry)"),
     ("phase 4", "forward_backward", "shard = self.task.shard("),
     ("after a failure", "until_committed", "self.drop_group()"),
@@ -69,23 +69,67 @@ def _parts(run, o) -> tuple[int, int, int]:
     return asked, quorum - asked, recovery - quorum
 
 
+def _after_quorum(run, o) -> list[int] | None:
+    """A fault's recovery after its next quorum, in whole ms: to the start of the retry's work (the new group built,
+    the digest taken), the work, then to the commit (the vote); ``None`` unless that quorum's attempt committed."""
+    times = retry_work_s(run, o)
+    if times is None or o.discarded != 1:  # one discard: the next quorum is the committed attempt's
+        return None
+    quorum, start, end = ms(o.quorum_s), ms(times[0]), ms(times[1])
+    return [start - quorum, end - start, ms(o.recovery_s) - end]
+
+
+#: the parts of a recovery :func:`print_recoveries` compares: until the next quorum, then :func:`_after_quorum`'s
+PARTS = [
+    "until the next quorum",
+    "from the quorum to the work (the new group, the digest)",
+    "the work",
+    "from the work to the commit (the vote)",
+]
+
+
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms: the moments (after the fault) its next quorum's members had all asked,
-    the launcher recorded the killed process's exit, and the quorum came; then the time from that quorum to the
-    commit; how much longer the kill's was, and whether either lasted the hang bound."""
+    the launcher saw the killed process end and recorded its exit (after ``EXIT_WAIT_S``), and the quorum came; then
+    the time from that quorum to the commit. Then which recovery was longer, and the part that differed most; and
+    whether either lasted the hang bound."""
     # the kill's quorum came once the launcher had recorded the exit: it waited for that record
-    recorded = kill.exit_s is not None and kill.exit_s <= kill.quorum_s
+    recorded = None not in (kill.exit_s, kill.seen_s) and kill.exit_s <= kill.quorum_s
+    wait = ms(EXIT_WAIT_S)
     for o in (kill, raised):
         asked, came_ms, to_commit = _parts(run, o)
-        exited = f", slot {o.fault.slot}'s exit recorded at {ms(o.exit_s)} ms" if o is kill and recorded else ""
+        exited = ""
+        if o is kill and recorded:
+            seen, exit_ = ms(o.seen_s), ms(o.exit_s)
+            gap = exit_ - seen  # the launcher's wait for a result in flight, and the rest of its pass
+            took = f"its `EXIT_WAIT_S` wait ({wait} ms)" if gap == wait else f"{gap} ms (`EXIT_WAIT_S` is {wait} ms)"
+            exited = (
+                f"; the launcher saw slot {o.fault.slot}'s exit at {seen} ms, recorded it at {exit_} ms, after {took}"
+            )
         print(
             f"{o.fault}: recovery {asked + came_ms + to_commit} ms: the next quorum came at {asked + came_ms} ms "
             f"(its members had all asked by {asked} ms{exited}), then {to_commit} ms to the commit of step "
             f"{o.committed_step}"
         )
-    longer = ms(kill.recovery_s) - ms(raised.recovery_s)
-    if longer > 0 and recorded and ms(kill.exit_s) > _parts(run, kill)[0]:
-        print(f"The kill's recovery was {longer} ms longer than the raise's: its quorum waited for that record")
+    short, long_ = sorted((kill, raised), key=lambda o: ms(o.recovery_s))
+    longer = ms(long_.recovery_s) - ms(short.recovery_s)
+    after = [_after_quorum(run, o) for o in (long_, short)]
+    names = PARTS if None not in after else [PARTS[0], "from the quorum to the commit"]
+    a, b = (
+        [ms(o.quorum_s), *(rest if None not in after else [ms(o.recovery_s) - ms(o.quorum_s)])]
+        for o, rest in zip((long_, short), after)
+    )
+    i = max(range(len(names)), key=lambda k: a[k] - b[k])
+    # the kill's first part, where its exit was recorded after the members had all asked
+    waited = i == 0 and long_ is kill and recorded and ms(kill.exit_s) > _parts(run, kill)[0]
+    why = f" (the kill's quorum waited for slot {kill.fault.slot}'s exit record)" if waited else ""
+    if longer:
+        print(
+            f"The {long_.fault.kind}'s recovery was {longer} ms longer than the {short.fault.kind}'s; the part that "
+            f"differed most: {names[i]}, {a[i]} ms against {b[i]} ms{why}"
+        )
+    else:
+        print("The two recoveries lasted the same to the ms")
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
         print(
@@ -170,26 +214,6 @@ def evicted_s(run, o) -> list[float]:
     [2.5]
     """
     return [e[3] - o.fired for e in run.events if e[0] == "evict" and e[1] == o.fault.slot]
-
-
-def kept_group_starts(run) -> list[list[str]]:
-    """The members' *before* digests of each attempt that kept the last attempt's group (no new group, so no
-    broadcast set its parameters), in the order recorded.
-
-    >>> from types import SimpleNamespace
-    >>> run = SimpleNamespace(entries=[(0, 0, {"step": 0, "tag": "a", "before": "d0"}),
-    ...                                (0, 0, {"step": 1, "tag": "a", "before": "d1"})])
-    >>> kept_group_starts(run)
-    [['d1']]
-    """
-    built: dict[str, int] = {}  # tag -> the step of its first attempt, where its group was built
-    for _, _, e in run.entries:
-        built[e["tag"]] = min(built.get(e["tag"], e["step"]), e["step"])
-    starts: dict[tuple[str, int], list[str]] = {}
-    for _, _, e in run.entries:
-        if e.get("before") and e["step"] != built[e["tag"]]:
-            starts.setdefault((e["tag"], e["step"]), []).append(e["before"])
-    return list(starts.values())
 
 
 def heals(run) -> list[tuple[int, int, bool]]:
