@@ -76,7 +76,7 @@ print("my piece of the sum:", piece.tolist())
 print("all pieces gathered:", whole.tolist(), "= all_reduce:", torch.equal(whole, summed))
 
 # %% [markdown]
-# The ring all_reduce of the earlier notebooks is the same two steps: `ring_all_reduce` cuts any length
+# The ring all_reduce of the earlier notebooks is the same two collectives: `ring_all_reduce` cuts any length
 # into n pieces with `tensor_split`, reduce-scatters and all-gathers them:
 
 # %%
@@ -112,7 +112,7 @@ lesson.say(
     "pass of the model is "
     f"{one_pass / 2**20:.2f} MiB per rank. "
     f"Per step of {accum} micro-batches: DDP's all_reduce {lesson.mib(2 * one_pass)}, "
-    f"ZeRO-1's and ZeRO-2's reduce-scatter + all-gather {lesson.mib(2 * one_pass)}, minddp's zero1's all_reduce + "
+    f"minddp's zero1's all_reduce + "
     f"all-gather {lesson.mib(3 * one_pass)}; FSDP's reduce-scatter + all-gathers + all_reduce of its replicated "
     f"tensors at most {lesson.mib(fsdp_most)} "
     f"(1 + 2 × {accum} passes: {fsdp_most / (2 * one_pass):.1f} times DDP's)."
@@ -177,19 +177,18 @@ lesson.claim(
     f"The gradients column is at the update: by a later micro-batch's forward every stage held whole gradients, "
     f"{lesson.mib(between['ddp'])}.",
 )
-act = {s: memory[s]["activations"] for s in STAGES}  # set beside model state in the trade section
 shown = table.round(3)
-# the step counts' bytes, which round(3) of MiB shows in some rows only
+# the update counters' bytes, which round(3) of MiB shows in some rows only
 shown["model state − formula, bytes"] = ((table["model state MiB"] - table["formula MiB"]) * 2**20).round().astype(int)
 shown
 
 # %%
 # %%rank 0
-# AdamW keeps a step count beside its two moments: a float32 scalar per parameter tensor it steps (a shard is one)
+# AdamW keeps an update counter beside its two moments: a float32 scalar per parameter tensor (a shard is one)
 off = {s: table.loc[s, "model state MiB"] - table.loc[s, "formula MiB"] for s in STAGES}
 lesson.claim(
     all(abs(b * 2**20 - 4 * tensors) < 1 for b in off.values()),
-    f"On rank 0 each stage's model state is its formula's bytes plus AdamW's step counts, a 4-byte scalar per "
+    f"On rank 0 each stage's model state is its formula's bytes plus AdamW's update counters, a 4-byte scalar per "
     f"parameter tensor ({tensors} × 4 = {4 * tensors} bytes).",
 )
 names = {id(p): n for n, p in trainees["fsdp"].model.module.named_parameters()}
@@ -223,9 +222,6 @@ probe = Probe(fsdp16, net, optimizer16)
 train_step(fsdp16, optimizer16, next(lesson.step_batches()), lesson.loss_fn)
 memory["fsdp bf16"] = probe.result()
 
-# %% [markdown]
-# The figure: the memory table's model state, and fsdp computing in bf16.
-
 # %%
 # %%rank 0
 from minddp.bench.memory import plot, row
@@ -249,15 +245,12 @@ by = probe.activations_by  # the bf16 run's saved bytes by (dtype, class of the 
 low = sum(b for (dtype, _), b in by.items() if dtype == "bfloat16")
 norm32 = sum(b for (dtype, m), b in by.items() if dtype == "float32" and m.endswith("RMSNorm"))
 other = f16["activations"] - low  # every byte not saved in bf16, in any dtype, by any module
-rest = sorted({f"{m} in {d}" for (d, m) in by if d != "bfloat16" and not (d == "float32" and m.endswith("RMSNorm"))})
 # in fp32 the bytes saved in bf16 here are twice as many and the others the same: the others keep it above half
 lesson.claim(
     abs(2 * low + other - f32["activations"]) < 1e-3 * f32["activations"],
     f"Its activations are {f16['activations'] / f32['activations']:.2f} times fp32 fsdp's, not half: "
     f"{low / 2**20:.2f} MiB of them are saved in bf16 and {other / 2**20:.2f} MiB not "
-    f"({norm32 / 2**20:.2f} MiB of those in fp32 by the RMSNorms"
-    + (f", the rest by {', '.join(rest)}" if rest else "")
-    + f"); twice the first plus the second come to "
+    f"({norm32 / 2**20:.2f} MiB of those in fp32 by the RMSNorms); twice the first plus the second come to "
     f"fp32 fsdp's {lesson.mib(f32['activations'])}.",
 )
 
@@ -265,10 +258,9 @@ lesson.claim(
 # ### Why the master weights stay fp32
 #
 # A bf16 number has 8 significant bits: its spacing at a value is at least 2⁻⁸ of it, so a change under
-# 2⁻⁹ of a weight is always lost. AdamW changes each value by lr times the running average of its gradients over
-# the square root of that of their squares, both corrected for their bias, which makes them g and g² at
-# the first update: so the first update moves each value whose gradient g is neither zero nor as small as
-# AdamW's ε by about lr (g/|g| = ±1). The cell prints ddp's first update's median change, then adds lr to,
+# 2⁻⁹ of a weight is always lost. AdamW's first update moves each value by about lr: lr · g/|g|, its
+# bias-corrected averages of the gradient g and of g² being g and g² then, unless g is zero or as small as
+# AdamW's ε. The cell prints ddp's first update's median change, then adds lr to,
 # and subtracts it from, every initial value held in bf16 and in fp32 (`lesson.added`):
 
 # %%
@@ -296,8 +288,8 @@ lesson.claim(
     f"Adding or subtracting lr = {lr} in bf16 leaves unchanged exactly the {int(in_a_norm.sum()):,} weights "
     f"(each 1.0) of the {len(norms)} RMSNorms, the only values lr is under 2⁻⁹ of, and moves the others by "
     f"{kept['bf16'].min():.2f} to {kept['bf16'].max():.2f} × lr; in fp32 every value moves by lr to within "
-    f"{(kept['fp32'] - 1).abs().max():.3%}. So bf16 master weights would drop a step of lr on the RMSNorms and miss lr "
-    f"elsewhere by up to {(kept['bf16'] - 1).abs().max():.0%}.",
+    f"{(kept['fp32'] - 1).abs().max():.3%}. So bf16 master weights would drop every change of lr on the RMSNorms "
+    f"and miss lr elsewhere by up to {(kept['bf16'] - 1).abs().max():.0%}.",
 )
 
 # %% [markdown]
@@ -416,10 +408,8 @@ parts = [  # (part, method, a text that the line doing it holds)
     ("part 2", "__init__", "self.comm_hook = reduce_scatter_hook"),
     ("part 2", "_send_bucket", "flat = pack_rank_major("),
     ("part 3", "_write_back", "shard.grad = chunk"),
-    ("part 4", "__init__", "self.stale = False"),
     ("part 4", "finish_gradient_synchronization", "self.stale = True"),
     ("part 4", "gather_parameters", "wire.all_gather(gathered, block)"),
-    ("part 4", "gather_parameters", "self.stale = False"),
     ("part 4", "__init__", "register_forward_pre_hook(lambda m, args, b=buckets"),
 ]
 print(key_lines(Zero2DDP, parts) + "\n")
@@ -473,7 +463,7 @@ lesson.claim(
     abs(z2["reduce_scatter"] - whole / 2) < 1e-3 * whole,
     f"zero2's reduce-scatter sent {z2['reduce_scatter'] / 2**20:.2f} MiB, "
     + ("exactly" if 2 * z2["reduce_scatter"] == whole else "to within 0.1 % (chunks padded to equal length)")
-    + f" half of ddp's all_reduce ({whole / 2**20:.2f} MiB): it is the all_reduce's first step alone.",
+    + f" half of ddp's all_reduce ({whole / 2**20:.2f} MiB).",
 )
 lesson.claim(
     abs(total["zero2"] - whole) < 1e-3 * whole,
@@ -582,8 +572,7 @@ lesson.claim(
 #
 # The figure draws, for each stage, the step its gloo look recorded: its phases in order, each the same
 # width, and a mark for each gradient collective (black) and each all-gather of parameters (brown), in the
-# phase it was handed over in. It shows order, not time: within a phase each kind's marks are spread evenly
-# on a line of their own, in the order they were handed over; the order between the two kinds is not drawn
+# phase it was handed over in. It shows order, not time, and not the order between the two kinds
 # (zero2's all-gathers, handed over together before the first module runs, are spread across its forward 1).
 #
 # A collective can overlap compute (notebook 01's word) only while compute still runs after it is
@@ -625,8 +614,8 @@ lesson.claim(
 #
 # Sharding changes what each rank keeps, not the results. The cell compares each sharded stage's
 # parameters with `ddp`'s after the same steps (`full_parameters()` gathers zero2's and fsdp's from the
-# updated shards). Here each sum over the ranks has two terms, and a floating-point sum of two numbers does
-# not depend on their order; of three or more it can, in its last bits.
+# updated shards). Here each sum over the ranks has two terms, and a floating-point sum of two does not
+# depend on their order.
 
 
 # %%
@@ -649,7 +638,10 @@ lesson.say(
 # %% [markdown]
 # ## What each rung trades
 #
-# Rank 0's bytes at three moments of a step.
+# Rank 0's bytes at three moments of a step. A stage's *all-gather buffers* are what its all-gathers of
+# parameters send from and receive into at once, sized by `all_gather_buffer_bytes` from its buckets (fsdp:
+# its largest unit), not measured; fsdp's *unpacked unit* is the full parameters it
+# unpacks from them (measured above).
 
 # %%
 # %%rank 0
@@ -663,52 +655,46 @@ def grads_now(t):  # gradient bytes held between steps, in every tensor a stage 
 
 
 kept = {s: memory[s]["parameters"] + memory[s]["optimizer"] for s in STAGES}
-z1 = trainees["zero1"].optimizer  # one bucket: its send and receive buffers are held together in its update
-plan = "planned"
-MOMENTS = {  # moment: (model state, buffers, how the buffers are known) by stage
-    "at the update": {
-        s: (kept[s] + memory[s]["gradients"], *((all_gather_buffer_bytes(z1), plan) if s == "zero1" else (0, "")))
-        for s in STAGES
-    },
-    "at a step's first forward": {
-        s: (
-            kept[s] + grads_now(trainees[s]),
-            *{
-                "zero2": (all_gather_buffer_bytes(trainees["zero2"].model), plan),
-                "fsdp": (memory["fsdp"]["gathered"], "measured"),
-            }.get(s, (0, "")),
-        )
-        for s in STAGES
-    },
-    "at a later micro-batch's forward": {
-        s: (kept[s] + between[s], *((memory["fsdp"]["gathered"], "measured") if s == "fsdp" else (0, "")))
-        for s in STAGES
-    },
+buffers = {"ddp": 0, "zero1": all_gather_buffer_bytes(trainees["zero1"].optimizer)}
+buffers |= {s: all_gather_buffer_bytes(trainees[s].model) for s in ("zero2", "fsdp")}
+unpacked_by = {s: unpacked if s == "fsdp" else 0 for s in STAGES}  # fsdp's unit, measured in the cell above
+extra = {s: buffers[s] + unpacked_by[s] for s in STAGES}  # held while a stage gathers
+MOMENTS = {  # moment: (the stages gathering then, each stage's model state)
+    "at the update": (["zero1"], {s: kept[s] + memory[s]["gradients"] for s in STAGES}),
+    "at a step's first forward": (["zero2", "fsdp"], {s: kept[s] + grads_now(trainees[s]) for s in STAGES}),
+    "at a later micro-batch's forward": (["fsdp"], {s: kept[s] + between[s] for s in STAGES}),
 }
-total_at = {m: {s: a + b for s, (a, b, _) in by.items()} for m, by in MOMENTS.items()}
-trade = pd.DataFrame(
-    {
-        m: {
-            s: f"{(a + b) / 2**20:.1f}" + (f" = {a / 2**20:.1f} + {b / 2**20:.1f} {how}" if b else "")
-            for s, (a, b, how) in by.items()
-        }
-        for m, by in MOMENTS.items()
-    }
-)
+total_at = {m: {s: state[s] + extra[s] * (s in gathering) for s in STAGES} for m, (gathering, state) in MOMENTS.items()}
+trade = pd.DataFrame(total_at)
+trade["all-gather buffers"], trade["unpacked unit"] = pd.Series(buffers), pd.Series(unpacked_by)
 lesson.say(
-    "MiB on rank 0: model state + all-gather buffers, planned (send and receive) or measured (fsdp's gathered "
-    "units, its send block not counted)."
+    "MiB on rank 0: model state, plus the last two columns while the stage gathers: "
+    + ", ".join(f"{' and '.join(g)} {m}" for m, (g, _) in MOMENTS.items())
+    + "."
 )
+# padding the chunks to equal length adds under n elements a tensor: under 0.1 %
+lesson.claim(
+    abs(buffers["zero1"] - (world + 1) / world * model_bytes) < 1e-3 * model_bytes
+    and abs(total["zero1"] - 3 * (world - 1) / world * model_bytes) < 1e-3 * model_bytes,
+    "zero1's all-gather buffers are (n + 1)/n of the model's bytes and its bytes sent a step 3(n − 1)/n: "
+    f"equal only at n = 2 (here n = {world}).",
+)
+act = {s: memory[s]["activations"] for s in STAGES}
+KIND = {"parameters": "parameters", "gradients": "gradients", "optimizer": "optimizer state"}
+items = {f"{s}'s {word}": memory[s][k] for s in STAGES for k, word in KIND.items()}
+items |= {f"{s}'s all-gather buffers": buffers[s] for s in STAGES} | {"fsdp's unpacked unit": unpacked}
+largest = max(items, key=items.get)  # the next kind of bytes after the activations
 forward_saving = max(total_at[m]["ddp"] - total_at[m][s] for m in list(MOMENTS)[1:] for s in STAGES)
 lesson.claim(
-    len(z1.buckets) == 1 and len(set(act.values())) == 1 and act["ddp"] > forward_saving,
-    f"The activations one forward saves, {lesson.mib(act['ddp'])} in every stage, outweigh the most any "
-    f"stage's total as a forward starts falls below ddp's, {lesson.mib(forward_saving)}.",
+    len(set(act.values())) == 1 and act["ddp"] > max(items[largest], forward_saving),
+    f"No rung here shards activations: one forward saves {lesson.mib(act['ddp'])} in every stage, rank 0's "
+    f"largest kind of bytes (the next: {largest}, {lesson.mib(items[largest])}), more than the most any rung's "
+    f"total as a forward starts falls below ddp's, {lesson.mib(forward_saving)}.",
 )
 verdicts = []
 for s in STAGES[1:]:
     more = [m for m in MOMENTS if total_at[m][s] > total_at[m]["ddp"]]
-    verdicts.append(f"{s}'s " + (f"is more {' and '.join(more)}" if more else "less at every moment"))
+    verdicts.append(f"{s}'s " + (f"more {' and '.join(more)}" if more else "less at every moment"))
 lesson.say(
     "Against ddp's total at the same moment, "
     + ", ".join(verdicts)
@@ -716,7 +702,7 @@ lesson.say(
     + ", ".join(f"{s} {total[s] / total['ddp']:.1f}" for s in STAGES[1:])
     + " times."
 )
-trade
+(trade / 2**20).round(2)
 
 # %% [markdown]
 # ## Your turn: all_reduce from its two halves

@@ -171,7 +171,7 @@ def handed_to_all_gathers() -> dict:
     from torch import nn
 
     from minddp.comm.wire import Wire
-    from minddp.ladder import make_optimizer, wrap
+    from minddp.ladder import build_stage, make_optimizer, wrap
     from minddp.ladder.loop import train_step
     from minddp.sharding import zero1
     from minddp.sharding.memory import all_gather_buffer_bytes
@@ -191,10 +191,13 @@ def handed_to_all_gathers() -> dict:
     g = torch.Generator().manual_seed(0)
     batch = [(torch.randn(4, 7, generator=g), torch.randn(4, 5, generator=g))]
     out = {}
-    for stage in ("zero1", "zero2"):
+    for stage in ("zero1", "zero2", "fsdp"):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(7, 31), nn.Tanh(), nn.Linear(31, 31), nn.Tanh(), nn.Linear(31, 5))
-        wrapped = wrap(stage, model, bucket_cap_mb=4 / 1024)
+        if stage == "fsdp":  # each Linear a unit, of three sizes
+            wrapped = build_stage(stage, model, shard=nn.Linear)
+        else:
+            wrapped = wrap(stage, model, bucket_cap_mb=4 / 1024)
         optimizer = make_optimizer(stage, wrapped, torch.optim.AdamW, lr=1e-3)
         for _ in range(2):  # zero2 all-gathers in the forward after a step: record the second step's only
             handed.clear()
@@ -205,13 +208,18 @@ def handed_to_all_gathers() -> dict:
     return out
 
 
-def test_all_gather_buffer_bytes_are_what_zero1_and_zero2_hand_their_all_gathers():
+def test_all_gather_buffer_bytes_are_what_the_sharded_stages_hand_their_all_gathers():
     """The oracle is the stages' own tensors: the storages each all-gather of parameters is handed in a step (send
-    block and receive buffer) sum to the function's bytes, over several buckets with padded chunks; every
-    receive buffer is still held when the last all-gather starts."""
+    block and receive buffer) sum to the function's bytes over zero1's and zero2's several buckets, with padded
+    chunks, and every receive buffer is still held when the last all-gather starts; for fsdp, which gathers one
+    unit at a time, the function's bytes are the most one call is handed."""
     for per_stage in launch(handed_to_all_gathers, world_size=3, backend="gloo", timeout_s=180):
         for stage, got in per_stage.items():
             calls = got["handed"]
-            assert len(calls) > 1, (stage, calls)  # several buckets
+            assert len(calls) > 1, (stage, calls)  # several buckets or units
+            if stage == "fsdp":
+                assert len({b for b, _, _ in calls}) == 3, calls  # units of three sizes
+                assert max(b for b, _, _ in calls) == got["function"], got
+                continue
             assert sum(b for b, _, _ in calls) == got["function"], (stage, got)
             assert calls[-1][2] == sum(4 * numel for _, numel, _ in calls), (stage, calls)

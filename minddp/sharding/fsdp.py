@@ -273,6 +273,11 @@ class FullyShardedDataParallel(DataParallelBase):
 
     # -- the all-gathers -------------------------------------------------------------------------------
 
+    def gather_block(self, unit: Unit) -> int:
+        """The block this rank sends to gather ``unit``, in values: each shard padded to ``ceil(numel / world)``,
+        back to back."""
+        return sum(chunk_size(n, self.world) for n in unit.numels)
+
     def _start_gather(self, unit: Unit) -> None:
         """Send this rank's shards (in the compute dtype), padded to equal chunks; receive everyone's."""
         if unit.full is not None or unit.gathering is not None:
@@ -284,7 +289,7 @@ class FullyShardedDataParallel(DataParallelBase):
                 for s, n in zip(unit.shards, unit.numels)
             ]
         )
-        gathered = block.new_empty(self.world * block.numel())
+        gathered = block.new_empty(self.world * self.gather_block(unit))
         with torch.profiler.record_function(f"minddp.all_gather_launch#{unit.index}"):
             unit.gathering = (gathered, self.wire.all_gather(gathered, block))
 

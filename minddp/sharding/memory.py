@@ -215,14 +215,20 @@ def gathered_bytes(fsdp: nn.Module) -> int:
 
 
 def all_gather_buffer_bytes(sharded) -> int:
-    """Bytes of the buffers the all-gathers of parameters of ``zero1`` (its optimizer) or ``zero2`` (its wrapper)
-    send from and receive into: per bucket this rank's block and ``world`` blocks, every bucket's at once (each
-    stage starts all its all-gathers before waiting for any).
+    """Bytes of the buffers the all-gathers of parameters of ``zero1`` (its optimizer), ``zero2`` or ``fsdp`` (their
+    wrappers) send from and receive into at once, from the stage's plan: per bucket or unit this rank's block (the
+    *send block*) and ``world`` blocks. zero1 and zero2 start every bucket's all-gather before waiting for any: all
+    buckets'; fsdp waits for a unit's before it starts the next one's (in a forward or backward that runs its units
+    in the order it prefetches by): its largest unit's.
 
-    A block is this rank's chunks of the bucket back to back, padded: zero1's to the longest rank's, zero2's each
-    chunk to ``ceil(numel / world)``.
+    A block is this rank's chunks of the bucket or unit back to back, padded: zero1's to the longest rank's, zero2's
+    and fsdp's each chunk to ``ceil(numel / world)``.
     """
     world = sharded.world
+    units = getattr(sharded, "units", None)
+    if units is not None:
+        size = (sharded.compute_dtype or units[0].shards[0].dtype).itemsize
+        return max(((world + 1) * sharded.gather_block(unit) * size for unit in units), default=0)
     return sum((world + 1) * sharded.gather_block(bucket) * bucket[0].element_size() for bucket in sharded.buckets)
 
 

@@ -73,7 +73,7 @@ class Zero2DDP(AsyncBucketDDP):
                     "make it contiguous before wrapping"
                 )
             start, end = chunk_range(p.numel(), self.world, self.rank)
-            self.shard[p] = nn.Parameter(p.detach().view(-1)[start:end])  # a view: steps land in p
+            self.shard[p] = nn.Parameter(p.detach().view(-1)[start:end])  # a view: updates land in p
         # Every place the module holds a parameter (a tied one is held twice), to swap full and shard.
         self.places = [
             (owner, name, p)
@@ -154,7 +154,7 @@ class Zero2DDP(AsyncBucketDDP):
         super().finish_gradient_synchronization()
         if self.sync_this_backward:
             self.had_grad.clear()
-            self.stale = True  # the optimizer steps the shards next
+            self.stale = True  # the optimizer updates the shards next
 
     def gather_block(self, members) -> int:
         """Part 4's block for a bucket's ``members``, in values: each one's chunk padded to ``ceil(numel / world)``,
