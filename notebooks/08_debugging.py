@@ -80,6 +80,7 @@ from minddp.notebook.lesson_08 import (
     peer_gone,  # whether an error says its partner closed the connection ("closed by peer", "reset by peer", ...)
     quiet,  # `with quiet() as said:` said lists the DebugWarnings the block raised (a DebugError raises through)
     say_each,  # rank 0's line printed, then whether each other rank's is the same
+    seconds,  # seconds(t): t as printed, to 0.01 s ("under 0.01 s" below)
     torch_does,
     torch_drifts,
     torch_step,
@@ -238,8 +239,7 @@ lesson.say(f"torch at DETAIL, rank 0: {shown}")
 took = max(torch_took)
 lesson.claim(
     timed_out and took < WAIT_S,
-    f"at DETAIL torch raised on every rank {'in under 0.01 s' if took < 0.01 else f'in {took:.2f} s'}, "
-    "not at the timeout",
+    f"at DETAIL torch raised on every rank in {seconds(took)}, not at the timeout",
 )
 lesson.claim(
     all(f"OpType=ALLREDUCE, TensorShape=[{n}]" in e for e in detail for n in (1, 2))

@@ -143,6 +143,12 @@ def each_rank(value) -> list:
     return everyone
 
 
+def seconds(took: float) -> str:
+    """``took`` seconds as the notebook prints them, to 0.01 s: "under 0.01 s" below that (rounded, 0.006 would read
+    as the 0.01 s it is not), so a time and a claim about it say the same."""
+    return f"{took:.2f} s" if took >= 0.01 else "under 0.01 s"
+
+
 def torch_does(script, say: bool = True, level: str = "OFF") -> list[str]:
     """Run ``script(group, short)`` with debug mode paused; print (unless not ``say``) and return whether each rank
     raised, in a line
@@ -174,7 +180,7 @@ def torch_does(script, say: bool = True, level: str = "OFF") -> list[str]:
         excerpt = _excerpt(str(error))
         took, step = time.perf_counter() - start, _in_step[0]
         where = "" if step is None else f"in train()'s step {step}, "
-        mine = f"[{where}{took:.2f} s from start] {type(error).__name__}: {excerpt}"  # in brackets: not torch's words
+        mine = f"[{where}{seconds(took)} from start] {type(error).__name__}: {excerpt}"  # brackets: not torch's
         for g in groups:
             dist.destroy_process_group(g)  # where this rank's process would end
         groups = []
