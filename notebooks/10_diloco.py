@@ -69,10 +69,7 @@ def apart(model) -> float:
     return float(max((t - mine).abs().max() for t in theirs))
 
 
-lesson.say(
-    f"the chain's entropy floor: {task.floor:.4f} nats; a uniform guess over the 32 tokens scores "
-    f"{torch.log(torch.tensor(32.0)):.4f} (log 32)"
-)
+lesson.say(f"the chain's entropy floor: {task.floor:.4f} nats")
 
 # %% [markdown]
 # ## Local SGD: weights every H steps
@@ -210,14 +207,16 @@ def sync_interval(n):  # the steps from one of run n's syncs to the next (fragme
     return config["sync_every"] // config.get("fragments", 1)
 
 
-def age(n, s):  # at score step s, the steps since the last sync of run n's oldest scored weights (per fragment)
+def lag(n, s):  # at score step s, the inner steps run n's scored weights miss, the most over its fragments
     c, every = results["configs"][n], sync_interval(n)
     first = [every * (f + 1) for f in range(c.get("fragments", 1))]  # each fragment's first sync
+    sent = c.get("fragment_delay", 0)  # τ: a sync applies the pseudo-gradient sent τ steps before it (diloco.py)
     before = s if c["rung"] == "diloco" else 0  # before it: the untrained start, or rank 0's current weights
-    return max((s - t) % c["sync_every"] if s >= t else before for t in first)
+    return max((s - t) % c["sync_every"] + sent if s >= t else before for t in first)
 
 
-stale = {n: max(age(n, s) for s in steps) for n in within}
+behind = {n: k for n in within if (k := max(lag(n, s) for s in steps))}  # the runs whose scores lag, by how much
+taus = {n: results["configs"][n]["fragment_delay"] for n in behind if results["configs"][n].get("fragment_delay")}
 step_for_step = all(  # at every score after the start (step 0, where every run scores the same weights)
     all(d < lo for d, lo in zip(mean_of("ddp", "loss")[1:], mean_of(n, "loss")[1:])) for n in within
 )
@@ -228,8 +227,12 @@ lesson.claim(
     + ", ".join(f"{n} {lo:.3f} (step {s})" for n, (s, _, lo) in within.items())
     + ". At every score after the start DDP's mean is below each of theirs; scored every "
     + f"{results['eval_every']} steps, "
-    + ", ".join(n for n in stale if stale[n])
-    + f" score weights up to {max(stale.values())} steps old, DDP its current ones",
+    + ", ".join(behind)
+    + " score weights up to "
+    + ", ".join(map(str, behind.values()))
+    + " steps behind their training"
+    + "".join(f" ({n} counting the τ = {t} steps its pseudo-gradient is sent before its sync)" for n, t in taus.items())
+    + ", DDP its current ones",
 )
 early = {n: mean_of(n, "loss")[1] for n in ("local-sgd-h100", "diloco-h100")}  # step 50, before a sync
 lesson.claim(
@@ -374,7 +377,7 @@ print(check_outer_sync(solutions.outer_sync))
 #
 # A whole-model sync still stops every replica for the time the model takes on the link. Streaming DiLoCo cuts the
 # model into K fragments (`fragments=K`) that take turns: each fragment's *turn* is H/K steps, fragment 0's first,
-# and it syncs once in its turn (K fragment syncs every H steps, DiLoCo's bytes). A fragment is a run of whole
+# and it syncs once in its turn (K fragment syncs every H steps). A fragment is a run of whole
 # tensors in the model's order, fragment i (from 0) closed once fragments 0 to i hold (i + 1)/K of the model, so
 # one large tensor makes them unequal. Each fragment's pseudo-gradient leaves `fragment_sync_delay` (τ) inner steps
 # *before* its turn ends and is waited for only at the turn's end. Then the
@@ -495,7 +498,6 @@ lesson.say(
     + ", ".join(f"fragment {f}: {n}" for f, n in need.items())
     + f"; τ < H/K allows at most {most} (the run's τ = {TAU}): "
     + (f"too few for fragment{'s' * (len(short) > 1)} {' and '.join(short)}" if short else "enough for each")
-    + (f", which holds the {'×'.join(map(str, biggest.shape))} weight whole" if str(holder) in short else "")
 )
 
 
@@ -608,7 +610,7 @@ print(
 computing = 100 * table[first]["diloco"]["compute_s"]  # a period's compute: 100 inner steps' (s)
 sync_wait = 100 * table[first]["diloco"]["exposed_s"]  # and the wait for its one whole-model sync (s)
 lesson.say(
-    f"DiLoCo not streamed on '{first}', in the step-time model: a period computes 100 × "
+    f"DiLoCo not streamed on '{first}': a period computes 100 × "
     f"{table[first]['diloco']['compute_s'] * 1e3:.2f} ms = {computing:.3f} s, then the replica waits {sync_wait:.3f} s "
     f"for its sync (one message: 2 hops × {spec.latency * 1e3:g} ms + {4 * PARAMS / 1e9:.2f} GB at "
     f"{spec.bandwidth * 8 / 1e9:g} Gbit/s = {(2 * spec.latency + 4 * PARAMS / spec.bandwidth):.3f} s): "
