@@ -352,12 +352,12 @@ wins.round(3)
 # Write `my_fp16_hook` in the cell below (torch's is `fp16_compress_hook`): cast the bucket's flat gradient to
 # `float16`, divide it by the world size before the sum, start the all_reduce with `async_op=True`, and hand back a
 # Future whose value is the average as one `float32` tensor of the bucket's size. `check_hook` runs it on 2 ranks,
-# then, if it passes, on 3: on a bucket of known gradients (it must return before its all_reduce is waited for), on
-# one whose undivided float16 sum overflows, and for 3 training steps (1 on 3 ranks) in `bucket-async`, where the
-# ranks' parameters must stay equal. It prints the largest difference from torch's DDP with torch's hook without
-# judging it. Its error and bound are its test bucket's, not the workload's.
+# then, if it passes, on 3: handed a process group, on a bucket of known gradients (it must return before its
+# all_reduce is waited for) and on one whose undivided float16 sum overflows; handed `None`, for 3 training steps
+# (1 on 3 ranks) of the checker's own network in `bucket-async`, where the ranks' parameters must stay equal.
 #
-# On the checker's ranks `world_size`, `rank` and `n` are not defined: ask `dist.get_world_size(process_group)`.
+# On the checker's ranks `world_size`, `rank` and `n` are not defined: pass `group=process_group` and ask
+# `dist.get_world_size(process_group)`.
 
 # %%
 import torch
@@ -366,7 +366,7 @@ from minddp.exercises import check_hook
 
 
 def my_fp16_hook(process_group, bucket):
-    # process_group: None means the default group. bucket.buffer(): the flat float32 gradients.
+    # process_group: the group to average over (None: the default group). bucket.buffer(): the flat float32 gradients.
     # Your turn: cast to float16 and divide by the world size (before the sum), start the all_reduce
     # (async_op=True), and .then(...) cast its Future's value (a list holding the sum, already the average)
     # back to float32.

@@ -1349,7 +1349,7 @@ def hook_divided_twice(process_group, bucket):
 def hook_hard_coded_two(process_group, bucket):
     """Divides by 2, the notebooks' world size, written as a number: exact on 2 ranks, 1.5 times the average on 3."""
     compressed = bucket.buffer().to(torch.float16).div_(2)
-    fut = dist.all_reduce(compressed, async_op=True).get_future()
+    fut = dist.all_reduce(compressed, group=process_group, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0].to(torch.float32))
 
 
@@ -2362,8 +2362,16 @@ def hook_divides_by_n(process_group, bucket):
 
 
 def hook_asks_the_state_its_size(process_group, bucket):
-    """Divides by process_group.size(): the state is None here (the default group), which has no .size()."""
+    """Divides by process_group.size(): in training the state is None (the default group), which has no .size()."""
     compressed = bucket.buffer().to(torch.float16).div_(process_group.size())
+    fut = dist.all_reduce(compressed, group=process_group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].to(torch.float32))
+
+
+def hook_ignores_the_group(process_group, bucket):
+    """Right in every number, but on the default group: dist.get_world_size() and all_reduce without group=, whatever
+    process group it is handed (learner read 04, round 23, 1)."""
+    compressed = bucket.buffer().to(torch.float16).div_(dist.get_world_size())
     fut = dist.all_reduce(compressed, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0].to(torch.float32))
 

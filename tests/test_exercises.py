@@ -734,6 +734,12 @@ HOOK_MISTAKES = [
     (wrong.hook_without_async_op, "dist.all_reduce returned None: without async_op=True it blocks"),
     (wrong.hook_then_on_the_work, "dist.all_reduce(..., async_op=True) returned a Work, not a Future: take its"),
     (wrong.hook_asks_the_state_its_size, "process_group, is None here: None means the default group"),
+    # learner read 04 (round 23) 1: a hook on the default group, not the one it is handed, passed
+    (
+        wrong.hook_ignores_the_group,
+        "your hook ran its all_reduce and dist.get_world_size() on the default group, not on the process group it "
+        "was handed",
+    ),
     (
         wrong.hook_divides_by_world_size,
         "the kernel has no world_size: that name exists only on the notebook's own ranks",
@@ -856,11 +862,13 @@ def test_a_passing_hook_verdict_names_each_number_it_prints():
     # no step count and no tolerance; the verdict now names the one training comparison it prints and its steps
     report = {"world": 2, "finding": None, "probe": {"numel": 1000, "relative_error": 2.4e-4, "bytes": 2000},
               "reference_probe": {"relative_error": 2.4e-4}, "error_bound": 1.8e-3, "large_gradient": 49128.0,
-              "max_diff": [9.7e-6, 0.0], "checked_steps": 3}  # fmt: skip
+              "max_diff": [9.7e-6, 0.0], "checked_steps": 3, "net_params": 435}  # fmt: skip
     v = checker._hook_verdict("fp16", {0: report, 1: report}, TIMEOUT)
     assert v.ok, v.line
+    # learner read 04 (round 23) 2: the steps' network was read as the notebook's workload; the verdict names it
     assert (
-        "after 3 steps in the bucket-async stage the largest difference between its parameters and those of "
+        "after 3 steps of the checker's 435-parameter network in the bucket-async stage the largest difference "
+        "between its parameters and those of "
         "torch's DDP with torch's fp16 hook was 0.0e+00" in v.line
     ), v.line
     assert "9.7e-06" not in v.line, v.line
@@ -873,8 +881,7 @@ def test_a_passing_hook_verdict_names_each_number_it_prints():
     v = checker._hook_verdict("fp16", {0: report, 1: report}, TIMEOUT, also=also)
     assert v.ok and "ranks too" not in v.line, v.line
     assert v.line.endswith(
-        "was 0.0e+00. On 3 ranks, over 1 step, it passed these checks again (a world size written as a number "
-        "would show there); the difference above is the 2-rank run's."
+        "was 0.0e+00. On 3 ranks, over 1 step, it passed these checks again; the difference above is the 2-rank run's."
     ), v.line
     # learner read round 16 (04-b 12): the verdict ended mid-sentence, with no full stop
     v = checker._hook_verdict("fp16", {0: report, 1: report}, TIMEOUT)

@@ -358,7 +358,7 @@ def _hook_verdict(like: str, reports: dict, timeout_s: float, also: dict | None 
     if problem:
         return Verdict(False, problem, reports)
     first = reports[min(reports)]
-    mine, ref = first["probe"], first["reference_probe"]
+    mine = first["probe"]
     _, d_torch = first["max_diff"]  # [single process, torch's DDP]: the verdict names the second alone
     steps = first["checked_steps"]
     return Verdict(
@@ -366,7 +366,7 @@ def _hook_verdict(like: str, reports: dict, timeout_s: float, also: dict | None 
         (
             f"✓ {like} hook: on {first['world']} ranks, it averages a bucket of {mine['numel']} values with "
             f"relative error {mine['relative_error']:.1e} (float16 rounding allows up to {first['error_bound']:.1e} "
-            f"on these values; the model answer: {ref['relative_error']:.1e}), with a payload of "
+            f"on these values), with a payload of "
             f"{mine['bytes'] / mine['numel']:.0f} bytes per value, returning before its all_reduce was waited for; "
             + (
                 f"gradients of about {first['large_gradient']:.0f}, whose undivided float16 sum overflows, came back "
@@ -374,12 +374,14 @@ def _hook_verdict(like: str, reports: dict, timeout_s: float, also: dict | None 
                 if first.get("large_gradient")
                 else ""
             )
-            + f"after {steps} step{'s' if steps != 1 else ''} in the bucket-async stage the largest difference between "
+            + f"after {steps} step{'s' if steps != 1 else ''} of the checker's "
+            + (f"{first['net_params']}-parameter " if first.get("net_params") else "")
+            + "network in the bucket-async stage the largest difference between "
             f"its parameters and those of torch's DDP with torch's {like} hook was {d_torch:.1e}"
             + (
                 f". On {also['world']} ranks, over {also['checked_steps']} step"
-                f"{'s' if also['checked_steps'] != 1 else ''}, it passed these checks again (a world size written as "
-                f"a number would show there); the difference above is the {first['world']}-rank run's"
+                f"{'s' if also['checked_steps'] != 1 else ''}, it passed these checks again; the "
+                f"difference above is the {first['world']}-rank run's"
                 if also
                 else ""
             )
@@ -1333,6 +1335,13 @@ def _hook_finding(f: dict, report: dict) -> str:
         return (
             f"your hook's payload was {f['bytes'] / n:.0f} bytes per gradient value{sent}, the model answer's "
             f"{f['reference_bytes'] / n:.0f}: cast to float16 before the all_reduce"
+        )
+    if kind == "other_group":  # learner read 04 (round 23) 1
+        what = " and ".join("dist.get_world_size()" if on == "get_world_size" else f"its {on}" for on in f["on"])
+        return (
+            f"your hook ran {what} on the default group, not on the process group it was handed (here a group of "
+            "all the ranks, so the numbers came out right); DDP may hand a smaller one: pass group=process_group "
+            "(None means the default group: use dist.group.WORLD then)"
         )
     if kind == "diverged":
         return f"with your hook in the bucket-async stage, the ranks' parameters differ after step {f['step']}"

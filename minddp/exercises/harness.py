@@ -707,6 +707,16 @@ def _storages(sent) -> set[int]:
     return set().union(*(_storages(x) for x in sent)) if isinstance(sent, (list, tuple)) else set()
 
 
+def _group_of(boxed):
+    """The ``ProcessGroup`` a collective op was handed through the dispatcher, as ``dist.*`` took it (the same
+    Python object, ``ProcessGroup.unbox``); ``None`` if not known."""
+    unbox = getattr(dist.ProcessGroup, "unbox", None)
+    try:
+        return unbox(boxed) if unbox is not None else None
+    except (TypeError, RuntimeError):
+        return None
+
+
 def _work_of(out):
     """The ``Work`` a collective op returned through the dispatcher (its last output), as ``dist.*`` returns it:
     the same Python object (``Work.unbox``), so a later ``wait()`` on it is matched; ``None`` if not known."""
@@ -1393,8 +1403,9 @@ def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
             probes = {}
             for who, fn in (("reference", solutions.HOOKS[like]), ("yours", hook)):
                 progress.phase = "calling your hook on one bucket" if who == "yours" else "calling the model answer"
-                fut, value, sent, blocked, left, written = call_hook(fn, values)
+                fut, value, sent, blocked, left, written, elsewhere = call_hook(fn, values, checker)
                 probes[who] = probe_result(fut, value, exact, *sent, local=values)
+                probes[who]["other_group"] = elsewhere
                 probes[who]["blocked"] = blocked
                 probes[who]["written_in_flight"] = [list(w) for w in written]
                 # the bucket's own float32 buffer divided by the world size (a division that missed the copy sent)
@@ -1403,7 +1414,7 @@ def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
                     progress.phase = (
                         f"calling {'your hook' if who == 'yours' else 'the model answer'} on large gradients"
                     )
-                    _, value, _, _, _, _ = call_hook(fn, big)
+                    _, value, _, _, _, _, _ = call_hook(fn, big, checker)
                     probes[who]["overflow"] = (
                         int((~torch.isfinite(value.float())).sum()) if value.shape == big.shape else 0
                     )
@@ -1435,8 +1446,8 @@ def waited_after_launch(log: list[tuple[str, str | None]]) -> bool:
     return bool(launched) and any(what == "wait" and how is None for what, how in log[launched[0] :])
 
 
-def call_hook(fn, values: torch.Tensor):
-    """Step 1 of the hook check: ``fn(None, bucket)`` on a bucket of ``values``, its Future waited for.
+def call_hook(fn, values: torch.Tensor, group=None):
+    """Step 1 of the hook check: ``fn(group, bucket)`` on a bucket of ``values``, its Future waited for.
 
     Returns the Future (or whatever the hook returned), its value, what it sent
     (bytes, dtypes), whether the hook *blocked*: waited for a collective
@@ -1445,16 +1456,32 @@ def call_hook(fn, values: torch.Tensor):
     Future was when it returned; the bucket's own buffer as the hook left it; and
     the writes it made into a tensor its all_reduce was still sending
     (:class:`Events`: after the launch, before a wait, outside a callback:
-    the code's order, whatever the network's speed).
+    the code's order, whatever the network's speed); and what it did on a group
+    other than ``group`` (a collective's name, or ``"get_world_size"`` for a
+    world size asked of another group or of none: the default group).
     """
+    from unittest import mock
+
     from minddp.comm.grad_bucket import GradBucket
 
     param = nn.Parameter(torch.zeros(values.numel(), device="cpu"))  # the checker runs on the CPU
     buffer = values.clone()  # the bucket's own: kept, to see what the hook did to it
     bucket = GradBucket(0, buffer, [param], is_last=True)
     events = Events()
-    with live.profiler() as prof, SentBytes() as sent, events.recording():
-        fut = fn(None, bucket)
+    asked = []  # the group of each dist.get_world_size(...) the hook made (None: the default group)
+    real_size = dist.get_world_size
+
+    def get_world_size(group=None):
+        asked.append(group)
+        return real_size(group)
+
+    with (
+        live.profiler() as prof,
+        SentBytes() as sent,
+        events.recording(),
+        mock.patch.object(dist, "get_world_size", get_world_size),
+    ):
+        fut = fn(group, bucket)
         until_return = list(events.log)
         done = isinstance(fut, compat.future_type()) and fut.done()
         value = fut.wait() if isinstance(fut, compat.future_type()) else fut  # torch.futures.Future's base too
@@ -1469,6 +1496,12 @@ def call_hook(fn, values: torch.Tensor):
         ("done" if done else "pending") if blocked else None,
         buffer,
         list(dict.fromkeys(events.written)),
+        list(
+            dict.fromkeys(
+                [kind for kind, on in sent.groups if on is not group]
+                + ["get_world_size"] * any(on is not group for on in asked)
+            )
+        ),
     )
 
 
@@ -1599,6 +1632,8 @@ def hook_finding(mine: dict, reference: dict, world: int, bound: float) -> dict 
             "numel": mine["numel"],
             "sent_dtypes": mine.get("sent_dtypes", []),
         }
+    if mine.get("other_group"):  # right numbers, but on the default group: the group it was handed had them all
+        return {"kind": "other_group", "on": mine["other_group"]}
     return None
 
 
@@ -1620,9 +1655,13 @@ class SentBytes(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.nbytes, self.dtypes = 0, []
+        self.groups: list[tuple[str, object]] = []  #: (kind, process group) of each collective, in order
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         where = _SENT_ARGUMENT.get(str(func))
+        if where is not None:
+            boxed = [a for a in args if isinstance(a, torch.ScriptObject)][:1]  # the op's process group, boxed
+            self.groups.append((compat.DISPATCHED_COLLECTIVES[str(func)][0], _group_of(boxed[0]) if boxed else None))
         if where is not None and len(args) > where:
             stack = [args[where]]
             while stack:
@@ -1669,4 +1708,5 @@ def train_with_hook(hook, like: str, steps: int, accum: int, progress: Progress,
             largest_difference(params, dict(single.named_parameters()))[0],
             largest_difference(params, dict(reference.module.named_parameters()))[0],
         ]
-    return {"finding": finding, "max_diff": diffs, "checked_steps": steps}
+    net = sum(p.numel() for p in module.parameters())  # the verdict names the network these steps trained
+    return {"finding": finding, "max_diff": diffs, "checked_steps": steps, "net_params": net}

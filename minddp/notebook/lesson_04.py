@@ -36,7 +36,7 @@ def preset_table(reduced: dict, n: int, crossover):
                 "α per hop (µs)": spec.latency * 1e6,
                 "bandwidth (Gbit/s)": spec.bandwidth / GBIT,
                 **{f"{NAMES[h]}, link ms": link_ms(reduced[h], spec, n) for h in ("allreduce", "powersgd")},
-                f"B* at n = {n} (Gbit/s)": crossover(spec.latency) / GBIT,
+                f"B* at the row's α, n = {n} (Gbit/s)": crossover(spec.latency) / GBIT,
             }
             for name, spec in presets().items()
         },
@@ -92,7 +92,7 @@ def link_figure(reduced: dict, n: int, link, crossover):
             label=f"{NAMES[hook]}, {link.name}'s α = {alpha * 1e6:g} µs",
         )
     ax.axvline(crossover(alpha) / GBIT, color="grey", lw=0.8)
-    ax.annotate(f" B*, α = {alpha * 1e6:g} µs", (crossover(alpha) / GBIT, 3e2), fontsize=7, color="grey")
+    ax.annotate(f" {link.name}'s B*, α = {alpha * 1e6:g} µs", (crossover(alpha) / GBIT, 3e2), fontsize=7, color="grey")
     ax.set(xscale="log", yscale="log", xlabel="bandwidth B (Gbit/s)", ylabel="link ms per step (modelled)")
     # each preset at its own α, not the lines' two; the circles larger, so that a triangle on one stays visible
     for hook, marker, size in (("allreduce", "o", 90), ("powersgd", "^", 30)):
