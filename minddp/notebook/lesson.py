@@ -410,24 +410,33 @@ def say_look(looks: dict, stage: str) -> None:
     said = f"On the emulated link its messages took {link} ms (modeled), {exposed} ms of them exposed"
     if rest and v["calls_in_backward"] and not v["waits_in_backward"]:  # it waits later: the backward runs between
         said += f"; through the other {rest} ms the thread ran the backward, or the stage's and the loop's lines."
-    elif rest and abs(before_waits(v["row"]) - (v["link_ms"] - v["exposed_ms"])) < 1:
-        # it waits for each message before sending the next: a wait ends no earlier than the link's delivery
-        said += (
-            f"; the other {rest} ms ({rest / v['calls']:.2f} ms a message on average) ran before the thread's wait "
-            "began: the link starts a message as the comm hook hands it over, the wait starts after the hook returns."
+    elif rest and waits_each(v):  # it waits for each message before sending the next
+        said += f"; the other {rest} ms ({rest / v['calls']:.2f} ms a message on average) ran before the thread's "
+        first = next(s for s, w in looks.items() if w.get("waits") and waits_each(w))  # why: said there only
+        said += "wait began" + (
+            ": the link starts a message as the comm hook hands it over, the wait starts after the hook returns."
+            if first == stage
+            else "."
         )
     else:
         said += "."
     said += f" It waited {waited} ms for its messages ({v['waits_in_backward']} of its {v['waits']} waits began"
     said += " inside a backward)"
-    if waited - exposed >= 1:
-        said += (
-            f": the {exposed} exposed and {waited - exposed} ms after the link had delivered, until every rank had "
-            "joined the real all_reduce, which the emulated link does not model."
-        )
+    if waited - exposed >= 1:  # measured, its cause not: the link models no more than the transfer
+        after = waited - exposed
+        said += f": the {exposed} exposed and {after} ms after the link had delivered ({after / v['calls']:.2f} ms "
+        said += "a message)."
     else:
         said += "."
     say(said)
+
+
+def waits_each(v: dict) -> bool:
+    """Whether a look's link time not exposed all lay before the thread's waits began (it waits for each message
+    before sending the next: a wait ends no earlier than the link's delivery)."""
+    if not v["calls"] or (v["calls_in_backward"] and not v["waits_in_backward"]):  # it waits later, or sends none
+        return False
+    return abs(before_waits(v["row"]) - (v["link_ms"] - v["exposed_ms"])) < 1
 
 
 def before_waits(row: dict) -> float:

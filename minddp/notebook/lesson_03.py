@@ -66,17 +66,27 @@ def say_still(stages: tuple[str, str], looks: dict) -> None:
     )
 
 
-def say_slow_forward(stage: str, v: dict) -> None:
-    """If one forward of ``stage``'s step took over twice as long as each of its others (the same computation on
-    batches of one size), say so: the extra time is the shared machine's, not the network's compute."""
-    took = [e - s for s, e in v["row"]["forward"]]
-    slow = max(range(len(took)), key=took.__getitem__)
-    others = [t for i, t in enumerate(took) if i != slow]
-    if others and took[slow] > 2 * max(others):
+def say_slow(stage: str, looks: dict) -> None:
+    """A slow pass said, the shared machine's: for ``single``, one forward over twice each of its others (the same
+    computation on batches of one size); for a later stage, its first backward, which syncs nothing in any stage,
+    over 1.5 times single's."""
+    v = looks[stage]
+    if stage == "single":
+        took = [e - s for s, e in v["row"]["forward"]]
+        slow = max(range(len(took)), key=took.__getitem__)
+        others = [t for i, t in enumerate(took) if i != slow]
+        if others and took[slow] > 2 * max(others):
+            say(
+                f"single's forward {slow + 1} took {took[slow]:.0f} ms, its others "
+                + " and ".join(f"{t:.0f}" for t in others)
+                + " ms: the same computation, so the extra is the shared machine's; its bar is no compute baseline."
+            )
+        return
+    first, base = ((lambda r: r["backward"][0][1] - r["backward"][0][0])(looks[s]["row"]) for s in (stage, "single"))
+    if first > 1.5 * base:
         say(
-            f"{stage}'s forward {slow + 1} took {took[slow]:.0f} ms, its others "
-            + " and ".join(f"{t:.0f}" for t in others)
-            + f" ms: the same computation, so the extra is the shared machine's; {stage}'s bar is no compute baseline."
+            f"{stage}'s first backward, which syncs nothing, took {first:.0f} ms against single's {base:.0f}: the "
+            "shared machine ran this step slower, its bars longer."
         )
 
 
@@ -91,6 +101,16 @@ def look_table(looks: dict, checks: dict[str, list[float]]):
     for r in range(len(next(iter(checks.values()), [0]))):
         table[f"at the check, ms, rank {r}"] = [round(checks[s][r]) if s in checks else "–" for s in looks]
     return table
+
+
+def say_exposed_parts(looks: dict, stage: str, before: str) -> None:
+    """Why ``stage`` exposed more or less than ``before`` (both waiting for each message as it goes): exposed is the
+    link time less its part before the thread's waits began, each in whole ms as :func:`lesson.say_look` prints."""
+    (link, exposed), (link0, exposed0) = (lesson.link_parts(looks[s]) for s in (stage, before))
+    say(
+        f"{stage} exposed {lesson.than(exposed, exposed0)} {before} ({exposed} against {exposed0} ms): its link time, "
+        f"{link} against {link0} ms, less the part before each wait began, {link - exposed} against {link0 - exposed0}."
+    )
 
 
 def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, object]:
@@ -127,27 +147,31 @@ def cap_name(cap) -> str:
     return "None" if cap is None else f"{cap:g} MiB"
 
 
-def say_sweep(swept: dict, this_run_s: float, model: list, default) -> None:
+def say_sweep(swept: dict, this_run_s: float, model: list, default, h: dict) -> None:
     """The cap sweep's steps against the model in a sentence: their own backwards (less the check) beside the model's
     one, ``this_run_s``, and each step's link after backward over the model's at its cap (``model``: the grid's
-    :func:`~minddp.costmodel.buckets.plan_costs`, ``default``: None's), as a range."""
+    :func:`~minddp.costmodel.buckets.plan_costs`, ``default``: None's), as a range; then the cap whose step left
+    least, against hook-async's step (``h``, its look on the same link)."""
     from minddp.costmodel.buckets import on_the_link
 
     own = [backward_less_check(v) for v in swept.values()]
     at = {c.cap_mb: c for c in model} | {None: default}
-    ratio = [on_the_link(v["row"])["end_ms"] / (1e3 * at[c].after_backward) for c, v in swept.items()]
+    end = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}
+    ratio = [end[c] / (1e3 * at[c].after_backward) for c in swept]
+    best, h_end = min(end, key=end.__getitem__), on_the_link(h["row"])["end_ms"]
     say(
         f"The steps' own backwards ran {min(own):.0f} to {max(own):.0f} ms against the model's "
         f"{1e3 * this_run_s:.0f}; their link after backward, {min(ratio):.2g} to {max(ratio):.2g} times the model's "
-        "at their cap."
+        f"at their cap, least at {cap_name(best)} ({end[best]:.1f} ms), {lesson.than(end[best], h_end)} "
+        f"hook-async's step ({h_end:.1f})."
     )
 
 
-def sweep_figure(swept: dict, model: list, default, per_gradient, link_name: str, world: int, here, h: dict):
+def sweep_figure(swept: dict, model: list, default, link_name: str, world: int, here, h: dict):
     """The cap sweep's figure: the model's *link after backward* against the cap, beside each measured step's own
     link after backward (the same measure), and the three costs of each plan below. torch's default (None) has no
     cap on this axis: its measured and modeled points are drawn right of the grid, apart, each at a tick named None.
-    ``h``: hook-async's look on the same link, its step's link after backward drawn beside the model's."""
+    ``h``: hook-async's look on the same link, its step's link after backward drawn as a line."""
     from matplotlib.ticker import NullLocator
 
     from minddp.costmodel.buckets import on_the_link
@@ -170,15 +194,11 @@ def sweep_figure(swept: dict, model: list, default, per_gradient, link_name: str
             f"step-time model: link after backward, None ({1e3 * default.after_backward:.0f} ms)",
         ),
     ]
-    m_h = 1e3 * per_gradient.after_backward  # the model's, on the same one backward as its line (not a step's)
-    h_end = on_the_link(h["row"])["end_ms"]  # hook-async's own step, beside the model's
+    h_end = on_the_link(h["row"])["end_ms"]  # hook-async's own step, on its own backward as each point
     fig = bucket_sweep(
         {"step-time model: link after backward": model},
         measured=points,
-        per_gradient={
-            f"step-time model: link after backward, hook-async's ({m_h:.1f} ms)": m_h,
-            f"one step: link after backward, hook-async's ({h_end:.1f} ms)": h_end,
-        },
+        per_gradient={f"one step: link after backward, hook-async's ({h_end:.1f} ms)": h_end},
         title=f"bucket-async on {link_name}, {world} ranks: link after backward against the cap "
         "(each step on its own backward; exposed and waited: the table)",
     )
@@ -263,23 +283,27 @@ def say_sized(
     )
 
 
+def listed(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
 def say_sized_measures(t4: dict, far: dict) -> None:
-    """Each sized link's rungs (2 ranks): link time,
-    exposed and the step's own last backward less the check, then in words which exposed less, bucket-async or
-    hook-async, and whether one message per gradient needed more link time than its own backward;
+    """Each sized link's rungs (2 ranks): link time, exposed and the step's own last backward less the check, then in
+    words which rungs exposed none of their link time (whole ms) and which over half of it;
     a whole-ms match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
-        h, b = runs["hook-async"], runs["bucket-async"]
-        said = f"bucket-async exposed {lesson.than(b['exposed_ms'], h['exposed_ms'])} hook-async"
-        if round(h["link_ms"]) > round(h["backward_ms"]):
-            said += "; hook-async's link time is longer than its backward less the check"
+        hid = [s for s, r in runs.items() if round(r["exposed_ms"]) == 0]
+        most = [s for s, r in runs.items() if r["exposed_ms"] > r["link_ms"] / 2]
+        said = [f"{listed(hid)} exposed none of {'their' if len(hid) > 1 else 'its'} link time"] if hid else []
+        said += [f"{listed(most)} over half of it"] if most else []
         say(
             f"2 ranks on the link sized for {name}; each rung's link time, exposed and own last backward less the "
             "check, ms: "
             + "; ".join(
                 f"{s} {r['link_ms']:.0f}, {r['exposed_ms']:.0f}, {r['backward_ms']:.0f}" for s, r in runs.items()
             )
-            + f". {said}."
+            + (f". {'; '.join(said)}." if said else ".")
         )
     if round(t4["bucket-async"]["backward_ms"]) == round(far["bucket-async"]["backward_ms"]):
         say(
@@ -288,21 +312,46 @@ def say_sized_measures(t4: dict, far: dict) -> None:
         )
 
 
-def say_takeaway(per_grad: dict, saved_ms: float, far: dict) -> None:
-    """The takeaway in words, from the runs: the link time buckets cut (the fixed costs of the messages they no
-    longer send) on this notebook's link (``per_grad``: hook-async's, ``saved_ms``: the cut) and on the link sized
-    for 1024 ranks (``far``: its runs), each as a share of hook-async's link time."""
-    h, b = far["hook-async"]["link_ms"], far["bucket-async"]["link_ms"]
-    here, there = 100 * saved_ms / per_grad["link_ms"], 100 * (h - b) / h
-    say(
-        f"Buckets cut the link time by the fixed costs of the messages they no longer send: {here:.0f} % of "
-        f"hook-async's here ({saved_ms:.1f} of {per_grad['link_ms']:.0f} ms), {there:.0f} % on the link sized for "
-        f"1024 ranks ({h - b:.0f} of {h:.0f} ms)"
-        + (  # the verdict only where the runs bear it
-            ". So buckets pay off in link time where the messages' fixed costs are "
-            + ("most" if there > 50 else "a larger share")
-            + " of it, as sized for many ranks."
-            if there > here
-            else "."
+def say_takeaway(looks: dict, t4: dict, far: dict) -> None:
+    """The takeaway in words, from the runs, per setting (this notebook's link: ``looks``; the sized links' runs):
+    which of hook-async and bucket-async exposed less, beside the fixed costs buckets saved, their last message's
+    transfer and their first hand-over into the last backward; then each setting's backwards, and the link time
+    buckets cut."""
+    from minddp.costmodel.buckets import on_the_link
+
+    here = {
+        s: on_the_link(looks[s]["row"]) | {"backward_ms": backward_less_check(looks[s])}
+        for s in ("hook-async", "bucket-async")
+    }
+    settings = {"On 1 Gbit/s": here, "Sized for 4 × T4": t4, "Sized for 1024 ranks": far}
+    for name, runs in settings.items():
+        h, b = runs["hook-async"], runs["bucket-async"]
+        eh, eb = round(h["exposed_ms"]), round(b["exposed_ms"])
+        less = "hook-async" if eh < eb else "bucket-async" if eb < eh else ""
+        say(
+            f"{name}, {f'{less} exposed less' if less else 'both exposed as much'} (hook-async {eh} ms, bucket-async "
+            f"{eb}): buckets saved {h['link_ms'] - b['link_ms']:.1f} ms of link time (fixed costs); their last message "
+            f"took {b['tail_ms']:.1f} ms against {h['tail_ms']:.1f}, their first left {b['first_ms']:.0f} ms into the "
+            f"last backward against {h['first_ms']:.0f}."
         )
+    longer = all(r["hook-async"]["backward_ms"] > r["bucket-async"]["backward_ms"] for r in settings.values())
+    pairs = ", ".join(
+        f"{r['hook-async']['backward_ms']:.0f} against {r['bucket-async']['backward_ms']:.0f} ms"
+        for r in settings.values()
+    )
+    say(
+        f"hook-async's backward less the check ran longer than bucket-async's in every setting, in the order above "
+        f"({pairs}): each gradient's hand-over, and gloo's threads, share this machine's cores with the backward (on a "
+        "GPU the copies and NCCL run beside the compute)."
+        if longer
+        else f"hook-async's backward less the check against bucket-async's, setting by setting: {pairs}."
+    )
+    cut = {
+        n: 100 * (r["hook-async"]["link_ms"] - r["bucket-async"]["link_ms"]) / r["hook-async"]["link_ms"]
+        for n, r in settings.items()
+    }
+    say(
+        "Buckets cut the link time by the fixed costs of the messages they no longer send: "
+        + ", ".join(f"{pct:.0f} % {n[0].lower()}{n[1:]}" for n, pct in cut.items())
+        + "."
     )
