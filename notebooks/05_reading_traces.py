@@ -228,7 +228,7 @@ if b > h and b - last >= 0.05:
         f"{b - last:.1f} ms earlier buckets still on it"
     )
 elif b > h:
-    after = f"but its exposed was {b - h:.1f} ms longer, all of its {b} ms its last bucket on the link"
+    after = f"but its exposed was {b - h:.1f} ms longer; all {b} ms of it was its last bucket on the link"
 elif b < h:
     after = f"and its exposed was {h - b:.1f} ms shorter"
 else:
