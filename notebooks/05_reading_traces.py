@@ -19,12 +19,12 @@
 # Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev). This notebook profiles
 # one step of each stage of the DDP ladder that keeps a whole replica on every rank (`03_build_up`: `simple` to
 # `bucket-async`, and `ddp`; the sharded rungs are in `06_sharding`), torch's DDP and `single` (no wrapper: each
-# rank trains its own shard and never communicates), with gloo over the machine's loopback interface. It reads the traces with `minddp.analysis` the way the
+# rank trains on its own examples and never communicates), with gloo over the machine's loopback interface. It reads the traces with `minddp.analysis` the way the
 # blog this course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
 # https://blog.underfit.ai/ddp-profiled) reads its GPU traces with HolisticTraceAnalysis (HTA), but with its own
 # measures from CPU events (`docs/analysis.md`); this notebook sets none of its numbers beside the blog's.
 #
-# k is `03_build_up`'s number of micro-batches a step. A *message* is one whole all_reduce call of gradients (one
+# A *message* is one whole all_reduce call of gradients (one
 # parameter's, or a *bucket*'s: several parameters' gradients in one buffer); a *sync* is one round of messages that
 # carries every gradient once.
 
@@ -65,23 +65,7 @@ for stage in blog:
 # %% [markdown]
 # ## Time in flight, overlap, non-compute
 #
-# Every table and figure below shows rank 0's trace. The measures on this machine (CPU, gloo):
-#
-# * **compute**: a *training thread* (the Python thread, and the autograd engine's where it has its own) inside an
-#   `aten::` operator, with a core or not (forward, backward, the optimizer, the stages' copies into and out of
-#   buckets);
-# * **in flight**: one of gloo's threads inside a `gloo:*` range (the range is *open*): every collective, the
-#   messages, the parameter check (below) and, in `ddp` and torch's DDP, a broadcast of the model's buffers;
-# * **overlap**: the share (%) of the time in flight that is compute too;
-# * **non-compute** (HTA's name): the time in flight that is not compute: no training thread inside an operator (running its own Python, with no core between two
-#   operators, or blocked in a collective).
-#
-# The caveat: a gloo range lasts from the moment gloo's thread picks the collective up until it is done, so it is
-# also *held open* until the other rank joins the same collective, and while gloo's thread has no core; it can
-# end after the training thread that needed it has gone on, so a blocking stage (below) can show overlap. A
-# range's length is how long it was open, not how long its bytes took.
-#
-# More terms:
+# Every table and figure below shows rank 0's trace. Terms first:
 #
 # * the *finish*: minddp's `finish_gradient_synchronization()`, which the training loop calls after every
 #   backward (torch's DDP has none). `simple` syncs in it after every micro-batch, `ga` once a step;
@@ -95,8 +79,25 @@ for stage in blog:
 #   the one before it back: `simple` and `ga` after a backward, `hook` and `bucket` inside the step's last
 #   backward. The *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send theirs during the
 #   step's last backward and need them back only after its last gradient: `ddp` and torch's DDP before
-#   `loss.backward()` returns, `hook-async` and `bucket-async` in the finish. In all but `simple` the step's
-#   first k−1 backwards send nothing: one sync a step.
+#   `loss.backward()` returns, `hook-async` and `bucket-async` in the finish. In all but `simple` the backwards
+#   before the step's last send nothing: one sync a step.
+#
+# The measures on this machine (CPU, gloo):
+#
+# * **compute**: a *training thread* (the Python thread, and the autograd engine's where it has its own) inside an
+#   `aten::` operator, with a core or not (forward, backward, the optimizer, the stages' copies into and out of
+#   buckets);
+# * **in flight**: one of gloo's threads inside a `gloo:*` range (the range is *open*): every collective, the
+#   messages, the parameter check and, in `ddp` and torch's DDP, a broadcast of the model's buffers;
+# * **non-compute** (HTA's name): the time in flight that is not compute: no training thread inside an operator
+#   (running its own Python, with no core between two operators, or blocked in a collective);
+# * **overlap**: the share (%) of the time in flight that is compute too: a share of each stage's own time in
+#   flight, so it need not order stages as non-compute (ms) does.
+#
+# The caveat: a gloo range lasts from the moment gloo's thread picks the collective up until it is done, so it is
+# also *held open* until the other rank joins the same collective, and while gloo's thread has no core; it can
+# end after the training thread that needed it has gone on, so a blocking stage can show overlap. A
+# range's length is how long it was open, not how long its bytes took.
 #
 # What the table and the figure do not show (the trace shows when a range was open, not why):
 #
@@ -119,14 +120,14 @@ checks = lesson_05.checks(RUN, zero.index)  # per stage: its parameter checks, h
 shares["checks open (ms)"] = checks["open (ms)"].round(1)
 display(shares)
 blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
-asy, blk = (shares.loc[g, "overlap (%)"] for g in (asynchronous, blocking))
-count = checks["checks"].astype(int)
-several = ", ".join(f"{c} checks in {s}" for s, c in count[count > 1].items())
-lesson.say(
-    f"Every asynchronous stage's overlap is {'above' if asy.min() > blk.max() else 'not above'} every blocking "
-    f"one's; the checks' open time{f' ({several})' if several else ''} is "
-    f"{'all' if (checks['open (ms)'] - checks['non-compute (ms)'] < 0.05).all() else 'not all'} non-compute."
-)
+overlap, nc = shares["overlap (%)"], shares["non-compute (ms)"]
+above = overlap[asynchronous].min() > overlap[blocking].max()  # the compared values: the table's columns
+low, high = nc[blocking].idxmin(), nc[asynchronous].idxmax()  # least blocking, most asynchronous non-compute
+if nc[low] < nc[high]:
+    by_nc = f"non-compute does not: {low}'s {nc[low]} ms is below {high}'s {nc[high]} ms"
+else:
+    by_nc = "so does non-compute (every asynchronous stage's below every blocking one's)"
+lesson.say(f"Overlap {'puts' if above else 'does not put'} every asynchronous stage above every blocking one; {by_nc}.")
 
 # %% [markdown]
 # One row per profiled stage, one step each. In each row:
@@ -152,9 +153,9 @@ title = f"One step of each stage, each profiled at its own moment: run {result.r
 fig = draw_steps(rows, title=title, width=11)
 lesson_05.show(fig, RUN / "one_step_each_stage.png")
 step = pd.Series({r["stage"]: sum(b - a for a, b in r["optimizer"]) for r in rows})  # the optimizer step, ms
-lesson.say(
-    f"The optimizer step, the same AdamW on the same parameters in every row, took {step.min():.0f}–{step.max():.0f} ms."
-)
+lo, hi = f"{step.min():.0f}", f"{step.max():.0f}"  # as printed, so that equal ones say so
+took = f"{lo} ms in each" if lo == hi else f"{lo}–{hi} ms"
+lesson.say(f"The optimizer step, the same AdamW in every row, took {took}.")
 
 # %%
 anatomy = lesson_05.anatomy(result, zero.index)  # per stage: messages handed over, and how many during a backward
@@ -203,37 +204,36 @@ linked, link = analyze_run(LINKED), parse_link("1gbit")
 on_link = lesson_05.link_table(linked, link)
 display(on_link)
 lt, exposed = on_link["link time (ms)"], on_link["exposed (ms)"]
-share = exposed / lt * 100  # %
-asy, blk = share[["hook-async", "bucket-async"]], share[["simple", "ga", "hook", "bucket"]]
+ratio = (exposed / lt * 100).round(1)  # exposed ÷ link time, %
+blk = ratio[["simple", "ga", "hook", "bucket"]]
+below = max(ratio["hook-async"], ratio["bucket-async"]) < blk.min()
 lesson.say(
-    f"Exposed ÷ link time is {'lower' if asy.max() < blk.min() else 'not lower'} in each asynchronous stage than "
-    "in any blocking one."
+    f"Exposed ÷ link time: hook-async {ratio['hook-async']} %, bucket-async {ratio['bucket-async']} %, "
+    f"{'below' if below else 'not below'} every blocking stage's ({blk.min()}–{blk.max()} %)."
 )
-h, b = exposed["hook-async"], exposed["bucket-async"]
-lh, lb = (lesson_05.last_message(linked, link, st) for st in ("hook-async", "bucket-async"))
-g = lb["before the end (ms)"]
-why = (
-    f": its last bucket, {lb['MiB']:.1f} MiB, handed over {abs(g):.1f} ms {'before' if g >= 0 else 'after'} its "
-    f"last backward ends, alone takes {lb['link time (ms)']:.1f} ms on the link (hook-async's last message {lh['link time (ms)']:.1f} ms)"
-)
-lesson.say(
-    f"bucket-async's exposed was {'longer than' if b > h else 'shorter than' if b < h else 'as long as'} "
-    f"hook-async's{why if b > h else ''}."
-)
-
-# %% [markdown]
-# The claim is about link time (sizes alone), not waited; it holds by construction.
-
-# %%
 per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, how many during a backward, link time (ms)
 sends, ms = per["messages"], per["link time (ms)"]
 n = int(linked.summary["rank"].nunique())
 fewer, fixed = sends["hook-async"] - sends["bucket-async"], 2 * (n - 1) * link.latency * 1e3  # 2(n−1)·α, ms
 saved = ms["hook-async"] - ms["bucket-async"]
-lesson.claim(
-    fewer > 0
-    and per.loc["hook-async", "bytes"] == per.loc["bucket-async", "bytes"]
-    and abs(saved - fewer * fixed) < 1e-9 * ms["ga"],
-    f"Buckets send {sends['bucket-async']} messages, not {sends['hook-async']}, of the same bytes: link time less by "
-    f"exactly {fewer} fixed costs 2(n−1)·α, {saved:.1f} ms.",
+# the same bytes in fewer messages: the link time saved is exactly the fixed costs of the messages not sent
+assert fewer > 0 and per.loc["hook-async", "bytes"] == per.loc["bucket-async", "bytes"]
+assert abs(saved - fewer * fixed) < 1e-9 * ms["ga"]
+h, b = exposed["hook-async"], exposed["bucket-async"]
+# the part of b during which the link carried bucket-async's last bucket
+last = round(lesson_05.exposed_on_last(LINKED, "bucket-async"), 1)
+if b > h and b - last >= 0.05:
+    after = (
+        f"but its exposed was {b - h:.1f} ms longer: of its {b} ms, {last} ms was its last bucket on the link, "
+        f"{b - last:.1f} ms earlier buckets still on it"
+    )
+elif b > h:
+    after = f"but its exposed was {b - h:.1f} ms longer; all {b} ms of it was its last bucket on the link"
+elif b < h:
+    after = f"and its exposed was {h - b:.1f} ms shorter"
+else:
+    after = "and its exposed was as long"
+lesson.say(
+    f"Against hook-async, bucket-async cut link time by {saved:.1f} ms ({sends['bucket-async']} messages, not "
+    f"{sends['hook-async']}, of the same bytes: {fewer} fewer fixed costs 2(n−1)·α), {after}."
 )

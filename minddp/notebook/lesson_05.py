@@ -141,22 +141,18 @@ def link_table(linked, link) -> pd.DataFrame:
     return table
 
 
-def last_message(linked, link, stage: str) -> dict:
-    """The last message rank 0 handed over in its profiled step of ``stage`` (link run): its size (MiB), how long
-    before the end of the step's last backward band it was handed over (ms), and its own link time
-    (``metrics.link_time``, ms)."""
+def exposed_on_last(run: Path, stage: str) -> float:
+    """The part of rank 0's *exposed* (``metrics.exposed``) in its profiled step of ``stage`` (link run folder
+    ``run``) during which the link carried the step's last message, ms. The link carries one message at a time, in
+    the order they were handed over, so the rest of the exposed is the link carrying earlier messages."""
     from minddp.analysis import metrics
+    from minddp.analysis.cpu import rank_intervals
+    from minddp.analysis.events import load_stage
 
-    sent, p = rank0(linked.buckets), rank0(linked.phases)
-    mine = sent[sent["stage"] == stage]
-    last = mine.loc[mine["ready_us"].idxmax()]
-    end = p.loc[(p["stage"] == stage) & (p["phase"] == "backward"), "end_us"].max()
-    nbytes, world = float(last["numel"]) * 4, int(linked.summary["rank"].nunique())  # float32: 4 bytes a number
-    return {
-        "MiB": nbytes / 2**20,
-        "before the end (ms)": (end - last["ready_us"]) / 1e3,
-        "link time (ms)": 1e3 * metrics.link_time(link, [("all_reduce", nbytes, world)]),
-    }
+    iv = rank_intervals(load_stage(Path(run) / stage).ranks[0])
+    _, s0, s1 = iv.steps[-1]
+    last = max(t for t in iv.link if s0 <= t[0] <= s1)  # the step's transfer that started last
+    return metrics.exposed([last], iv.waits, [(s0, s1)]) / 1e3
 
 
 def link_messages(linked, link) -> pd.DataFrame:
