@@ -17,7 +17,7 @@
 # # 06 · Sharding: ZeRO-1, ZeRO-2 and FSDP
 #
 # Every stage so far keeps a whole copy of the model state on every rank: the parameters, their
-# gradients and the optimizer's state (Adam keeps two more tensors the size of the model). The three
+# gradients and the optimizer's state. The three
 # stages here, each a *rung* of the notebooks' ladder, follow ZeRO, the *Zero Redundancy Optimizer*
 # (Rajbhandari et al., 2019, arXiv 1910.02054, "the ZeRO paper"), and FSDP, *Fully Sharded Data
 # Parallel*, PyTorch's version of ZeRO's third stage. On n ranks they cut *parameter tensors* into n
@@ -115,7 +115,7 @@ lesson.say(
     f"minddp's zero1's all_reduce + "
     f"all-gather {lesson.mib(3 * one_pass)}; FSDP's reduce-scatter + all-gathers + all_reduce of its replicated "
     f"tensors at most {lesson.mib(fsdp_most)} "
-    f"(1 + 2 × {accum} passes: {fsdp_most / (2 * one_pass):.1f} times DDP's)."
+    f"(1 + 2 × {accum} passes)."
 )
 
 # %% [markdown]
@@ -537,23 +537,17 @@ unpacked = sum(t.untyped_storage().nbytes() for t in unit.full)
 fsdp._free(unit)
 peak = memory["fsdp"]["gathered"]
 # the buffer holds the unit's chunks, padded to equal length where n does not divide a tensor: under 0.1 % over
+# the unpack moment comes with or without a prefetch; a peak no higher means the prefetch's moment (one unit's
+# parameters beside the next unit's buffer, as many bytes) raised nothing
 lesson.claim(
     idle == 0
     and len({sum(u.numels) for u in fsdp.units}) == 1
-    and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, unpacked)),
-    "Gathering any unit (all are one size) fills the buffer its all-gather receives into and the "
-    f"parameters unpacked from it, each {lesson.mib(unit_bytes)}, "
+    and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, unpacked))
+    and received + unpacked == peak,
+    f"fsdp's gathered units peak at {lesson.mib(peak)} in the memory step: the buffer any unit's all-gather "
+    f"receives into and the parameters unpacked from it, each {lesson.mib(unit_bytes)}, "
     + ("exactly" if received == unpacked == unit_bytes else "to within 0.1 %")
-    + " its full parameters.",
-)
-# the unpack moment comes with or without a prefetch; a peak no higher means the prefetch's moment (one unit's
-# parameters beside the next unit's buffer, as many bytes) raised nothing
-# computing in bf16 the same units are gathered at 2 bytes a value instead of 4
-lesson.claim(
-    received + unpacked == peak == 2 * memory["fsdp bf16"]["gathered"],
-    f"fsdp's gathered units peak at {lesson.mib(peak)} in the memory step: those two, held together as a "
-    "unit is unpacked. "
-    f"Computing in bf16, fsdp's peak is exactly half, {lesson.mib(memory['fsdp bf16']['gathered'])}.",
+    + " its full parameters, held together as it is unpacked.",
 )
 f = looks["fsdp"]
 lesson.claim(
@@ -630,9 +624,11 @@ def flat_model(t):
 reference = flat_model(trainees["ddp"])
 apart = {s: (flat_model(trainees[s]) - reference).abs().max().item() for s in STAGES[1:]}
 lesson.say(
-    f"Largest parameter difference from ddp after {steps} steps: "
+    f"After {steps} steps each sharded stage's parameters are ddp's bit for bit."
+    if not any(apart.values())
+    else f"Largest parameter difference from ddp after {steps} steps: "
     + ", ".join(f"{s} {d:.1e}" for s, d in apart.items())
-    + (": each stage's parameters are ddp's bit for bit." if not any(apart.values()) else ".")
+    + "."
 )
 
 # %% [markdown]
@@ -672,6 +668,12 @@ lesson.say(
     + ", ".join(f"{' and '.join(g)} {m}" for m, (g, _) in MOMENTS.items())
     + "."
 )
+sends = trainees["fsdp"].model.gather_block(unit) * 4  # this rank's fp32 block of a unit, padded
+lesson.claim(
+    extra["fsdp"] == peak + sends,
+    f"fsdp's last two columns, {extra['fsdp'] / 2**20:.2f} MiB, are its gathered units' peak, "
+    f"{peak / 2**20:.2f} MiB, plus the {sends / 2**20:.2f} MiB block it sends from, which the peak leaves out.",
+)
 # padding the chunks to equal length adds under n elements a tensor: under 0.1 %
 lesson.claim(
     abs(buffers["zero1"] - (world + 1) / world * model_bytes) < 1e-3 * model_bytes
@@ -683,24 +685,28 @@ act = {s: memory[s]["activations"] for s in STAGES}
 KIND = {"parameters": "parameters", "gradients": "gradients", "optimizer": "optimizer state"}
 items = {f"{s}'s {word}": memory[s][k] for s in STAGES for k, word in KIND.items()}
 items |= {f"{s}'s all-gather buffers": buffers[s] for s in STAGES} | {"fsdp's unpacked unit": unpacked}
-largest = max(items, key=items.get)  # the next kind of bytes after the activations
+largest = max(items, key=items.get)  # the largest kind of bytes but the activations
 forward_saving = max(total_at[m]["ddp"] - total_at[m][s] for m in list(MOMENTS)[1:] for s in STAGES)
 lesson.claim(
     len(set(act.values())) == 1 and act["ddp"] > max(items[largest], forward_saving),
     f"No rung here shards activations: one forward saves {lesson.mib(act['ddp'])} in every stage, rank 0's "
-    f"largest kind of bytes (the next: {largest}, {lesson.mib(items[largest])}), more than the most any rung's "
+    f"largest kind of bytes, more than the most any rung's "
     f"total as a forward starts falls below ddp's, {lesson.mib(forward_saving)}.",
 )
 verdicts = []
 for s in STAGES[1:]:
     more = [m for m in MOMENTS if total_at[m][s] > total_at[m]["ddp"]]
     verdicts.append(f"{s}'s " + (f"more {' and '.join(more)}" if more else "less at every moment"))
+later = list(MOMENTS)[-1]
+z2, z1 = total_at[later]["zero2"], total_at[later]["zero1"]
 lesson.say(
     "Against ddp's total at the same moment, "
     + ", ".join(verdicts)
-    + "; bytes sent a step, against ddp's: "
-    + ", ".join(f"{s} {total[s] / total['ddp']:.1f}" for s in STAGES[1:])
-    + " times."
+    + (
+        f"; zero2's equals zero1's {later}: its gradients are sharded only after the last of {accum} backwards."
+        if z2 == z1
+        else f"; zero2's is {abs(z1 - z2) / 2**20:.2f} MiB {'under' if z2 < z1 else 'over'} zero1's {later}."
+    )
 )
 (trade / 2**20).round(2)
 
