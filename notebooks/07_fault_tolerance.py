@@ -48,8 +48,6 @@
 #   1, in step 4);
 # * a process's **rank** is its index among the attempt's members (its rank in the group built for them),
 #   and the **world** is their number: after slot 1 is lost, slots 0 and 2 are ranks 0 and 1 of world 2.
-#
-# The cell below prints the rung's and the lighthouse's lines for these phases.
 
 # %%
 from minddp.notebook import lesson_07
@@ -77,7 +75,7 @@ lesson_07.print_phase_lines()
 # * `full_world_at=(9,)`: step 9's first quorum waits for all three slots, so steps are left when slot 1's new
 #   process asks (without it the survivors finish first and nothing rejoins);
 # * `restart_after_steps=1`: the launcher starts a killed slot again only after a step was committed
-#   without it, or at once when every slot is down;
+#   without it;
 # * `digests=True`: each member records a sha256 of its parameters and optimizer state just before each
 #   attempt's work (its *before* digest) and after each discarded attempt, unless its process dies in it.
 #
@@ -110,9 +108,9 @@ for line in run.report():
 # close (the kernel closes a killed process's; a raising process closes its own by dropping its group).
 # Each member that caught an error votes no, and the attempt is discarded. The next quorum waits until every
 # live slot has asked: the survivors ask after they vote, and slot 1 stays live until the launcher records
-# its process's exit.
-#
-# The cell below prints each fault's recovery and its parts.
+# its exit. The launcher *sees* an exit in one of its passes over its processes and *records* it
+# `EXIT_WAIT_S` later: a process that finished may have sent its result just before, and an exit with a
+# result is no loss.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -122,8 +120,8 @@ lesson_07.print_recoveries(run, kill, raised, hang_s)
 
 
 # %% [markdown]
-# The kill's rejoin in parts, and the heal. A `✓` line is a **claim**: `lesson.claim` checks it on the run
-# shown (the cell fails if it does not hold).
+# The kill's rejoin in parts, and the heal. A `✓` line from `lesson.claim` is a **claim**: it holds on the
+# run shown, or the cell fails (the exercise checker's `✓` and `✗` are verdicts; they fail nothing).
 
 # %%
 lesson.claim(
@@ -141,15 +139,13 @@ print(run.timeline())
 # %% [markdown]
 # What the timeline shows (the cell below checks it):
 #
-# * in step 4 slot 1 died: the survivors' all_reduce failed, they voted no, and the attempt was
-#   discarded (`x`). Step 4 was then trained again and committed by slots 0 and 2 alone, ranks 0 and 1 of a
-#   new group of 2;
-# * the launcher started slot 1 again: a new process, freshly initialised, with no step committed. It
-#   asked to train step 0 while its peers asked for a later step, so it was healed, then trained their step
-#   with them (`H`), and from then on at world 3;
-# * in step 11 slot 2's comm hook raised before its all_reduce: slot 2's process stayed, dropped its group
-#   and voted no. Slots 0 and 1's all_reduce failed too, though no process died. The attempt was discarded
-#   on every member, and step 11 was tried again by a new group of the same three slots.
+# * in step 4 slot 1 died, the survivors' all_reduce failed, and the attempt was discarded (`x`); slots 0
+#   and 2 then committed step 4 alone, as ranks 0 and 1 of a new group;
+# * slot 1's new process, freshly initialised, asked to train step 0, its peers a later step: it was
+#   healed, then trained their step with them (`H`), and from then on at world 3;
+# * in step 11 slot 2's comm hook raised before its all_reduce: slot 2's process stayed and dropped its
+#   group, slots 0 and 1's all_reduce failed though no process died, and the attempt was discarded on
+#   every member, then tried again by a new group of the same three slots.
 
 # %%
 from minddp.notebook.lesson_07 import attempts, heals, in_a_new_group
@@ -168,8 +164,8 @@ lesson.claim(
 peers = {n for s, n in kill.rejoin_steps.items() if s != 1}
 lesson.claim(
     kill.rejoin_steps[1] == 0 and peers == {kill.healed_at} and heals(run) == [(1, kill.healed_at, True)],
-    f"slot 1's new process asked for step 0, its peers for step {kill.healed_at}: it alone was healed, once, there,"
-    " in a committed attempt (`H`)",
+    f"slot 1's new process asked for step 0, its peers for step {kill.healed_at}: it alone was healed, once, there"
+    " (`H`)",
 )
 lesson.claim(
     all(len(e["members"]) == 3 for _, _, e in run.entries if e["step"] >= kill.healed_at),
@@ -197,7 +193,7 @@ lesson.claim(
 )
 lesson.claim(
     checks.one_start,
-    f"in each of the {checks.attempts} attempts, its members' *before* digests were equal",
+    f"in each of the {checks.attempts} attempts, the *before* digests of its members that lived were equal",
 )
 lesson.claim(
     checks.discards_kept,
@@ -252,8 +248,9 @@ show_source(solutions.ft_shard)
 # %% [markdown]
 # ## More to try
 #
-# 1. Freeze a process instead of killing it: `stop@4:1`. Predict the recovery (hint: nothing tells the
-#    others that a stopped process is gone; what bounds their wait?), and what halving `hang_s` does to it.
+# 1. Freeze a process instead of killing it: `stop@4:1`, with `hang_s=2.0` to keep the run short. Predict
+#    the recovery (hint: nothing tells the others that a stopped process is gone; what bounds their wait?),
+#    and what halving `hang_s` does to it.
 # 2. What happens with `kill@4:0,kill@4:1,kill@4:2`, and why can this design not heal that?
 # 3. Suppose a split used 3, the run's first world, in place of `world`, whatever the world now: of a
 #    global batch of `B` rows, rank `r` takes rows `r·B // 3` up to, not including, `(r+1)·B // 3`. Which
@@ -267,7 +264,7 @@ show_source(solutions.ft_shard)
 # Unlike a killed process, a frozen one (`SIGSTOP`) keeps its sockets open and says nothing: its peers'
 # all_reduce fails at the group's timeout (`hang_s`) or when the evicted process is ended, and the next quorum
 # waits for the eviction. So the recovery lasts the hang bound and a little more, and halving the bound takes
-# about as much off it. The first cell below runs it at two bounds, the second half the first.
+# about as much off it. The first cell below runs it at both bounds.
 #
 # </details>
 #

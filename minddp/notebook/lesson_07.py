@@ -6,7 +6,7 @@ it defines no measure of its own. The notebook keeps its claims in its cells; th
 
 * :func:`print_phase_lines`: the lines of the rung and of the lighthouse that run each phase of an attempt;
 * :func:`print_recoveries`: each fault's recovery and its parts, with when the launcher recorded the kill's exit, and
-  the part in which the two recoveries differed most;
+  how the two recoveries differed in each part;
 * :func:`print_rejoin`: the parts of a kill's rejoin, and what the survivors did meanwhile;
 
 and, for the cells' claims, readers of the members' entries (one per member and attempt): :func:`attempts`,
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
 from minddp.ft.launch import EXIT_WAIT_S
-from minddp.ft.report import asked_s, first_request_s, heal_s, retry_work_s
+from minddp.ft.report import asked_s, first_request_s, heal_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
 
@@ -69,43 +69,23 @@ def _parts(run, o) -> tuple[int, int, int]:
     return asked, quorum - asked, recovery - quorum
 
 
-def _after_quorum(run, o) -> list[int] | None:
-    """A fault's recovery after its next quorum, in whole ms: to the start of the retry's work (the new group built,
-    the digest taken), the work, then to the commit (the vote); ``None`` unless that quorum's attempt committed."""
-    times = retry_work_s(run, o)
-    if times is None or o.discarded != 1:  # one discard: the next quorum is the committed attempt's
-        return None
-    quorum, start, end = ms(o.quorum_s), ms(times[0]), ms(times[1])
-    return [start - quorum, end - start, ms(o.recovery_s) - end]
-
-
-#: the parts of a recovery :func:`print_recoveries` compares: until the next quorum, then :func:`_after_quorum`'s
-PARTS = [
-    "until the next quorum",
-    "from the quorum to the work (the new group, the digest)",
-    "the work",
-    "from the work to the commit (the vote)",
-]
-
-
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms: the moments (after the fault) its next quorum's members had all asked,
-    the launcher saw the killed process end and recorded its exit (after ``EXIT_WAIT_S``), and the quorum came; then
-    the time from that quorum to the commit. Then which recovery was longer, and the part that differed most; and
-    whether either lasted the hang bound."""
+    the launcher saw the killed process end and recorded its exit (``EXIT_WAIT_S`` later), and the quorum came; then
+    the time from that quorum to the commit. Then which recovery was longer, by how much in each of its two parts;
+    and whether either lasted the hang bound."""
     # the kill's quorum came once the launcher had recorded the exit: it waited for that record
     recorded = None not in (kill.exit_s, kill.seen_s) and kill.exit_s <= kill.quorum_s
-    wait = ms(EXIT_WAIT_S)
     for o in (kill, raised):
         asked, came_ms, to_commit = _parts(run, o)
         exited = ""
         if o is kill and recorded:
             seen, exit_ = ms(o.seen_s), ms(o.exit_s)
-            gap = exit_ - seen  # the launcher's wait for a result in flight, and the rest of its pass
-            took = f"its `EXIT_WAIT_S` wait ({wait} ms)" if gap == wait else f"{gap} ms (`EXIT_WAIT_S` is {wait} ms)"
-            exited = (
-                f"; the launcher saw slot {o.fault.slot}'s exit at {seen} ms, recorded it at {exit_} ms, after {took}"
-            )
+            wait = ms(EXIT_WAIT_S)
+            later = f"`EXIT_WAIT_S` ({wait} ms) later"
+            if exit_ - seen != wait:  # the wait, and the rest of the launcher's pass
+                later = f"{exit_ - seen} ms later (`EXIT_WAIT_S` is {wait} ms)"
+            exited = f"; the launcher saw slot {o.fault.slot}'s exit at {seen} ms, recorded it at {exit_} ms, {later}"
         print(
             f"{o.fault}: recovery {asked + came_ms + to_commit} ms: the next quorum came at {asked + came_ms} ms "
             f"(its members had all asked by {asked} ms{exited}), then {to_commit} ms to the commit of step "
@@ -113,23 +93,22 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         )
     short, long_ = sorted((kill, raised), key=lambda o: ms(o.recovery_s))
     longer = ms(long_.recovery_s) - ms(short.recovery_s)
-    after = [_after_quorum(run, o) for o in (long_, short)]
-    names = PARTS if None not in after else [PARTS[0], "from the quorum to the commit"]
-    a, b = (
-        [ms(o.quorum_s), *(rest if None not in after else [ms(o.recovery_s) - ms(o.quorum_s)])]
-        for o, rest in zip((long_, short), after)
-    )
-    i = max(range(len(names)), key=lambda k: a[k] - b[k])
-    # the kill's first part, where its exit was recorded after the members had all asked
-    waited = i == 0 and long_ is kill and recorded and ms(kill.exit_s) > _parts(run, kill)[0]
-    why = f" (the kill's quorum waited for slot {kill.fault.slot}'s exit record)" if waited else ""
-    if longer:
-        print(
-            f"The {long_.fault.kind}'s recovery was {longer} ms longer than the {short.fault.kind}'s; the part that "
-            f"differed most: {names[i]}, {a[i]} ms against {b[i]} ms{why}"
-        )
-    else:
+    if not longer:
         print("The two recoveries lasted the same to the ms")
+    else:
+        # the two parts of each recovery, long minus short: until the next quorum, from it to the commit
+        diffs = [ms(long_.quorum_s) - ms(short.quorum_s)]
+        diffs.append(longer - diffs[0])
+        waited = long_ is kill and recorded and ms(kill.exit_s) > _parts(run, kill)[0] and diffs[0] > 0
+        why = f" (the kill's waited for slot {kill.fault.slot}'s exit record)" if waited else ""
+        said = [
+            f"{abs(d)} ms {'longer' if d > 0 else 'shorter'} {name}" if d else f"the same {name}"
+            for d, name in zip(diffs, ("until the next quorum", "after it"))
+        ]
+        print(
+            f"The {long_.fault.kind}'s recovery was {longer} ms longer than the {short.fault.kind}'s: "
+            f"{said[0]}{why}, {said[1]}"
+        )
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
         print(
