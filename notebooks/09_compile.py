@@ -39,10 +39,10 @@
 # that order: piece 0 holds the forward's last layers; a *piece's backward* is the run of its gradient node. A bucket
 # whose last gradient a piece produces can then be handed over before the next piece's backward begins.
 #
-# The figure shows the backward pass of the third training step (by then the buckets are rebuilt, the compiled runs
-# compiled) of `ddp` in each of three runs, one row each: eager (not compiled), compiled without the cut
-# (`torch._dynamo.config.optimize_ddp = False`) and compiled with it. The model: an MLP of 1 MiB layers without biases.
-# The backend is `aot_eager`, which runs the graph with eager PyTorch's operators.
+# The figure shows the backward pass of the third training step (the second *rebuilt* the buckets in the order the
+# first's gradients arrived on rank 0) of `ddp` in each of three runs, one row each: eager (not compiled), compiled
+# without the cut (`torch._dynamo.config.optimize_ddp = False`) and compiled with it. The model: an MLP of 1 MiB
+# layers without biases. The backend is `aot_eager`: eager PyTorch's operators.
 
 # %%
 # %load_ext minddp.notebook
@@ -50,13 +50,10 @@
 
 # %%
 # %%distributed
-import functools
-
 import torch._dynamo
 from torch import nn
 
 from minddp import DistributedDataParallel
-from minddp.ladder.loop import train_step
 from minddp.notebook import lesson, lesson_09, nodes
 
 WIDTH, DEPTH, CAP, BACKEND = 512, 8, 2.0, "aot_eager"  # 1 MiB layers, buckets of 2 MiB
@@ -152,8 +149,8 @@ lesson.claim(apart <= bound, f"The three runs end with the same parameters, {nea
 #
 # Each piece records one gradient node, `CompiledFunctionBackward`, and the parameters whose gradients it produces
 # hang off it (their `AccumulateGrad` nodes). The cell lists the pieces of one more forward of the run compiled with
-# the cut, in the order the backward pass runs them, then that run's buckets (rebuilt at the second step's forward in
-# the order the first step's gradients arrived on rank 0), each with its parameters in the forward's order.
+# the cut, in the order the backward pass runs them, then that run's buckets, each with its parameters in the
+# forward's order.
 #
 # Dynamo cuts when it compiles (the first step), and only if torch's DDP's class attribute `_active_ddp_module` is set
 # then (torch's DDP sets it around its module's call); it reads the bucket cap from it and caps piece 0 apart, at the
@@ -236,15 +233,14 @@ show_source(solutions.handed_over_after)
 print(check_handover(solutions.handed_over_after))
 
 # %% [markdown]
-# ## `torch.compile(wrapper)` at a bucket cap of 0.5 MiB
+# ## A bucket cap of 0.5 MiB, with either pattern
 #
-# The other pattern hands the wrapper to `torch.compile`: `torch.compile(DDP(model))`. At a *graph break* Dynamo ends
-# the graph it has begun, runs Python, and starts a new graph; its cut into pieces is no graph break. minddp's `ddp`
-# marks its whole `forward` for Dynamo to skip (`torch.compiler.disable(forward, recursive=False)`), so Dynamo begins
-# no graph there and compiles the module it calls apart.
-#
-# Each wrapper, with both patterns, at a bucket cap of 0.5 MiB on an MLP of two 1 MiB layers: the error that
-# compiling raised (its "bucket" is Dynamo's piece), or Dynamo's graph-break count in one training step and one more
+# Under torch's DDP, Dynamo's cap for piece 0, `_DEFAULT_FIRST_BUCKET_BYTES` ("The pieces and the buckets"), must not
+# be above the bucket cap; minddp's `ddp` sets it to its bucket cap. The cell tries each wrapper at a bucket cap below that
+# default, on an MLP of two 1 MiB layers, with each pattern: nanoGPT's and `torch.compile(DDP(model))`, where minddp's
+# `ddp` has Dynamo skip its `forward` (`torch.compiler.disable(forward, recursive=False)`) and compile the module it
+# calls. At a *graph break* Dynamo ends a graph, runs Python and starts a new one; the cut into pieces is none.
+# Printed: the error raised (its "bucket" is Dynamo's piece), or a training step's graph breaks and one more
 # forward's pieces.
 
 
@@ -255,50 +251,22 @@ import logging
 logging.getLogger("torch._dynamo").setLevel(logging.ERROR)  # no warning that it ignores torch DDP's profiler range
 SMALL = 0.5  # MiB
 torch_first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's piece 0 under torch's DDP
-
-reference = MLP(depth=2)  # eager ddp, one step on the same batch
-start = lesson_09.flat(reference)
-optimizer = torch.optim.SGD(reference.parameters(), lr=0.01)
-train_step(DistributedDataParallel(reference, bucket_cap_mb=SMALL), optimizer, next(batches()), loss_fn)
-moved = (lesson_09.flat(reference) - start).abs().max().item()  # the step's largest move: lr·max|g|
-# as in the figure's cell: how far summing in another order can move the parameters (for 2 layers)
-bound = lesson_09.rounding_bound([moved], lesson_09.flat(reference).abs().max().item(), k=2 * 2 * WIDTH + 32)
-
 wrappers = {"torch's DDP": torch.nn.parallel.DistributedDataParallel, "minddp's ddp": DistributedDataParallel}
-patterns = {  # each pattern as the code that builds it, named by that code; nanoGPT's first
-    "wrapper(torch.compile(model))": lambda wrapper, m: wrapper(torch.compile(m, backend=BACKEND), bucket_cap_mb=SMALL),
-    "torch.compile(wrapper(model))": lambda wrapper, m: torch.compile(wrapper(m, bucket_cap_mb=SMALL), backend=BACKEND),
-}
-outcomes = {  # one training step each, then one more forward: what happened, in a line; how far from eager ddp
-    (who, pattern): lesson_09.compile_at(
-        functools.partial(build, wrapper), MLP(depth=2), next(batches()), loss_fn, lesson_09.flat(reference)
-    )
+# each wrapper with each pattern: one training step on MLP(depth=2), printed; what the claims check, returned
+theirs, ours = (
+    lesson_09.both_patterns(who, wrapper, lambda: MLP(depth=2), next(batches()), loss_fn, SMALL, BACKEND)
     for who, wrapper in wrappers.items()
-    for pattern, build in patterns.items()
-}
-for who in wrappers:  # each wrapper's outcome, once if both patterns gave the same
-    lines = {pattern: outcomes[who, pattern][0] for pattern in patterns}
-    if len(set(lines.values())) == 1:
-        lines = {"either pattern": lines.popitem()[1]}
-    for pattern, line in lines.items():
-        lesson.say(f"{who}, {pattern}: {line}")
-refused = "AssertionError: First bucket"
-lesson.claim(
-    torch_first > SMALL
-    and all(
-        outcomes["torch's DDP", pattern][0].startswith(refused)
-        and "(raised in torch/_dynamo/backends/distributed.py)" in outcomes["torch's DDP", pattern][0]  # the cut's file
-        for pattern in patterns
-    ),
-    f"Dynamo's cut refuses torch's DDP with either pattern at {SMALL:g} MiB, below its {torch_first:g} MiB cap for "
-    "the first piece.",
 )
-ours = [outcomes["minddp's ddp", pattern] for pattern in patterns]
-worst = max(apart for _, apart in ours)
-near = "to the bit" if worst == 0 else f"to {worst:.1e}, within the {bound:.1e} estimated for summing in another order"
+cut_file = "torch/_dynamo/backends/distributed.py"  # where Dynamo's DDPOptimizer, the cut, lives
 lesson.claim(
-    all(line.startswith("trained a step; graph breaks: 0;") for line, _ in ours) and worst <= bound,
-    f"minddp's ddp compiles with either pattern, without a graph break; its step ends at eager ddp's parameters ({near}).",
+    torch_first > SMALL and theirs["raised"] == [("AssertionError", cut_file)] * 2,
+    f"Dynamo's cut refused torch's DDP with either pattern at {SMALL:g} MiB, below its {torch_first:g} MiB cap for "
+    "piece 0.",
+)
+lesson.claim(
+    ours["breaks"] == [0, 0] and min(ours["pieces"]) > 1 and ours["apart"] <= ours["bound"],
+    f"minddp's ddp compiled, cut and trained a step with either pattern, without a graph break, to eager ddp's "
+    f"parameters ({ours['near']}).",
 )
 
 
@@ -309,9 +277,8 @@ lesson.claim(
 #   node ended after the hand-over of each bucket but the last, the order those buckets' `all_reduce`s need to run
 #   while gradients are still computed; without it, none did.
 #
-# * At a bucket cap of 0.5 MiB, with the cut on, torch's DDP of the version above does not compile:
-#   Dynamo's cap for its first piece is above the bucket cap. minddp's `ddp`, which sets that cap to the bucket cap it
-#   is given, compiles there with both patterns.
+# * At a bucket cap of 0.5 MiB, Dynamo's cut refuses torch's DDP of the version above with either pattern: its cap for
+#   piece 0 is above the bucket cap. minddp's `ddp`, which sets that cap to its bucket cap, compiles with both.
 
 # %%
 # %dist_shutdown

@@ -130,12 +130,16 @@ def compiled_pieces(output, module) -> list[list[str]]:
     return found
 
 
-def refusal(error: BaseException) -> str:
-    """What torch raised, in one line: its type, its message's first line, and the file that raised it, said from
-    the folder that holds ``torch`` (a path that begins ``torch/``)."""
+def raised_in(error: BaseException) -> str:
+    """The file that raised ``error``, said from the folder that holds ``torch`` (a path that begins ``torch/``)."""
     root = os.path.dirname(os.path.dirname(torch.__file__))
-    where = os.path.relpath(traceback.extract_tb(error.__traceback__)[-1].filename, root)
-    return f"{type(error).__name__}: {str(error).strip().splitlines()[0]} (raised in {where})"
+    return os.path.relpath(traceback.extract_tb(error.__traceback__)[-1].filename, root)
+
+
+def refusal(error: BaseException) -> str:
+    """What torch raised, in one line: its type, its message's first line, and the file that raised it
+    (:func:`raised_in`)."""
+    return f"{type(error).__name__}: {str(error).strip().splitlines()[0]} (raised in {raised_in(error)})"
 
 
 #: the library's legend words (minddp.analysis.timeline) -> notebook 09's
