@@ -346,10 +346,15 @@ def ddp_optimizer_caps(module, bucket_bytes: int, first_bucket_bytes: int):
 
 def dynamo_reset() -> None:
     """Empty Dynamo's cache of compiled code and its counters (``torch._dynamo.reset()``, ``counters.clear()``):
-    the next ``torch.compile`` call compiles anew, and :func:`graph_breaks` counts from here."""
+    the next ``torch.compile`` call compiles anew, and :func:`graph_breaks` counts from here. Garbage is collected
+    first: a compiled model still waiting in a reference cycle would otherwise die after the reset, and the callback
+    that drops its entry from Dynamo's emptied tables raises a KeyError torch can only print."""
+    import gc
+
     import torch._dynamo
     from torch._dynamo.utils import counters
 
+    gc.collect()
     torch._dynamo.reset()
     counters.clear()
 
