@@ -20,7 +20,7 @@
 # nine bugs in six sections, and run each three ways on the two ranks:
 #
 # 1. **torch** (*under torch*): debug mode *paused* (`minddp.debug.disable()`), torch's debug
-#    level OFF, its default (DETAIL once, in section 4): what torch's DDP says (or `torch.distributed`, for the script's own
+#    level (`TORCH_DISTRIBUTED_DEBUG`) at its default, OFF: what torch's DDP says (or `torch.distributed`, for the script's own
 #    collectives). The script's own collectives run on a group, `short` (*the short group*), whose
 #    calls give up after seconds, and torch's DDP on another, `group`, with torch's default timeout;
 #    a rank that fails destroys both, so a partner waiting on `group` fails at once;
@@ -30,7 +30,7 @@
 #    a `DebugWarning`, and training goes on);
 # 3. **the fix**: the script corrected, in debug mode.
 #
-# Steps count from 0: "after step 1" is after the second step.
+# Steps count from 0.
 #
 # A place is named `<In [N], rank R>:L`: line L (the `%%distributed` line is line 1) of the cell
 # Jupyter shows as `In [N]` (run top to bottom, the N-th code cell), as rank R ran it.
@@ -133,9 +133,8 @@ fixed(drifting_loop, "without the edit", edit=False)
 # DDP averages the gradients of a backward whose forward went through the wrapper. Call the module
 # itself (`model.module(x)`, or a submodule) and backward leaves each rank its own gradient; the
 # optimizer then steps each replica its own way. Before each `optimizer.step()` the *step check*
-# all-gathers another row, `int64[17]` for `Net()`: one integer of flags (the causes the next two
-# errors name among them), then four per parameter: whether it has a gradient, that gradient's
-# fingerprint, whether this step's backward computed its *local gradient* (this rank's, before
+# all-gathers another row, `int64[17]` for `Net()`: one integer of flags, then four per parameter:
+# whether it has a gradient, that gradient's fingerprint, whether this step's backward computed its *local gradient* (this rank's, before
 # averaging), and that one's fingerprint. The fix:
 # call the wrapper.
 
@@ -212,16 +211,15 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # %% [markdown]
 # ## 4. Mismatched collectives, the script's own included
 #
-# A script's own collectives must match across ranks too: the same op, shape and dtype, in the same
-# order.
+# A script's own collectives must match across ranks too.
 #
 # Debug mode numbers each rank's collectives, group by group, while it is on (*collective #K*;
 # the lesson helpers' collectives count too), and compares the ranks' calls of the same
-# number through the store the ranks share (a post and a read, not a collective). A call is
-# written op(dtype[shape], ...) at its place, then its step: `(step 0)` in a wrapper's step,
-# `(after step S)` after the last step a wrapper took on that rank. Last, torch runs the bug at
-# `TORCH_DISTRIBUTED_DEBUG=DETAIL`, which also compares each collective across
-# ranks first.
+# number through the store (the key-value store the ranks met on at start-up): a post and a read,
+# not a collective. A call is written op(dtype[shape], ...) at its place, then its step:
+# `(step 0)` in a wrapper's step, `(after step S)` after the last step a wrapper took on that rank
+# (below, section 3's fix). Last, torch runs the bug at debug level DETAIL, which also compares each
+# collective across ranks first.
 
 # %%
 # %%distributed
@@ -232,9 +230,9 @@ ours = minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)),
 detail = torch_does(
     lambda group, short: dist.all_reduce(torch.tensor(logged, device=device), group=short), say=False, level="DETAIL"
 )
-# torch's fingerprint of each rank's call cut to its op and shape (… its other fields), its summary after cut
-fingerprint = r"CollectiveFingerPrint\(.*?(OpType=\w+, TensorShape=\[[^\]]*\]).*?\(nullopt\)\)\)"
-shown = re.sub(r"\.Collectives differ.*", ". …", re.sub(fingerprint, r"CollectiveFingerPrint(… \1, …)", detail[0]))
+# torch's description of each rank's call cut to its op and shape (… its other fields), its summary after cut
+call = r"CollectiveFingerPrint\(.*?(OpType=\w+, TensorShape=\[[^\]]*\]).*?\(nullopt\)\)\)"
+shown = re.sub(r"\.Collectives differ.*", ". …", re.sub(call, r"(… \1, …)", detail[0]))
 lesson.say(f"torch at DETAIL, rank 0: {shown}")
 took = max(torch_took)
 lesson.claim(
@@ -258,8 +256,8 @@ lesson.claim(
 )
 
 # %% [markdown]
-# A collective made on some ranks only is the same bug one call later: debug mode compares rank
-# 0's all_reduce of its loss with rank 1's next collective, the step check's all_gather.
+# In debug mode a collective made on some ranks only is the same bug one call later: it compares
+# rank 0's all_reduce of its loss with rank 1's next collective, the step check's all_gather.
 #
 # A call minddp makes is placed at the script's line that led to it; an all_gather lists the output
 # (ranks × the input's shape), then the input.
@@ -276,7 +274,12 @@ def log_loss(model, optimizer, short=None, everywhere=False):
     optimizer.step()
 
 
-torch_does(lambda group, short: log_loss(*build(TorchDDP, process_group=group), short=short))
+raised = torch_does(lambda group, short: log_loss(*build(TorchDDP, process_group=group), short=short), say=False)
+lesson.claim(
+    "Timed out" in raised[0] and torch_took[0] >= WAIT_S and raised[1] == "raised nothing",
+    f"under torch rank 0 waited to the short group's {WAIT_S} s timeout; rank 1, with no call on that group, "
+    "raised nothing",
+)
 minddp_says(lambda: log_loss(*build()), "mismatched collectives")
 fixed(log_loss, "the loss logged on every rank", everywhere=True)
 
@@ -329,7 +332,8 @@ lesson.claim(
 # Two bugs give the same symptom, a parameter without a gradient on some ranks, and need different
 # fixes. A layer frozen on rank 0 only makes the ranks disagree on what they send: the ranks'
 # `requires_grad` flags differ at step 0. torch's errors count parameters from 0 in the set-up
-# cell's list (2 and 3 are `head.weight` and `head.bias`). The fix: freeze the layer on every rank, before
+# cell's list (2 and 3 are `head.weight` and `head.bias`); the second cell below tries torch's advice,
+# `find_unused_parameters=True`. The fix: freeze the layer on every rank, before
 # wrapping.
 
 
@@ -442,10 +446,10 @@ lesson.claim(
 # %% [markdown]
 # ## What it adds
 #
-# A wrapper built in debug mode has a *watch* (the forward and step checks), `check_consistency`
-# (at the end of backward, an all_gather_object of each rank's bucket plan and launch order) and a
-# `DebugReducer`: the wrapper's *Reducer* averages the gradients in *buckets* (groups sent in one
-# all_reduce each), and this one sends each bucket through the collective check.
+# A wrapper built in debug mode adds the forward and step checks, `check_consistency` (at the end
+# of backward: each rank's bucket plan and launch order, compared) and a `DebugReducer`: the
+# wrapper's *Reducer* averages the gradients in *buckets*, each sent in one all_reduce; this one
+# sends each through the collective check and waits for its sum before backward goes on.
 
 
 # %%
@@ -465,7 +469,8 @@ def five_steps(on: bool):
 added = {"forward check": "all_gather", "end of backward": "all_gather_object", "step check": "all_gather"}
 extra = [c for c in checked if "bucket" not in c.where]
 buckets = len(checked) - len(extra)  # the buckets' all_reduces
-at_once = on.reducer.state.all_reduce(torch.zeros(1, device=device)).done()  # done when the call returns
+one = torch.ones(1, device=device)
+at_once = on.reducer.state.all_reduce(one).done() and one.item() == world_size  # summed when the call returns
 lesson.claim(
     [c.op for c in extra] == list(added.values())
     and all(name in c.where for name, c in zip(added, extra))
@@ -477,11 +482,10 @@ lesson.claim(
     and buckets == len(on.reducer.plan) == len(paused.reducer.plan)
     and type(on.reducer).__name__ == "DebugReducer"
     and at_once,
-    f"in step 4 the collective check compared {len(checked)} calls: {buckets} bucket all_reduce{'s' * (buckets > 1)}, "
-    f"as a wrapper built paused sends ({len(paused.reducer.plan)} bucket{'s' * (buckets > 1)}), "
-    f"and {len(extra)} debug mode adds "
+    f"in step 4 the collective check compared {len(checked)} calls: {buckets} all_reduce{'s' * (buckets > 1)}, one "
+    f"per bucket of a plan as long as a paused wrapper's, and {len(extra)} debug mode adds "
     f"({'; '.join(f'{name}: {op}' for name, op in added.items())}); its {type(on.reducer).__name__}'s all_reduce "
-    "returns once summed: no bucket travels while backward computes",
+    "returns summed",
 )
 # exact: both reducers halve each gradient, then add the 2 ranks', which rounds the same in either order
 lesson.claim(
