@@ -100,18 +100,17 @@ for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT
     pieces = f"{run} piece{'s' * (run != 1)}, " if compiled and cut else ""
     # the figure's row label, two lines: the run; its pieces and its buckets (one tick each)
     looks[label]["row"].update(label=f"{label}\n{pieces}{looks[label]['calls']} buckets", stage=label)
-lesson.say(
-    f"ddp on {world_size} ranks, {DEPTH} layers of {WIDTH}×{WIDTH}, buckets of {CAP:g} MiB; torch {torch.__version__}."
-)
+lesson.say(f"ddp on {world_size} ranks, {DEPTH} layers of {WIDTH}×{WIDTH}; torch {torch.__version__}.")
 
 
 # %% [markdown]
 # ## The backward pass of each run
 #
-# Each row is one run's backward pass on rank 0, from its first node's start to its last node's end, scaled to that
-# span: the model's gradient nodes blue, the rest pale (the loss's gradient nodes too), each hand-over a tick. Read the order,
-# not widths; where ticks and bars look to touch, the printed claims give it (each ✓ claim is checked on every rank,
-# printed by rank 0).
+# Each row is one run's backward pass on rank 0, scaled to its length (the x axis): the model's gradient nodes blue,
+# each hand-over a tick. Pale is the rest: the loss's gradient nodes, the `AccumulateGrad` nodes (a hand-over's copy
+# into the bucket and its `all_reduce` call run in one; the reducer waits for the `all_reduce`s only after the last
+# node) and time between nodes. Read the order, not widths, which vary from run to run, same-sized pieces' too; where
+# ticks and bars look to touch, the printed claims give it.
 
 # %%
 # %%distributed
@@ -136,7 +135,8 @@ lesson.claim(
     "Every hand-over came inside an AccumulateGrad node.",
 )
 # the graph may split or lay out eager's ops otherwise, so a sum may round in another order: rounding_bound says how
-# far apart that may leave the parameters (k: the most terms summed behind a weight's gradient)
+# far apart that may leave the parameters (k: the terms along the chain of sums behind a weight's gradient, WIDTH
+# per layer forward and WIDTH back, then the batch's 32 rows)
 eager = looks["eager"]
 apart = max((v["params"] - eager["params"]).abs().max().item() for v in looks.values())
 bound = lesson_09.rounding_bound(eager["moved"], eager["params"].abs().max().item(), k=2 * DEPTH * WIDTH + 32)
@@ -148,9 +148,8 @@ lesson.claim(apart <= bound, f"The three runs end with the same parameters, {nea
 # ## The pieces and the buckets
 #
 # Each piece records one gradient node, `CompiledFunctionBackward`, and the parameters whose gradients it produces
-# hang off it (their `AccumulateGrad` nodes). The cell lists the pieces of one more forward of the run compiled with
-# the cut, in the order the backward pass runs them, then that run's buckets, each with its parameters in the
-# forward's order.
+# hang off it (their `AccumulateGrad` nodes). The cell lists the pieces of the run compiled with the cut (of one
+# more forward) in the order the backward pass runs them, then its buckets.
 #
 # Dynamo cuts when it compiles (the first step), and only if torch's DDP's class attribute `_active_ddp_module` is set
 # then (torch's DDP sets it around its module's call); it reads the bucket cap from it and caps piece 0 apart, at the
@@ -235,13 +234,11 @@ print(check_handover(solutions.handed_over_after))
 # %% [markdown]
 # ## A bucket cap of 0.5 MiB, with either pattern
 #
-# Under torch's DDP, Dynamo's cap for piece 0, `_DEFAULT_FIRST_BUCKET_BYTES` ("The pieces and the buckets"), must not
-# be above the bucket cap; minddp's `ddp` sets it to its bucket cap. The cell tries each wrapper at a bucket cap below that
-# default, on an MLP of two 1 MiB layers, with each pattern: nanoGPT's and `torch.compile(DDP(model))`, where minddp's
-# `ddp` has Dynamo skip its `forward` (`torch.compiler.disable(forward, recursive=False)`) and compile the module it
-# calls. At a *graph break* Dynamo ends a graph, runs Python and starts a new one; the cut into pieces is none.
-# Printed: the error raised (its "bucket" is Dynamo's piece), or a training step's graph breaks and one more
-# forward's pieces.
+# Under torch's DDP, Dynamo's cap for piece 0, `_DEFAULT_FIRST_BUCKET_BYTES` ("The pieces and the buckets"), must not be
+# above the bucket cap; minddp's `ddp` sets it to its bucket cap. The cell tries each wrapper at a bucket cap below that
+# default, on an MLP of two 1 MiB layers, with each pattern: nanoGPT's and `torch.compile(DDP(model))`. At a *graph
+# break* Dynamo ends a graph, runs Python and starts a new one; the cut into pieces is none. Printed: the error raised
+# (its "bucket" is Dynamo's piece), or a training step's graph breaks and one more forward's pieces.
 
 
 # %%
@@ -265,8 +262,8 @@ lesson.claim(
 )
 lesson.claim(
     ours["breaks"] == [0, 0] and min(ours["pieces"]) > 1 and ours["apart"] <= ours["bound"],
-    f"minddp's ddp compiled, cut and trained a step with either pattern, without a graph break, to eager ddp's "
-    f"parameters ({ours['near']}).",
+    f"minddp's ddp cut and trained with either pattern, without a graph break, to eager ddp's parameters "
+    f"({ours['near']}).",
 )
 
 
