@@ -95,9 +95,9 @@ show_source(ring_all_reduce)
 # ZeRO-1 and ZeRO-2 reduce-scatter them and all-gather the updated parameters, two passes too. minddp's
 # `zero1` is DDP's wrapper with its optimizer sharded, so it all-reduces and then all-gathers: three passes.
 # FSDP reduce-scatters its units' gradients, under one pass, but gathers each unit's parameters for
-# every micro-batch's forward and again, all but the last unit's, for its backward. The bound below counts
-# one reduce-scatter pass a step and two gathering passes per micro-batch. Those passes count the
-# replicated tensors' bytes too, though these are never gathered: room for their all_reduce.
+# every micro-batch's forward and again, all but the last unit's, for its backward. The bound below,
+# one reduce-scatter pass a step and two gathering passes per micro-batch, counts the replicated tensors'
+# bytes too, though never gathered: room for their all_reduce.
 
 # %%
 # %%distributed
@@ -108,13 +108,9 @@ one_pass = (world - 1) / world * model_bytes
 accum = lesson.SETTINGS.grad_accum  # micro-batches per step
 fsdp_most = (1 + 2 * accum) * one_pass  # one reduce-scatter, at most two all-gathers per micro-batch
 lesson.say(
-    f"Worked out, not measured: the model's float32 bytes, {lesson.mib(model_bytes)}; at n = {world} ranks each "
-    "pass of the model is "
-    f"{one_pass / 2**20:.2f} MiB per rank. "
-    f"Per step of {accum} micro-batches: DDP's all_reduce {lesson.mib(2 * one_pass)}, "
-    f"minddp's zero1's all_reduce + "
-    f"all-gather {lesson.mib(3 * one_pass)}; FSDP's reduce-scatter + all-gathers + all_reduce of its replicated "
-    f"tensors at most {lesson.mib(fsdp_most)} "
+    f"Worked out, not measured, bytes sent per rank at n = {world}: a pass {one_pass / 2**20:.2f} MiB (of the model's "
+    f"{lesson.mib(model_bytes)}); per step of {accum} micro-batches DDP's all_reduce {lesson.mib(2 * one_pass)}, "
+    f"minddp's zero1's all_reduce + all-gather {lesson.mib(3 * one_pass)}, FSDP's at most {lesson.mib(fsdp_most)} "
     f"(1 + 2 × {accum} passes)."
 )
 
@@ -496,8 +492,7 @@ on_wire.round(2)
 # the backward of one autograd function (`Unshard`): in the last micro-batch's backward they go to one
 # gradient collective (a reduce-scatter), and each replicated tensor's
 # gradient to an all_reduce; in the others they are only accumulated, whole; (6)
-# at the end of the backward fsdp waits for them and gives each shard its piece as `.grad`. The lines that
-# do parts 2 to 6:
+# at the end of the backward fsdp waits for them and gives each shard its piece as `.grad`.
 
 # %%
 # %%rank 0
@@ -532,22 +527,22 @@ unit_bytes = sum(unit.numels) * 4  # its full fp32 parameters
 idle = gathered_bytes(fsdp)  # between steps: nothing gathered, nothing prefetched
 fsdp._start_gather(unit)  # this unit alone, gathered as a forward does
 received = unit.gathering[0].untyped_storage().nbytes()  # the buffer its all-gather receives into
-fsdp._gather(unit)  # wait, then unpack into full parameters, storages of their own
-unpacked = sum(t.untyped_storage().nbytes() for t in unit.full)
+fsdp._gather(unit)  # wait, then copy out into full parameters, storages of their own
+full_unit = sum(t.untyped_storage().nbytes() for t in unit.full)
 fsdp._free(unit)
 peak = memory["fsdp"]["gathered"]
 # the buffer holds the unit's chunks, padded to equal length where n does not divide a tensor: under 0.1 % over
-# the unpack moment comes with or without a prefetch; a peak no higher means the prefetch's moment (one unit's
+# the copy's moment comes with or without a prefetch; a peak no higher means the prefetch's moment (one unit's
 # parameters beside the next unit's buffer, as many bytes) raised nothing
 lesson.claim(
     idle == 0
     and len({sum(u.numels) for u in fsdp.units}) == 1
-    and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, unpacked))
-    and received + unpacked == peak,
-    f"fsdp's gathered units peak at {lesson.mib(peak)} in the memory step: the buffer any unit's all-gather "
-    f"receives into and the parameters unpacked from it, each {lesson.mib(unit_bytes)}, "
-    + ("exactly" if received == unpacked == unit_bytes else "to within 0.1 %")
-    + " its full parameters, held together as it is unpacked.",
+    and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, full_unit))
+    and received + full_unit == peak,
+    f"fsdp's gathered units peak at {lesson.mib(peak)} in the memory step: a unit's all-gather's receive buffer "
+    f"and the full parameters copied out of it, held together, each "
+    + ("exactly" if received == full_unit == unit_bytes else "to within 0.1 %")
+    + f" the unit's {lesson.mib(unit_bytes)}.",
 )
 f = looks["fsdp"]
 lesson.claim(
@@ -632,12 +627,12 @@ lesson.say(
 )
 
 # %% [markdown]
-# ## What each rung trades
+# ## Each rung's bytes at the update and as a forward starts
 #
-# Rank 0's bytes at three moments of a step. A stage's *all-gather buffers* are what its all-gathers of
-# parameters send from and receive into at once, sized by `all_gather_buffer_bytes` from its buckets (fsdp:
-# its largest unit), not measured; fsdp's *unpacked unit* is the full parameters it
-# unpacks from them (measured above).
+# The forward columns are as a forward starts, activations left out (a claim counts them). A stage's
+# *all-gather buffers* are what its all-gathers of parameters send from and receive into at once, planned by
+# `all_gather_buffer_bytes`, not measured; fsdp's *full unit* is the parameters copied out of them: as a
+# forward starts fsdp holds one unit's worth of each.
 
 # %%
 # %%rank 0
@@ -653,8 +648,8 @@ def grads_now(t):  # gradient bytes held between steps, in every tensor a stage 
 kept = {s: memory[s]["parameters"] + memory[s]["optimizer"] for s in STAGES}
 buffers = {"ddp": 0, "zero1": all_gather_buffer_bytes(trainees["zero1"].optimizer)}
 buffers |= {s: all_gather_buffer_bytes(trainees[s].model) for s in ("zero2", "fsdp")}
-unpacked_by = {s: unpacked if s == "fsdp" else 0 for s in STAGES}  # fsdp's unit, measured in the cell above
-extra = {s: buffers[s] + unpacked_by[s] for s in STAGES}  # held while a stage gathers
+full_by = {s: full_unit if s == "fsdp" else 0 for s in STAGES}  # fsdp's unit, measured in the cell above
+extra = {s: buffers[s] + full_by[s] for s in STAGES}  # held while a stage gathers
 MOMENTS = {  # moment: (the stages gathering then, each stage's model state)
     "at the update": (["zero1"], {s: kept[s] + memory[s]["gradients"] for s in STAGES}),
     "at a step's first forward": (["zero2", "fsdp"], {s: kept[s] + grads_now(trainees[s]) for s in STAGES}),
@@ -662,29 +657,23 @@ MOMENTS = {  # moment: (the stages gathering then, each stage's model state)
 }
 total_at = {m: {s: state[s] + extra[s] * (s in gathering) for s in STAGES} for m, (gathering, state) in MOMENTS.items()}
 trade = pd.DataFrame(total_at)
-trade["all-gather buffers"], trade["unpacked unit"] = pd.Series(buffers), pd.Series(unpacked_by)
+trade["all-gather buffers"], trade["full unit"] = pd.Series(buffers), pd.Series(full_by)
 lesson.say(
     "MiB on rank 0: model state, plus the last two columns while the stage gathers: "
     + ", ".join(f"{' and '.join(g)} {m}" for m, (g, _) in MOMENTS.items())
     + "."
 )
-sends = trainees["fsdp"].model.gather_block(unit) * 4  # this rank's fp32 block of a unit, padded
+sends = trainees["fsdp"].model.gather_block(unit) * 4  # this rank's fp32 shards of a unit, padded, copied together
 lesson.claim(
     extra["fsdp"] == peak + sends,
     f"fsdp's last two columns, {extra['fsdp'] / 2**20:.2f} MiB, are its gathered units' peak, "
-    f"{peak / 2**20:.2f} MiB, plus the {sends / 2**20:.2f} MiB block it sends from, which the peak leaves out.",
-)
-# padding the chunks to equal length adds under n elements a tensor: under 0.1 %
-lesson.claim(
-    abs(buffers["zero1"] - (world + 1) / world * model_bytes) < 1e-3 * model_bytes
-    and abs(total["zero1"] - 3 * (world - 1) / world * model_bytes) < 1e-3 * model_bytes,
-    "zero1's all-gather buffers are (n + 1)/n of the model's bytes and its bytes sent a step 3(n − 1)/n: "
-    f"equal only at n = 2 (here n = {world}).",
+    f"{peak / 2**20:.2f} MiB, plus the {sends / 2**20:.2f} MiB copy of its own shards it sends from, which the peak "
+    "leaves out.",
 )
 act = {s: memory[s]["activations"] for s in STAGES}
 KIND = {"parameters": "parameters", "gradients": "gradients", "optimizer": "optimizer state"}
 items = {f"{s}'s {word}": memory[s][k] for s in STAGES for k, word in KIND.items()}
-items |= {f"{s}'s all-gather buffers": buffers[s] for s in STAGES} | {"fsdp's unpacked unit": unpacked}
+items |= {f"{s}'s all-gather buffers": buffers[s] for s in STAGES} | {"fsdp's full unit": full_unit}
 largest = max(items, key=items.get)  # the largest kind of bytes but the activations
 forward_saving = max(total_at[m]["ddp"] - total_at[m][s] for m in list(MOMENTS)[1:] for s in STAGES)
 lesson.claim(
@@ -693,20 +682,25 @@ lesson.claim(
     f"largest kind of bytes, more than the most any rung's "
     f"total as a forward starts falls below ddp's, {lesson.mib(forward_saving)}.",
 )
-verdicts = []
-for s in STAGES[1:]:
-    more = [m for m in MOMENTS if total_at[m][s] > total_at[m]["ddp"]]
-    verdicts.append(f"{s}'s " + (f"more {' and '.join(more)}" if more else "less at every moment"))
-later = list(MOMENTS)[-1]
-z2, z1 = total_at[later]["zero2"], total_at[later]["zero1"]
-lesson.say(
-    "Against ddp's total at the same moment, "
-    + ", ".join(verdicts)
-    + (
-        f"; zero2's equals zero1's {later}: its gradients are sharded only after the last of {accum} backwards."
-        if z2 == z1
-        else f"; zero2's is {abs(z1 - z2) / 2**20:.2f} MiB {'under' if z2 < z1 else 'over'} zero1's {later}."
-    )
+first, later = list(MOMENTS)[1:]
+more = {s: [m for m in MOMENTS if total_at[m][s] > total_at[m]["ddp"]] for s in STAGES[1:]}
+# without its all-gather buffers (planned, not measured) each is at most ddp's at the moments it is over
+lesson.claim(
+    more == {"zero1": ["at the update"], "zero2": [first], "fsdp": []}
+    and all(MOMENTS[m][1][s] <= MOMENTS[m][1]["ddp"] for s in more for m in more[s]),
+    f"Against ddp's total at the same moment, zero1's is more at the update and zero2's {first}, only by their "
+    "planned all-gather buffers; fsdp's is less at every moment.",
+)
+at, fsdp_later = total_at["at the update"], total_at[later]["fsdp"]
+z1, z2 = total_at[later]["zero1"], total_at[later]["zero2"]
+lesson.claim(
+    all(between[s] == 4 * memory[s]["psi"] for s in STAGES)
+    and z1 == z2
+    and fsdp_later < z1
+    and z1 - fsdp_later < at["zero2"] - at["fsdp"],
+    f"{later[0].upper()}{later[1:]}, every stage holding whole gradients while micro-batches accumulate, zero2's "
+    f"total equals zero1's and fsdp's is only {(z1 - fsdp_later) / 2**20:.2f} MiB under them, against "
+    f"{(at['zero2'] - at['fsdp']) / 2**20:.2f} MiB under zero2's at the update.",
 )
 (trade / 2**20).round(2)
 
@@ -715,8 +709,7 @@ lesson.say(
 #
 # Write `my_all_reduce(tensor, group)`: sum `tensor`, of any shape, in place over `group` with one
 # reduce-scatter and one all-gather, `reduce_scatter_single` and `all_gather_single` from
-# `minddp.runtime.compat`; both take `(output, input)` and split the longer into n equal pieces (the ring's
-# `tensor_split` allows unequal ones), so the reduce-scatter's input and the all-gather's output need a
+# `minddp.runtime.compat`; both take `(output, input)` and split the longer into n equal pieces, so the reduce-scatter's input and the all-gather's output need a
 # length the world size divides. Pass `group` to `dist.get_world_size(group)`
 # and to both collectives (to the reduce-scatter by name: its third parameter is `op`). Without it, or
 # given `dist.group.WORLD`, a call runs over every rank of a larger job: the checker calls your transport
