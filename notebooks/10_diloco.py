@@ -26,7 +26,7 @@
 #    synced weights, those all replicas agreed on at the last sync, minus the local ones), put the synced
 #    weights back, and let an *outer* optimizer (SGD with Nesterov momentum) step with it (`minddp.DiLoCo`);
 # 3. **Streaming DiLoCo** (Douillard et al., 2025, arXiv 2501.18512): the model in *fragments* that sync one
-#    after another, each fragment's message handed over τ inner steps before the step that waits for it; the
+#    after another, each fragment's message handed over τ inner steps before the step that applies it; the
 #    replica trains on from a mix (α) of synced and local weights.
 #
 # The task is the one *the bench* measures (`python -m minddp.bench.convergence`): language modelling of a
@@ -132,11 +132,11 @@ print(doc.split("a few left out::")[1].split("Example")[0].rstrip())
 
 # %%
 # %%distributed
-from minddp.bench.convergence import cosine, train_config
+from minddp.bench.convergence import train_config
 
 runs = {name: train_config(name, task, seed=0, steps=300, batch=32, lr=3e-3, eval_every=100) for name in
         ("ddp", "local-sgd-h10", "diloco-h10")}  # fmt: skip
-lesson.say(f"after 300 steps (lr annealed to {cosine(300)(300):g} × 3e-3): expected loss, payload bytes")
+lesson.say("after 300 steps: expected loss, payload bytes")
 for name, run in runs.items():
     lesson.say(f"{name:>14}: {run['loss'][-1]:.4f}, {int(run['bytes'][-1]):>10,} bytes")
 lesson.claim(
@@ -145,8 +145,8 @@ lesson.claim(
 )
 
 # %% [markdown]
-# That is one *seed* (a start and chains that every run shares) on 2 replicas. The bench trains 2000 steps (its lr
-# annealed over those) on 4 replicas, 5 seeds; the figure and numbers below read its committed results
+# That is one *seed* (a start and chains that every run shares) on 2 replicas. The bench trains 2000 steps on 4
+# replicas, 5 seeds; the figure and numbers below read its committed results
 # (`docs/diloco/convergence.json`). Its
 # runs: `ddp`; `single` (a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100);
 # `diloco-h100-lr0.3`, `-lr0.5` and `-lr1` (those outer learning rates; not drawn);
@@ -207,16 +207,6 @@ def sync_interval(n):  # the steps from one of run n's syncs to the next (fragme
     return config["sync_every"] // config.get("fragments", 1)
 
 
-def lag(n, s):  # at score step s, the inner steps run n's scored weights miss, the most over its fragments
-    c, every = results["configs"][n], sync_interval(n)
-    first = [every * (f + 1) for f in range(c.get("fragments", 1))]  # each fragment's first sync
-    sent = c.get("fragment_delay", 0)  # τ: a sync applies the pseudo-gradient sent τ steps before it (diloco.py)
-    before = s if c["rung"] == "diloco" else 0  # before it: the untrained start, or rank 0's current weights
-    return max((s - t) % c["sync_every"] + sent if s >= t else before for t in first)
-
-
-behind = {n: k for n in within if (k := max(lag(n, s) for s in steps))}  # the runs whose scores lag, by how much
-taus = {n: results["configs"][n]["fragment_delay"] for n in behind if results["configs"][n].get("fragment_delay")}
 step_for_step = all(  # at every score after the start (step 0, where every run scores the same weights)
     all(d < lo for d, lo in zip(mean_of("ddp", "loss")[1:], mean_of(n, "loss")[1:])) for n in within
 )
@@ -225,14 +215,7 @@ lesson.claim(
     f"by step {steps[1]} DDP has handed over {payload / 1e6:.2f} MB, its mean expected loss {ddp_first:.3f}; "
     "with no more payload, each drawn run that talks rarely gets below it: "
     + ", ".join(f"{n} {lo:.3f} (step {s})" for n, (s, _, lo) in within.items())
-    + ". At every score after the start DDP's mean is below each of theirs; scored every "
-    + f"{results['eval_every']} steps, "
-    + ", ".join(behind)
-    + " score weights up to "
-    + ", ".join(map(str, behind.values()))
-    + " steps behind their training"
-    + "".join(f" ({n} counting the τ = {t} steps its pseudo-gradient is sent before its sync)" for n, t in taus.items())
-    + ", DDP its current ones",
+    + ". At every score after the start DDP's mean is below each of theirs",
 )
 early = {n: mean_of(n, "loss")[1] for n in ("local-sgd-h100", "diloco-h100")}  # step 50, before a sync
 lesson.claim(
@@ -245,8 +228,6 @@ lesson.claim(
 
 # %% jupyter={"source_hidden": true}
 # The claims the takeaway rests on (this cell's code collapsed).
-from minddp.bench.convergence import cosine, train_config
-
 ddp_bytes = statistics.mean(c["bytes"][-1] for c in curves["ddp"])
 
 outer = {n: c["outer"] for n, c in results["configs"].items() if c["rung"] == "diloco"}  # each DiLoCo run's outer SGD
@@ -269,22 +250,19 @@ lesson.claim(
     "local SGD and DiLoCo each send H times fewer bytes than DDP",
 )
 at300 = curves["ddp"][0]["step"].index(300)  # the run above's length
-scheduled = "LambdaLR(inner, cosine(steps))" in inspect.getsource(train_config) and "half cosine" in cosine.__doc__
-behind = [d["loss"][at300] - lo["loss"][at300] for d, lo in zip(curves["diloco-h10"], curves["local-sgd-h10"])]
-ahead = [s for s, d, lo in zip(steps[1:], mean_of("diloco-h10", "loss")[1:], mean_of("local-sgd-h10", "loss")[1:])
+above = [d["loss"][at300] - lo["loss"][at300] for d, lo in zip(curves["diloco-h10"], curves["local-sgd-h10"])]
+below = [s for s, d, lo in zip(steps[1:], mean_of("diloco-h10", "loss")[1:], mean_of("local-sgd-h10", "loss")[1:])
          if d < lo]  # fmt: skip
 gap = round(statistics.mean(final("diloco-h10")), 4) - round(statistics.mean(final("local-sgd-h10")), 4)  # as printed
 level = spread["local-sgd-h10"][0] <= min(final("diloco-h10")) <= max(final("diloco-h10")) <= spread["local-sgd-h10"][1]
 lesson.claim(
     all(dd["loss"][at300] < lo["loss"][at300] for dd, lo in zip(curves["ddp"], curves["local-sgd-h10"]))
-    and min(behind) > 0
-    and ahead
-    and level  # the takeaway's "ended level with it"
-    and scheduled,
-    f"at step 300 every bench seed ({results['replicas']} replicas, AdamW's lr × {cosine(results['steps'])(300):.2f}) "
-    f"has the order of the run above (2 replicas, lr × {cosine(300)(300):g}): DDP, local SGD, DiLoCo at H = 10, so "
-    f"that order is not the annealing's. DiLoCo's mean is below local SGD's only at steps "
-    + " and ".join(map(str, ahead))
+    and min(above) > 0
+    and below
+    and level,  # the takeaway's "ended level with it"
+    f"at step 300 every bench seed ({results['replicas']} replicas) has the order of the run above (2 replicas): DDP, "
+    "local SGD, DiLoCo at H = 10. DiLoCo's mean is below local SGD's only at steps "
+    + " and ".join(map(str, below))
     + f"; at step {steps[-1]} it is {abs(gap):.4f} nats {'above' if gap > 0 else 'below'}, each DiLoCo seed inside "
     "local SGD's range: no order",
 )
@@ -304,8 +282,8 @@ higher = {r: round(statistics.mean(final(f"{r}-h100")), 4) - round(statistics.me
 lesson.claim(
     all(all(d > lo for d, lo in zip(final(f"diloco-h{h}"), final(f"local-sgd-h{h}"))) for h in (50, 100))
     and higher["diloco"] > 5 * higher["local-sgd"] > 0,
-    f"at H = 50 and 100, DiLoCo ends behind local SGD in every seed; from H = 10 to 100 its mean final loss rises "
-    f"far more than local SGD's: {higher['diloco']:.4f} against {higher['local-sgd']:.4f} nats",
+    f"at H = 50 and 100, DiLoCo's final loss is above local SGD's in every seed; from H = 10 to 100 its mean final "
+    f"loss rises far more than local SGD's: {higher['diloco']:.4f} against {higher['local-sgd']:.4f} nats",
 )
 rare = [n for n in curves if n not in ("ddp", "single")]  # the file's runs that talk rarely, the lr sweep's too
 closest = min(rare, key=lambda n: statistics.mean(final(n)))
@@ -380,7 +358,7 @@ print(check_outer_sync(solutions.outer_sync))
 # and it syncs once in its turn (K fragment syncs every H steps). A fragment is a run of whole
 # tensors in the model's order, fragment i (from 0) closed once fragments 0 to i hold (i + 1)/K of the model, so
 # one large tensor makes them unequal. Each fragment's pseudo-gradient leaves `fragment_sync_delay` (τ) inner steps
-# *before* its turn ends and is waited for only at the turn's end. Then the
+# *before* its turn ends; at the turn's end the
 # outer step uses it, its result is kept as the new synced weights, and the replica goes on training from
 # `(1 − α)·synced + α·local` (`fragment_update_alpha`). Here K counts fragments and α mixes weights (notebook 01's
 # α is a hop's fixed cost, 06's K the bytes of optimizer state per parameter). `diloco.py`'s items 4 to 6:
@@ -489,7 +467,7 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     lesson.say(
         f"fragment {fragment}{large}, handed over in step {step_of(s)}, ms from its start on the link: modeled end "
         f"{on_link:.1f}, delivered {delivered:.1f}, step {step_of(a)} calls wait() at {before:.1f}: "
-        + (f"waited {waited:.1f} ms" if waited else "no wait")
+        + (f"waited {waited:.1f} ms" if waited else "it returns at once")
     )
 most = H // FRAGMENTS - 1  # the largest τ with one fragment in flight (τ < H/K)
 short = [f for f, n in need.items() if n > most]
@@ -535,7 +513,7 @@ print(check_fragment_schedule(solutions.fragment_to_send))
 # Whether a replica waits is decided by a message's time on the link against the time of the steps it travels
 # during. The step-time model (`minddp.costmodel.slow_link`) replays one period of H inner steps on a link:
 # their compute as assumed, every step alike, each fragment's message
-# handed over when its schedule says and waited for at its turn's end. Its **compute utilisation** is Streaming
+# handed over when its schedule says and applied at its turn's end. Its **compute utilisation** is Streaming
 # DiLoCo's measure: the share of the period a replica computes (DDP's period is its one step); it measures time,
 # not progress. Here for a model of SmolLM2-360M's size (fp32 pseudo-gradients and gradients, 1.44 GB, taken as
 # 32 equal tensors), 2 replicas, each 16,384 tokens per step at an assumed 300 TFLOP/s, a step's compute taken
@@ -646,15 +624,15 @@ lesson.claim(
 # * Local SGD and DiLoCo send H times fewer bytes than DDP. In the bench, with no more payload than DDP has handed
 #   over by step 50, each drawn run that talks rarely gets below DDP's step-50 loss; at every
 #   score after the start DDP's mean is below each of theirs.
-# * In the bench DiLoCo not streamed, at H = 10, was ahead of local SGD only at the first scores and ended level
-#   with it (inside local SGD's seed range); at H = 50 and 100 it ended behind in every seed, its loss rising far
-#   more with H; at H = 100, at every outer lr
+# * In the bench DiLoCo not streamed, at H = 10, had a mean below local SGD's only at the first scores and ended
+#   level with it (inside local SGD's seed range); at H = 50 and 100 its loss ended above local SGD's in every seed,
+#   rising far more with H; at H = 100, at every outer lr
 #   tried, it ended worse than one replica alone in every seed; local SGD ended below one replica alone at
 #   every H, in every seed. Of the bench's runs that
 #   talk rarely, `streaming-h100` ended closest to DDP; which of its three settings helps was not separated.
 # * The pseudo-gradient is `synced − local`, and the outer step starts from the **synced** weights.
-# * Streaming DiLoCo sends one fragment at a time, τ steps before the step that waits for it; the replica waits
-#   when its message is not delivered within them.
+# * Streaming DiLoCo sends one fragment at a time, τ steps before the step that applies it; that step waits only
+#   when the message is not delivered within them.
 # * The step-time model, times only (a 360 M-parameter model, H = 100; not the bench's settings), *predicts*: on
 #   `wan` DDP computes less than 5 % of the time, and streaming DiLoCo with 4 equal fragments and τ = 10 all of
 #   it; streaming computes all of the time only where a fragment's time on the link fits in its τ steps, and on

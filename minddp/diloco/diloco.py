@@ -20,7 +20,7 @@ that take turns, one every H/K inner steps, so a sync moves about 1/K of the mod
 one large tensor makes them unequal) and each fragment still syncs once every H steps:
 
 4. a fragment's pseudo-gradient is sent τ inner steps *before* its turn ends, and its Future kept:
-   nothing waits for it until the turn's last step, τ steps later, so it can travel during those
+   only the turn's last step, τ steps later, calls its ``wait()``, so it can travel during those
    steps (one fragment in flight at a time: τ < H/K);
 5. at the end of its turn, item 3 for that fragment alone (the others keep their local weights);
 6. the weights the replica goes on training from are the new synced weights mixed with the local ones that
