@@ -102,7 +102,7 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         waited = long_ is kill and recorded and ms(kill.exit_s) > _parts(run, kill)[0] and diffs[1] > 0
         names = ["until all had asked", "from then to the quorum", "from the quorum to the commit"]
         if waited:
-            names[1] += f" (the wait for slot {kill.fault.slot}'s exit record)"
+            names[1] += f" (for slot {kill.fault.slot}'s exit record)"
         said = [
             f"{abs(d)} ms {'longer' if d > 0 else 'shorter'} {name}" if d else f"the same {name}"
             for d, name in zip(diffs, names)
