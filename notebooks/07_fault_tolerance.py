@@ -108,7 +108,7 @@ for line in run.report():
 # close (the kernel closes a killed process's; a raising process closes its own by dropping its group).
 # Each member that caught an error votes no, and the attempt is discarded. The next quorum waits until every
 # live slot has asked: the survivors ask after they vote, and slot 1 stays live until the launcher records
-# its exit. The launcher *sees* an exit in one of its passes over its processes and *records* it
+# its exit. The launcher *sees* an exit in one of its passes over its processes and *records* it at least
 # `EXIT_WAIT_S` later: a process that finished may have sent its result just before, and an exit with a
 # result is no loss.
 
@@ -188,9 +188,7 @@ lesson.claim(
 from minddp.ft import consistency
 
 checks = consistency(run)
-lesson.claim(
-    checks.identical, f"the {checks.slots} slots ended equal (parameters, AdamW state, count of steps committed)"
-)
+lesson.claim(checks.identical, f"the {checks.slots} slots ended equal")
 lesson.claim(
     checks.one_start,
     f"in each of the {checks.attempts} attempts, the *before* digests of its members that lived were equal",
@@ -213,15 +211,13 @@ lesson.claim(
 # reads `dist.get_rank()`, `dist.get_world_size()` or the environment (the launcher's `RANK` is the slot).
 #
 # `check_shard` first calls your function twice, in this process, for each rank of worlds 3, 2 and 1 on a
-# 10-row batch, and names the first mistake: an exception, a return that is not the same rows of x and y, two
-# calls that disagree, or a busiest rank with more than ceil(B / world) rows.
+# 10-row batch, and names the first mistake: an exception, a return other than `(x[rows], y[rows])` as they are,
+# two calls that disagree, or, where each row went to one rank, a busiest rank with more than ceil(B / world) rows.
 # Then it trains it on the `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3) and compares
-# the parameters with a single process trained on each step's whole batch (both with plain SGD; each rank's
-# loss is its rows' summed squared error times world / B, so the ranks' averaged gradient is the whole batch's
-# when each row goes to one rank, evenly or not); where they differ by more than the **tolerance**,
-# 1e-4 times (1 + the single process's largest absolute parameter value), it names the rows no rank
-# trained, or two did, and at which world. Where they match, it
-# checks both rules on batches of 1 to 12 rows at worlds 3, 2 and 1.
+# the parameters with a single process trained on each step's whole batch; where they differ by more than the
+# **tolerance**, 1e-4 times (1 + the single process's largest absolute parameter value), it names the rows no
+# rank trained, or two did, and at which world. Where they match, it checks both rules on batches of 1 to 12
+# rows at worlds 3, 2 and 1.
 
 # %%
 from minddp.exercises import check_shard
@@ -263,8 +259,7 @@ show_source(solutions.ft_shard)
 #
 # Unlike a killed process, a frozen one (`SIGSTOP`) keeps its sockets open and says nothing: its peers'
 # all_reduce fails at the group's timeout (`hang_s`) or when the evicted process is ended, and the next quorum
-# waits for the eviction. So the recovery lasts the hang bound and a little more, and halving the bound takes
-# about as much off it. The first cell below runs it at both bounds.
+# waits for the eviction, after a hang bound of silence. The first cell below runs it at both bounds.
 #
 # </details>
 #

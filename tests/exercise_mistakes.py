@@ -1631,6 +1631,13 @@ def shard_numpy(batch, rank, world):
     return x[lo:hi].numpy(), y[lo:hi].numpy()
 
 
+def shard_changes_dtype(batch, rank, world):
+    """The right rows, cast to float64: a float32 model's forward fails on every rank, in every attempt."""
+    x, y = batch
+    lo, hi = rank * len(x) // world, (rank + 1) * len(x) // world
+    return x[lo:hi].double(), y[lo:hi].double()
+
+
 def shard_chunked(batch, rank, world):
     """torch's chunk: right for the run's 10 rows at worlds 3, 2, 1, but chunk makes pieces of ceil(B / world) rows,
     so 4 rows at world 3 are 2 pieces of 2, and rank 2 has none (an IndexError)."""

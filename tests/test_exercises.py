@@ -1039,6 +1039,7 @@ SHARD_REFUSED = [  # refused before any run, each with what its verdict must say
     (wrong.shard_slot_through_a_helper, "your shard reads the environment (os.environ), where the launcher's RANK is"),
     (wrong.shard_group_rank_through_a_helper, "your shard reads torch.distributed.get_rank() (the process group's)"),
     (wrong.shard_numpy, "returned a tuple of ndarray, ndarray, not of tensors: return x[rows], y[rows] of the batch's"),
+    (wrong.shard_changes_dtype, "returned x as torch.float64 on cpu, where the batch's x is torch.float32 on cpu"),
     (
         wrong.shard_slot_from_a_global,
         "your shard reads the environment (os.environ) through SLOT, a global its module set when it ran "

@@ -10,7 +10,8 @@ never trained. :func:`check_shard` checks a learner's ``shard``:
    module that it calls, or through a global of its module set from one (``SLOT = int(os.environ["RANK"])``),
    is refused; then it is called
    twice for every rank of the worlds the run will meet: an exception, a value that is not
-   ``(x rows, y rows)`` of the batch (y's rows the same as x's), two calls that disagree, or a split
+   ``(x rows, y rows)`` of the batch (y's rows the same as x's, in the batch's dtype and device), two calls
+   that disagree, or a split
    whose busiest rank takes more rows than it need (:func:`busiest_problem`), is named at once, before any
    process starts;
 2. **on real processes, through a fault**: one run of the ft rung (:func:`minddp.ft.launch_ft`, 3
@@ -311,6 +312,13 @@ def values_problem(fn, batch, world: int) -> str | None:
                     + (f": {whole} is the whole batch's ({len(x)} rows), not this rank's" if whole else "")
                     + "; take the same rows of both, (x[rows], y[rows])"
                 )
+            for name, part, whole in (("x", out[0], x), ("y", out[1], batch[1])):
+                if (part.dtype, part.device) != (whole.dtype, whole.device):  # rows_of compares values alone
+                    return (
+                        f"shard(batch, {rank}, {world}) returned {name} as {part.dtype} on {part.device}, where the "
+                        f"batch's {name} is {whole.dtype} on {whole.device}: the model's layers take the batch's "
+                        f"dtype, so every forward would fail; return {name}[rows] as it is, without .to() or .double()"
+                    )
             x_rows, y_rows = rows_of(out[0], x), rows_of(out[1], batch[1])
             if y_rows != x_rows:
                 return (

@@ -72,7 +72,7 @@ def _parts(run, o) -> tuple[int, int, int]:
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms: the moments (after the fault) its next quorum's members had all asked,
     the launcher saw the killed process end and recorded its exit (``EXIT_WAIT_S`` later), and the quorum came; then
-    the time from that quorum to the commit. Then which recovery was longer, by how much in each of its two parts;
+    the time from that quorum to the commit. Then which recovery was longer, by how much in each of those three parts;
     and whether either lasted the hang bound."""
     # the kill's quorum came once the launcher had recorded the exit: it waited for that record
     recorded = None not in (kill.exit_s, kill.seen_s) and kill.exit_s <= kill.quorum_s
@@ -82,7 +82,7 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         if o is kill and recorded:
             seen, exit_ = ms(o.seen_s), ms(o.exit_s)
             wait = ms(EXIT_WAIT_S)
-            later = f"`EXIT_WAIT_S` ({wait} ms) later"
+            later = "`EXIT_WAIT_S` later"
             if exit_ - seen != wait:  # the wait, and the rest of the launcher's pass
                 later = f"{exit_ - seen} ms later (`EXIT_WAIT_S` is {wait} ms)"
             exited = f"; the launcher saw slot {o.fault.slot}'s exit at {seen} ms, recorded it at {exit_} ms, {later}"
@@ -96,19 +96,19 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
     if not longer:
         print("The two recoveries lasted the same to the ms")
     else:
-        # the two parts of each recovery, long minus short: until the next quorum, from it to the commit
-        diffs = [ms(long_.quorum_s) - ms(short.quorum_s)]
-        diffs.append(longer - diffs[0])
-        waited = long_ is kill and recorded and ms(kill.exit_s) > _parts(run, kill)[0] and diffs[0] > 0
-        why = f" (the kill's waited for slot {kill.fault.slot}'s exit record)" if waited else ""
+        # each of the three parts printed above, long minus short (they sum to ``longer``)
+        diffs = [a - b for a, b in zip(_parts(run, long_), _parts(run, short))]
+        # the kill's quorum came after its exit record, which came after all had asked: the middle part waited for it
+        waited = long_ is kill and recorded and ms(kill.exit_s) > _parts(run, kill)[0] and diffs[1] > 0
+        names = ["until all had asked", "from then to the quorum", "from the quorum to the commit"]
+        if waited:
+            names[1] += f" (for slot {kill.fault.slot}'s exit record)"
         said = [
             f"{abs(d)} ms {'longer' if d > 0 else 'shorter'} {name}" if d else f"the same {name}"
-            for d, name in zip(diffs, ("until the next quorum", "after it"))
+            for d, name in zip(diffs, names)
         ]
-        print(
-            f"The {long_.fault.kind}'s recovery was {longer} ms longer than the {short.fault.kind}'s: "
-            f"{said[0]}{why}, {said[1]}"
-        )
+        than = f"The {long_.fault.kind}'s recovery was {longer} ms longer than the {short.fault.kind}'s"
+        print(f"{than}: {', '.join(said)}")
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
         print(
@@ -121,7 +121,7 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     the launcher started the slot's new process; from then to that process's first quorum request; from that
     request to the quorum.
     Then how long the survivors trained nothing before that quorum (and whether the run's ``full_world_at`` kept it
-    for the slot), and the heal: bytes received, and the time from that quorum to the attempt's work."""
+    for the slot, with their pace a step), and the bytes the heal received."""
     slot, step = o.fault.slot, o.fault.step
     others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
     last_step, last = o.last_commit
@@ -143,17 +143,20 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     why = f", which full_world_at held for slot {slot}" if held else ""
     left = max(e["step"] for _, _, e in run.entries) - last_step  # steps after the survivors' last, to the run's end
     if held and last_step > step and left:
-        pace = (ms(last) - ms(o.recovery_s)) / (last_step - step)  # ms a step, after the fault's step was committed
+        # ms a step over the steps after the fault's, from the printed whole ms; 3 places print it exactly for up to
+        # 8 steps (no half-even rounding for a reader's rebuilt value to disagree with)
+        pace = round((ms(last) - ms(o.recovery_s)) / (last_step - step), 3)
         if ms(last) + left * pace < asked:
-            why += f": at their {pace:.0f} ms a step, the {left} steps left would have ended before it asked"
+            why += (
+                f": at {pace:g} ms a step (steps {step + 1}-{last_step}), the {left} steps left would have ended "
+                "before it asked"
+            )
     print(
         f"{survivors}: committed {steps} at world {len(others)} by {ms(last)} ms after the kill, then trained nothing "
         f"for {idle} ms, until step {o.healed_at}'s quorum{why}"
     )
-    heal = heal_s(run, o)
-    if heal is not None:
-        got = run.results[slot]["healed_bytes"]
-        print(f"the heal: {got:,} bytes from a peer, within the {ms(heal)} ms from that quorum to the attempt's work")
+    if heal_s(run, o) is not None:
+        print(f"the heal: {run.results[slot]['healed_bytes']:,} bytes from a peer")
 
 
 def attempts(run, step: int, *, committed: bool) -> list[tuple[int, dict]]:
