@@ -87,7 +87,7 @@ class LinkSpec:
 #: Named links. The numbers are nominal (what the hardware is sold as, with a typical per-hop cost), not
 #: measured: docs/scaling.md says where each comes from and how far real libraries get from it.
 PRESETS: dict[str, LinkSpec] = {
-    "100mbit": LinkSpec("100mbit", 0.1 * GBIT, 100e-6, "Fast Ethernet, or a good Wi-Fi link between laptops"),
+    "100mbit": LinkSpec("100mbit", 0.1 * GBIT, 100e-6, "Fast Ethernet between machines, TCP"),
     "1gbit": LinkSpec("1gbit", 1 * GBIT, 50e-6, "Gigabit Ethernet between machines, TCP"),
     "10gbit": LinkSpec("10gbit", 10 * GBIT, 20e-6, "10 Gbit Ethernet, TCP"),
     "100gbit-ib": LinkSpec("100gbit-ib", 100 * GBIT, 5e-6, "100 Gbit/s InfiniBand (EDR), RDMA"),

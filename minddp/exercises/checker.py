@@ -374,10 +374,10 @@ def _hook_verdict(like: str, reports: dict, timeout_s: float, also: dict | None 
                 if first.get("large_gradient")
                 else ""
             )
-            + f"after {steps} step{'s' if steps != 1 else ''} of the checker's "
+            + f"over {steps} step{'s' if steps != 1 else ''} of the checker's "
             + (f"{first['net_params']}-parameter " if first.get("net_params") else "")
-            + "network in the bucket-async stage the largest difference between "
-            f"its parameters and those of torch's DDP with torch's {like} hook was {d_torch:.1e}"
+            + "network in the bucket-async stage the ranks' parameters were equal bit for bit after every step; "
+            f"their largest difference from torch's DDP with torch's {like} hook (shown, not judged) was {d_torch:.1e}"
             + (
                 f". On {also['world']} ranks, over {also['checked_steps']} step"
                 f"{'s' if also['checked_steps'] != 1 else ''}, it passed these checks again; the "
