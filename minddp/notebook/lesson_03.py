@@ -126,7 +126,7 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
     first = min(range(len(plan)), key=filled.__getitem__)  # the bucket that fills first, not always the plan's first
     backward = 1e3 * bare.backward
     say(
-        "Late start, on the bare network (no wrapper, no messages): the first gradient is ready after "
+        "Late start, on the bare network: the first gradient is ready after "
         f"{100 * 1e3 * min(bare.ready) / backward:.1f} % of the backward; bucket-async's first message, "
         + ("the plan's first bucket" if first == 0 else f"the plan's bucket {first + 1} of {len(plan)}")
         + f" ({len(plan[first])} gradients), after {100 * 1e3 * filled[first] / backward:.0f} %."
@@ -136,7 +136,7 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
     say(
         f"In these steps bucket-async's first hand-over came {abs(late):.0f} ms {'later' if late >= 0 else 'earlier'} "
         "and its last "
-        f"message took {b['tail_ms'] - h['tail_ms']:.1f} ms longer, which "
+        f"message took {round(b['tail_ms'], 1) - round(h['tail_ms'], 1):.1f} ms longer, which "
         + ("outweighed" if b["end_ms"] > h["end_ms"] else "did not outweigh")
         + f" the {h['link_ms'] - b['link_ms']:.1f} ms of fixed costs saved: link after backward "
         f"{b['end_ms']:.1f} against {h['end_ms']:.1f} ms."
@@ -300,6 +300,11 @@ def say_sized_measures(t4: dict, far: dict) -> None:
     more; a whole-ms match of bucket-async's backward on the two links is said to be chance (two networks, two
     steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
+        what = (
+            "each rung's link time, exposed, waited and own last backward less the check, ms"
+            if runs is t4
+            else "the same"
+        )
         hid = [s for s, r in runs.items() if round(r["exposed_ms"]) == 0]
         most = [s for s, r in runs.items() if r["exposed_ms"] > r["link_ms"] / 2]
         said = [f"{listed(hid)} exposed none of {'their' if len(hid) > 1 else 'its'} link time"] if hid else []
@@ -312,8 +317,7 @@ def say_sized_measures(t4: dict, far: dict) -> None:
             + (", less than " + listed([f"{s}'s" for s in more]) + " backward alone" if more else "")
         ]
         say(
-            f"2 ranks on the link sized for {name}; each rung's link time, exposed, waited and own last backward less "
-            "the check, ms: "
+            f"2 ranks on the link sized for {name}; {what}: "
             + "; ".join(
                 f"{s} {r['link_ms']:.0f}, {r['exposed_ms']:.0f}, {r['waited_ms']:.0f}, {r['backward_ms']:.0f}"
                 for s, r in runs.items()
@@ -348,6 +352,7 @@ def say_takeaway(looks: dict, t4: dict, far: dict, spread_ms: float) -> None:
     settings = {"On 1 Gbit/s": here, "Sized for 4 × T4": t4, "Sized for 1024 ranks": far}
     for name, runs in settings.items():
         h, b = runs["hook-async"], runs["bucket-async"]
+        pair = "hook-async against bucket-async: " if runs is here else ""
         fe, fw = _favours(h["exposed_ms"], b["exposed_ms"]), _favours(h["waited_ms"], b["waited_ms"])
         past = [
             f"{s} {x:.2f} ms a message ({r['messages']} messages)" if x >= 0.005 else f"{s} none"
@@ -355,11 +360,11 @@ def say_takeaway(looks: dict, t4: dict, far: dict, spread_ms: float) -> None:
             for x in [(round(r["waited_ms"]) - round(r["exposed_ms"])) / r["messages"]]  # as printed
         ]
         say(
-            f"{name}, hook-async against bucket-async: exposed {h['exposed_ms']:.0f} against {b['exposed_ms']:.0f} ms, "
+            f"{name}, {pair}exposed {h['exposed_ms']:.0f} against {b['exposed_ms']:.0f} ms, "
             f"waited {h['waited_ms']:.0f} against {b['waited_ms']:.0f}, step {h['step_ms']:.0f} against "
             f"{b['step_ms']:.0f}; "
             + (
-                ("neither measure favours either." if fe == "neither" else f"both measures favour {fe}.")
+                ("exposed and waited favour neither." if fe == "neither" else f"exposed and waited favour {fe}.")
                 if fe == fw
                 else f"exposed favours {fe}, waited {fw}: waiting past the link's delivery, {past[0]}, {past[1]}."
             )
@@ -373,23 +378,23 @@ def say_takeaway(looks: dict, t4: dict, far: dict, spread_ms: float) -> None:
         for n, r in settings.items()
     }
     wider = [
-        abs(r[a]["backward_ms"] - r[w]["backward_ms"]) > spread_ms
-        for r in settings.values()
+        f"{a}'s {n[0].lower()}{n[1:]}"
+        for n, r in settings.items()
         for a, w in (("hook-async", "hook"), ("bucket-async", "bucket"))
-        if w in r
+        if w in r and abs(r[a]["backward_ms"] - r[w]["backward_ms"]) > spread_ms
     ]
     say(
         "Backward less the check, ms, of hook-async against hook and bucket-async against bucket (those two wait in "
         "their backward): "
         + "; ".join(f"{n[0].lower()}{n[1:]}, {', '.join(g)}" for n, g in gaps.items())
+        + f". Gaps wider than the {spread_ms:.0f} ms the sweep's bucket-async backwards spread over: "
         + (
-            ". Every gap is wider than"
-            if all(wider)
-            else ". No gap is wider than"
-            if not any(wider)
-            else f". {sum(wider)} of {len(wider)} gaps are wider than"
+            "every gap."
+            if len(wider) == sum(map(len, gaps.values()))
+            else f"{listed(wider)}; the rest within it."
+            if wider
+            else "none."
         )
-        + f" the {spread_ms:.0f} ms the sweep's bucket-async backwards spread over."
     )
     cut = {
         n: 100 * (r["hook-async"]["link_ms"] - r["bucket-async"]["link_ms"]) / r["hook-async"]["link_ms"]
