@@ -653,7 +653,7 @@ table
 # `None`: torch's default, 25 MiB after a first bucket of 1 MiB, drawn right of the grid). The
 # step-time model (`docs/scaling.md`) replays each cap's plan on the link, with the bare network's
 # timings scaled to the median of the five steps' backwards (less the check). The lower panel: the model's
-# three costs of each grid cap (None's: the table).
+# three costs of each grid cap.
 
 # %%
 # %%distributed
@@ -693,7 +693,7 @@ lesson_03.sweep_table(swept, model, default)
 # Two ratios matter: one sync's bytes' time and one message's fixed cost, each over one backward.
 # The cell sets α and β so that one backward timed here (rank 0's; for the T4s the cap sweep's median,
 # for 1024 ranks single's) has both ratios of a setting. Each run below is one profiled step, no
-# warm-up; its own backward, printed beside it, gives it other ratios. Both settings' ratios are those of SmolLM2-360M
+# warm-up. Both settings' ratios are those of SmolLM2-360M
 # (the blog's workload, not run here) as the step-time model rebuilds it (`docs/scaling.md` §5):
 #
 # * **sized for 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`); the rungs from `simple` to
@@ -765,6 +765,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         blog_runs[name, stage] = on_the_link(v["row"]) | {
             "calls": v["calls"],
             "backward_ms": lesson.backward_less_check(v),
+            "step_ms": v["row"]["end"],
             "waits_in_backward": v["waits_in_backward"],  # hook and bucket: their backward holds their waits
         }
 
@@ -779,7 +780,8 @@ lesson_03.say_sized_measures(t4, far)
 
 # %%
 # %%distributed
-lesson_03.say_takeaway(looks, t4, far)
+spread = max(map(lesson.backward_less_check, swept.values())) - min(map(lesson.backward_less_check, swept.values()))
+lesson_03.say_takeaway(looks, t4, far, spread)
 
 # %%
 # %dist_shutdown

@@ -126,10 +126,20 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
     first = min(range(len(plan)), key=filled.__getitem__)  # the bucket that fills first, not always the plan's first
     backward = 1e3 * bare.backward
     say(
-        "Late start, on the bare network (no wrapper, no messages): the first gradient is ready after "
+        "Late start, on the bare network: the first gradient is ready after "
         f"{100 * 1e3 * min(bare.ready) / backward:.1f} % of the backward; bucket-async's first message, "
         + ("the plan's first bucket" if first == 0 else f"the plan's bucket {first + 1} of {len(plan)}")
         + f" ({len(plan[first])} gradients), after {100 * 1e3 * filled[first] / backward:.0f} %."
+    )
+    h, b = why["hook-async"], why["bucket-async"]
+    late = b["first_ms"] - h["first_ms"]
+    say(
+        f"In these steps bucket-async's first hand-over came {abs(late):.0f} ms {'later' if late >= 0 else 'earlier'} "
+        "and its last "
+        f"message took {round(b['tail_ms'], 1) - round(h['tail_ms'], 1):.1f} ms longer, which "
+        + ("outweighed" if b["end_ms"] > h["end_ms"] else "did not outweigh")
+        + f" the {h['link_ms'] - b['link_ms']:.1f} ms of fixed costs saved: link after backward "
+        f"{b['end_ms']:.1f} against {h['end_ms']:.1f} ms."
     )
     table = (
         pd.DataFrame(why)
@@ -150,20 +160,20 @@ def cap_name(cap) -> str:
 def say_sweep(swept: dict, this_run_s: float, model: list, default, h: dict) -> None:
     """The cap sweep's steps against the model in a sentence: their own backwards (less the check) beside the model's
     one, ``this_run_s``, and each step's link after backward over the model's at its cap (``model``: the grid's
-    :func:`~minddp.costmodel.buckets.plan_costs`, ``default``: None's), as a range; then the cap whose step left
-    least, against hook-async's step (``h``, its look on the same link)."""
+    :func:`~minddp.costmodel.buckets.plan_costs`, ``default``: None's), as a range; then the grid cap the model leaves
+    least after, beside hook-async's step (``h``, its look on the same link): one step per cap ranks no caps."""
     from minddp.costmodel.buckets import on_the_link
 
     own = [backward_less_check(v) for v in swept.values()]
     at = {c.cap_mb: c for c in model} | {None: default}
     end = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}
     ratio = [end[c] / (1e3 * at[c].after_backward) for c in swept]
-    best, h_end = min(end, key=end.__getitem__), on_the_link(h["row"])["end_ms"]
+    least = min(model, key=lambda c: c.after_backward)
     say(
         f"The steps' own backwards ran {min(own):.0f} to {max(own):.0f} ms against the model's "
         f"{1e3 * this_run_s:.0f}; their link after backward, {min(ratio):.2g} to {max(ratio):.2g} times the model's "
-        f"at their cap, least at {cap_name(best)} ({end[best]:.1f} ms), {lesson.than(end[best], h_end)} "
-        f"hook-async's step ({h_end:.1f})."
+        f"at their cap. The model's least, {1e3 * least.after_backward:.1f} ms at {cap_name(least.cap_mb)}; "
+        f"hook-async's step: {on_the_link(h['row'])['end_ms']:.1f}."
     )
 
 
@@ -227,14 +237,9 @@ def sweep_table(swept: dict, model: list, default):
         }
 
     table = pd.DataFrame({cap_name(c.cap_mb): c.row() | measured(c.cap_mb) for c in [*model, default]}).T
-    table = table.rename(  # the vocabulary's name, as every other table; the first message is the earliest full bucket
-        columns={
-            "link, ms": "link time, ms",
-            "first message ready, ms into the model's backward": (
-                "first message (earliest full bucket) ready, ms into the model's backward"
-            ),
-        }
-    )
+    # the late start is the figure's (grid caps): None's earliest full bucket is not its first, a column would mislead
+    table = table.drop(columns="first message ready, ms into the model's backward")
+    table = table.rename(columns={"link, ms": "link time, ms"})  # the vocabulary's name, as every other table
     table = table.infer_objects().round(1).astype({"buckets": int})
     whole = ["exposed, ms (one step)", "waited, ms (one step)"]  # whole ms, as every other table and line prints them
     table[whole] = table[whole].astype("Int64")
@@ -289,21 +294,35 @@ def listed(names: list[str]) -> str:
 
 
 def say_sized_measures(t4: dict, far: dict) -> None:
-    """Each sized link's rungs (2 ranks): link time, exposed and the step's own last backward less the check, then in
-    words which rungs exposed none of their link time (whole ms) and which over half of it;
-    a whole-ms match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
+    """Each sized link's rungs (2 ranks): link time, exposed, waited and the step's own last backward less the check,
+    then in words which rungs exposed none of their link time (whole ms) and which over half of it, and the rung
+    whose backward and exposed together were least, beside any rung that exposed none yet whose backward alone was
+    more; a whole-ms match of bucket-async's backward on the two links is said to be chance (two networks, two
+    steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
+        what = (
+            "each rung's link time, exposed, waited and own last backward less the check, ms"
+            if runs is t4
+            else "the same"
+        )
         hid = [s for s, r in runs.items() if round(r["exposed_ms"]) == 0]
         most = [s for s, r in runs.items() if r["exposed_ms"] > r["link_ms"] / 2]
         said = [f"{listed(hid)} exposed none of {'their' if len(hid) > 1 else 'its'} link time"] if hid else []
         said += [f"{listed(most)} over half of it"] if most else []
+        both = {s: round(r["backward_ms"]) + round(r["exposed_ms"]) for s, r in runs.items()}
+        low = min(both, key=both.__getitem__)
+        more = [s for s in hid if round(runs[s]["backward_ms"]) > both[low]]
+        said += [
+            f"backward and exposed together least for {low} ({both[low]} ms)"
+            + (", less than " + listed([f"{s}'s" for s in more]) + " backward alone" if more else "")
+        ]
         say(
-            f"2 ranks on the link sized for {name}; each rung's link time, exposed and own last backward less the "
-            "check, ms: "
+            f"2 ranks on the link sized for {name}; {what}: "
             + "; ".join(
-                f"{s} {r['link_ms']:.0f}, {r['exposed_ms']:.0f}, {r['backward_ms']:.0f}" for s, r in runs.items()
+                f"{s} {r['link_ms']:.0f}, {r['exposed_ms']:.0f}, {r['waited_ms']:.0f}, {r['backward_ms']:.0f}"
+                for s, r in runs.items()
             )
-            + (f". {'; '.join(said)}." if said else ".")
+            + f". {'; '.join(said)}."
         )
     if round(t4["bucket-async"]["backward_ms"]) == round(far["bucket-async"]["backward_ms"]):
         say(
@@ -312,39 +331,70 @@ def say_sized_measures(t4: dict, far: dict) -> None:
         )
 
 
-def say_takeaway(looks: dict, t4: dict, far: dict) -> None:
+def _favours(h: float, b: float) -> str:
+    """Which of hook-async (``h``) and bucket-async (``b``) a measure favours at whole ms: the lower one."""
+    return "hook-async" if round(h) < round(b) else "bucket-async" if round(b) < round(h) else "neither"
+
+
+def say_takeaway(looks: dict, t4: dict, far: dict, spread_ms: float) -> None:
     """The takeaway in words, from the runs, per setting (this notebook's link: ``looks``; the sized links' runs):
-    which of hook-async and bucket-async exposed less, beside the fixed costs buckets saved, their last message's
-    transfer and their first hand-over into the last backward; then each setting's backwards, and the link time
-    buckets cut."""
+    hook-async's and bucket-async's exposed, waited and step, which each measure favours and, where they differ,
+    each stage's waiting past the link's delivery per message; then each stage that waits in finish against the one
+    that waits in backward, their backwards' gaps against ``spread_ms`` (the cap sweep's five backwards' spread);
+    and the link time buckets cut."""
     from minddp.costmodel.buckets import on_the_link
 
     here = {
-        s: on_the_link(looks[s]["row"]) | {"backward_ms": backward_less_check(looks[s])}
-        for s in ("hook-async", "bucket-async")
+        s: on_the_link(looks[s]["row"])
+        | {"backward_ms": backward_less_check(looks[s]), "step_ms": looks[s]["row"]["end"]}
+        for s in ("hook", "hook-async", "bucket", "bucket-async")
     }
     settings = {"On 1 Gbit/s": here, "Sized for 4 × T4": t4, "Sized for 1024 ranks": far}
     for name, runs in settings.items():
         h, b = runs["hook-async"], runs["bucket-async"]
-        eh, eb = round(h["exposed_ms"]), round(b["exposed_ms"])
-        less = "hook-async" if eh < eb else "bucket-async" if eb < eh else ""
+        pair = "hook-async against bucket-async: " if runs is here else ""
+        fe, fw = _favours(h["exposed_ms"], b["exposed_ms"]), _favours(h["waited_ms"], b["waited_ms"])
+        past = [
+            f"{s} {x:.2f} ms a message ({r['messages']} messages)" if x >= 0.005 else f"{s} none"
+            for s, r in (("hook-async", h), ("bucket-async", b))
+            for x in [(round(r["waited_ms"]) - round(r["exposed_ms"])) / r["messages"]]  # as printed
+        ]
         say(
-            f"{name}, {f'{less} exposed less' if less else 'both exposed as much'} (hook-async {eh} ms, bucket-async "
-            f"{eb}): buckets saved {h['link_ms'] - b['link_ms']:.1f} ms of link time (fixed costs); their last message "
-            f"took {b['tail_ms']:.1f} ms against {h['tail_ms']:.1f}, their first left {b['first_ms']:.0f} ms into the "
-            f"last backward against {h['first_ms']:.0f}."
+            f"{name}, {pair}exposed {h['exposed_ms']:.0f} against {b['exposed_ms']:.0f} ms, "
+            f"waited {h['waited_ms']:.0f} against {b['waited_ms']:.0f}, step {h['step_ms']:.0f} against "
+            f"{b['step_ms']:.0f}; "
+            + (
+                ("exposed and waited favour neither." if fe == "neither" else f"exposed and waited favour {fe}.")
+                if fe == fw
+                else f"exposed favours {fe}, waited {fw}: waiting past the link's delivery, {past[0]}, {past[1]}."
+            )
         )
-    longer = all(r["hook-async"]["backward_ms"] > r["bucket-async"]["backward_ms"] for r in settings.values())
-    pairs = ", ".join(
-        f"{r['hook-async']['backward_ms']:.0f} against {r['bucket-async']['backward_ms']:.0f} ms"
-        for r in settings.values()
-    )
+    gaps = {
+        n: [
+            f"{a} {round(r[a]['backward_ms'])} against {round(r[w]['backward_ms'])}"
+            for a, w in (("hook-async", "hook"), ("bucket-async", "bucket"))
+            if w in r
+        ]
+        for n, r in settings.items()
+    }
+    wider = [
+        f"{a}'s {n[0].lower()}{n[1:]}"
+        for n, r in settings.items()
+        for a, w in (("hook-async", "hook"), ("bucket-async", "bucket"))
+        if w in r and abs(r[a]["backward_ms"] - r[w]["backward_ms"]) > spread_ms
+    ]
     say(
-        f"hook-async's backward less the check ran longer than bucket-async's in every setting, in the order above "
-        f"({pairs}): each gradient's hand-over, and gloo's threads, share this machine's cores with the backward (on a "
-        "GPU the copies and NCCL run beside the compute)."
-        if longer
-        else f"hook-async's backward less the check against bucket-async's, setting by setting: {pairs}."
+        "Backward less the check, ms, of hook-async against hook and bucket-async against bucket (those two wait in "
+        "their backward): "
+        + "; ".join(f"{n[0].lower()}{n[1:]}, {', '.join(g)}" for n, g in gaps.items())
+        + f". Gaps wider than the {spread_ms:.0f} ms the sweep's bucket-async backwards spread over: "
+        + (
+            "every gap."
+            if len(wider) == sum(map(len, gaps.values()))
+            else f"{listed(wider)}; the rest within it."
+            if wider
+            else "none."
+        )
     )
     cut = {
         n: 100 * (r["hook-async"]["link_ms"] - r["bucket-async"]["link_ms"]) / r["hook-async"]["link_ms"]
