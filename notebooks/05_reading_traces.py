@@ -48,7 +48,6 @@ for stage in profiled:
     # one step when built, then profile(): one step the profiler discards, then the one it records; the first
     # steps' one-off costs stay out of it
     lesson.Trainee(stage).profile(RUN, steps=1)
-lesson.say(lesson.describe())
 lesson.say(lesson.machine(link=False))
 # the blog's six stages again, their gradients' all_reduces over an emulated 1 Gbit/s network (the last section)
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
@@ -73,8 +72,8 @@ for stage in blog:
 #   message, `simple` to `bucket-async` check that both ranks' forwards used the same parameters, with one
 #   all_gather (one byte per parameter tensor): at the start of the finish in `simple` and `ga`, in `hook` to
 #   `bucket-async` in the first gradient's *autograd hook* (the function autograd calls once a gradient is ready;
-#   these stages send from it). It is a collective, not a message, and the training thread waits for it; `ddp` and
-#   torch's DDP run none;
+#   these stages send from it). It is a collective, not a message, and a *training thread* (the Python thread,
+#   and the autograd engine's where it has its own) waits for it; `ddp` and torch's DDP run none;
 # * the *blocking* stages (`simple`, `ga`, `hook`, `bucket`) send each message only once the training thread has
 #   the one before it back: `simple` and `ga` after a backward, `hook` and `bucket` inside the step's last
 #   backward. The *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send theirs during the
@@ -84,9 +83,8 @@ for stage in blog:
 #
 # The measures on this machine (CPU, gloo):
 #
-# * **compute**: a *training thread* (the Python thread, and the autograd engine's where it has its own) inside an
-#   `aten::` operator, with a core or not (forward, backward, the optimizer, the stages' copies into and out of
-#   buckets);
+# * **compute**: a training thread inside an `aten::` operator, with a core or not (forward, backward, the
+#   optimizer, the stages' copies into and out of buckets);
 # * **in flight**: one of gloo's threads inside a `gloo:*` range (the range is *open*): every collective, the
 #   messages, the parameter check and, in `ddp` and torch's DDP, a broadcast of the model's buffers;
 # * **non-compute** (HTA's name): the time in flight that is not compute: no training thread inside an operator
@@ -101,12 +99,11 @@ for stage in blog:
 #
 # What the table and the figure do not show (the trace shows when a range was open, not why):
 #
-# * how much of a difference between two rows' times comes from the stages' messages: each row
-#   is one step, profiled moments apart on a shared machine, and holds the other collectives too;
+# * how much of a difference between two rows' times comes from the stages' messages (the line under the
+#   figure says why);
 # * whether the other rank or a core held a range open.
 
 # %%
-import pandas as pd
 from IPython.display import display
 from minddp.analysis import analyze_run
 from minddp.analysis.timeline import draw_steps
@@ -116,18 +113,26 @@ RUN = lesson.trace_dir("05_reading_traces")
 result = analyze_run(RUN)
 zero = lesson_05.summary(result)  # rank 0's summary row of each stage but single
 shares = lesson_05.shares(zero)
-checks = lesson_05.checks(RUN, zero.index)  # per stage: its parameter checks, how long open, their non-compute
-shares["checks open (ms)"] = checks["open (ms)"].round(1)
 display(shares)
 blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
 overlap, nc = shares["overlap (%)"], shares["non-compute (ms)"]
 above = overlap[asynchronous].min() > overlap[blocking].max()  # the compared values: the table's columns
 low, high = nc[blocking].idxmin(), nc[asynchronous].idxmax()  # least blocking, most asynchronous non-compute
 if nc[low] < nc[high]:
-    by_nc = f"non-compute does not: {low}'s {nc[low]} ms is below {high}'s {nc[high]} ms"
+    by_nc = f"non-compute does not ({low} {nc[low]} ms, {high} {nc[high]} ms)"
 else:
     by_nc = "so does non-compute (every asynchronous stage's below every blocking one's)"
 lesson.say(f"Overlap {'puts' if above else 'does not put'} every asynchronous stage above every blocking one; {by_nc}.")
+sizes = lesson_05.rank0(result.buckets).groupby("stage")["numel"].sum()
+assert sizes["bucket"] == sizes["bucket-async"]  # the same gradients in the same buckets: the same bytes
+checks = lesson_05.checks(RUN, zero.index)  # per stage: its parameter checks, how long open, their non-compute
+fl, opened = shares["in flight (ms)"], checks["open (ms)"]
+top, k = opened.idxmax(), int(checks.loc[opened.idxmax(), "checks"])
+lesson.say(
+    f"In flight includes time held open (the caveat): for the same bytes, bucket-async {fl['bucket-async']} ms, "
+    f"bucket {fl['bucket']} ms; {top}'s {f'{k} parameter checks' if k > 1 else 'parameter check'} "
+    f"{opened[top]:.1f} ms, no other stage's over {opened.drop(top).max():.1f} ms (the same bytes a check)."
+)
 
 # %% [markdown]
 # One row per profiled stage, one step each. In each row:
@@ -152,28 +157,27 @@ rows = lesson_05.timeline_rows(result, RUN)  # the rows draw_steps draws, with e
 title = f"One step of each stage, each profiled at its own moment: run {result.run} (rank 0)"
 fig = draw_steps(rows, title=title, width=11)
 lesson_05.show(fig, RUN / "one_step_each_stage.png")
-step = pd.Series({r["stage"]: sum(b - a for a, b in r["optimizer"]) for r in rows})  # the optimizer step, ms
-lo, hi = f"{step.min():.0f}", f"{step.max():.0f}"  # as printed, so that equal ones say so
-took = f"{lo} ms in each" if lo == hi else f"{lo}–{hi} ms"
-lesson.say(f"The optimizer step, the same AdamW in every row, took {took}.")
+quiet = lesson_05.quiet_ms(rows)  # per row: ms in the bands where no row hands over a message
+slow = lesson_05.above_gap(quiet)  # the rows above the widest gap between two rows' ms
+few = [s for s in quiet.index if (s in slow) == (2 * len(slow) <= len(quiet))]  # the smaller side, figure's order
+span = lesson_05.ms_range  # "lo–hi ms"
+if quiet.max() < 1.1 * quiet.min():
+    took = f"every row took {span(quiet)}"
+else:
+    took = f"{', '.join(few)} took {span(quiet[few])}, the other rows {span(quiet.drop(few))}"
+lesson.say(
+    f"Where no row hands over a message (every band but the last micro-batch's, and the optimizer step)"
+    f", {took}: profiled at different moments on shared cores, so no ranking of compute; single is the step "
+    "without DDP."
+)
 
 # %%
 anatomy = lesson_05.anatomy(result, zero.index)  # per stage: messages handed over, and how many during a backward
 after = anatomy.index[anatomy["during a backward"] == 0]
 during = anatomy.drop(after)
-lesson.claim(
-    list(after) == ["simple", "ga"] and (during["during a backward"] == during["handed over"]).all(),
-    "`simple` and `ga` hand over no message during a backward, the others all of theirs.",
-)
-
-# %% [markdown]
-# One stage's buckets (`bucket-async`): `order`, the bucket's place in the sending order; `MiB`, its gradients'
-# size. A bucket closes once its parameters hold 4 MiB or more; the last holds what is left:
-
-# %%
-buckets = lesson_05.rank0(result.buckets)
-mine = buckets[buckets["stage"] == "bucket-async"].set_index("order")
-(mine["numel"] * 4 / 2**20).round(3).to_frame("MiB")  # float32: 4 bytes a number
+# cell 4's blocking and asynchronous stages: `simple` and `ga` hand over no message during a backward, the others
+# all of theirs (as the figure's ticks show)
+assert list(after) == ["simple", "ga"] and (during["during a backward"] == during["handed over"]).all()
 
 # %% [markdown]
 # ## The link run
@@ -222,18 +226,13 @@ assert abs(saved - fewer * fixed) < 1e-9 * ms["ga"]
 h, b = exposed["hook-async"], exposed["bucket-async"]
 # the part of b during which the link carried bucket-async's last bucket
 last = round(lesson_05.exposed_on_last(LINKED, "bucket-async"), 1)
-if b > h and b - last >= 0.05:
-    after = (
-        f"but its exposed was {b - h:.1f} ms longer: of its {b} ms, {last} ms was its last bucket on the link, "
-        f"{b - last:.1f} ms earlier buckets still on it"
-    )
-elif b > h:
-    after = f"but its exposed was {b - h:.1f} ms longer; all {b} ms of it was its last bucket on the link"
-elif b < h:
-    after = f"and its exposed was {h - b:.1f} ms shorter"
-else:
-    after = "and its exposed was as long"
+mib, lms, before = lesson_05.last_message(linked, link, "bucket-async")  # MiB, ms on the link, ms before the end
+hmib, hms, _ = lesson_05.last_message(linked, link, "hook-async")
+on_last = f", {last} ms of it on its last bucket" if last else ""
+more = "but" if b > h else "and"
 lesson.say(
-    f"Against hook-async, bucket-async cut link time by {saved:.1f} ms ({sends['bucket-async']} messages, not "
-    f"{sends['hook-async']}, of the same bytes: {fewer} fewer fixed costs 2(n−1)·α), {after}."
+    f"bucket-async cut link time by {saved:.1f} ms against hook-async ({fewer} fewer messages' fixed costs "
+    f"2(n−1)·α, the same bytes), {more} exposed {b} ms to hook-async's {h} ms{on_last}. {'That' if last else 'Its last'} bucket ({mib:.3f} "
+    f"MiB, {lms:.1f} ms on the link) fills only with the backward's last gradients (handed over {before:.1f} ms "
+    f"before the backward's end); hook-async's last message ({hmib:.2f} MiB, {hms:.1f} ms) went as its gradient was ready."
 )

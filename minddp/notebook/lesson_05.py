@@ -124,11 +124,10 @@ def link_ms(linked, link, stage: str) -> float:
 
 
 def link_table(linked, link) -> pd.DataFrame:
-    """The link run's table (rank 0, one profiled step each): link time, waited, exposed and waited − exposed (ms,
-    to 0.1)."""
+    """The link run's table (rank 0, one profiled step each): link time, waited and exposed (ms, to 0.1)."""
     stages = rank0(linked.summary)["stage"]
     waits = rank0(linked.per_step).groupby("stage")[["waited_us", "exposed_us"]].mean() / 1e3
-    table = pd.DataFrame(
+    return pd.DataFrame(
         {
             "link time (ms)": [link_ms(linked, link, st) for st in stages],
             "waited (ms)": waits["waited_us"].reindex(stages).to_numpy(),
@@ -136,9 +135,6 @@ def link_table(linked, link) -> pd.DataFrame:
         },
         index=pd.Index(stages.to_numpy()),
     ).round(1)
-    # not on the link; from the rounded columns, so that it is their difference as printed
-    table["waited − exposed (ms)"] = (table["waited (ms)"] - table["exposed (ms)"]).round(1)
-    return table
 
 
 def exposed_on_last(run: Path, stage: str) -> float:
@@ -170,3 +166,39 @@ def link_messages(linked, link) -> pd.DataFrame:
         },
         index=pd.Index(stages, name="stage"),
     )
+
+
+def quiet_ms(rows) -> pd.Series:
+    """Per figure row (``timeline_rows``), ms in its bands where no row hands over a message: the forward and
+    backward of every micro-batch but the last, and the optimizer step (asserted: no hand-over tick in them)."""
+    out = {}
+    for r in rows:
+        spans = sorted(r["forward"])[:-1] + sorted(r["backward"])[:-1] + r["optimizer"]
+        assert not any(a <= t <= b for t in r["sent"] for a, b in spans), r["stage"]
+        out[r["stage"]] = sum(b - a for a, b in spans)
+    return pd.Series(out)
+
+
+def above_gap(values: pd.Series) -> list:
+    """The labels of ``values`` above the widest gap between two neighbours in sorted order."""
+    v = values.sort_values()
+    return list(v.index[int(v.diff().to_numpy()[1:].argmax()) + 1 :])
+
+
+def last_message(linked, link, stage: str) -> tuple[float, float, float]:
+    """The link run's last message of ``stage`` (rank 0, by hand-over): its MiB, its link time (ms) and how long
+    before the end of the step's last backward band it was handed over (ms)."""
+    from minddp.analysis import metrics
+
+    sent, p = rank0(linked.buckets), rank0(linked.phases)
+    last = sent[sent["stage"] == stage].sort_values("ready_us").iloc[-1]
+    nbytes, world = float(last["numel"] * 4), int(linked.summary["rank"].nunique())
+    end = p.loc[(p["stage"] == stage) & (p["phase"] == "backward"), "end_us"].max()
+    ms = 1e3 * metrics.link_time(link, [("all_reduce", nbytes, world)])
+    return nbytes / 2**20, ms, (end - last["ready_us"]) / 1e3
+
+
+def ms_range(values: pd.Series) -> str:
+    """``values`` (ms) as printed: "lo–hi ms", or "lo ms" where both round alike."""
+    lo, hi = f"{values.min():.0f}", f"{values.max():.0f}"
+    return f"{lo} ms" if lo == hi else f"{lo}–{hi} ms"
