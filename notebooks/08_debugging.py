@@ -20,10 +20,10 @@
 # nine bugs in six sections, and run each three ways on the two ranks:
 #
 # 1. **torch** (*under torch*): debug mode *paused* (`minddp.debug.disable()`), torch's debug
-#    level (`TORCH_DISTRIBUTED_DEBUG`) at its default, OFF: what torch's DDP says (or `torch.distributed`, for the script's own
-#    collectives). The script's own collectives run on a group, `short` (*the short group*), whose
-#    calls give up after seconds, and torch's DDP on another, `group`, with torch's default timeout;
-#    a rank that fails destroys both, so a partner waiting on `group` fails at once;
+#    level (`TORCH_DISTRIBUTED_DEBUG`) at its default, OFF: what torch says. The script's own
+#    collectives run on a group, `short` (*the short group*), whose calls give up after seconds, and
+#    torch's DDP on another, `group`, with torch's default timeout; a rank that fails
+#    destroys both, so a partner waiting on `group` fails at once;
 # 2. **minddp in debug mode**: its DDP's checks, and the *collective check* of the
 #    `torch.distributed` collectives called. A
 #    `DebugError` is raised on every rank at the first check that sees the bug (for section 3's bug,
@@ -50,7 +50,7 @@
 #   (`torch_step`) and the seconds from the script's start (`torch_took`); or "raised nothing";
 #   `torch_drifts(script)`: `script(model, optimizer)` on `build()`'s model in torch's DDP;
 # * `minddp_says`: the `DebugError` debug mode raised on rank 0, then whether each other rank raised
-#   the same; its ✓ line asserts that every rank raised one containing the cause the cell passes;
+#   the same; its ✓ line: every rank raised one containing the cell's cause;
 # * `fixed`: the corrected script in debug mode.
 
 # %%
@@ -103,8 +103,7 @@ lesson.say(
 # after step 1. In debug mode, before each forward whose backward will average the gradients (the
 # *forward check*), every rank all-gathers a row of integers (each rank receives every rank's row), `int64[8]` for `Net()`: its 4 parameter
 # tensors' `requires_grad` flags, then each one's *fingerprint* (a checksum of its 16-bit words); on a
-# mismatch the first tensor that differs is all-gathered, for the size of the difference (any others are only
-# named). The fix: change
+# mismatch the first tensor that differs is all-gathered, for the size of the difference. The fix: change
 # parameters the same way on every rank.
 
 
@@ -133,9 +132,9 @@ fixed(drifting_loop, "without the edit", edit=False)
 # DDP averages the gradients of a backward whose forward went through the wrapper. Call the module
 # itself (`model.module(x)`, or a submodule) and backward leaves each rank its own gradient; the
 # optimizer then steps each replica its own way. Before each `optimizer.step()` the *step check*
-# all-gathers another row, `int64[17]` for `Net()`: one integer of flags, then four per parameter:
-# whether it has a gradient, that gradient's fingerprint, whether this step's backward computed its *local gradient* (this rank's, before
-# averaging), and that one's fingerprint. The fix:
+# all-gathers another row, `int64[17]` for `Net()`: one integer of bits (e.g. the last forward ran in `no_sync()`), then
+# four blocks, one entry per parameter each: has a gradient, that gradient's fingerprint, this step's backward computed its
+# *local gradient* (this rank's, before averaging), that one's fingerprint. The fix:
 # call the wrapper.
 
 
@@ -215,8 +214,8 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 #
 # Debug mode numbers each rank's collectives, group by group, while it is on (*collective #K*;
 # the lesson helpers' collectives count too), and compares the ranks' calls of the same
-# number through the store (the key-value store the ranks met on at start-up): a post and a read,
-# not a collective. A call is written op(dtype[shape], ...) at its place, then its step:
+# number through the store (the key-value store the ranks met on at start-up), not a collective.
+# A call is written op(dtype[shape], ...) at its place, then its step:
 # `(step 0)` in a wrapper's step, `(after step S)` after the last step a wrapper took on that rank
 # (below, section 3's fix). Last, torch runs the bug at debug level DETAIL, which also compares each
 # collective across ranks first.
@@ -224,20 +223,26 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # %%
 # %%distributed
 logged = [0.5, 0.9] if rank == 0 else [0.5]  # the bug: loss and accuracy on rank 0, the loss alone on rank 1
-raised = torch_does(lambda group, short: dist.all_reduce(torch.tensor(logged, device=device), group=short))
-timed_out = "raised nothing" not in raised and any("Timed out" in s and t >= WAIT_S for s, t in zip(raised, torch_took))
+raised = torch_does(lambda group, short: dist.all_reduce(torch.tensor(logged, device=device), group=short), say=False)
+lesson.say(f"torch, rank 0: {raised[0]}")
+lesson.claim(
+    all("Timed out" in s and t >= WAIT_S for s, t in zip(raised, torch_took))
+    and not any(re.search(r"all_?reduce|shape|float|\[\d+\]", s, re.I) for s in raised),
+    f"by default both ranks waited to the {WAIT_S} s timeout, their messages naming neither the all_reduce nor a shape",
+)
 ours = minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)), "mismatched collectives")
 detail = torch_does(
     lambda group, short: dist.all_reduce(torch.tensor(logged, device=device), group=short), say=False, level="DETAIL"
 )
-# torch's description of each rank's call cut to its op and shape (… its other fields), its summary after cut
+# torch's description of each rank's call (torch names it CollectiveFingerPrint; not a checksum), cut to its op and
+# shape (… its other fields), its summary after cut
 call = r"CollectiveFingerPrint\(.*?(OpType=\w+, TensorShape=\[[^\]]*\]).*?\(nullopt\)\)\)"
 shown = re.sub(r"\.Collectives differ.*", ". …", re.sub(call, r"(… \1, …)", detail[0]))
 lesson.say(f"torch at DETAIL, rank 0: {shown}")
 took = max(torch_took)
 lesson.claim(
-    timed_out and took < WAIT_S,
-    f"at DETAIL torch raised on every rank in {seconds(took)}, not at the timeout",
+    all("Detected mismatch between collectives" in e for e in detail) and took < WAIT_S,
+    f"at DETAIL torch raised on every rank in {seconds(took)}",
 )
 lesson.claim(
     all(f"OpType=ALLREDUCE, TensorShape=[{n}]" in e for e in detail for n in (1, 2))
@@ -289,7 +294,8 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # Rank 1 has one batch fewer. It leaves its loop and waits at the script's final barrier (a call that returns once every rank makes it), while rank
 # 0 starts a step whose collectives rank 1 will never make. The collective check pairs rank 1's barrier with rank 0's next forward
 # check. The fix: the wrapper's `join()` around the loop, the barrier after
-# it: a rank that has run out makes the others' remaining collectives.
+# it: a rank that has run out makes the others' remaining collectives (inside `join()` debug mode skips its forward and
+# step checks).
 
 
 # %%
@@ -322,7 +328,8 @@ with quiet() as said:
 same = all(each_rank(all(torch.equal(a, b) for a, b in zip(model.parameters(), models[0].parameters()))))
 lesson.claim(
     raised == ["raised nothing"] * world_size and not said and same,
-    "the fix: under join() torch's DDP raised nothing, debug mode said nothing, and each rank's parameters equal "
+    "the fix: under join() torch's DDP raised nothing, debug mode's other checks said nothing, and each rank's "
+    "parameters equal "
     "torch's DDP's bit for bit",
 )
 
@@ -446,10 +453,10 @@ lesson.claim(
 # %% [markdown]
 # ## What it adds
 #
-# A wrapper built in debug mode adds the forward and step checks, `check_consistency` (at the end
-# of backward: each rank's bucket plan and launch order, compared) and a `DebugReducer`: the
+# A wrapper built in debug mode adds the forward and step checks and a `DebugReducer`: the
 # wrapper's *Reducer* averages the gradients in *buckets*, each sent in one all_reduce; this one
-# sends each through the collective check and waits for its sum before backward goes on.
+# sends each through the collective check and waits for its sum before backward goes on; at the end of backward
+# `check_consistency` compares the ranks' buckets and the order they were sent in.
 
 
 # %%
@@ -467,13 +474,13 @@ def five_steps(on: bool):
 
 (paused, paused_params, unchecked), (on, on_params, checked) = five_steps(False), five_steps(True)
 added = {"forward check": "all_gather", "end of backward": "all_gather_object", "step check": "all_gather"}
-extra = [c for c in checked if "bucket" not in c.where]
-buckets = len(checked) - len(extra)  # the buckets' all_reduces
+debug_calls = [c for c in checked if "bucket" not in c.where]
+buckets = len(checked) - len(debug_calls)  # the buckets' all_reduces
 one = torch.ones(1, device=device)
 at_once = on.reducer.state.all_reduce(one).done() and one.item() == world_size  # summed when the call returns
 lesson.claim(
-    [c.op for c in extra] == list(added.values())
-    and all(name in c.where for name, c in zip(added, extra))
+    [c.op for c in debug_calls] == list(added.values())
+    and all(name in c.where for name, c in zip(added, debug_calls))
     and paused.watch is None
     and on.watch is not None
     and not paused.check_consistency  # paused: no end-of-backward check either
@@ -483,7 +490,7 @@ lesson.claim(
     and type(on.reducer).__name__ == "DebugReducer"
     and at_once,
     f"in step 4 the collective check compared {len(checked)} calls: {buckets} all_reduce{'s' * (buckets > 1)}, one "
-    f"per bucket of a plan as long as a paused wrapper's, and {len(extra)} debug mode adds "
+    f"per bucket (as many as with debug mode paused), and {len(debug_calls)} debug mode adds "
     f"({'; '.join(f'{name}: {op}' for name, op in added.items())}); its {type(on.reducer).__name__}'s all_reduce "
     "returns summed",
 )
