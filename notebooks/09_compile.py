@@ -33,9 +33,8 @@
 # forward, which produces every parameter's gradient at its end. Every bucket is then handed over after that node, when
 # no gradient node is left to run.
 #
-# torch's answer is in Dynamo: while torch's DDP, or `ddp` ("The pieces and the buckets" says how), runs its module
-# compiled, Dynamo's `DDPOptimizer` **cuts the graph into pieces**, counted from the end of the forward, and compiles
-# each piece apart, each with a gradient node of its own. The backward pass runs piece after piece, numbered here in
+# While `ddp` ("The pieces and the buckets" says how) runs its module compiled, Dynamo's `DDPOptimizer` **cuts the
+# graph into pieces**, counted from the end of the forward, and compiles each piece apart, each with a gradient node of its own. The backward pass runs piece after piece, numbered here in
 # that order: piece 0 holds the forward's last layers; a *piece's backward* is the run of its gradient node. A bucket
 # whose last gradient a piece produces can then be handed over before the next piece's backward begins.
 #
@@ -100,17 +99,16 @@ for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT
     pieces = f"{run} piece{'s' * (run != 1)}, " if compiled and cut else ""
     # the figure's row label, two lines: the run; its pieces and its buckets (one tick each)
     looks[label]["row"].update(label=f"{label}\n{pieces}{looks[label]['calls']} buckets", stage=label)
-lesson.say(f"ddp on {world_size} ranks, {DEPTH} layers of {WIDTH}×{WIDTH}; torch {torch.__version__}.")
+lesson.say(f"{world_size} ranks, {DEPTH} layers of {WIDTH}×{WIDTH}; torch {torch.__version__}.")
 
 
 # %% [markdown]
 # ## The backward pass of each run
 #
 # Each row is one run's backward pass on rank 0, scaled to its length (the x axis): the model's gradient nodes blue,
-# each hand-over a tick. Pale is the rest: the loss's gradient nodes, the `AccumulateGrad` nodes (a hand-over's copy
-# into the bucket and its `all_reduce` call run in one; the reducer waits for the `all_reduce`s only after the last
-# node) and time between nodes. Read the order, not widths, which vary from run to run, same-sized pieces' too; where
-# ticks and bars look to touch, the printed claims give it.
+# each hand-over a tick. Pale is the rest: the loss's gradient nodes, the `AccumulateGrad` nodes (where a hand-over's
+# `all_reduce` call begins) and time between nodes. Read the order, not widths; where ticks and bars look to touch, the
+# printed claims give it.
 
 # %%
 # %%distributed
@@ -149,10 +147,10 @@ lesson.claim(apart <= bound, f"The three runs end with the same parameters, {nea
 #
 # Each piece records one gradient node, `CompiledFunctionBackward`, and the parameters whose gradients it produces
 # hang off it (their `AccumulateGrad` nodes). The cell lists the pieces of the run compiled with the cut (of one
-# more forward) in the order the backward pass runs them, then its buckets.
+# more forward) in the order the backward pass runs them, then its buckets, each's names in the forward's order.
 #
 # Dynamo cuts when it compiles (the first step), and only if torch's DDP's class attribute `_active_ddp_module` is set
-# then (torch's DDP sets it around its module's call); it reads the bucket cap from it and caps piece 0 apart, at the
+# then; it reads the bucket cap from it and caps piece 0 apart, at the
 # global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`, given a
 # `bucket_cap_mb`, sets the attribute to a stand-in holding its bucket cap and the global to the bucket cap
 # (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as the rebuilt bucket 0 does.
@@ -235,10 +233,11 @@ print(check_handover(solutions.handed_over_after))
 # ## A bucket cap of 0.5 MiB, with either pattern
 #
 # Under torch's DDP, Dynamo's cap for piece 0, `_DEFAULT_FIRST_BUCKET_BYTES` ("The pieces and the buckets"), must not be
-# above the bucket cap; minddp's `ddp` sets it to its bucket cap. The cell tries each wrapper at a bucket cap below that
+# above the bucket cap; minddp's `ddp`, given one, sets it to its bucket cap. The cell tries each wrapper at a bucket cap below that
 # default, on an MLP of two 1 MiB layers, with each pattern: nanoGPT's and `torch.compile(DDP(model))`. At a *graph
 # break* Dynamo ends a graph, runs Python and starts a new one; the cut into pieces is none. Printed: the error raised
-# (its "bucket" is Dynamo's piece), or a training step's graph breaks and one more forward's pieces.
+# (its "bucket" is Dynamo's piece), or a training step's graph breaks and one more forward's pieces (a layer's
+# gradient is not split, so a piece may pass the cap).
 
 
 # %%
@@ -275,7 +274,7 @@ lesson.claim(
 #   while gradients are still computed; without it, none did.
 #
 # * At a bucket cap of 0.5 MiB, Dynamo's cut refuses torch's DDP of the version above with either pattern: its cap for
-#   piece 0 is above the bucket cap. minddp's `ddp`, which sets that cap to its bucket cap, compiles with both.
+#   piece 0 is above the bucket cap. minddp's `ddp`, which sets that cap to the bucket cap it is given, compiles with both.
 
 # %%
 # %dist_shutdown
