@@ -14,12 +14,14 @@ from __future__ import annotations
 import doctest
 import importlib
 import pkgutil
+import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import minddp
+from minddp.runtime.compat import dynamo_reset
 
 MODULES = sorted(m.name for m in pkgutil.walk_packages(minddp.__path__, "minddp.") if not m.name.endswith("__main__"))
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
@@ -52,7 +54,13 @@ def test_the_docstring_examples_run(one_rank_group, monkeypatch, name):
     report: list[str] = []  # the failures of this one run (a second run could pass and hide a rare failure)
     for test in examples(module):
         torch.manual_seed(0)
-        runner.run(test, out=report.append)
+        runner.run(test, out=report.append, clear_globs=False)
+        # Dynamo puts names in the globals of code it compiled and deletes them when that code dies: it lets go
+        # first (its cache emptied), then the globals are cleared, as the runner would have (else a KeyError from
+        # Dynamo's callback lands in a later test as an unraisable warning)
+        if "torch._dynamo" in sys.modules:
+            dynamo_reset()
+        test.globs.clear()
     result = runner.summarize(verbose=False)
     if result.failed:
         failed = f"{name}: {result.failed} of {result.attempted} examples failed:\n"
