@@ -240,7 +240,7 @@ held = {r["label"]: r["parameters"] + r["gradients"] + r["optimizer"] for r in m
 f32, f16 = memory["fsdp"], memory["fsdp bf16"]
 lesson.claim(
     held["fsdp\ncomputing in bf16"] == held["fsdp"],
-    f"fsdp computing in bf16 keeps the same model state as in fp32, {held['fsdp'] / 2**20:.1f} MiB: its fp32 "
+    f"fsdp computing in bf16 keeps the same model state as in fp32, {mib(held['fsdp'])}: its fp32 "
     f"shards are the master weights.",
 )
 by = probe.activations_by  # the bf16 run's saved bytes by (dtype, class of the module that saved them)
@@ -514,14 +514,12 @@ lines = [  # (part, method, a text that the line doing it holds)
     ("part 2", "_before_forward", "self._prefetch(unit, +1)"),
     ("part 2", "_before_forward", "Unshard.apply("),
     ("part 3", "_after_forward", "unit.index == self.forward_order[-1]"),
-    ("part 3", "_after_forward", "return  # the backward starts"),
     ("part 3", "_after_forward", "self._free(unit)"),
     ("part 3", "forward", "saved_tensors_hooks(lambda t: me()._pack(t), unpack)"),
     ("part 4", "_unpack", "self._gather(unit)"),
     ("part 4", "_unpack", "if unit.index not in self.backward_seen"),
     ("part 4", "_unpack", "self._prefetch(unit, -1)"),
     ("part 5", "_unit_backward_done", "if not self.sync_this_backward"),
-    ("part 5", "_unit_backward_done", "return"),
     ("part 5", "_unit_backward_done", "self.pending.append("),
     ("part 6", "finish_gradient_synchronization", "split_block(future.wait()"),
     ("part 6", "finish_gradient_synchronization", "shard.grad = piece.clone()"),
