@@ -107,10 +107,16 @@ model_bytes = count_parameters(lesson.make_model()) * 4  # float32 bytes of the 
 one_pass = (world - 1) / world * model_bytes
 accum = lesson.SETTINGS.grad_accum  # micro-batches per step
 fsdp_most = (1 + 2 * accum) * one_pass  # one reduce-scatter, at most two all-gathers per micro-batch
+
+
+def mib(n_bytes):  # two decimals, as the tables below print
+    return f"{n_bytes / 2**20:.2f} MiB"
+
+
 lesson.say(
-    f"Worked out, not measured, bytes sent per rank at n = {world}: a pass {one_pass / 2**20:.2f} MiB (of the model's "
-    f"{lesson.mib(model_bytes)}); per step of {accum} micro-batches DDP's all_reduce {lesson.mib(2 * one_pass)}, "
-    f"minddp's zero1's all_reduce + all-gather {lesson.mib(3 * one_pass)}, FSDP's at most {lesson.mib(fsdp_most)} "
+    f"Worked out, not measured, bytes sent per rank at n = {world}: a pass {mib(one_pass)} (of the model's "
+    f"{mib(model_bytes)}); per step of {accum} micro-batches DDP's all_reduce {mib(2 * one_pass)}, "
+    f"minddp's zero1's all_reduce + all-gather {mib(3 * one_pass)}, FSDP's at most {mib(fsdp_most)} "
     f"(1 + 2 × {accum} passes)."
 )
 
@@ -171,7 +177,7 @@ lesson.claim(
     all(between[s] == 4 * memory[s]["psi"] for s in STAGES)
     and all(memory[s]["gradients"] < between[s] for s in ("zero2", "fsdp")),
     f"The gradients column is at the update: by a later micro-batch's forward every stage held whole gradients, "
-    f"{lesson.mib(between['ddp'])}.",
+    f"{mib(between['ddp'])}.",
 )
 shown = table.round(3)
 # the update counters' bytes, which round(3) of MiB shows in some rows only
@@ -234,7 +240,7 @@ held = {r["label"]: r["parameters"] + r["gradients"] + r["optimizer"] for r in m
 f32, f16 = memory["fsdp"], memory["fsdp bf16"]
 lesson.claim(
     held["fsdp\ncomputing in bf16"] == held["fsdp"],
-    f"fsdp computing in bf16 keeps the same model state as in fp32, {held['fsdp'] / 2**20:.1f} MiB: its fp32 "
+    f"fsdp computing in bf16 keeps the same model state as in fp32, {mib(held['fsdp'])}: its fp32 "
     f"shards are the master weights.",
 )
 by = probe.activations_by  # the bf16 run's saved bytes by (dtype, class of the module that saved them)
@@ -247,7 +253,7 @@ lesson.claim(
     f"Its activations are {f16['activations'] / f32['activations']:.2f} times fp32 fsdp's, not half: "
     f"{low / 2**20:.2f} MiB of them are saved in bf16 and {other / 2**20:.2f} MiB not "
     f"({norm32 / 2**20:.2f} MiB of those in fp32 by the RMSNorms); twice the first plus the second come to "
-    f"fp32 fsdp's {lesson.mib(f32['activations'])}.",
+    f"fp32 fsdp's {mib(f32['activations'])}.",
 )
 
 # %% [markdown]
@@ -357,7 +363,7 @@ print(f"rank {rank}: chunk {rank} of {name} is its elements {start:,} to {end - 
 uncut = sum(zero.owned_whole(p) for p in zero.params)
 lesson.say(
     f"Parameter tensors left uncut (`owned_whole`): {uncut} of {len(zero.params)}. All-gather buckets of at most "
-    f"BUCKET_CAP_MB = {BUCKET_CAP_MB:g} MiB: {len(zero.buckets)}, for the model's {lesson.mib(model_bytes)}."
+    f"BUCKET_CAP_MB = {BUCKET_CAP_MB:g} MiB: {len(zero.buckets)}, for the model's {mib(model_bytes)}."
 )
 
 # %% [markdown]
@@ -427,7 +433,7 @@ accum = lesson.SETTINGS.grad_accum
 z = looks["zero2"]
 lesson.claim(
     z["bytes"] == looks["ddp"]["bytes"],
-    f"zero2's gradient collectives are given ddp's bytes, {lesson.mib(z['bytes'])}.",
+    f"zero2's gradient collectives are given ddp's bytes, {mib(z['bytes'])}.",
 )
 units = len(trainees["fsdp"].model.units)
 outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
@@ -462,11 +468,15 @@ lesson.claim(
     + f" half of ddp's all_reduce ({whole / 2**20:.2f} MiB).",
 )
 lesson.claim(
-    abs(total["zero2"] - whole) < 1e-3 * whole,
+    abs(total["zero2"] - whole) < 1e-3 * whole
+    and abs(whole - 2 * one_pass) < 1e-3 * whole
+    and abs(total["zero1"] - 3 * one_pass) < 1e-3 * whole,
     f"With its all-gathers of the updated parameters ({z2['all_gather'] / 2**20:.2f} MiB) zero2 sends "
     f"{total['zero2'] / 2**20:.2f} MiB a step, "
     + ("exactly" if total["zero2"] == whole else "to within 0.1 %")
-    + " ddp's.",
+    + f" ddp's; zero1 sends {total['zero1'] / 2**20:.2f} MiB, "
+    + ("" if total["zero1"] == 3 * one_pass else "to within 0.1 % ")
+    + "the three passes worked out, 1.5 times ddp's.",
 )
 f_sent = rings["fsdp"]["sent"]
 passes = f_sent["all_gather"] / one_pass  # what a rank sent gathering units, in passes of the whole model
@@ -475,8 +485,8 @@ passes = f_sent["all_gather"] / one_pass  # what a rank sent gathering units, in
 lesson.claim(
     total["fsdp"] <= fsdp_most and passes < 2 * accum,
     f"fsdp sent {f_sent['all_gather'] / 2**20:.2f} MiB gathering its units: {passes:.2f} passes of the model, "
-    f"under the bound's {2 * accum}. In all it sent {total['fsdp'] / 2**20:.2f} MiB a "
-    f"step, {total['fsdp'] / whole:.1f} times ddp's, within the bound's {lesson.mib(fsdp_most)}.",
+    f"under the bound's {2 * accum}. In all it sent {total['fsdp'] / 2**20:.2f} MiB a step, within the "
+    f"bound's {mib(fsdp_most)}.",
 )
 on_wire.round(2)
 
@@ -499,18 +509,17 @@ on_wire.round(2)
 from minddp.sharding.fsdp import FullyShardedDataParallel
 
 lines = [  # (part, method, a text that the line doing it holds)
+    ("part 1", "_make_units", "compat.parameter_dict(owner)[name] = shard"),
     ("part 2", "_before_forward", "self._gather(unit)"),
     ("part 2", "_before_forward", "self._prefetch(unit, +1)"),
     ("part 2", "_before_forward", "Unshard.apply("),
     ("part 3", "_after_forward", "unit.index == self.forward_order[-1]"),
-    ("part 3", "_after_forward", "return  # the backward starts"),
     ("part 3", "_after_forward", "self._free(unit)"),
     ("part 3", "forward", "saved_tensors_hooks(lambda t: me()._pack(t), unpack)"),
     ("part 4", "_unpack", "self._gather(unit)"),
     ("part 4", "_unpack", "if unit.index not in self.backward_seen"),
     ("part 4", "_unpack", "self._prefetch(unit, -1)"),
     ("part 5", "_unit_backward_done", "if not self.sync_this_backward"),
-    ("part 5", "_unit_backward_done", "return"),
     ("part 5", "_unit_backward_done", "self.pending.append("),
     ("part 6", "finish_gradient_synchronization", "split_block(future.wait()"),
     ("part 6", "finish_gradient_synchronization", "shard.grad = piece.clone()"),
@@ -539,17 +548,16 @@ lesson.claim(
     and len({sum(u.numels) for u in fsdp.units}) == 1
     and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, full_unit))
     and received + full_unit == peak,
-    f"fsdp's gathered units peak at {lesson.mib(peak)} in the memory step: a unit's all-gather's receive buffer "
+    f"fsdp's gathered units peak at {mib(peak)} in the memory step: a unit's all-gather's receive buffer "
     f"and the full parameters copied out of it, held together, each "
     + ("exactly" if received == full_unit == unit_bytes else "to within 0.1 %")
-    + f" the unit's {lesson.mib(unit_bytes)}.",
+    + f" the unit's {mib(unit_bytes)}.",
 )
 f = looks["fsdp"]
 lesson.claim(
     f["gathers"] == accum * (2 * units - 1),
-    f"fsdp gathers each of its {units} units for the forward of each of the {accum} micro-batches, and all but "
-    f"the last again for its backward: {accum} × "
-    f"{2 * units - 1} = {f['gathers']} all-gathers a step.",
+    f"fsdp gathers its {units} units for each of the {accum} forwards and all but the last again for the "
+    f"backward: {accum} × {2 * units - 1} = {f['gathers']} all-gathers a step.",
 )
 lesson.claim(
     f["calls"] == units + outside,
@@ -631,8 +639,7 @@ lesson.say(
 #
 # The forward columns are as a forward starts, activations left out (a claim counts them). A stage's
 # *all-gather buffers* are what its all-gathers of parameters send from and receive into at once, planned by
-# `all_gather_buffer_bytes`, not measured; fsdp's *full unit* is the parameters copied out of them: as a
-# forward starts fsdp holds one unit's worth of each.
+# `all_gather_buffer_bytes`, not measured; fsdp's *full unit* is the parameters copied out of them.
 
 # %%
 # %%rank 0
@@ -678,9 +685,9 @@ largest = max(items, key=items.get)  # the largest kind of bytes but the activat
 forward_saving = max(total_at[m]["ddp"] - total_at[m][s] for m in list(MOMENTS)[1:] for s in STAGES)
 lesson.claim(
     len(set(act.values())) == 1 and act["ddp"] > max(items[largest], forward_saving),
-    f"No rung here shards activations: one forward saves {lesson.mib(act['ddp'])} in every stage, rank 0's "
+    f"No rung here shards activations: one forward saves {mib(act['ddp'])} in every stage, rank 0's "
     f"largest kind of bytes, more than the most any rung's "
-    f"total as a forward starts falls below ddp's, {lesson.mib(forward_saving)}.",
+    f"total as a forward starts falls below ddp's, {mib(forward_saving)}.",
 )
 first, later = list(MOMENTS)[1:]
 more = {s: [m for m in MOMENTS if total_at[m][s] > total_at[m]["ddp"]] for s in STAGES[1:]}
@@ -693,14 +700,15 @@ lesson.claim(
 )
 at, fsdp_later = total_at["at the update"], total_at[later]["fsdp"]
 z1, z2 = total_at[later]["zero1"], total_at[later]["zero2"]
+printed = {m: {s: round(total_at[m][s] / 2**20, 2) for s in STAGES} for m in MOMENTS}  # as the table prints them
 lesson.claim(
     all(between[s] == 4 * memory[s]["psi"] for s in STAGES)
     and z1 == z2
     and fsdp_later < z1
     and z1 - fsdp_later < at["zero2"] - at["fsdp"],
     f"{later[0].upper()}{later[1:]}, every stage holding whole gradients while micro-batches accumulate, zero2's "
-    f"total equals zero1's and fsdp's is only {(z1 - fsdp_later) / 2**20:.2f} MiB under them, against "
-    f"{(at['zero2'] - at['fsdp']) / 2**20:.2f} MiB under zero2's at the update.",
+    f"total equals zero1's and fsdp's is only {printed[later]['zero1'] - printed[later]['fsdp']:.2f} MiB under them, "
+    f"against {printed['at the update']['zero2'] - printed['at the update']['fsdp']:.2f} MiB under zero2's at the update.",
 )
 (trade / 2**20).round(2)
 
