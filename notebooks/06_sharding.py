@@ -110,7 +110,7 @@ fsdp_most = (1 + 2 * accum) * one_pass  # one reduce-scatter, at most two all-ga
 
 
 def mib(n_bytes):  # two decimals, as the tables below print
-    return f"{n_bytes / 2**20:.2f} MiB"
+    return lesson.mib(n_bytes, digits=2)
 
 
 lesson.say(

@@ -384,8 +384,8 @@ def say(*parts: str) -> None:
         print(" ".join(parts))
 
 
-def mib(n_bytes: float) -> str:
-    return f"{n_bytes / 2**20:.1f} MiB"
+def mib(n_bytes: float, digits: int = 1) -> str:
+    return f"{n_bytes / 2**20:.{digits}f} MiB"
 
 
 def say_look(looks: dict, stage: str) -> None:
