@@ -74,7 +74,7 @@ lesson.say(lesson.describe())
 # ## Payload and gradient error
 #
 # The table is each hook's last step, each error against its own copy's g: PowerSGD's from compression and from
-# error feedback's residual arriving a step late, which the measure counts as error (the next section splits them);
+# error feedback's tensor arriving a step late, which the measure counts as error (the next section splits them);
 # fp16's and bf16's from rounding, which the next cell checks against a worst-case bound
 # (`minddp.comm.measure.rounding_bound`): value i of the average is off by at most
 #
