@@ -448,33 +448,38 @@ holder = next(i for i, fragment in enumerate(streamed.fragments) if any(p is big
 lesson.say(
     "the fragments: "
     + " and ".join(f"{n / 1e3:.1f} kB" for n in sizes)
-    + f"; the {'×'.join(map(str, biggest.shape))} weight alone is {100 * biggest.numel() * 4 / sum(sizes):.0f} % "
-    f"of the model, and fragment {holder} takes it whole"
+    + f"; fragment {holder} holds the {'×'.join(map(str, biggest.shape))} weight whole: "
+    f"{100 * biggest.numel() * 4 / sum(sizes):.0f} % of the model's bytes"
 )
 lesson.claim(
     len(sends) == len(applies) == FRAGMENTS and all(step_of(a) - step_of(s) == TAU for s, a in zip(sends, applies)),
-    f"each fragment was applied in the post-hook of the {TAU}th = τth step after the one that handed it over",
+    f"each fragment was applied τ = {TAU} steps after the step that handed it over",
 )
-need = {}  # each fragment's τ that would have covered its modeled time on the link, at its own τ steps' pace
+on_links, paces = {}, {}  # each fragment's modeled time on the link (ms), and its τ steps' ms a step
 for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     asked = link.asked[m["seq"]]  # when step a's post-hook called wait(), on the link's clock (s)
     # ms from the message's start on the link, rounded as printed first, so that the printed numbers add up
     on_link, before, delivered = (round((t - m["start"]) * 1e3, 1) for t in (m["modeled_end"], asked, m["delivered"]))
     waited = metrics.waited([(before, max(before, delivered))])  # ms
     fragment = order[s].rpartition("#")[2]
-    large = " (the large weight's)" if int(fragment) == holder else ""
-    need[fragment] = math.ceil(on_link / (before / TAU))  # the steps its time spans, at its τ steps' pace
+    on_links[fragment], paces[(step_of(s) + 1, step_of(a))] = on_link, before / TAU
     lesson.say(
-        f"fragment {fragment}{large}, handed over in step {step_of(s)}, ms from its start on the link: modeled end "
+        f"fragment {fragment}, handed over in step {step_of(s)}, ms from its start on the link: modeled end "
         f"{on_link:.1f}, delivered {delivered:.1f}, step {step_of(a)} calls wait() at {before:.1f}: "
         + (f"waited {waited:.1f} ms" if waited else "it returns at once")
     )
+pace = sum(paces.values()) / len(paces)  # one pace for both: the mean of the two windows' ms a step
+need = {f: math.ceil(t / pace) for f, t in on_links.items()}  # the steps that would cover its time on the link
 most = H // FRAGMENTS - 1  # the largest τ with one fragment in flight (τ < H/K)
 short = [f for f, n in need.items() if n > most]
+slow, fast = max(paces.values()), min(paces.values())
 lesson.say(
-    "steps of compute each modeled end spans, at the pace of its τ steps before wait(): "
-    + ", ".join(f"fragment {f}: {n}" for f, n in need.items())
-    + f"; τ < H/K allows at most {most} (the run's τ = {TAU}): "
+    "ms a step: "
+    + ", ".join(f"{t:.1f} in steps {a} to {b}" for (a, b), t in paces.items())
+    + (" (varying: a shared machine)" if slow > 1.1 * fast else " (alike)")
+    + f"; at their mean, {pace:.1f}, covering each time on the link takes "
+    + ", ".join(f"fragment {f}: {n} steps" for f, n in need.items())
+    + f"; τ < H/K allows at most {most}: "
     + (f"too few for fragment{'s' * (len(short) > 1)} {' and '.join(short)}" if short else "enough for each")
 )
 
@@ -501,7 +506,7 @@ check_fragment_schedule(my_fragment_to_send)
 
 # %% [markdown]
 # Stuck? The model answer (`minddp.exercises.solutions.fragment_to_send`) and the checker's verdict on
-# it, collapsed as above:
+# it, collapsed:
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true}
 show_source(solutions.fragment_to_send)
