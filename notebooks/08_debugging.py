@@ -132,7 +132,7 @@ fixed(drifting_loop, "without the edit", edit=False)
 # DDP averages the gradients of a backward whose forward went through the wrapper. Call the module
 # itself (`model.module(x)`, or a submodule) and backward leaves each rank its own gradient; the
 # optimizer then steps each replica its own way. Before each `optimizer.step()` the *step check*
-# all-gathers another row, `int64[17]` for `Net()`: one integer of bits (e.g. the last forward ran in `no_sync()`), then
+# all-gathers another row, `int64[17]` for `Net()`: one integer of bits (e.g. the module was called directly), then
 # four blocks, one entry per parameter each: has a gradient, that gradient's fingerprint, this step's backward computed its
 # *local gradient* (this rank's, before averaging), that one's fingerprint. The fix:
 # call the wrapper.
@@ -173,7 +173,7 @@ fixed(accumulate, "the last micro-batch synced", last_syncs=True)
 # %% [markdown]
 # ## 3. Every rank reading the same data
 #
-# Without a `DistributedSampler` (or another shard), every rank reads the same batches, repeating the others' work. The step check
+# Without a `DistributedSampler` (or another shard), every rank reads the same batches. The step check
 # sees it from the local gradients' fingerprints: the same on every rank three steps in a row. The fix:
 # a shard per rank.
 
@@ -210,15 +210,13 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # %% [markdown]
 # ## 4. Mismatched collectives, the script's own included
 #
-# A script's own collectives must match across ranks too.
-#
 # Debug mode numbers each rank's collectives, group by group, while it is on (*collective #K*;
 # the lesson helpers' collectives count too), and compares the ranks' calls of the same
 # number through the store (the key-value store the ranks met on at start-up), not a collective.
 # A call is written op(dtype[shape], ...) at its place, then its step:
 # `(step 0)` in a wrapper's step, `(after step S)` after the last step a wrapper took on that rank
-# (below, section 3's fix). Last, torch runs the bug at debug level DETAIL, which also compares each
-# collective across ranks first.
+# (in the next cell: section 3's fix's last step). Last, torch runs the bug at debug level DETAIL,
+# which also compares each collective across ranks first.
 
 # %%
 # %%distributed
@@ -228,7 +226,8 @@ lesson.say(f"torch, rank 0: {raised[0]}")
 lesson.claim(
     all("Timed out" in s and t >= WAIT_S for s, t in zip(raised, torch_took))
     and not any(re.search(r"all_?reduce|shape|float|\[\d+\]", s, re.I) for s in raised),
-    f"by default both ranks waited to the {WAIT_S} s timeout, their messages naming neither the all_reduce nor a shape",
+    f"at debug level OFF both ranks waited to the short group's {WAIT_S} s timeout, their messages naming neither "
+    "the all_reduce nor a shape",
 )
 ours = minddp_says(lambda: dist.all_reduce(torch.tensor(logged, device=device)), "mismatched collectives")
 detail = torch_does(
@@ -295,7 +294,7 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # 0 starts a step whose collectives rank 1 will never make. The collective check pairs rank 1's barrier with rank 0's next forward
 # check. The fix: the wrapper's `join()` around the loop, the barrier after
 # it: a rank that has run out makes the others' remaining collectives (inside `join()` debug mode skips its forward and
-# step checks).
+# step checks, not the collective check).
 
 
 # %%
@@ -328,8 +327,7 @@ with quiet() as said:
 same = all(each_rank(all(torch.equal(a, b) for a, b in zip(model.parameters(), models[0].parameters()))))
 lesson.claim(
     raised == ["raised nothing"] * world_size and not said and same,
-    "the fix: under join() torch's DDP raised nothing, debug mode's other checks said nothing, and each rank's "
-    "parameters equal "
+    "the fix: under join() torch's DDP raised nothing, debug mode said nothing, and each rank's parameters equal "
     "torch's DDP's bit for bit",
 )
 
@@ -455,8 +453,8 @@ lesson.claim(
 #
 # A wrapper built in debug mode adds the forward and step checks and a `DebugReducer`: the
 # wrapper's *Reducer* averages the gradients in *buckets*, each sent in one all_reduce; this one
-# sends each through the collective check and waits for its sum before backward goes on; at the end of backward
-# `check_consistency` compares the ranks' buckets and the order they were sent in.
+# sends each through the collective check and waits for its sum, so no bucket travels while backward
+# computes; at the end of backward `check_consistency` compares the ranks' buckets and the order they were sent in.
 
 
 # %%
@@ -491,7 +489,7 @@ lesson.claim(
     and at_once,
     f"in step 4 the collective check compared {len(checked)} calls: {buckets} all_reduce{'s' * (buckets > 1)}, one "
     f"per bucket (as many as with debug mode paused), and {len(debug_calls)} debug mode adds "
-    f"({'; '.join(f'{name}: {op}' for name, op in added.items())}); its {type(on.reducer).__name__}'s all_reduce "
+    f"({', '.join(added)}); its {type(on.reducer).__name__}'s all_reduce "
     "returns summed",
 )
 # exact: both reducers halve each gradient, then add the 2 ranks', which rounds the same in either order
