@@ -465,7 +465,7 @@ lesson.claim(
     abs(z2["reduce_scatter"] - whole / 2) < 1e-3 * whole,
     f"zero2's reduce-scatter sent {z2['reduce_scatter'] / 2**20:.2f} MiB, "
     + ("exactly" if 2 * z2["reduce_scatter"] == whole else "to within 0.1 % (chunks padded to equal length)")
-    + f" half of ddp's all_reduce ({whole / 2**20:.2f} MiB).",
+    + " half of ddp's all_reduce.",
 )
 lesson.claim(
     abs(total["zero2"] - whole) < 1e-3 * whole
@@ -476,7 +476,7 @@ lesson.claim(
     + ("exactly" if total["zero2"] == whole else "to within 0.1 %")
     + f" ddp's; zero1 sends {total['zero1'] / 2**20:.2f} MiB, "
     + ("" if total["zero1"] == 3 * one_pass else "to within 0.1 % ")
-    + "the three passes worked out, 1.5 times ddp's.",
+    + "1.5 times ddp's.",
 )
 f_sent = rings["fsdp"]["sent"]
 passes = f_sent["all_gather"] / one_pass  # what a rank sent gathering units, in passes of the whole model
@@ -485,8 +485,8 @@ passes = f_sent["all_gather"] / one_pass  # what a rank sent gathering units, in
 lesson.claim(
     total["fsdp"] <= fsdp_most and passes < 2 * accum,
     f"fsdp sent {f_sent['all_gather'] / 2**20:.2f} MiB gathering its units: {passes:.2f} passes of the model, "
-    f"under the bound's {2 * accum}. In all it sent {total['fsdp'] / 2**20:.2f} MiB a step, within the "
-    f"bound's {mib(fsdp_most)}.",
+    f"under the bound's {2 * accum}. In all it sent {total['fsdp'] / 2**20:.2f} MiB a step, "
+    f"{total['fsdp'] / whole:.1f} times ddp's, within the bound's {mib(fsdp_most)}.",
 )
 on_wire.round(2)
 
@@ -502,7 +502,7 @@ on_wire.round(2)
 # the backward of one autograd function (`Unshard`): in the last micro-batch's backward they go to one
 # gradient collective (a reduce-scatter), and each replicated tensor's
 # gradient to an all_reduce; in the others they are only accumulated, whole; (6)
-# at the end of the backward fsdp waits for them and gives each shard its piece as `.grad`.
+# at the end of the backward fsdp waits for them and gives each shard its chunk as `.grad`.
 
 # %%
 # %%rank 0
@@ -635,11 +635,11 @@ lesson.say(
 )
 
 # %% [markdown]
-# ## Each rung's bytes at the update and as a forward starts
+# ## Each rung's bytes at three moments
 #
-# The forward columns are as a forward starts, activations left out (a claim counts them). A stage's
-# *all-gather buffers* are what its all-gathers of parameters send from and receive into at once, planned by
-# `all_gather_buffer_bytes`, not measured; fsdp's *full unit* is the parameters copied out of them.
+# Each total adds up rank 0's model state at one moment, activations left out (a claim counts them), and, for a
+# stage gathering parameters then, its *all-gather buffers* (what its all-gathers send from and receive into at
+# once, planned by `all_gather_buffer_bytes`, not measured) and fsdp's *full unit* (the parameters copied out).
 
 # %%
 # %%rank 0
@@ -663,19 +663,26 @@ MOMENTS = {  # moment: (the stages gathering then, each stage's model state)
     "at a later micro-batch's forward": (["fsdp"], {s: kept[s] + between[s] for s in STAGES}),
 }
 total_at = {m: {s: state[s] + extra[s] * (s in gathering) for s in STAGES} for m, (gathering, state) in MOMENTS.items()}
-trade = pd.DataFrame(total_at)
+trade = pd.DataFrame({f"total {m}": t for m, t in total_at.items()})
 trade["all-gather buffers"], trade["full unit"] = pd.Series(buffers), pd.Series(full_by)
 lesson.say(
-    "MiB on rank 0: model state, plus the last two columns while the stage gathers: "
+    "MiB on rank 0; the last two columns are in the total of "
     + ", ".join(f"{' and '.join(g)} {m}" for m, (g, _) in MOMENTS.items())
     + "."
 )
-sends = trainees["fsdp"].model.gather_block(unit) * 4  # this rank's fp32 shards of a unit, padded, copied together
+sharded = {"zero1": trainees["zero1"].optimizer} | {s: trainees[s].model for s in ("zero2", "fsdp")}
+sends = {s: sum(sharded[s].gather_block(b) * 4 for b in sharded[s].buckets) for s in ("zero1", "zero2")}
+sends["fsdp"] = sharded["fsdp"].gather_block(unit) * 4  # this rank's fp32 shards of a unit, padded, copied together
+recv = {s: buffers[s] - sends[s] for s in sends}
+# zero1 and zero2 receive every bucket (the whole model, padded: under 0.1 % over); fsdp one unit, measured above
 lesson.claim(
-    extra["fsdp"] == peak + sends,
-    f"fsdp's last two columns, {extra['fsdp'] / 2**20:.2f} MiB, are its gathered units' peak, "
-    f"{peak / 2**20:.2f} MiB, plus the {sends / 2**20:.2f} MiB copy of its own shards it sends from, which the peak "
-    "leaves out.",
+    all(buffers[s] == (world + 1) * sends[s] for s in sends)
+    and all(abs(recv[s] - model_bytes) < 1e-3 * model_bytes for s in ("zero1", "zero2"))
+    and recv["fsdp"] == received
+    and extra["fsdp"] == peak + sends["fsdp"],
+    "All-gather buffers, received + sent: "
+    + ", ".join(f"{s} {buffers[s] / 2**20:.2f} = {recv[s] / 2**20:.2f} + {sends[s] / 2**20:.2f}" for s in sends)
+    + " (all buckets; fsdp: one unit).",
 )
 act = {s: memory[s]["activations"] for s in STAGES}
 KIND = {"parameters": "parameters", "gradients": "gradients", "optimizer": "optimizer state"}
@@ -701,14 +708,17 @@ lesson.claim(
 at, fsdp_later = total_at["at the update"], total_at[later]["fsdp"]
 z1, z2 = total_at[later]["zero1"], total_at[later]["zero2"]
 printed = {m: {s: round(total_at[m][s] / 2**20, 2) for s in STAGES} for m in MOMENTS}  # as the table prints them
+state = MOMENTS[later][1]  # model state alone: zero1 and zero2 gather nothing then
+gap = {"total": printed[later]["zero2"] - printed[later]["fsdp"], "update": at["zero2"] - at["fsdp"]}
+gap["state"] = gap["total"] + round(extra["fsdp"] / 2**20, 2)  # as the table's columns add up
 lesson.claim(
-    all(between[s] == 4 * memory[s]["psi"] for s in STAGES)
-    and z1 == z2
-    and fsdp_later < z1
-    and z1 - fsdp_later < at["zero2"] - at["fsdp"],
-    f"{later[0].upper()}{later[1:]}, every stage holding whole gradients while micro-batches accumulate, zero2's "
-    f"total equals zero1's and fsdp's is only {printed[later]['zero1'] - printed[later]['fsdp']:.2f} MiB under them, "
-    f"against {printed['at the update']['zero2'] - printed['at the update']['fsdp']:.2f} MiB under zero2's at the update.",
+    z1 == z2
+    and z2 - fsdp_later == state["zero2"] - state["fsdp"] - extra["fsdp"] > 0
+    and abs(state["zero2"] - state["fsdp"] - gap["update"]) < 0.01 * gap["update"],
+    f"{later[0].upper()}{later[1:]} zero2's total equals zero1's, and fsdp's is {gap['total']:.2f} MiB under: "
+    f"its model state's {gap['state']:.2f} MiB under theirs (within 1 % of the "
+    f"{printed['at the update']['zero2'] - printed['at the update']['fsdp']:.2f} at the update), less its "
+    f"{extra['fsdp'] / 2**20:.2f} MiB gathering.",
 )
 (trade / 2**20).round(2)
 
