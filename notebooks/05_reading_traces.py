@@ -129,7 +129,7 @@ if nc[low] < nc[high]:
     less = f", less than {high}'s non-compute" if fl[low] < nc[high] else ""
     by_nc = (
         f"non-compute does not ({low} {nc[low]} ms, {high} {nc[high]} ms): it is part of the time in flight, "
-        f"and {low} ({sent[low]} messages) was in flight {fl[low]} ms{less}"
+        f"{fl[low]} ms in {low}{less}"
     )
 else:
     by_nc = "so does non-compute (every asynchronous stage's below every blocking one's)"
@@ -168,8 +168,8 @@ else:
     took = f"{', '.join(few)} took {span(quiet[few])}, the other rows {span(quiet.drop(few))}"
 lesson.say(
     f"Summed over the bands where no row hands over a message (each micro-batch's forward and backward but the "
-    f"last's, plus the optimizer step), {took}: profiled at different moments on shared cores, so no ranking of compute; single is the step "
-    "without DDP."
+    f"last's, plus the optimizer step), {took}: profiled at different moments on shared cores, so no ranking of "
+    "compute."
 )
 
 # %%
@@ -226,11 +226,7 @@ assert abs(saved - fewer * fixed) < 1e-9 * ms["ga"]
 h, b = exposed["hook-async"], exposed["bucket-async"]
 # the part of b during which the link carried bucket-async's last bucket; the rest, earlier buckets
 last = round(lesson_05.exposed_on_last(LINKED, "bucket-async"), 1)
-mib, lms, before = lesson_05.last_message(linked, link, "bucket-async")  # MiB, ms on the link, ms before the end
-on_last = "none while the link carried its last bucket"
-if last:
-    on_last = f"{last} ms while the link carried its last bucket ({mib:.3f} MiB, {lms:.1f} ms on the link, handed "
-    on_last += f"over {before:.1f} ms before the backward's end)"
+on_last = f"{last or 'none'}{' ms' if last else ''} while the link carried its last bucket"
 rest = f", {b - last:.1f} ms while it still carried earlier buckets" if b - last >= 0.05 else ""
 wh = on_link.loc["hook-async", "waited (ms)"]
 lesson.say(
@@ -238,6 +234,6 @@ lesson.say(
     f"hook-async's {ms['hook-async']:.1f} ms, the same bytes."
 )
 lesson.say(
-    f"Exposed: hook-async {h} ms, bucket-async {b} ms, {on_last}{rest}. Of hook-async's {wh} ms waited, "
-    f"{wh - h:.1f} ms was a wait for the real all_reduce (waited − exposed)."
+    f"Exposed: hook-async {h} ms, bucket-async {b} ms, {on_last}{rest}. hook-async's waited − exposed, "
+    f"{wh - h:.1f} of {wh} ms, was a wait for the real all_reduce."
 )
