@@ -99,8 +99,7 @@ for stage in blog:
 #
 # What the table and the figure do not show (the trace shows when a range was open, not why):
 #
-# * how much of a difference between two rows' times comes from the stages' messages (the line under the
-#   figure says why);
+# * whether a difference between two rows' times within the spread under the figure comes from their messages;
 # * whether the other rank or a core held a range open.
 
 # %%
@@ -115,24 +114,26 @@ zero = lesson_05.summary(result)  # rank 0's summary row of each stage but singl
 shares = lesson_05.shares(zero)
 display(shares)
 blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
-overlap, nc = shares["overlap (%)"], shares["non-compute (ms)"]
+overlap, nc, fl = shares["overlap (%)"], shares["non-compute (ms)"], shares["in flight (ms)"]
 above = overlap[asynchronous].min() > overlap[blocking].max()  # the compared values: the table's columns
 low, high = nc[blocking].idxmin(), nc[asynchronous].idxmax()  # least blocking, most asynchronous non-compute
+anatomy = lesson_05.anatomy(result, zero.index)  # per stage: messages handed over, and how many during a backward
+sent = anatomy["handed over"]
+sizes = lesson_05.rank0(result.buckets).groupby("stage")["numel"].sum()
+assert sizes["hook-async"] == sizes["bucket-async"]  # the same gradients: the same bytes
+lesson.say(
+    f"The same bytes in {sent['bucket-async']} messages instead of {sent['hook-async']}: in flight "
+    f"{fl['bucket-async']} ms (bucket-async) instead of {fl['hook-async']} ms (hook-async)."
+)
 if nc[low] < nc[high]:
-    by_nc = f"non-compute does not ({low} {nc[low]} ms, {high} {nc[high]} ms)"
+    less = f", less than {high}'s non-compute" if fl[low] < nc[high] else ""
+    by_nc = (
+        f"non-compute does not ({low} {nc[low]} ms, {high} {nc[high]} ms): it is part of the time in flight, "
+        f"{fl[low]} ms in {low}{less}"
+    )
 else:
     by_nc = "so does non-compute (every asynchronous stage's below every blocking one's)"
 lesson.say(f"Overlap {'puts' if above else 'does not put'} every asynchronous stage above every blocking one; {by_nc}.")
-sizes = lesson_05.rank0(result.buckets).groupby("stage")["numel"].sum()
-assert sizes["bucket"] == sizes["bucket-async"]  # the same gradients in the same buckets: the same bytes
-checks = lesson_05.checks(RUN, zero.index)  # per stage: its parameter checks, how long open, their non-compute
-fl, opened = shares["in flight (ms)"], checks["open (ms)"]
-top, k = opened.idxmax(), int(checks.loc[opened.idxmax(), "checks"])
-lesson.say(
-    f"In flight includes time held open (the caveat): for the same bytes, bucket-async {fl['bucket-async']} ms, "
-    f"bucket {fl['bucket']} ms; {top}'s {f'{k} parameter checks' if k > 1 else 'parameter check'} "
-    f"{opened[top]:.1f} ms, no other stage's over {opened.drop(top).max():.1f} ms (the same bytes a check)."
-)
 
 # %% [markdown]
 # One row per profiled stage, one step each. In each row:
@@ -166,13 +167,12 @@ if quiet.max() < 1.1 * quiet.min():
 else:
     took = f"{', '.join(few)} took {span(quiet[few])}, the other rows {span(quiet.drop(few))}"
 lesson.say(
-    f"Where no row hands over a message (every band but the last micro-batch's, and the optimizer step)"
-    f", {took}: profiled at different moments on shared cores, so no ranking of compute; single is the step "
-    "without DDP."
+    f"Summed over the bands where no row hands over a message (each micro-batch's forward and backward but the "
+    f"last's, plus the optimizer step), {took}: profiled at different moments on shared cores, so no ranking of "
+    "compute."
 )
 
 # %%
-anatomy = lesson_05.anatomy(result, zero.index)  # per stage: messages handed over, and how many during a backward
 after = anatomy.index[anatomy["during a backward"] == 0]
 during = anatomy.drop(after)
 # cell 4's blocking and asynchronous stages: `simple` and `ga` hand over no message during a backward, the others
@@ -224,15 +224,16 @@ saved = ms["hook-async"] - ms["bucket-async"]
 assert fewer > 0 and per.loc["hook-async", "bytes"] == per.loc["bucket-async", "bytes"]
 assert abs(saved - fewer * fixed) < 1e-9 * ms["ga"]
 h, b = exposed["hook-async"], exposed["bucket-async"]
-# the part of b during which the link carried bucket-async's last bucket
+# the part of b during which the link carried bucket-async's last bucket; the rest, earlier buckets
 last = round(lesson_05.exposed_on_last(LINKED, "bucket-async"), 1)
-mib, lms, before = lesson_05.last_message(linked, link, "bucket-async")  # MiB, ms on the link, ms before the end
-hmib, hms, _ = lesson_05.last_message(linked, link, "hook-async")
-on_last = f", {last} ms of it on its last bucket" if last else ""
-more = "but" if b > h else "and"
+on_last = f"{last or 'none'}{' ms' if last else ''} while the link carried its last bucket"
+rest = f", {b - last:.1f} ms while it still carried earlier buckets" if b - last >= 0.05 else ""
+wh = on_link.loc["hook-async", "waited (ms)"]
 lesson.say(
-    f"bucket-async cut link time by {saved:.1f} ms against hook-async ({fewer} fewer messages' fixed costs "
-    f"2(n−1)·α, the same bytes), {more} exposed {b} ms to hook-async's {h} ms{on_last}. {'That' if last else 'Its last'} bucket ({mib:.3f} "
-    f"MiB, {lms:.1f} ms on the link) fills only with the backward's last gradients (handed over {before:.1f} ms "
-    f"before the backward's end); hook-async's last message ({hmib:.2f} MiB, {hms:.1f} ms) went as its gradient was ready."
+    f"bucket-async's {fewer} fewer messages cut link time only by their fixed costs 2(n−1)·α: {saved:.1f} of "
+    f"hook-async's {ms['hook-async']:.1f} ms, the same bytes."
+)
+lesson.say(
+    f"Exposed: hook-async {h} ms, bucket-async {b} ms, {on_last}{rest}. hook-async's waited − exposed, "
+    f"{wh - h:.1f} of {wh} ms, was a wait for the real all_reduce."
 )
