@@ -60,23 +60,6 @@ def anatomy(result, stages) -> pd.DataFrame:
     return pd.DataFrame(rows).T.astype(int)
 
 
-def checks(run: Path, stages) -> pd.DataFrame:
-    """Per stage, rank 0's profiled step's parameter checks (:func:`lesson.parameter_checks`, what the figure
-    hatches): how many, how long their all_gather ranges were open (``metrics.in_flight``) and the non-compute in
-    them (``metrics.non_compute``), ms."""
-    from minddp.analysis import metrics
-
-    rows = {}
-    for st in stages:
-        iv, _, spans = lesson.parameter_checks(run, st)
-        rows[st] = {
-            "checks": len(spans),
-            "open (ms)": metrics.in_flight(spans) / 1e3,
-            "non-compute (ms)": metrics.non_compute(spans, iv.compute, spans) / 1e3,
-        }
-    return pd.DataFrame(rows).T
-
-
 def timeline_rows(result, run: Path) -> list[dict]:
     """The rows :func:`minddp.analysis.timeline.draw_steps` draws (``rows_from_analysis``), each with its stage's
     parameter checks (``checks``: gloo's all_gather ranges, ms from the step's start, so ``checks_in_flight``)."""
@@ -183,19 +166,6 @@ def above_gap(values: pd.Series) -> list:
     """The labels of ``values`` above the widest gap between two neighbours in sorted order."""
     v = values.sort_values()
     return list(v.index[int(v.diff().to_numpy()[1:].argmax()) + 1 :])
-
-
-def last_message(linked, link, stage: str) -> tuple[float, float, float]:
-    """The link run's last message of ``stage`` (rank 0, by hand-over): its MiB, its link time (ms) and how long
-    before the end of the step's last backward band it was handed over (ms)."""
-    from minddp.analysis import metrics
-
-    sent, p = rank0(linked.buckets), rank0(linked.phases)
-    last = sent[sent["stage"] == stage].sort_values("ready_us").iloc[-1]
-    nbytes, world = float(last["numel"] * 4), int(linked.summary["rank"].nunique())
-    end = p.loc[(p["stage"] == stage) & (p["phase"] == "backward"), "end_us"].max()
-    ms = 1e3 * metrics.link_time(link, [("all_reduce", nbytes, world)])
-    return nbytes / 2**20, ms, (end - last["ready_us"]) / 1e3
 
 
 def ms_range(values: pd.Series) -> str:
