@@ -108,8 +108,8 @@ def say_speeds(looks: dict) -> None:
     own = {s: backward_less_check(v) for s, v in looks.items() if not v.get("waits_in_backward")}
     lo, hi = min(own, key=own.__getitem__), max(own, key=own.__getitem__)
     say(
-        f"Last backwards with no wait inside: {own[lo]:.0f} ms ({lo}) to {own[hi]:.0f} ({hi}), run at different "
-        "moments on a shared machine; the bars do not compare the stages' compute."
+        f"Backwards with no wait inside ran {own[lo]:.0f} ms ({lo}) to {own[hi]:.0f} ({hi}) at different moments on a "
+        "shared machine: the bars do not compare the stages' compute."
     )
 
 
@@ -287,10 +287,10 @@ def say_sized(
     """One sized link, in a sentence: the setting's ratios, the network, the backward it was sized from, the cap."""
     bytes_ratio, message_ratio = ratios
     say(
-        f"{name}: on {link_name} with {ranks} ranks (step-time model) one sync's bytes take {bytes_ratio:.2f} "
+        f"{name}: on {link_name} with {ranks} ranks one sync's bytes take {bytes_ratio:.2f} "
         f"backwards, one message's fixed cost {message_ratio:.1e} of one. Here {model_name}: {n_tensors} "
         f"gradient tensors (SmolLM2-360M {blog_tensors}), {sync_bytes / 2**20:.1f} MiB, a backward of "
-        f"{1e3 * backward_s:.0f} ms ({how}, rank 0); a cap of {cap:.2f} MiB."
+        f"{1e3 * backward_s:.0f} ms ({how}); a cap of {cap:.2f} MiB."
     )
 
 
@@ -305,11 +305,7 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
     backwards against the one each link was sized from (``sized_from``, seconds, by setting name); a whole-ms
     match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
-        what = (
-            "each rung's link time, exposed, waited and own last backward less the check, ms"
-            if runs is t4
-            else "the same"
-        )
+        what = "link time, exposed, waited and last backward less the check, ms" if runs is t4 else "the same"
         hid = [s for s, r in runs.items() if round(r["exposed_ms"]) == 0]
         most = [s for s, r in runs.items() if r["exposed_ms"] > r["link_ms"] / 2]
         said = [f"{listed(hid)} exposed none of {'their' if len(hid) > 1 else 'its'} link time"] if hid else []
@@ -352,10 +348,11 @@ def say_takeaway(looks: dict, t4: dict, far: dict, spread_ms: float) -> None:
     for name, runs in settings.items():
         h, b = runs["hook-async"], runs["bucket-async"]
         measures = {m: (round(h[f"{m}_ms"]), round(b[f"{m}_ms"])) for m in ("exposed", "waited", "step")}
-        wider = [
-            f"{m}, {'hook-async' if x < y else 'bucket-async'}'s shorter"
-            for m, (x, y) in measures.items()
-            if abs(x - y) > spread_ms
+        past = {  # each measure wider than the spread: the stage whose value is shorter
+            m: "hook-async" if x < y else "bucket-async" for m, (x, y) in measures.items() if abs(x - y) > spread_ms
+        }
+        wider = [  # grouped by that stage
+            f"{listed([m for m in past if past[m] == s])}, {s}'s shorter" for s in dict.fromkeys(past.values())
         ]
         say(
             f"{name}, {'hook-async against bucket-async: ' if runs is here else ''}"
@@ -363,7 +360,7 @@ def say_takeaway(looks: dict, t4: dict, far: dict, spread_ms: float) -> None:
             + "; "
             + (
                 f"wider than {within if runs is here else 'that spread'}: {'; '.join(wider)}"
-                + ("; the rest within it." if len(wider) < len(measures) else ".")
+                + ("; the rest within it." if len(past) < len(measures) else ".")
                 if wider
                 else f"each gap within {within if runs is here else 'that spread'}."
             )
@@ -382,20 +379,17 @@ def say_takeaway(looks: dict, t4: dict, far: dict, spread_ms: float) -> None:
             else f"{r[w]['waits_in_backward']} of {r[w]['waits']} waits inside"
         )
         said[n].append(f"{w} {r[w]['backward_ms']:.0f} ({inside}) against {a} {r[a]['backward_ms']:.0f}")
-    held = [  # the gap is the waiting inside the longer backward, to within the spread
-        abs(r[w]["backward_ms"] - r[a]["backward_ms"] - r[w]["waited_ms"]) <= spread_ms
-        and r[w]["waits_in_backward"] == r[w]["waits"]
+    missed = [  # the gap is the waiting inside the longer backward, to within the spread, but for these
+        f"{w}'s {n[0].lower()}{n[1:]}"
         for n, a, w, r in pairs
+        if abs(r[w]["backward_ms"] - r[a]["backward_ms"] - r[w]["waited_ms"]) > spread_ms
+        or r[w]["waits_in_backward"] != r[w]["waits"]
     ]
     say(
         "Backward less the check, ms: "
         + "; ".join(f"{n[0].lower()}{n[1:]}, {'; '.join(g)}" for n, g in said.items())
-        + (
-            ". Each gap is the time waited inside the longer backward, to within that spread."
-            if all(held)
-            else f". The time waited inside the longer backward makes the gap, to within that spread, in {sum(held)} "
-            f"of {len(held)} pairs."
-        )
+        + ". Each gap is the longer backward's waited, within that spread"
+        + (f", but {listed(missed)}." if missed else ".")
     )
     cut = {
         n: 100 * (r["hook-async"]["link_ms"] - r["bucket-async"]["link_ms"]) / r["hook-async"]["link_ms"]
