@@ -87,7 +87,7 @@ def meet(stage, before=None):
     if stage == "simple":  # each rank's own time at the parameters-used check; later stages': the table
         on_ranks = lesson_03.checks_on_ranks(looks, [stage])[stage]
         lesson_03.say_check(stage, on_ranks, looks[stage]["check_spans"])
-    lesson_03.say_slow(stage, looks)  # a pass the shared machine slowed, against single's (the no-message baseline)
+    lesson_03.say_slow(stage, looks)  # a pass slowed past say_slow's bound, said
     title = f"{stage}" + (f" (below) and {before} (faded)" if before else "") + ", rank 0"
     lesson.picture(looks, stage, before, title=title)
 
@@ -565,8 +565,7 @@ lesson.claim(
 #
 # Every profiled step above on one axis, and
 # their numbers (units in the column names). *Last
-# backward less the check*: the backward of the step's last micro-batch, measured once on a shared
-# machine, less rank 0's time at the check inside it (from `hook` to `bucket-async`); `hook`'s and
+# backward less the check*: the backward of the step's last micro-batch, less rank 0's time at the check inside it (from `hook` to `bucket-async`); `hook`'s and
 # `bucket`'s include their waits. *At the check*: the time the check held each rank, summed over the step's checks (in
 # neither waited nor exposed; "–": no check). torch's waits are not seen (–).
 
@@ -580,6 +579,7 @@ lesson.picture(
 )
 ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 checks = lesson_03.checks_on_ranks(looks, ladder)  # each rank's own time at the check
+lesson_03.say_speeds(looks)
 
 # %%
 # %%rank 0
@@ -679,7 +679,7 @@ lesson.claim(
     + ".",
 )
 here = lesson.SETTINGS.bucket_cap_mb
-lesson_03.say_sweep(swept, this_run, model, default, looks["hook-async"])
+lesson_03.say_sweep(swept, this_run, model, default)
 if rank == 0:
     lesson_03.sweep_figure(swept, model, default, LINK.name, world_size, here, looks["hook-async"])
 
@@ -691,8 +691,7 @@ lesson_03.sweep_table(swept, model, default)
 # ### Links sized with two settings' ratios, at this machine's speed
 #
 # Two ratios matter: one sync's bytes' time and one message's fixed cost, each over one backward.
-# The cell sets α and β so that one backward timed here (rank 0's; for the T4s the cap sweep's median,
-# for 1024 ranks single's) has both ratios of a setting. Each run below is one profiled step, no
+# The cell sets α and β so that one backward timed here has both ratios of a setting. Each run below is one profiled step, no
 # warm-up. Both settings' ratios are those of SmolLM2-360M
 # (the blog's workload, not run here) as the step-time model rebuilds it (`docs/scaling.md` §5):
 #
@@ -741,7 +740,6 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     cap = 25 * sync_bytes / blog.total_bytes  # the blog's 25 MiB, scaled to this model
     lesson_03.say_sized(
         name,
-        link,
         ranks,
         link_name,
         model_name,
@@ -766,6 +764,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
             "calls": v["calls"],
             "backward_ms": lesson.backward_less_check(v),
             "step_ms": v["row"]["end"],
+            "waits": v["waits"],
             "waits_in_backward": v["waits_in_backward"],  # hook and bucket: their backward holds their waits
         }
 
@@ -773,7 +772,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # %%distributed
 t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
 far = {s: blog_runs["1024 ranks", s] for s in RUN["1024 ranks"]}
-lesson_03.say_sized_measures(t4, far)
+lesson_03.say_sized_measures(t4, far, sized_from)
 
 # %% [markdown]
 # ## Takeaway

@@ -43,8 +43,7 @@ def say_check(stage: str, on_ranks: list[float], spans: list) -> None:
     gap = round(on_ranks[long]) - round(on_ranks[short])  # of the whole ms printed, so that the sum adds up
     if stage == CHECKED[0]:  # why the ranks differ is said once, at the first stage checked
         said += (
-            ": its all_gather holds the rank there first until the other joins (a rank slowed by the machine's load "
-            "joins late), a cost of the check, not of the link."
+            ": its all_gather holds the rank there first until the other joins, a cost of the check, not of the link."
         )
     elif gap == 0:
         said += "; the ranks' times differ by less than 1 ms."
@@ -103,6 +102,17 @@ def look_table(looks: dict, checks: dict[str, list[float]]):
     return table
 
 
+def say_speeds(looks: dict) -> None:
+    """The side-by-side bars' caveat, computed: the last backwards (less the check) of the rows with no wait inside
+    them, the least and the most, the same computation timed at different moments on a shared machine."""
+    own = {s: backward_less_check(v) for s, v in looks.items() if not v.get("waits_in_backward")}
+    lo, hi = min(own, key=own.__getitem__), max(own, key=own.__getitem__)
+    say(
+        f"Backwards with no wait inside ran {own[lo]:.0f} ms ({lo}) to {own[hi]:.0f} ({hi}) at different moments on a "
+        "shared machine: the bars do not compare the stages' compute."
+    )
+
+
 def say_exposed_parts(looks: dict, stage: str, before: str) -> None:
     """Why ``stage`` exposed more or less than ``before`` (both waiting for each message as it goes): exposed is the
     link time less its part before the thread's waits began, each in whole ms as :func:`lesson.say_look` prints."""
@@ -157,23 +167,21 @@ def cap_name(cap) -> str:
     return "None" if cap is None else f"{cap:g} MiB"
 
 
-def say_sweep(swept: dict, this_run_s: float, model: list, default, h: dict) -> None:
+def say_sweep(swept: dict, this_run_s: float, model: list, default) -> None:
     """The cap sweep's steps against the model in a sentence: their own backwards (less the check) beside the model's
     one, ``this_run_s``, and each step's link after backward over the model's at its cap (``model``: the grid's
-    :func:`~minddp.costmodel.buckets.plan_costs`, ``default``: None's), as a range; then the grid cap the model leaves
-    least after, beside hook-async's step (``h``, its look on the same link): one step per cap ranks no caps."""
+    :func:`~minddp.costmodel.buckets.plan_costs`, ``default``: None's), as a range, from the values at the
+    0.1 ms :func:`sweep_table` prints."""
     from minddp.costmodel.buckets import on_the_link
 
     own = [backward_less_check(v) for v in swept.values()]
     at = {c.cap_mb: c for c in model} | {None: default}
     end = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}
-    ratio = [end[c] / (1e3 * at[c].after_backward) for c in swept]
-    least = min(model, key=lambda c: c.after_backward)
+    ratio = [round(end[c], 1) / round(1e3 * at[c].after_backward, 1) for c in swept]  # the table's values
     say(
         f"The steps' own backwards ran {min(own):.0f} to {max(own):.0f} ms against the model's "
         f"{1e3 * this_run_s:.0f}; their link after backward, {min(ratio):.2g} to {max(ratio):.2g} times the model's "
-        f"at their cap. The model's least, {1e3 * least.after_backward:.1f} ms at {cap_name(least.cap_mb)}; "
-        f"hook-async's step: {on_the_link(h['row'])['end_ms']:.1f}."
+        "at their cap."
     )
 
 
@@ -265,7 +273,6 @@ def rank0s(value: float) -> float:
 
 def say_sized(
     name: str,
-    link,
     ranks: int,
     link_name: str,
     model_name: str,
@@ -277,14 +284,13 @@ def say_sized(
     how: str,
     cap: float,
 ) -> None:
-    """One sized link, in a sentence: the setting's ratios, the network, the backward it was sized from, the link."""
+    """One sized link, in a sentence: the setting's ratios, the network, the backward it was sized from, the cap."""
     bytes_ratio, message_ratio = ratios
     say(
-        f"{name}: on {link_name} with {ranks} ranks (step-time model) one sync's bytes take {bytes_ratio:.2f} "
-        f"backwards, one message's fixed cost {message_ratio:.1e} of one. Here, on 2 ranks, {model_name}: {n_tensors} "
+        f"{name}: on {link_name} with {ranks} ranks one sync's bytes take {bytes_ratio:.2f} "
+        f"backwards, one message's fixed cost {message_ratio:.1e} of one. Here {model_name}: {n_tensors} "
         f"gradient tensors (SmolLM2-360M {blog_tensors}), {sync_bytes / 2**20:.1f} MiB, a backward of "
-        f"{1e3 * backward_s:.0f} ms ({how}, rank 0): an emulated link of {link.bandwidth / 1e9:.2g} GB/s and "
-        f"{1e3 * link.latency:.3g} ms per hop; a cap of {cap:.2f} MiB."
+        f"{1e3 * backward_s:.0f} ms ({how}); a cap of {cap:.2f} MiB."
     )
 
 
@@ -293,31 +299,24 @@ def listed(names: list[str]) -> str:
     return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
-def say_sized_measures(t4: dict, far: dict) -> None:
+def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
     """Each sized link's rungs (2 ranks): link time, exposed, waited and the step's own last backward less the check,
-    then in words which rungs exposed none of their link time (whole ms) and which over half of it, and the rung
-    whose backward and exposed together were least, beside any rung that exposed none yet whose backward alone was
-    more; a whole-ms match of bucket-async's backward on the two links is said to be chance (two networks, two
-    steps)."""
+    then in words which rungs exposed none of their link time (whole ms) and which over half of it, and the rungs'
+    backwards against the one each link was sized from (``sized_from``, seconds, by setting name); a whole-ms
+    match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
-        what = (
-            "each rung's link time, exposed, waited and own last backward less the check, ms"
-            if runs is t4
-            else "the same"
-        )
+        what = "link time, exposed, waited and last backward less the check, ms" if runs is t4 else "the same"
         hid = [s for s, r in runs.items() if round(r["exposed_ms"]) == 0]
         most = [s for s, r in runs.items() if r["exposed_ms"] > r["link_ms"] / 2]
         said = [f"{listed(hid)} exposed none of {'their' if len(hid) > 1 else 'its'} link time"] if hid else []
         said += [f"{listed(most)} over half of it"] if most else []
-        both = {s: round(r["backward_ms"]) + round(r["exposed_ms"]) for s, r in runs.items()}
-        low = min(both, key=both.__getitem__)
-        more = [s for s in hid if round(runs[s]["backward_ms"]) > both[low]]
+        own = [r["backward_ms"] for r in runs.values()]
         said += [
-            f"backward and exposed together least for {low} ({both[low]} ms)"
-            + (", less than " + listed([f"{s}'s" for s in more]) + " backward alone" if more else "")
+            f"backwards {min(own):.0f} to {max(own):.0f} ms against the {1e3 * sized_from[name]:.0f} sized from: "
+            "ratios only near the setting's"
         ]
         say(
-            f"2 ranks on the link sized for {name}; {what}: "
+            f"Sized for {name}{', 2 ranks' if runs is t4 else ''}; {what}: "
             + "; ".join(
                 f"{s} {r['link_ms']:.0f}, {r['exposed_ms']:.0f}, {r['waited_ms']:.0f}, {r['backward_ms']:.0f}"
                 for s, r in runs.items()
@@ -331,77 +330,73 @@ def say_sized_measures(t4: dict, far: dict) -> None:
         )
 
 
-def _favours(h: float, b: float) -> str:
-    """Which of hook-async (``h``) and bucket-async (``b``) a measure favours at whole ms: the lower one."""
-    return "hook-async" if round(h) < round(b) else "bucket-async" if round(b) < round(h) else "neither"
-
-
 def say_takeaway(looks: dict, t4: dict, far: dict, spread_ms: float) -> None:
     """The takeaway in words, from the runs, per setting (this notebook's link: ``looks``; the sized links' runs):
-    hook-async's and bucket-async's exposed, waited and step, which each measure favours and, where they differ,
-    each stage's waiting past the link's delivery per message; then each stage that waits in finish against the one
-    that waits in backward, their backwards' gaps against ``spread_ms`` (the cap sweep's five backwards' spread);
-    and the link time buckets cut."""
+    hook-async's and bucket-async's exposed, waited and step, each gap said as a difference only when wider than
+    ``spread_ms`` (the cap sweep's five backwards' spread); then hook's and bucket's backwards against hook-async's
+    and bucket-async's, each gap beside the time the longer one waited inside it; and the link time buckets cut."""
     from minddp.costmodel.buckets import on_the_link
 
     here = {
         s: on_the_link(looks[s]["row"])
+        | {k: looks[s][k] for k in ("waits", "waits_in_backward")}
         | {"backward_ms": backward_less_check(looks[s]), "step_ms": looks[s]["row"]["end"]}
         for s in ("hook", "hook-async", "bucket", "bucket-async")
     }
     settings = {"On 1 Gbit/s": here, "Sized for 4 × T4": t4, "Sized for 1024 ranks": far}
+    within = f"the {spread_ms:.0f} ms the sweep's bucket-async backwards spread over"
     for name, runs in settings.items():
         h, b = runs["hook-async"], runs["bucket-async"]
-        pair = "hook-async against bucket-async: " if runs is here else ""
-        fe, fw = _favours(h["exposed_ms"], b["exposed_ms"]), _favours(h["waited_ms"], b["waited_ms"])
-        past = [
-            f"{s} {x:.2f} ms a message ({r['messages']} messages)" if x >= 0.005 else f"{s} none"
-            for s, r in (("hook-async", h), ("bucket-async", b))
-            for x in [(round(r["waited_ms"]) - round(r["exposed_ms"])) / r["messages"]]  # as printed
+        measures = {m: (round(h[f"{m}_ms"]), round(b[f"{m}_ms"])) for m in ("exposed", "waited", "step")}
+        past = {  # each measure wider than the spread: the stage whose value is shorter
+            m: "hook-async" if x < y else "bucket-async" for m, (x, y) in measures.items() if abs(x - y) > spread_ms
+        }
+        wider = [  # grouped by that stage
+            f"{listed([m for m in past if past[m] == s])}, {s}'s shorter" for s in dict.fromkeys(past.values())
         ]
         say(
-            f"{name}, {pair}exposed {h['exposed_ms']:.0f} against {b['exposed_ms']:.0f} ms, "
-            f"waited {h['waited_ms']:.0f} against {b['waited_ms']:.0f}, step {h['step_ms']:.0f} against "
-            f"{b['step_ms']:.0f}; "
+            f"{name}, {'hook-async against bucket-async: ' if runs is here else ''}"
+            + ", ".join(f"{m} {x} against {y}" + (" ms" if m == "exposed" else "") for m, (x, y) in measures.items())
+            + "; "
             + (
-                ("exposed and waited favour neither." if fe == "neither" else f"exposed and waited favour {fe}.")
-                if fe == fw
-                else f"exposed favours {fe}, waited {fw}: waiting past the link's delivery, {past[0]}, {past[1]}."
+                f"wider than {within if runs is here else 'that spread'}: {'; '.join(wider)}"
+                + ("; the rest within it." if len(past) < len(measures) else ".")
+                if wider
+                else f"each gap within {within if runs is here else 'that spread'}."
             )
         )
-    gaps = {
-        n: [
-            f"{a} {round(r[a]['backward_ms'])} against {round(r[w]['backward_ms'])}"
-            for a, w in (("hook-async", "hook"), ("bucket-async", "bucket"))
-            if w in r
-        ]
-        for n, r in settings.items()
-    }
-    wider = [
-        f"{a}'s {n[0].lower()}{n[1:]}"
+    pairs = [
+        (n, a, w, r)
         for n, r in settings.items()
         for a, w in (("hook-async", "hook"), ("bucket-async", "bucket"))
-        if w in r and abs(r[a]["backward_ms"] - r[w]["backward_ms"]) > spread_ms
+        if w in r
+    ]
+    said = {n: [] for n in settings}
+    for n, a, w, r in pairs:
+        inside = (  # all its waits began inside its backward: its waited is time inside it
+            f"waited {r[w]['waited_ms']:.0f}"
+            if r[w]["waits_in_backward"] == r[w]["waits"]
+            else f"{r[w]['waits_in_backward']} of {r[w]['waits']} waits inside"
+        )
+        said[n].append(f"{w} {r[w]['backward_ms']:.0f} ({inside}) against {a} {r[a]['backward_ms']:.0f}")
+    missed = [  # the gap is the waiting inside the longer backward, to within the spread, but for these
+        f"{w}'s {n[0].lower()}{n[1:]}"
+        for n, a, w, r in pairs
+        if abs(r[w]["backward_ms"] - r[a]["backward_ms"] - r[w]["waited_ms"]) > spread_ms
+        or r[w]["waits_in_backward"] != r[w]["waits"]
     ]
     say(
-        "Backward less the check, ms, of hook-async against hook and bucket-async against bucket (those two wait in "
-        "their backward): "
-        + "; ".join(f"{n[0].lower()}{n[1:]}, {', '.join(g)}" for n, g in gaps.items())
-        + f". Gaps wider than the {spread_ms:.0f} ms the sweep's bucket-async backwards spread over: "
-        + (
-            "every gap."
-            if len(wider) == sum(map(len, gaps.values()))
-            else f"{listed(wider)}; the rest within it."
-            if wider
-            else "none."
-        )
+        "Backward less the check, ms: "
+        + "; ".join(f"{n[0].lower()}{n[1:]}, {'; '.join(g)}" for n, g in said.items())
+        + ". Each gap is the longer backward's waited, within that spread"
+        + (f", but {listed(missed)}." if missed else ".")
     )
     cut = {
         n: 100 * (r["hook-async"]["link_ms"] - r["bucket-async"]["link_ms"]) / r["hook-async"]["link_ms"]
         for n, r in settings.items()
     }
     say(
-        "Buckets cut the link time by the fixed costs of the messages they no longer send: "
+        "Buckets' fewer fixed costs cut the link time "
         + ", ".join(f"{pct:.0f} % {n[0].lower()}{n[1:]}" for n, pct in cut.items())
         + "."
     )
