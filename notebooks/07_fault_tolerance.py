@@ -26,14 +26,14 @@
 # alike; it goes through these phases (2 and 3 only when needed):
 #
 # 1. a **quorum**: before each attempt, a coordinator (the *lighthouse*, a process of its own) waits until
-#    every live **slot** (*slot* defined below, *live* with the run's settings) has asked, then answers who trains it, the
+#    every **slot** (the list below) has asked or been given up on (when: `hang_s` below), then answers who trains it, the
 #    attempt's **members**, and which step: the largest any member asked to train (`quorum.max_step`);
 # 2. a new **group** (the processes a collective runs among, as in notebooks 01-04) at the run's first
 #    quorum, and whenever the members changed or the last attempt was discarded (a group that saw a
 #    failure may be broken);
 # 3. a process that comes back is **healed**: it receives the trained state from a peer, over the group,
 #    no file (the parameters, the optimizer's state, the count of steps committed), before DDP's wrapper is
-#    built (`wrap()`), which broadcasts the parameters of the group's first member (its rank 0; *rank* below), maybe the fresh one;
+#    built (`wrap()`), which broadcasts the parameters of the group's first member, maybe the fresh one;
 # 4. **the work** (`work` below): the members split the step's global batch among themselves (the exercise
 #    below);
 # 5. **should_commit**: the members vote yes or no; the attempt is committed if every member voted yes, else
@@ -67,7 +67,7 @@ lesson_07.print_phase_lines()
 #   `raise@11:2`, slot 2's comm hook (the function that averages the gradients with an all_reduce, as in
 #   notebook 04) raises in step 11, before its all_reduce (slot 2's process stays);
 # * `hang_s=30.0`, the **hang bound**: the group's collective timeout, and the lighthouse's bound below.
-#   A process's **heartbeat** is a count that a thread writes every 50 ms, `BEAT_S`, to the lighthouse's
+#   A process's **heartbeat** is a count that a thread of it keeps rewriting on the lighthouse's
 #   **store** (torch's `TCPStore`, a key-value store over TCP). A slot is **silent** while its heartbeat, requests and votes stay unchanged, and **live** from
 #   its first heartbeat until it has been silent for the hang bound (the lighthouse then **evicts** it: the
 #   launcher ends its process; never the last process holding the trained state), its process has finished
@@ -120,7 +120,7 @@ lesson_07.print_recoveries(run, kill, raised, hang_s)
 
 
 # %% [markdown]
-# The kill's rejoin in parts, and the heal. A `✓` line from `lesson.claim` is a **claim**: it holds on the
+# The kill's rejoin in parts, then the heal. A `✓` line from `lesson.claim` is a **claim**: it holds on the
 # run shown, or the cell fails (the exercise checker's `✓` and `✗` are verdicts; they fail nothing).
 
 # %%
@@ -191,12 +191,12 @@ checks = consistency(run)
 lesson.claim(checks.identical, f"the {checks.slots} slots ended equal")
 lesson.claim(
     checks.one_start,
-    f"in each of the {checks.attempts} attempts, the *before* digests of its members that lived were equal",
+    f"in each of the {checks.attempts} attempts, the *before* digests its members recorded were equal",
 )
 lesson.claim(
     checks.discards_kept,
     f"the {checks.discarded} discarded attempts changed nothing: the digest after equals the one before for each of"
-    f" their {checks.discarded_entries} members that lived",
+    f" their {checks.discarded_entries} surviving members",
 )
 
 # %% [markdown]
@@ -206,7 +206,7 @@ lesson.claim(
 # `shard(batch, rank, world)`. After a process is lost the survivors must train its rows too. Write that
 # split: given the step's batch `(x, y)` (one row of `x` per example, its target in `y`), return this
 # rank's rows, `(x[rows], y[rows])`, so that each of the batch's B rows goes to exactly one of the `world`
-# ranks and no rank takes more than ceil(B / world) (a step lasts as long as its busiest rank), whatever
+# ranks and no rank takes more than ceil(B / world), whatever
 # `world` and B are. Split by the `rank` and `world` you are given: the checker refuses a split whose code
 # reads `dist.get_rank()`, `dist.get_world_size()` or the environment (the launcher's `RANK` is the slot).
 #
@@ -295,17 +295,20 @@ for bound in (2.0, 1.0):
         print(f"  slot {slot}, step 4: {error}")
     o = stops[bound] = fault_outcomes(stopped)[0]
     evicted[bound] = lesson_07.evicted_s(stopped, o)  # s from the freeze to each eviction of its slot
-# the lighthouse forms no quorum until it evicts the frozen slot, on any machine (when it evicts, load can move)
+# the lighthouse forms no quorum until it evicts the frozen slot
 lesson.claim(
     all(o.quorum_s is not None and any(t <= o.quorum_s for t in evicted[b]) for b, o in stops.items()),
     "in each run the next quorum came only after the lighthouse evicted the frozen slot as silent",
 )
-slow, fast = (round(stops[b].recovery_s, 3) for b in (2.0, 1.0))  # s, as the report lines print them
-shorter = round((slow - fast) * 1000)  # ms
+rest = {b: lesson_07.ms(o.recovery_s) - lesson_07.ms(b) for b, o in stops.items()}  # ms past each bound
+cut = lesson_07.ms(stops[2.0].recovery_s) - lesson_07.ms(stops[1.0].recovery_s)  # ms
 lesson.say(
-    f"Halving the bound took the recovery from {slow:.3f} s to {fast:.3f} s: "
-    + (f"{abs(shorter)} ms {'shorter' if shorter > 0 else 'longer'}" if shorter else "the same to the ms")
-    + (f", against the {(2.0 - 1.0) * 1000:g} ms the bound lost" if shorter > 0 else "")
+    "Each recovery was its hang bound "
+    + " and ".join(f"{'plus' if r >= 0 else 'minus'} {abs(r)} ms (at {b:g} s)" for b, r in rest.items())
+    + ": halving the bound "
+    + (f"cut it by {cut} ms" if cut > 0 else f"lengthened it by {-cut} ms" if cut else "left it the same to the ms")
+    + f"; at 2 s a freeze cost about {stops[2.0].recovery_s / kill.recovery_s:.0f} times the kill's"
+    f" {lesson_07.ms(kill.recovery_s)} ms recovery above"
 )
 
 # %%

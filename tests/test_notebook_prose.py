@@ -54,7 +54,6 @@ STEADY: dict[str, dict[str, str]] = {
     },
     "07_fault_tolerance": {
         "a 10 ms pause per attempt": SETTING,
-        "writes every 50 ms, `BEAT_S`": "the heartbeat's period, a constant of minddp.ft",
     },
     "08_debugging": {},
     "10_diloco": {

@@ -72,8 +72,7 @@ def _parts(run, o) -> tuple[int, int, int]:
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms: the moments (after the fault) its next quorum's members had all asked,
     the launcher saw the killed process end and recorded its exit (``EXIT_WAIT_S`` later), and the quorum came; then
-    the time from that quorum to the commit. Then which recovery was longer, by how much in each of those three parts;
-    and whether either lasted the hang bound."""
+    the time from that quorum to the commit; and whether either lasted the hang bound."""
     # the kill's quorum came once the launcher had recorded the exit: it waited for that record
     recorded = None not in (kill.exit_s, kill.seen_s) and kill.exit_s <= kill.quorum_s
     for o in (kill, raised):
@@ -91,24 +90,6 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
             f"(its members had all asked by {asked} ms{exited}), then {to_commit} ms to the commit of step "
             f"{o.committed_step}"
         )
-    short, long_ = sorted((kill, raised), key=lambda o: ms(o.recovery_s))
-    longer = ms(long_.recovery_s) - ms(short.recovery_s)
-    if not longer:
-        print("The two recoveries lasted the same to the ms")
-    else:
-        # each of the three parts printed above, long minus short (they sum to ``longer``)
-        diffs = [a - b for a, b in zip(_parts(run, long_), _parts(run, short))]
-        # the kill's quorum came after its exit record, which came after all had asked: the middle part waited for it
-        waited = long_ is kill and recorded and ms(kill.exit_s) > _parts(run, kill)[0] and diffs[1] > 0
-        names = ["until all had asked", "from then to the quorum", "from the quorum to the commit"]
-        if waited:
-            names[1] += f" (for slot {kill.fault.slot}'s exit record)"
-        said = [
-            f"{abs(d)} ms {'longer' if d > 0 else 'shorter'} {name}" if d else f"the same {name}"
-            for d, name in zip(diffs, names)
-        ]
-        than = f"The {long_.fault.kind}'s recovery was {longer} ms longer than the {short.fault.kind}'s"
-        print(f"{than}: {', '.join(said)}")
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
         print(
@@ -119,9 +100,9 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     """For a kill ``o``: the rejoin, split in the parts that add up to it, each with its share of the rejoin: until
     the launcher started the slot's new process; from then to that process's first quorum request; from that
-    request to the quorum.
+    request to the quorum; the largest named in words.
     Then how long the survivors trained nothing before that quorum (and whether the run's ``full_world_at`` kept it
-    for the slot, with their pace a step), and the bytes the heal received."""
+    for the slot, with their pace a step), and the heal: its time and the bytes it received."""
     slot, step = o.fault.slot, o.fault.step
     others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
     last_step, last = o.last_commit
@@ -131,10 +112,19 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     def share(t_ms: int) -> str:
         return "under 1%" if 0 < t_ms < rejoin / 200 else f"{t_ms / rejoin:.0%}"
 
-    print(f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill:")
-    print(f"  {start} ms ({share(start)}) until the launcher started the new process")
-    print(f"  {startup} ms ({share(startup)}) from then to its first quorum request: the new process starting up")
-    print(f"  {rejoin - asked} ms ({share(rejoin - asked)}) from that request to the quorum")
+    parts = [
+        (start, "until the launcher started the new process", "before the new process started"),
+        (startup, "from then to its first quorum request", "the new process starting up"),
+        (rejoin - asked, "from that request to the quorum", "between its request and the quorum"),
+    ]
+    top, _, what = max(parts)
+    most = "most" if top > rejoin / 2 else "the largest part"
+    print(
+        f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill, "
+        f"{most} of it ({share(top)}) {what}:"
+    )
+    for t, span, _ in parts:
+        print(f"  {t} ms ({share(t)}) {span}")
     survivors = f"slots {' and '.join(others)}"
     steps = f"step {step}" if last_step == step else f"steps {step}-{last_step}"
     idle = rejoin - ms(last)
@@ -155,8 +145,12 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
         f"{survivors}: committed {steps} at world {len(others)} by {ms(last)} ms after the kill, then trained nothing "
         f"for {idle} ms, until step {o.healed_at}'s quorum{why}"
     )
-    if heal_s(run, o) is not None:
-        print(f"the heal: {run.results[slot]['healed_bytes']:,} bytes from a peer")
+    healing = heal_s(run, o)
+    if healing is not None:
+        print(
+            f"then {ms(healing)} ms from that quorum to its work, the heal's "
+            f"{run.results[slot]['healed_bytes']:,} bytes from a peer included"
+        )
 
 
 def attempts(run, step: int, *, committed: bool) -> list[tuple[int, dict]]:
