@@ -132,8 +132,8 @@ lesson.say(
 # parameters and their `.grad`s just before the update, optimizer state just after, the activations (the most
 # bytes autograd saved for the backward during one micro-batch's forward, leaving out saved tensors that
 # lie in a parameter's storage or, for fsdp, a gathered unit's), and fsdp's *gathered units* at their
-# peak: the full parameters it has gathered and the buffers its all-gathers receive into. `lesson.Trainee(stage, warmup=0)` builds each stage
-# without a step, so the measured step is its first, the *memory step*.
+# peak: the full parameters it has gathered and the chunks its all-gathers receive. Each stage's
+# measured step is its first, the *memory step*.
 
 # %%
 # %%distributed
@@ -245,14 +245,13 @@ lesson.claim(
 )
 by = probe.activations_by  # the bf16 run's saved bytes by (dtype, class of the module that saved them)
 low = sum(b for (dtype, _), b in by.items() if dtype == "bfloat16")
-norm32 = sum(b for (dtype, m), b in by.items() if dtype == "float32" and m.endswith("RMSNorm"))
 other = f16["activations"] - low  # every byte not saved in bf16, in any dtype, by any module
 # in fp32 the bytes saved in bf16 here are twice as many and the others the same: the others keep it above half
 lesson.claim(
     abs(2 * low + other - f32["activations"]) < 1e-3 * f32["activations"],
     f"Its activations are {f16['activations'] / f32['activations']:.2f} times fp32 fsdp's, not half: "
-    f"{low / 2**20:.2f} MiB of them are saved in bf16 and {other / 2**20:.2f} MiB not "
-    f"({norm32 / 2**20:.2f} MiB of those in fp32 by the RMSNorms); twice the first plus the second come to "
+    f"{low / 2**20:.2f} MiB of them are saved in bf16 and {other / 2**20:.2f} MiB not; twice the first plus "
+    f"the second come to "
     f"fp32 fsdp's {mib(f32['activations'])}.",
 )
 
@@ -260,10 +259,10 @@ lesson.claim(
 # ### Why the master weights stay fp32
 #
 # A bf16 number has 8 significant bits: its spacing at a value is at least 2⁻⁸ of it, so a change under
-# 2⁻⁹ of a weight is always lost. AdamW's first update moves each value by about lr: lr · g/|g|, its
+# 2⁻⁹ of a weight is always lost. AdamW's first update moves a value by about lr: lr · g/|g|, its
 # bias-corrected averages of the gradient g and of g² being g and g² then, unless g is zero or as small as
 # AdamW's ε. The cell prints ddp's first update's median change, then adds lr to,
-# and subtracts it from, every initial value held in bf16 and in fp32 (`lesson.added`):
+# and subtracts it from, every initial value in bf16 and in fp32:
 
 # %%
 # %%rank 0
@@ -272,8 +271,7 @@ initial = lesson.make_model()
 values = torch.cat([p.detach().reshape(-1) for p in initial.parameters()])  # the initial weights
 stepped = torch.cat([p.detach().reshape(-1) for p in trainees["ddp"].model.module.parameters()])  # after 1 step
 lesson.say(
-    f"ddp's first update (lr = {lr}, weight decay "
-    f"{trainees['ddp'].optimizer.param_groups[0]['weight_decay']}) moved the values by a median of "
+    "ddp's first update moved the values by a median of "
     f"{(stepped - values).abs().median().item() / lr:.2f} × lr, up or down."
 )
 # each value's change, in units of lr, when lr is added (row 0) and subtracted (row 1); 0 where it is lost
@@ -423,7 +421,7 @@ show_source(reduce_scatter_hook)
 # passed in). Its *gradient collectives* are those that sum gradients (fsdp's all_reduces of its replicated
 # tensors included); it counts the all-gathers of parameters apart. In these *gloo looks* a `Wire` with no
 # transport of its own runs zero2's and fsdp's reduce-scatters as all_reduces of the whole tensor, keeping this
-# rank's piece (the ring below runs reduce-scatters). Each is its trainee's second step: the first was the
+# rank's piece. Each is its trainee's second step: the first was the
 # memory step, so zero2's starts by gathering the parameters that step updated.
 
 # %%
@@ -535,7 +533,7 @@ unit = fsdp.units[0]  # the units are all one size (the claim checks it)
 unit_bytes = sum(unit.numels) * 4  # its full fp32 parameters
 idle = gathered_bytes(fsdp)  # between steps: nothing gathered, nothing prefetched
 fsdp._start_gather(unit)  # this unit alone, gathered as a forward does
-received = unit.gathering[0].untyped_storage().nbytes()  # the buffer its all-gather receives into
+received = unit.gathering[0].untyped_storage().nbytes()  # the block its all-gather receives into
 fsdp._gather(unit)  # wait, then copy out into full parameters, storages of their own
 full_unit = sum(t.untyped_storage().nbytes() for t in unit.full)
 fsdp._free(unit)
@@ -548,8 +546,8 @@ lesson.claim(
     and len({sum(u.numels) for u in fsdp.units}) == 1
     and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, full_unit))
     and received + full_unit == peak,
-    f"fsdp's gathered units peak at {mib(peak)} in the memory step: a unit's all-gather's receive buffer "
-    f"and the full parameters copied out of it, held together, each "
+    f"fsdp's gathered units peak at {mib(peak)} in the memory step: as many bytes as the chunks a unit's "
+    f"all-gather receives and the full parameters copied out of them, each "
     + ("exactly" if received == full_unit == unit_bytes else "to within 0.1 %")
     + f" the unit's {mib(unit_bytes)}.",
 )
@@ -640,6 +638,7 @@ lesson.say(
 # Each total adds up rank 0's model state at one moment, activations left out (a claim counts them), and, for a
 # stage gathering parameters then, its *all-gather buffers* (what its all-gathers send from and receive into at
 # once, planned by `all_gather_buffer_bytes`, not measured) and fsdp's *full unit* (the parameters copied out).
+# The question: is each rung still under ddp while it gathers?
 
 # %%
 # %%rank 0
@@ -685,40 +684,35 @@ lesson.claim(
     + " (all buckets; fsdp: one unit).",
 )
 act = {s: memory[s]["activations"] for s in STAGES}
-KIND = {"parameters": "parameters", "gradients": "gradients", "optimizer": "optimizer state"}
-items = {f"{s}'s {word}": memory[s][k] for s in STAGES for k, word in KIND.items()}
-items |= {f"{s}'s all-gather buffers": buffers[s] for s in STAGES} | {"fsdp's full unit": full_unit}
-largest = max(items, key=items.get)  # the largest kind of bytes but the activations
 forward_saving = max(total_at[m]["ddp"] - total_at[m][s] for m in list(MOMENTS)[1:] for s in STAGES)
 lesson.claim(
-    len(set(act.values())) == 1 and act["ddp"] > max(items[largest], forward_saving),
-    f"No rung here shards activations: one forward saves {mib(act['ddp'])} in every stage, rank 0's "
-    f"largest kind of bytes, more than the most any rung's "
-    f"total as a forward starts falls below ddp's, {mib(forward_saving)}.",
+    len(set(act.values())) == 1 and act["ddp"] > forward_saving,
+    f"No rung here shards activations: one forward saves {mib(act['ddp'])} in every stage, more than the most "
+    f"any rung's total as a forward starts falls below ddp's, {mib(forward_saving)}.",
 )
 first, later = list(MOMENTS)[1:]
 more = {s: [m for m in MOMENTS if total_at[m][s] > total_at[m]["ddp"]] for s in STAGES[1:]}
-# without its all-gather buffers (planned, not measured) each is at most ddp's at the moments it is over
+over = {s: total_at[m][s] - total_at[m]["ddp"] for s in more for m in more[s]}
+top_m, top_s = max(((m, s) for m in MOMENTS for s in STAGES), key=lambda ms: total_at[ms[0]][ms[1]])
 lesson.claim(
-    more == {"zero1": ["at the update"], "zero2": [first], "fsdp": []}
-    and all(MOMENTS[m][1][s] <= MOMENTS[m][1]["ddp"] for s in more for m in more[s]),
-    f"Against ddp's total at the same moment, zero1's is more at the update and zero2's {first}, only by their "
-    "planned all-gather buffers; fsdp's is less at every moment.",
+    more == {"zero1": ["at the update"], "zero2": [first], "fsdp": []} and all(0 < over[s] < buffers[s] for s in over),
+    f"Against ddp's total at the same moment, zero1's is {mib(over['zero1'])} more at the update and zero2's "
+    f"{mib(over['zero2'])} more {first}, each less than its planned all-gather buffers; fsdp's is less at every "
+    f"moment. The largest total is {top_s}'s {top_m}, {mib(total_at[top_m][top_s])}.",
 )
-at, fsdp_later = total_at["at the update"], total_at[later]["fsdp"]
+fsdp_later = total_at[later]["fsdp"]
 z1, z2 = total_at[later]["zero1"], total_at[later]["zero2"]
 printed = {m: {s: round(total_at[m][s] / 2**20, 2) for s in STAGES} for m in MOMENTS}  # as the table prints them
 state = MOMENTS[later][1]  # model state alone: zero1 and zero2 gather nothing then
-gap = {"total": printed[later]["zero2"] - printed[later]["fsdp"], "update": at["zero2"] - at["fsdp"]}
+gap = {"total": printed[later]["zero2"] - printed[later]["fsdp"]}
 gap["state"] = gap["total"] + round(extra["fsdp"] / 2**20, 2)  # as the table's columns add up
 lesson.claim(
     z1 == z2
     and z2 - fsdp_later == state["zero2"] - state["fsdp"] - extra["fsdp"] > 0
-    and abs(state["zero2"] - state["fsdp"] - gap["update"]) < 0.01 * gap["update"],
+    and extra["fsdp"] == peak + sends["fsdp"],
     f"{later[0].upper()}{later[1:]} zero2's total equals zero1's, and fsdp's is {gap['total']:.2f} MiB under: "
-    f"its model state's {gap['state']:.2f} MiB under theirs (within 1 % of the "
-    f"{printed['at the update']['zero2'] - printed['at the update']['fsdp']:.2f} at the update), less its "
-    f"{extra['fsdp'] / 2**20:.2f} MiB gathering.",
+    f"its model state's {gap['state']:.2f} MiB saving less its {extra['fsdp'] / 2**20:.2f} MiB gathering (the "
+    f"{mib(peak)} peak measured above and the {mib(sends['fsdp'])} its all-gather sends from).",
 )
 (trade / 2**20).round(2)
 
