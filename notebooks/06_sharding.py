@@ -271,8 +271,7 @@ initial = lesson.make_model()
 values = torch.cat([p.detach().reshape(-1) for p in initial.parameters()])  # the initial weights
 stepped = torch.cat([p.detach().reshape(-1) for p in trainees["ddp"].model.module.parameters()])  # after 1 step
 lesson.say(
-    "ddp's first update moved the values by a median of "
-    f"{(stepped - values).abs().median().item() / lr:.2f} × lr, up or down."
+    f"ddp's first update moved the values by a median of {(stepped - values).abs().median().item() / lr:.2f} × lr."
 )
 # each value's change, in units of lr, when lr is added (row 0) and subtracted (row 1); 0 where it is lost
 moved = {k: torch.stack([lesson.added(values, s * lr, d).abs() / lr for s in (1, -1)]) for k, d in DTYPES.items()}
@@ -712,7 +711,7 @@ lesson.claim(
     and extra["fsdp"] == peak + sends["fsdp"],
     f"{later[0].upper()}{later[1:]} zero2's total equals zero1's, and fsdp's is {gap['total']:.2f} MiB under: "
     f"its model state's {gap['state']:.2f} MiB saving less its {extra['fsdp'] / 2**20:.2f} MiB gathering (the "
-    f"{mib(peak)} peak measured above and the {mib(sends['fsdp'])} its all-gather sends from).",
+    f"{mib(peak)} measured above plus the {mib(sends['fsdp'])} its all-gather sends from).",
 )
 (trade / 2**20).round(2)
 
