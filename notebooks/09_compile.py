@@ -28,20 +28,19 @@
 # `all_reduce`s did.
 #
 # nanoGPT's *pattern* is to compile the model, then wrap it: `model = torch.compile(model)`, then `DDP(model)`.
-# `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph* (here the word means only Dynamo's),
-# and a *backend* compiles the graph. Compiled as one graph, the model records a single gradient node for its whole
+# `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph*, and a *backend* compiles the graph. Compiled as one graph, the model records a single gradient node for its whole
 # forward, which produces every parameter's gradient at its end. Every bucket is then handed over after that node, when
 # no gradient node is left to run.
 #
 # While `ddp` ("The pieces and the buckets" says how) runs its module compiled, Dynamo's `DDPOptimizer` **cuts the
-# graph into pieces**, counted from the end of the forward, and compiles each piece apart, each with a gradient node of its own. The backward pass runs piece after piece, numbered here in
+# graph into pieces** and compiles each piece apart, each with a gradient node of its own. The backward pass runs piece after piece, numbered here in
 # that order: piece 0 holds the forward's last layers; a *piece's backward* is the run of its gradient node. A bucket
 # whose last gradient a piece produces can then be handed over before the next piece's backward begins.
 #
 # `ddp` *rebuilds* its buckets at its second step's forward, in the order the first step's gradients arrived on
 # rank 0. The figure shows a later step's backward pass in each of three runs, one row each: eager (not compiled),
 # compiled without the cut (`torch._dynamo.config.optimize_ddp = False`) and compiled with it. The model: an MLP of
-# 1 MiB layers without biases; the backend: `aot_eager`.
+# 1 MiB layers without biases; the backend: `aot_eager` (torch's own kernels, none generated).
 
 # %%
 # %load_ext minddp.notebook
@@ -95,9 +94,8 @@ NO_CUT, CUT = "compiled without the cut", "compiled with the cut"
 looks, ddps = {}, {}
 for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT, True, True)):
     ddps[label], looks[label] = one_step(compiled, cut)
-    run = looks[label]["pieces_run"]  # the compiled pieces' gradient nodes that ran
-    pieces = f"{run} piece{'s' * (run != 1)}, "
-    # the figure's row label, two lines: the run; its pieces and its buckets (one tick each)
+    pieces = f"{looks[label]['pieces_run']} pieces, " if label == CUT else ""  # only the cut makes pieces
+    # the figure's row label, two lines: the run; its pieces (if cut) and its buckets (one tick each)
     looks[label]["row"].update(label=f"{label}\n{pieces}{looks[label]['calls']} buckets", stage=label)
 lesson.say(f"{world_size} ranks, {DEPTH} layers of {WIDTH}×{WIDTH}; torch {torch.__version__}.")
 
@@ -106,9 +104,9 @@ lesson.say(f"{world_size} ranks, {DEPTH} layers of {WIDTH}×{WIDTH}; torch {torc
 # ## The backward pass of each run
 #
 # Each row is one run's backward pass on rank 0, scaled to its length (the x axis): the model's gradient nodes blue
-# (white lines part adjacent ones), each hand-over a tick. Pale is the rest: the loss's gradient nodes, the `AccumulateGrad` nodes (where a hand-over's
-# `all_reduce` call begins) and time between nodes. Read the order, not widths; where ticks and bars look to touch, the
-# printed claims give it.
+# (white lines part adjacent ones), each hand-over a tick; pale is the rest, which the figure does not split:
+# `AccumulateGrad` nodes (where a hand-over's `all_reduce` call begins), the loss's nodes, time between nodes. Read the
+# order, not widths: the printed claims give it.
 
 # %%
 # %%distributed
@@ -151,7 +149,8 @@ lesson.claim(
 # `bucket_cap_mb`, sets the attribute to a stand-in holding its bucket cap and the global to the bucket cap
 # (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as the rebuilt bucket 0 does.
 #
-# With the cut, a bucket is handed over before the next piece's backward: when a piece's gradient node ends, the
+# With the cut, a bucket whose last gradient a piece produces is handed over before the next piece's backward: when
+# the piece's gradient node ends, the
 # `AccumulateGrad` nodes of the gradients it produced and the next piece's gradient node are all ready to run, and
 # autograd's queue of ready nodes runs first the node of highest *sequence number* (the forward numbers the nodes it
 # records in order); an `AccumulateGrad` node's is set to the largest there is (`torch/csrc/autograd/node.h`).
@@ -171,12 +170,12 @@ for i, bucket in enumerate(buckets):
     lesson.say(f"bucket {i} ({sum(size[name] for name in bucket) / 2**20:g} MiB): {', '.join(names)}")
 lesson.claim(
     sum(size[name] for name in pieces[0]) / 2**20 == CAP == sum(size[name] for name in buckets[0]) / 2**20,
-    f"Piece 0 holds {CAP:g} MiB, the bucket cap, as bucket 0 does.",
+    "Piece 0 holds the bucket cap, as bucket 0 does.",
 )
 runs = {label: looks[label]["pieces_run"] for label in (NO_CUT, CUT)}
 lesson.claim(
     runs == {NO_CUT: 1, CUT: len(pieces)},
-    "One CompiledFunctionBackward node ran per piece with the cut, one in all without it.",
+    "One CompiledFunctionBackward node ran per piece; without the cut, one.",
 )
 piece_of = {name: i for i, piece in enumerate(pieces) for name in piece}
 homes = [sorted({piece_of[name] for name in bucket}) for bucket in buckets]
