@@ -75,8 +75,8 @@ ax.set_title("t[0] on rank 0")
 plt.show()
 
 # %% [markdown]
-# When one rank fails, the cell fails. Here rank 1 raises before the `all_reduce`; rank 0 waits in it
-# until the runner *releases* it, by having rank 1 destroy its process group, then raises. gloo's message guesses that a
+# When one rank fails, the cell fails. Here rank 1 raises before the `all_reduce`; rank 0, in it,
+# is released and raises too. gloo's message guesses that a
 # remote worker crashed: none did, as a cell below checks.
 #
 # A traceback names the cell `<In [N], rank R>`: Jupyter's `In [N]`, as rank R ran it, its lines
