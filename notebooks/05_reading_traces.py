@@ -99,7 +99,7 @@ for stage in blog:
 #
 # What the table and the figure do not show (the trace shows when a range was open, not why):
 #
-# * whether a difference between two rows' times within the spread under the figure comes from their messages;
+# * whether a difference between two rows' times comes from their messages;
 # * whether the other rank or a core held a range open.
 
 # %%
@@ -118,22 +118,14 @@ overlap, nc, fl = shares["overlap (%)"], shares["non-compute (ms)"], shares["in 
 above = overlap[asynchronous].min() > overlap[blocking].max()  # the compared values: the table's columns
 low, high = nc[blocking].idxmin(), nc[asynchronous].idxmax()  # least blocking, most asynchronous non-compute
 anatomy = lesson_05.anatomy(result, zero.index)  # per stage: messages handed over, and how many during a backward
-sent = anatomy["handed over"]
-sizes = lesson_05.rank0(result.buckets).groupby("stage")["numel"].sum()
-assert sizes["hook-async"] == sizes["bucket-async"]  # the same gradients: the same bytes
-lesson.say(
-    f"The same bytes in {sent['bucket-async']} messages instead of {sent['hook-async']}: in flight "
-    f"{fl['bucket-async']} ms (bucket-async) instead of {fl['hook-async']} ms (hook-async)."
-)
+by_nc = ""
 if nc[low] < nc[high]:
     less = f", less than {high}'s non-compute" if fl[low] < nc[high] else ""
     by_nc = (
-        f"non-compute does not ({low} {nc[low]} ms, {high} {nc[high]} ms): it is part of the time in flight, "
+        f"; non-compute does not ({low} {nc[low]} ms, {high} {nc[high]} ms): it is part of the time in flight, "
         f"{fl[low]} ms in {low}{less}"
     )
-else:
-    by_nc = "so does non-compute (every asynchronous stage's below every blocking one's)"
-lesson.say(f"Overlap {'puts' if above else 'does not put'} every asynchronous stage above every blocking one; {by_nc}.")
+lesson.say(f"Overlap {'puts' if above else 'does not put'} every asynchronous stage above every blocking one{by_nc}.")
 
 # %% [markdown]
 # One row per profiled stage, one step each. In each row:
@@ -144,7 +136,8 @@ lesson.say(f"Overlap {'puts' if above else 'does not put'} every asynchronous st
 #   hooks run inside those nodes: the check, `hook`'s and `bucket`'s messages); a backward band ends before
 #   `loss.backward()` returns;
 # * a tick when a message was *handed over* to be sent;
-# * an orange bar while the message's gloo all_reduce range was open, held open included. Ranges open at once
+# * an orange bar while the message's gloo all_reduce range was open, held open included (the buffers' broadcast
+#   is not drawn). Ranges open at once
 #   (a blocking stage's too: the caveat) are drawn one below another, and each level's bars alternate two shades
 #   in the order they opened. A bar narrower than a pixel need not show, and one can run on into the
 #   optimizer step (the caveat);
@@ -167,16 +160,14 @@ if quiet.max() < 1.1 * quiet.min():
 else:
     took = f"{', '.join(few)} took {span(quiet[few])}, the other rows {span(quiet.drop(few))}"
 lesson.say(
-    f"Summed over the bands where no row hands over a message (each micro-batch's forward and backward but the "
-    f"last's, plus the optimizer step), {took}: profiled at different moments on shared cores, so no ranking of "
-    "compute."
+    f"Summed over each micro-batch's forward and backward but the last's, plus the optimizer step (no row hands "
+    f"over a message in them), {took}: profiled at different moments on shared cores, so no ranking of compute."
 )
 
 # %%
 after = anatomy.index[anatomy["during a backward"] == 0]
 during = anatomy.drop(after)
-# cell 4's blocking and asynchronous stages: `simple` and `ga` hand over no message during a backward, the others
-# all of theirs (as the figure's ticks show)
+# `simple` and `ga` hand over no message during a backward, the other stages all of theirs (the figure's ticks)
 assert list(after) == ["simple", "ga"] and (during["during a backward"] == during["handed over"]).all()
 
 # %% [markdown]
@@ -184,7 +175,7 @@ assert list(after) == ["simple", "ga"] and (during["during a backward"] == durin
 #
 # The profiling cell also profiled the blog's six stages (`simple` to `bucket-async`) with their gradients'
 # all_reduces over `03_build_up`'s **emulated 1 Gbit/s link** (`minddp.comm.link`). Each rank has its own link (its
-# own thread), which carries its messages one at a time, in order, each from just after its
+# own thread, on the same cores), which carries its messages one at a time, in order, each from just after its
 # hand-over (or once the link is free, if later); the real all_reduce runs beside the modeled transfer, and the link
 # delivers a message once both are done and every earlier one is delivered.
 # The two runs were taken at different moments: neither's times carry over to the other. Three measures
@@ -195,8 +186,7 @@ assert list(after) == ["simple", "ga"] and (during["during a backward"] == durin
 #   `1gbit` preset's α = 50 µs and β = 8 ns a byte (1 Gbit/s); 2(n−1)·α is a message's fixed cost;
 # * **waited**: the length of the union, over a step's gradient messages, of the time from rank 0's first
 #   `wait()` on one (the call that returns once the message is delivered; a blocking stage calls it after each
-#   hand-over, so a transfer can start before it) to its delivery. The parameter check is not a message and is not counted,
-#   so waited is not non-compute, even of one run;
+#   hand-over, so a transfer can start before it) to its delivery. The parameter check is not a message and is not counted;
 # * **exposed**: the part of that union during which rank 0's link carried a transfer (the rest, waited − exposed,
 #   was a wait for the real all_reduce: the other rank or a core).
 
@@ -224,16 +214,18 @@ saved = ms["hook-async"] - ms["bucket-async"]
 assert fewer > 0 and per.loc["hook-async", "bytes"] == per.loc["bucket-async", "bytes"]
 assert abs(saved - fewer * fixed) < 1e-9 * ms["ga"]
 h, b = exposed["hook-async"], exposed["bucket-async"]
-# the part of b during which the link carried bucket-async's last bucket; the rest, earlier buckets
-last = round(lesson_05.exposed_on_last(LINKED, "bucket-async"), 1)
-on_last = f"{last or 'none'}{' ms' if last else ''} while the link carried its last bucket"
-rest = f", {b - last:.1f} ms while it still carried earlier buckets" if b - last >= 0.05 else ""
 wh = on_link.loc["hook-async", "waited (ms)"]
+# which of the two leaves less: by exposed here, by cell 5's non-compute on loopback
+first = "bucket-async" if b < h else "hook-async"
+same = (b < h) == (nc["bucket-async"] < nc["hook-async"])
+order = f"{first} less here, {'the same order as' if same else 'the reverse of'} their non-compute on loopback (cell 5's table)"
+held = (
+    f" hook-async's waited − exposed, {wh - h:.1f} of {wh} ms, was a wait for the real all_reduce."
+    if wh - h >= 0.05
+    else ""
+)
 lesson.say(
     f"bucket-async's {fewer} fewer messages cut link time only by their fixed costs 2(n−1)·α: {saved:.1f} of "
     f"hook-async's {ms['hook-async']:.1f} ms, the same bytes."
 )
-lesson.say(
-    f"Exposed: hook-async {h} ms, bucket-async {b} ms, {on_last}{rest}. hook-async's waited − exposed, "
-    f"{wh - h:.1f} of {wh} ms, was a wait for the real all_reduce."
-)
+lesson.say(f"Exposed: hook-async {h} ms, bucket-async {b} ms: {order}.{held}")
