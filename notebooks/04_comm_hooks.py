@@ -132,7 +132,7 @@ lesson.claim(
 )
 lesson.claim(
     all(err[name] <= bound[name] for name in dtypes),
-    "On the last step fp16's and bf16's relative errors are within ‖b‖ / ‖g‖, ‖b‖ the norm of the b_i (so ‖ĝ − g‖ ≤ ‖b‖): "
+    "fp16's and bf16's last-step relative errors are within ‖b‖ / ‖g‖ (‖b‖ the b_i's norm): "
     + " and ".join(f"{bound[k]:.1e} for {k}" for k in dtypes)
     + ".",
 )
@@ -219,7 +219,7 @@ lesson.claim(
     f"Step {first}'s e = g − ĝ has norm "
     f"{err1:.3f} × {norm1:.2f} = {fed_back:.2f}. On step {second}, ‖ĝ − g‖ = {err2:.3f} × {norm2:.2f} = {through:.2f} and ‖P Pᵀ e‖ ≥ √({through:.2f}² − "
     f"{norm2:.2f}²) = {low:.2f}, so ‖P Pᵀ e‖² is at least {share:.0%} of ‖ĝ − g‖²: most of step {second}'s error "
-    f"is step {first}'s e, sent a step late as error feedback intends.",
+    f"is step {first}'s e, sent a step late by design.",
 )
 plain2 = shown.loc[second, PLAIN]
 lesson.claim(
@@ -230,7 +230,7 @@ lesson.claim(
     and (shown.loc[:first, NORM] == shown.loc[:first, PLAIN]).all()
     and shown.loc[second, NORM] != plain2,
     f"PowerSGD's relative error rose from {err1:.3f} to {err2:.3f}"
-    + (" (above 1: ĝ is further from g than 0 is)" if err2 > 1 else "")
+    + (" (above 1: further from g than 0 is)" if err2 > 1 else "")
     + f" as ‖g‖ fell from {norm1:.2f} to {norm2:.2f} and "
     f"‖ĝ − g‖ only from {fed_back:.2f} to {through:.2f}. The copies' ‖g‖ agree until step {first}'s compressed "
     "update makes their weights differ.",
@@ -336,7 +336,7 @@ shorter = [
 ]
 lesson.claim(
     shorter == [True, False],
-    f"On {LINK.name}, these steps' all_reduces and payload would take less link time with PowerSGD on {below} ranks, "
+    f"On {LINK.name}, for these steps' messages, PowerSGD's link time would be the shorter on {below} ranks, "
     f"not on {above}: n* = {n_star:.1f}.",
 )
 lesson_04.link_figure(reduced, n, LINK, crossover)
