@@ -74,8 +74,8 @@ lesson.say(lesson.describe())
 # ## Payload and gradient error
 #
 # The table is each hook's last step, each error against its own copy's g: PowerSGD's from compression and from
-# error feedback's tensor arriving a step late, which the measure counts as error (the next section splits them);
-# fp16's and bf16's from rounding, which the next cell checks against a worst-case bound
+# error feedback's tensor arriving a step late, which the measure counts as error (the next section bounds that part);
+# fp16's and bf16's from rounding, which a claim below checks against a worst-case bound
 # (`minddp.comm.measure.rounding_bound`): value i of the average is off by at most
 #
 # `b_i = γ(u) · a_i + (n + 1) · tiny · eps / 2 + γ(2⁻²⁴) · a_i`, γ(u) = (n + 1) u / (1 − (n + 1) u)
@@ -132,7 +132,7 @@ lesson.claim(
 )
 lesson.claim(
     all(err[name] <= bound[name] for name in dtypes),
-    "fp16's and bf16's relative errors stay within ‖b‖ / ‖g‖, ‖b‖ the norm of the b_i (so ‖ĝ − g‖ ≤ ‖b‖): "
+    "fp16's and bf16's last-step relative errors are within ‖b‖ / ‖g‖ (‖b‖ the b_i's norm): "
     + " and ".join(f"{bound[k]:.1e} for {k}" for k in dtypes)
     + ".",
 )
@@ -165,9 +165,8 @@ lesson.claim(
 # g_M outside `P`'s columns, at right angles to the first, of norm at most ‖g_M‖. Adding squared norms over the
 # matrices (elsewhere ĝ − g is rounding), ‖`P Pᵀ e`‖ ≥ √(‖ĝ − g‖² − ‖g‖²), ‖g‖ the whole average's.
 #
-# Of a compressed matrix only `P` and `Q` travel: (h + w) · r values instead of h · w. A compressing bucket makes
-# up to three all_reduces: one for the tensors it leaves uncompressed (vectors, and matrices that `P` and `Q` would not shrink enough),
-# one for its P's, one for its Q's.
+# Of a compressed matrix only `P` and `Q` travel. A compressing bucket makes up to three all_reduces: one for the
+# tensors it leaves uncompressed, one for its P's, one for its Q's.
 
 # %%
 # %%rank 0
@@ -220,21 +219,21 @@ lesson.claim(
     f"Step {first}'s e = g − ĝ has norm "
     f"{err1:.3f} × {norm1:.2f} = {fed_back:.2f}. On step {second}, ‖ĝ − g‖ = {err2:.3f} × {norm2:.2f} = {through:.2f} and ‖P Pᵀ e‖ ≥ √({through:.2f}² − "
     f"{norm2:.2f}²) = {low:.2f}, so ‖P Pᵀ e‖² is at least {share:.0%} of ‖ĝ − g‖²: most of step {second}'s error "
-    f"is step {first}'s e arriving a step late.",
+    f"is step {first}'s e, sent a step late by design.",
 )
 plain2 = shown.loc[second, PLAIN]
 lesson.claim(
     err2 > err1 > 0  # the first compressed update: the first that is not plain averaging's
     and through < fed_back
     and norm2 < norm1
-    and plain2 < norm1
     and (early[ERR] == 0).all()  # the steps before the first compressed update are plain averaging's
     and (shown.loc[:first, NORM] == shown.loc[:first, PLAIN]).all()
     and shown.loc[second, NORM] != plain2,
     f"PowerSGD's relative error rose from {err1:.3f} to {err2:.3f}"
+    + (" (above 1: further from g than 0 is)" if err2 > 1 else "")
     + f" as ‖g‖ fell from {norm1:.2f} to {norm2:.2f} and "
-    f"‖ĝ − g‖ only from {fed_back:.2f} to {through:.2f}. The plain averaging copy's ‖g‖ fell too, to {plain2:.2f}; "
-    f"the copies' ‖g‖ agree until step {first}'s compressed update makes their weights differ.",
+    f"‖ĝ − g‖ only from {fed_back:.2f} to {through:.2f}. The copies' ‖g‖ agree until step {first}'s compressed "
+    "update makes their weights differ.",
 )
 
 # %% [markdown]
@@ -337,7 +336,7 @@ shorter = [
 ]
 lesson.claim(
     shorter == [True, False],
-    f"On {LINK.name}, these steps' all_reduces and payload would take less link time with PowerSGD on {below} ranks, "
+    f"On {LINK.name}, for these steps' messages, PowerSGD's link time would be the shorter on {below} ranks, "
     f"not on {above}: n* = {n_star:.1f}.",
 )
 lesson_04.link_figure(reduced, n, LINK, crossover)
