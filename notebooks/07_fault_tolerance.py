@@ -26,7 +26,7 @@
 # alike; it goes through these phases (2 and 3 only when needed):
 #
 # 1. a **quorum**: before each attempt, a coordinator (the *lighthouse*, a process of its own) waits until
-#    every **slot** (the list below) has asked or been given up on (when: `hang_s` below), then answers who trains it, the
+#    every **slot** (the list below) has asked or been given up on, then answers who trains it, the
 #    attempt's **members**, and which step: the largest any member asked to train (`quorum.max_step`);
 # 2. a new **group** (the processes a collective runs among, as in notebooks 01-04) at the run's first
 #    quorum, and whenever the members changed or the last attempt was discarded (a group that saw a
@@ -259,7 +259,8 @@ show_source(solutions.ft_shard)
 #
 # Unlike a killed process, a frozen one (`SIGSTOP`) keeps its sockets open and says nothing: its peers'
 # all_reduce fails at the group's timeout (`hang_s`) or when the evicted process is ended, and the next quorum
-# waits for the eviction, after a hang bound of silence. The first cell below runs it at both bounds.
+# waits for its eviction as silent: predict the hang bound plus the retry, and halving `hang_s` takes about half
+# the bound off.
 #
 # </details>
 #
@@ -269,7 +270,6 @@ show_source(solutions.ft_shard)
 # of the newest committed step); the state lives only in the training processes. Processes started again
 # would train from step 0, so the launcher stops the run with one line rather than train the committed
 # steps again.
-# The second cell below runs it.
 #
 # </details>
 #
@@ -280,7 +280,7 @@ show_source(solutions.ft_shard)
 # checker's 10. `consistency`'s three checks would all still pass: each compares the processes
 # with each other or with themselves, never with the data, and every member steps from the same state with
 # the same averaged gradient. Only a comparison with a single process on the whole batch shows them
-# untrained: the third cell below runs this split in the checker's run.
+# untrained.
 #
 # </details>
 
@@ -298,7 +298,7 @@ for bound in (2.0, 1.0):
 # the lighthouse forms no quorum until it evicts the frozen slot
 lesson.claim(
     all(o.quorum_s is not None and any(t <= o.quorum_s for t in evicted[b]) for b, o in stops.items()),
-    "in each run the next quorum came only after the lighthouse evicted the frozen slot as silent",
+    "in each run the lighthouse evicted the frozen slot before the next quorum",
 )
 rest = {b: lesson_07.ms(o.recovery_s) - lesson_07.ms(b) for b, o in stops.items()}  # ms past each bound
 cut = lesson_07.ms(stops[2.0].recovery_s) - lesson_07.ms(stops[1.0].recovery_s)  # ms
@@ -307,8 +307,6 @@ lesson.say(
     + " and ".join(f"{'plus' if r >= 0 else 'minus'} {abs(r)} ms (at {b:g} s)" for b, r in rest.items())
     + ": halving the bound "
     + (f"cut it by {cut} ms" if cut > 0 else f"lengthened it by {-cut} ms" if cut else "left it the same to the ms")
-    + f"; at 2 s a freeze cost about {stops[2.0].recovery_s / kill.recovery_s:.0f} times the kill's"
-    f" {lesson_07.ms(kill.recovery_s)} ms recovery above"
 )
 
 # %%
