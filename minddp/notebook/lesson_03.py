@@ -297,8 +297,9 @@ def listed(names: list[str]) -> str:
 def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
     """Each sized link's rungs (2 ranks): link time, exposed, waited and the step's own last backward less the check,
     then in words which rungs exposed none of their link time (whole ms), which over half of it, which waited mostly
-    after the link had delivered, and the rungs' backwards against the one each link was sized from (``sized_from``, seconds, by setting name); a whole-ms
-    match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
+    after the link had delivered, and the rungs' backwards against the one each link was sized from (``sized_from``,
+    seconds, by setting name); a whole-ms match of bucket-async's backward on the two links is said to be chance
+    (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
         what = "link time, exposed, waited and last backward less the check, ms" if runs is t4 else "the same"
         hid = [s for s, r in runs.items() if round(r["exposed_ms"]) == 0]
