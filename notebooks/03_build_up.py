@@ -587,8 +587,7 @@ lesson_03.look_table(looks, checks)
 
 # %% [markdown]
 # The calls and the link time are counted and modeled: the same on every run. Every other column is
-# one step. Exposed and waited can disagree: exposed leaves out transfer time before a wait began,
-# waited adds the waiting after the link had delivered.
+# one step. Waited is exposed plus the waiting after the link had delivered.
 
 # %% [markdown]
 # ## The bucket lesson: what buckets trade
@@ -681,7 +680,7 @@ lesson.claim(
 here = lesson.SETTINGS.bucket_cap_mb
 lesson_03.say_sweep(swept, this_run, model, default)
 if rank == 0:
-    lesson_03.sweep_figure(swept, model, default, LINK.name, world_size, here, looks["hook-async"])
+    lesson_03.sweep_figure(swept, model, default, LINK.name, world_size, here)
 
 # %%
 # %%rank 0

@@ -104,22 +104,21 @@ def look_table(looks: dict, checks: dict[str, list[float]]):
 
 def say_speeds(looks: dict) -> None:
     """The side-by-side bars' caveat, computed: the last backwards (less the check) of the rows with no wait inside
-    them, the least and the most, the same computation timed at different moments on a shared machine."""
+    them, the least and the most."""
     own = {s: backward_less_check(v) for s, v in looks.items() if not v.get("waits_in_backward")}
     lo, hi = min(own, key=own.__getitem__), max(own, key=own.__getitem__)
-    say(
-        f"Backwards with no wait inside ran {own[lo]:.0f} ms ({lo}) to {own[hi]:.0f} ({hi}) at different moments on a "
-        "shared machine: the bars do not compare the stages' compute."
-    )
+    say(f"Backwards with no wait inside ran {own[lo]:.0f} ms ({lo}) to {own[hi]:.0f} ({hi}).")
 
 
 def say_exposed_parts(looks: dict, stage: str, before: str) -> None:
-    """Why ``stage`` exposed more or less than ``before`` (both waiting for each message as it goes): exposed is the
-    link time less its part before the thread's waits began, each in whole ms as :func:`lesson.say_look` prints."""
+    """``stage`` against ``before`` (both waiting for each message as it goes), both measures: exposed, the link time
+    less its part before the thread's waits began, and waited, each in whole ms as :func:`lesson.say_look` prints."""
     (link, exposed), (link0, exposed0) = (lesson.link_parts(looks[s]) for s in (stage, before))
+    waited, waited0 = (round(looks[s]["waited_ms"]) for s in (stage, before))
     say(
-        f"{stage} exposed {lesson.than(exposed, exposed0)} {before} ({exposed} against {exposed0} ms): its link time, "
-        f"{link} against {link0} ms, less the part before each wait began, {link - exposed} against {link0 - exposed0}."
+        f"{stage} against {before}: exposed {exposed} against {exposed0} ms (link time {link} against {link0}, less "
+        f"the part before each wait began, {link - exposed} against {link0 - exposed0}); waited {waited} against "
+        f"{waited0}."
     )
 
 
@@ -142,14 +141,14 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
         + f" ({len(plan[first])} gradients), after {100 * 1e3 * filled[first] / backward:.0f} %."
     )
     h, b = why["hook-async"], why["bucket-async"]
-    late = b["first_ms"] - h["first_ms"]
+    late = round(b["first_ms"] - h["first_ms"])
+    longer = round(backward_less_check(looks["hook-async"]) - backward_less_check(looks["bucket-async"]))
     say(
-        f"In these steps bucket-async's first hand-over came {abs(late):.0f} ms {'later' if late >= 0 else 'earlier'} "
-        "and its last "
-        f"message took {round(b['tail_ms'], 1) - round(h['tail_ms'], 1):.1f} ms longer, which "
-        + ("outweighed" if b["end_ms"] > h["end_ms"] else "did not outweigh")
-        + f" the {h['link_ms'] - b['link_ms']:.1f} ms of fixed costs saved: link after backward "
-        f"{b['end_ms']:.1f} against {h['end_ms']:.1f} ms."
+        "In these steps bucket-async's first hand-over came "
+        + (f"{abs(late)} ms {'later' if late > 0 else 'earlier'}" if late else "at the same ms")
+        + ", hook-async's backward ran "
+        + (f"{abs(longer)} ms {'longer' if longer > 0 else 'shorter'}" if longer else "as long")
+        + f": link after backward {b['end_ms']:.1f} against {h['end_ms']:.1f} ms."
     )
     table = (
         pd.DataFrame(why)
@@ -168,28 +167,26 @@ def cap_name(cap) -> str:
 
 
 def say_sweep(swept: dict, this_run_s: float, model: list, default) -> None:
-    """The cap sweep's steps against the model in a sentence: their own backwards (less the check) beside the model's
-    one, ``this_run_s``, and each step's link after backward over the model's at its cap (``model``: the grid's
-    :func:`~minddp.costmodel.buckets.plan_costs`, ``default``: None's), as a range, from the values at the
-    0.1 ms :func:`sweep_table` prints."""
-    from minddp.costmodel.buckets import on_the_link
-
-    own = [backward_less_check(v) for v in swept.values()]
-    at = {c.cap_mb: c for c in model} | {None: default}
-    end = {c: on_the_link(v["row"])["end_ms"] for c, v in swept.items()}
-    ratio = [round(end[c], 1) / round(1e3 * at[c].after_backward, 1) for c in swept]  # the table's values
+    """The cap sweep in words: the steps' own backwards (less the check), the shortest and longest with their caps,
+    beside the model's one, ``this_run_s``; the caps whose step exposed least and most (whole ms, as
+    :func:`sweep_table` prints); the cap where the model's link after backward (``model``: the grid's
+    :func:`~minddp.costmodel.buckets.plan_costs`, ``default``: None's; at the table's 0.1 ms) is least."""
+    own = {c: backward_less_check(v) for c, v in swept.items()}
+    lo, hi = min(own, key=own.__getitem__), max(own, key=own.__getitem__)
+    exposed = {c: round(v["exposed_ms"]) for c, v in swept.items()}  # whole ms, as the table prints them
+    least, most = min(exposed, key=exposed.__getitem__), max(exposed, key=exposed.__getitem__)
+    best = min([*model, default], key=lambda c: round(1e3 * c.after_backward, 1))
     say(
-        f"The steps' own backwards ran {min(own):.0f} to {max(own):.0f} ms against the model's "
-        f"{1e3 * this_run_s:.0f}; their link after backward, {min(ratio):.2g} to {max(ratio):.2g} times the model's "
-        "at their cap."
+        f"The steps' own backwards ran {own[lo]:.0f} ({cap_name(lo)}) to {own[hi]:.0f} ms ({cap_name(hi)}) against "
+        f"the model's {1e3 * this_run_s:.0f}. Exposed was least at {cap_name(least)} ({exposed[least]} ms), most at "
+        f"{cap_name(most)} ({exposed[most]}); the model's link after backward is least at {cap_name(best.cap_mb)}."
     )
 
 
-def sweep_figure(swept: dict, model: list, default, link_name: str, world: int, here, h: dict):
+def sweep_figure(swept: dict, model: list, default, link_name: str, world: int, here):
     """The cap sweep's figure: the model's *link after backward* against the cap, beside each measured step's own
     link after backward (the same measure), and the three costs of each plan below. torch's default (None) has no
-    cap on this axis: its measured and modeled points are drawn right of the grid, apart, each at a tick named None.
-    ``h``: hook-async's look on the same link, its step's link after backward drawn as a line."""
+    cap on this axis: its measured and modeled points are drawn right of the grid, apart, each at a tick named None."""
     from matplotlib.ticker import NullLocator
 
     from minddp.costmodel.buckets import on_the_link
@@ -212,11 +209,9 @@ def sweep_figure(swept: dict, model: list, default, link_name: str, world: int, 
             f"step-time model: link after backward, None ({1e3 * default.after_backward:.0f} ms)",
         ),
     ]
-    h_end = on_the_link(h["row"])["end_ms"]  # hook-async's own step, on its own backward as each point
     fig = bucket_sweep(
         {"step-time model: link after backward": model},
         measured=points,
-        per_gradient={f"one step: link after backward, hook-async's ({h_end:.1f} ms)": h_end},
         title=f"bucket-async on {link_name}, {world} ranks: link after backward against the cap "
         "(each step on its own backward; exposed and waited: the table)",
     )
@@ -301,15 +296,18 @@ def listed(names: list[str]) -> str:
 
 def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
     """Each sized link's rungs (2 ranks): link time, exposed, waited and the step's own last backward less the check,
-    then in words which rungs exposed none of their link time (whole ms) and which over half of it, and the rungs'
-    backwards against the one each link was sized from (``sized_from``, seconds, by setting name); a whole-ms
-    match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
+    then in words which rungs exposed none of their link time (whole ms), which over half of it, which waited mostly
+    after the link had delivered, and the rungs' backwards against the one each link was sized from (``sized_from``,
+    seconds, by setting name); a whole-ms match of bucket-async's backward on the two links is said to be chance
+    (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
         what = "link time, exposed, waited and last backward less the check, ms" if runs is t4 else "the same"
         hid = [s for s, r in runs.items() if round(r["exposed_ms"]) == 0]
         most = [s for s, r in runs.items() if r["exposed_ms"] > r["link_ms"] / 2]
+        after = [s for s, r in runs.items() if r["waited_ms"] - r["exposed_ms"] > r["waited_ms"] / 2]
         said = [f"{listed(hid)} exposed none of {'their' if len(hid) > 1 else 'its'} link time"] if hid else []
         said += [f"{listed(most)} over half of it"] if most else []
+        said += [f"waited mostly after the link had delivered: {listed(after)}"] if after else []
         own = [r["backward_ms"] for r in runs.values()]
         said += [
             f"backwards {min(own):.0f} to {max(own):.0f} ms against the {1e3 * sized_from[name]:.0f} sized from: "
@@ -332,39 +330,38 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
 
 def say_takeaway(looks: dict, t4: dict, far: dict, spread_ms: float) -> None:
     """The takeaway in words, from the runs, per setting (this notebook's link: ``looks``; the sized links' runs):
-    hook-async's and bucket-async's exposed, waited and step, each gap said as a difference only when wider than
-    ``spread_ms`` (the cap sweep's five backwards' spread); then hook's and bucket's backwards against hook-async's
-    and bucket-async's, each gap beside the time the longer one waited inside it; and the link time buckets cut."""
+    hook-async's and bucket-async's exposed, waited and last backward less the check, and where hook-async's
+    backward was the longer and its exposed the less (whole ms); then hook's and bucket's backwards against
+    hook-async's and bucket-async's, each gap beside the time the longer one waited inside it, to within
+    ``spread_ms`` (the cap sweep's five backwards' spread); and the link time buckets cut."""
     from minddp.costmodel.buckets import on_the_link
 
     here = {
         s: on_the_link(looks[s]["row"])
         | {k: looks[s][k] for k in ("waits", "waits_in_backward")}
-        | {"backward_ms": backward_less_check(looks[s]), "step_ms": looks[s]["row"]["end"]}
+        | {"backward_ms": backward_less_check(looks[s])}
         for s in ("hook", "hook-async", "bucket", "bucket-async")
     }
     settings = {"On 1 Gbit/s": here, "Sized for 4 × T4": t4, "Sized for 1024 ranks": far}
-    within = f"the {spread_ms:.0f} ms the sweep's bucket-async backwards spread over"
+    gap = {}  # each measure, hook-async's less bucket-async's, in whole ms
     for name, runs in settings.items():
         h, b = runs["hook-async"], runs["bucket-async"]
-        measures = {m: (round(h[f"{m}_ms"]), round(b[f"{m}_ms"])) for m in ("exposed", "waited", "step")}
-        past = {  # each measure wider than the spread: the stage whose value is shorter
-            m: "hook-async" if x < y else "bucket-async" for m, (x, y) in measures.items() if abs(x - y) > spread_ms
-        }
-        wider = [  # grouped by that stage
-            f"{listed([m for m in past if past[m] == s])}, {s}'s shorter" for s in dict.fromkeys(past.values())
-        ]
+        measures = {m: (round(h[f"{m}_ms"]), round(b[f"{m}_ms"])) for m in ("exposed", "waited", "backward")}
+        gap[name] = {m: x - y for m, (x, y) in measures.items()}
         say(
             f"{name}, {'hook-async against bucket-async: ' if runs is here else ''}"
-            + ", ".join(f"{m} {x} against {y}" + (" ms" if m == "exposed" else "") for m, (x, y) in measures.items())
-            + "; "
-            + (
-                f"wider than {within if runs is here else 'that spread'}: {'; '.join(wider)}"
-                + ("; the rest within it." if len(past) < len(measures) else ".")
-                if wider
-                else f"each gap within {within if runs is here else 'that spread'}."
+            + ", ".join(
+                f"{'last backward less the check' if m == 'backward' else m} {x} against {y}"
+                + (" ms" if m == "exposed" else "")
+                for m, (x, y) in measures.items()
             )
+            + "."
         )
+    longer = [n[0].lower() + n[1:] for n, g in gap.items() if g["backward"] > 0]
+    less = [n[0].lower() + n[1:] for n, g in gap.items() if g["exposed"] < 0]
+    where = "in all three settings" if len(longer) == len(settings) else listed(longer) or "nowhere"
+    say(f"hook-async's backward was the longer {where}; it exposed less {listed(less) if less else 'nowhere'}.")
+    within = f"the {spread_ms:.0f} ms the sweep's bucket-async backwards spread over"
     pairs = [
         (n, a, w, r)
         for n, r in settings.items()
@@ -388,7 +385,7 @@ def say_takeaway(looks: dict, t4: dict, far: dict, spread_ms: float) -> None:
     say(
         "Backward less the check, ms: "
         + "; ".join(f"{n[0].lower()}{n[1:]}, {'; '.join(g)}" for n, g in said.items())
-        + ". Each gap is the longer backward's waited, within that spread"
+        + f". Each gap is the longer backward's waited, within {within}"
         + (f", but {listed(missed)}." if missed else ".")
     )
     cut = {
