@@ -108,9 +108,9 @@ for line in run.report():
 # close (the kernel closes a killed process's; a raising process closes its own by dropping its group).
 # Each member that caught an error votes no, and the attempt is discarded. The next quorum waits until every
 # live slot has asked: the survivors ask after they vote, and slot 1 stays live until the launcher records
-# its exit. The launcher *sees* an exit in one of its passes over its processes and *records* it at least
-# `EXIT_WAIT_S` later: a process that finished may have sent its result just before, and an exit with a
-# result is no loss.
+# its exit. The launcher *sees* an exit in one of its passes over its processes and *records* it once
+# everything the process sent has arrived: a process that finished may have sent its result just before,
+# and an exit with a result is no loss.
 
 # %%
 from minddp.ft import fault_outcomes

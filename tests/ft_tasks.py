@@ -73,3 +73,46 @@ class FreezeTask(ToyTask):
             return True
         except FileExistsError:
             return False
+
+
+class MidMessageTask(ToyTask):
+    """ToyTask, but in ``step`` each slot of ``ends`` (slot -> ``"stop"`` or ``"kill"``) writes the first half of
+    a message to the launcher, then freezes (SIGSTOP) or dies (SIGKILL) before the rest: a process that a fault
+    finds in the middle of a send. Each writes a file ``<slot>`` in ``folder`` first.
+
+    Its pipe to the launcher is the rank's :class:`~minddp.runtime.processes.Outbox`, found on the call stack
+    (the rank's main function holds it).
+    """
+
+    def __init__(self, folder: str, step: int, ends: dict[int, str], **kwargs):
+        super().__init__(**kwargs)
+        self.folder, self.end_step, self.ends = folder, step, ends
+        self.step_asked = None
+
+    def global_batch(self, step: int):
+        self.step_asked = step
+        return super().global_batch(step)
+
+    def loss(self, model, shard, world: int):
+        slot = int(os.environ.get("MINDDP_FT_SLOT", "-1"))
+        if slot in self.ends and self.step_asked == self.end_step:
+            open(os.path.join(self.folder, str(slot)), "w").close()
+            outbox = _outbox_on_stack()
+            half = (1000).to_bytes(8, "little") + b"x" * 500  # a frame of 1000 bytes, cut at 500
+            os.write(outbox.pipe.fileno(), half)
+            os.kill(os.getpid(), signal.SIGSTOP if self.ends[slot] == "stop" else signal.SIGKILL)
+        return super().loss(model, shard, world)
+
+
+def _outbox_on_stack():
+    import sys
+
+    from minddp.runtime.processes import Outbox
+
+    frame = sys._getframe()
+    while frame is not None:
+        for value in frame.f_locals.values():
+            if isinstance(value, Outbox):
+                return value
+        frame = frame.f_back
+    raise AssertionError("no Outbox on the rank's stack")

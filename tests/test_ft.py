@@ -108,16 +108,15 @@ def test_every_fault_fired_and_training_went_on(chaos):
 
 
 def test_the_launcher_records_when_it_found_each_lost_process_ended_and_its_wait_after(chaos):
-    """Each process a fault ended: the pass that found it ended (``exit seen``), then, EXIT_WAIT_S or more later,
-    the exit recorded (``exited``), both after the fault fired."""
+    """Each process a fault ended: the pass that found it ended (``exit seen``), then the exit recorded
+    (``exited``) once all it sent had arrived, both after the fault fired."""
     from minddp.ft import fault_outcomes
-    from minddp.ft.launch import EXIT_WAIT_S
 
     ended = [o for o in fault_outcomes(chaos) if o.fault.kind in ("kill", "stop")]
     assert ended
     for o in ended:
         assert o.seen_s is not None and o.exit_s is not None, o
-        assert 0 <= o.seen_s and o.exit_s - o.seen_s >= EXIT_WAIT_S - 1e-3, (o.fault, o.seen_s, o.exit_s)
+        assert 0 <= o.seen_s <= o.exit_s, (o.fault, o.seen_s, o.exit_s)
 
 
 def test_each_faults_recovery_is_cut_in_order_by_the_committing_attempts_work(chaos):
@@ -271,6 +270,43 @@ def test_a_rank_slower_to_finish_than_the_hang_bound_is_not_evicted_and_its_resu
     assert all(run.results[s]["incarnation"] == 0 and run.results[s]["step"] == 3 for s in (0, 1))
     assert not [e for e in run.events if e[0] in ("evict", "ended", "exited", "restarted")], run.events
     assert_same_state(final_state(run.results[0]), final_state(run.results[1]))
+
+
+def test_ranks_frozen_and_killed_in_the_middle_of_a_message_hold_up_nobody_and_lose_nothing_else(tmp_path):
+    """Slot 1 freezes and slot 2 dies, each half-way through a message to the launcher, in step 2: slot 0 trains
+    on alone to the end, and every message each rank sent whole arrives. (When the ranks shared one queue, a rank
+    frozen while its queue's writer held the lock kept the others' results from the launcher: the run hung.)"""
+    from ft_tasks import MidMessageTask
+
+    steps = 5
+    run = launch_ft(
+        MidMessageTask(str(tmp_path), step=2, ends={1: "stop", 2: "kill"}),
+        steps,
+        world_size=3,
+        hang_s=HANG_S,
+        restart=False,
+        full_world_at=(2,),  # both faults meet a full world
+        run_timeout_s=180,
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2"]  # each sent half a message, then ended
+    assert sorted(run.results) == [0] and run.results[0]["step"] == steps
+    assert [e for slot, _, e in run.entries if slot == 0] == run.results[0]["log"]  # all slot 0 logged, arrived
+    for slot in (1, 2):  # the entries each sent whole before its fault: its steps 0 and 1, committed
+        assert [(e["step"], e["committed"]) for s, _, e in run.entries if s == slot] == [(0, True), (1, True)]
+    assert [e[1] for e in run.events if e[0] == "evict"] == [1]  # the frozen one, by its silence
+
+
+def test_a_run_past_its_time_limit_says_how_far_it_got_and_where_each_slot_was():
+    # 200 steps of 50 ms of work each cannot finish in 3 s: the line names the count committed (whatever it is)
+    # and that both slots were still running.
+    with pytest.raises(FaultTolerantRunError) as caught:
+        launch_ft(ToyTask(compute_s=0.05), 200, world_size=2, hang_s=HANG_S, run_timeout_s=3)
+    line = str(caught.value)
+    assert re.fullmatch(
+        r"minddp\.ft: the run did not finish within 3 s: \d+ of 200 steps committed; slots 0, 1 still running; "
+        r"if it was only slow, give launch_ft a longer run_timeout_s",
+        line,
+    ), line
 
 
 def test_a_rank_still_waiting_to_restart_when_the_last_step_commits_does_not_hold_the_run():

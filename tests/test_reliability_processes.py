@@ -190,3 +190,27 @@ def test_the_ft_filter_drops_torchs_warnings_about_broken_connections_and_keeps_
     unexpected = "[W1127 12:00:00.000000000 ProcessGroupGloo.cpp:123] [c10d] an unexpected message\nframe #0: its\n"
     assert unexpected in filtered, filtered
     assert filtered.index(unexpected) < filtered.index("Traceback") < filtered.index("ValueError: the cause a user")
+
+
+def test_a_childs_messages_arrive_whole_and_in_order_however_the_pipe_cuts_them_and_a_cut_one_is_dropped():
+    # The launcher's thread reads each child's message pipe in whatever pieces the kernel hands it; the oracle is
+    # what the child put: each message once, whole, in order; a frame its sender died writing is not one.
+    import pickle
+    import queue
+    import threading
+
+    from minddp.runtime.processes import _Frames
+
+    sent = [("log", 0, 0, {"step": s, "loss": s / 3}) for s in range(3)] + [("ok", 0, 0, bytes(range(256)) * 40)]
+    wire = b"".join(len(b).to_bytes(8, "little") + b for b in map(pickle.dumps, sent))
+    wire += (50).to_bytes(8, "little") + b"cut"  # a frame of 50 bytes, its sender gone after 3
+    for piece in (1, 7, 8, 4096, len(wire)):
+        inbox, ended = queue.SimpleQueue(), threading.Event()
+        frames = _Frames(None, inbox, ended)
+        for i in range(0, len(wire), piece):
+            frames.feed(wire[i : i + piece])
+        assert not ended.is_set()
+        frames.feed(b"", end=True)
+        assert ended.is_set()
+        got = [inbox.get_nowait() for _ in range(inbox.qsize())]
+        assert got == sent, piece

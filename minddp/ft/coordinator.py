@@ -61,32 +61,23 @@ def lighthouse_main(
 ) -> None:
     """The coordinator's process: host the store on ``port`` (0: the OS picks), answer until killed.
 
-    ``gone``: a queue of ``(slot, incarnation)`` whose process the launcher saw exit; ``stderr``: a pipe to
+    ``events``: its pipe to the launcher (:meth:`~minddp.runtime.processes.StderrFilter.mailbox`); ``gone``: a queue of ``(slot, incarnation)`` whose process the launcher saw exit; ``stderr``: a pipe to
     the launcher's filter (:class:`~minddp.runtime.processes.StderrFilter`); ``plan``: the run's faults
     (:class:`~minddp.ft.faults.FaultPlan`), for ``coord@STEP``.
     """
-    from minddp.runtime.processes import HELPER_BLOCKED, use_stderr, watch_parent
+    from minddp.runtime.processes import HELPER_BLOCKED, Outbox, use_stderr, watch_parent
 
     if stderr is not None:
         use_stderr(stderr)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)
     watch_parent(parent_pid, None)
+    events = Outbox(events)  # whole messages, each in the pipe before put returns
     store = _serve(port)
     events.put(("listening", epoch, store.port, time.time()))
     lighthouse = Lighthouse(store, max_world, hang_s, epoch, min_replicas, events.put, full_world_at, gone)
-    lighthouse.plan, lighthouse.sent = plan, _flush(events)
+    lighthouse.plan = plan
     lighthouse.run()
-
-
-def _flush(events):
-    """Wait until everything put on ``events`` is in its pipe (a queue's own thread writes it)."""
-
-    def flush() -> None:
-        events.close()
-        events.join_thread()
-
-    return flush
 
 
 def _serve(port: int) -> dist.TCPStore:
@@ -142,7 +133,7 @@ class Lighthouse:
         self.quorum_id, self.members, self.dirty = 0, None, True
         self.newest, self.holders = 0, {}  # steps committed; slot -> the incarnation that holds that state
         self.said_lost = False
-        self.plan, self.sent = None, lambda: None  # the run's faults (coord@STEP), and how to flush what it said
+        self.plan = None  # the run's faults (coord@STEP)
 
     def run(self) -> None:
         keys = [f"{kind}/{slot}" for kind in ("beat", "req", "vote", "gone") for slot in self.slots]
@@ -320,8 +311,8 @@ class Lighthouse:
         """
         index = None if self.plan is None else self.plan.due("coord", step + 1, None)
         if index is not None:
-            self.plan.fire(index)  # marked fired, with the time
-            self.sent()  # step's decision reaches the launcher, which then kills this process
+            self.plan.fire(index)  # marked fired, with the time (the step's decision is already in the launcher's
+            # pipe: it then kills this process)
             while True:
                 time.sleep(3600)
 

@@ -8,8 +8,9 @@ trains through: this process
    own, and learns its port;
 2. starts one rank per slot (:mod:`minddp.ft.rung`);
 3. watches, in passes with a 20 ms sleep between them: a rank process that exited without a result is
-   posted ``gone`` to the coordinator after a 50 ms wait for a result in flight (so the survivors need not wait
-   out the hang bound; the events record the pass that found it ended, ``exit seen``, and the post, ``exited``)
+   posted ``gone`` to the coordinator once everything it sent has arrived (a result sent just before it exited
+   is no loss; so the survivors need not wait out the hang bound; the events record the pass that found it
+   ended, ``exit seen``, and the post, ``exited``)
    and, with ``restart``, started again as the next incarnation of its slot, which the survivors then heal; a rank the
    coordinator evicted (silent: frozen) is ended by its pid, then treated the
    same (a rank hands in its result before its beats stop, then says it is
@@ -45,6 +46,7 @@ from minddp.ft.report import errors, exits, fault_report, timeline
 from minddp.runtime.loopback import rank_env
 from minddp.runtime.processes import (
     HELPER_BLOCKED,
+    Outbox,
     StderrFilter,
     Stopped,
     end_processes,
@@ -60,9 +62,9 @@ from minddp.runtime.processes import (
 #: The launcher's sleep between two passes over its processes (each pass also takes results and drains events, so
 #: a pass comes less often than this: it is not a bound on how soon an exit is seen).
 PASS_SLEEP_S = 0.02
-#: How long the launcher waits, once it sees a process exited, for a result that may be in flight before it
-#: records the exit and tells the coordinator.
-EXIT_WAIT_S = 0.05
+#: The longest the launcher waits, once it sees a process exited, for the rest of what it sent (its pipe's end)
+#: before it records the exit and tells the coordinator; an exited process's pipe ends at once.
+EXIT_WAIT_S = 1.0
 
 
 class FaultTolerantRunError(RuntimeError):
@@ -146,7 +148,9 @@ def launch_ft(
     with stop_signals():
         ctx = rank_context()  # inside: a stop while the process server starts still ends it (processes.end_helpers)
         plan = FaultPlan(list(faults), ctx)
-        events, results = ctx.Queue(), ctx.Queue()
+        # What the coordinator and the ranks send, each process through a pipe of its own (StderrFilter.mailbox):
+        # one frozen or killed while sending holds up nobody else.
+        events, results = queue.SimpleQueue(), queue.SimpleQueue()
         # The ranks' and the coordinator's stderr, without torch's C++ warnings about the connections the faults
         # break on purpose: one line per fault is what the user reads (step 4); anything else passes.
         quiet = StderrFilter(expected_connection_noise)
@@ -164,13 +168,12 @@ def launch_ft(
                     waiting = dict.fromkeys(waiting, committed)  # so they start now (below); if the state went
                     # with them, the coordinator says so and the run stops (no process holds the trained state)
                 if time.monotonic() > deadline:
-                    raise FaultTolerantRunError(
-                        f"minddp.ft: the run did not finish within {run_timeout_s:.0f} s "
-                        f"(slots done: {sorted(done)}); see the events for the last step"
-                    )
+                    raise FaultTolerantRunError(_timed_out(run_timeout_s, committed, steps, procs, done, waiting))
                 # a coordinator that crashed, or that coord@STEP stopped (below): a new one on the same port, once the
                 # old one's events are handled
                 lighthouse_gone = lighthouse.exitcode is not None
+                if lighthouse_gone:
+                    lighthouse.posted.wait(EXIT_WAIT_S)  # all it sent is in `events`, handled now
                 _take_results(results, done, entries)  # first: a rank that handed in its result is done
                 for event in _drain(events):
                     timeline.append(event)
@@ -211,7 +214,7 @@ def launch_ft(
                 for slot, p in list(procs.items()):
                     if p.exitcode is not None and slot not in done:
                         seen = time.time()  # this pass found the process ended
-                        time.sleep(EXIT_WAIT_S)  # its result may be in flight
+                        p.posted.wait(EXIT_WAIT_S)  # what it sent last, its result maybe, is all in `results`
                         _take_results(results, done, entries)
                         if slot in done:
                             continue
@@ -279,14 +282,17 @@ def _start_lighthouse(ctx, port, world_size, hang_s, epoch, events, timeline, fu
     """The coordinator's process, its port, and the queue of exits to tell it (one per coordinator: one killed
     while reading would hold the queue's lock forever)."""
     gone, stderr = ctx.Queue(), quiet.writer()
+    mailbox, posted = quiet.mailbox(events)
     p = ctx.Process(
         target=lighthouse_main,
-        args=(port, world_size, hang_s, epoch, 1, events, os.getpid(), full_from, gone, stderr, plan),
+        args=(port, world_size, hang_s, epoch, 1, mailbox, os.getpid(), full_from, gone, stderr, plan),
         name=f"minddp-ft-lighthouse{epoch}",
         daemon=True,
     )
     p.start()
-    stderr.close()  # the lighthouse holds its own copy: its end of the pipe ends with it
+    p.posted = posted
+    stderr.close()  # the lighthouse holds its own copies: its ends of the pipes end with it
+    mailbox.close()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -301,6 +307,29 @@ def _start_lighthouse(ctx, port, world_size, hang_s, epoch, events, timeline, fu
         if event[0] == "listening" and event[1] == epoch:
             return p, event[2], gone
     raise FaultTolerantRunError("minddp.ft: the coordinator did not start within 30 s; is the machine overloaded?")
+
+
+def _timed_out(run_timeout_s: float, committed: int, steps: int, procs: dict, done: dict, waiting: dict) -> str:
+    """The line for a run past ``run_timeout_s``: how far it got and where each slot was.
+
+    >>> _timed_out(300, 4, 6, {0: None, 2: None}, {1: None}, {})
+    'minddp.ft: the run did not finish within 300 s: 4 of 6 steps committed; slots 0, 2 still running, slot 1 ended; if it was only slow, give launch_ft a longer run_timeout_s'
+    """
+    where = [
+        f"slot{'s' * (len(slots) > 1)} {', '.join(map(str, slots))} {what}"
+        for slots, what in (
+            (sorted(s for s in procs if s not in done), "still running"),
+            (sorted(s for s in done if done[s] is not None), "finished"),
+            (sorted(s for s in done if done[s] is None), "ended"),
+            (sorted(waiting), "waiting to start again"),
+        )
+        if slots
+    ]
+    return (
+        f"minddp.ft: the run did not finish within {run_timeout_s:.0f} s: {committed} of {steps} steps committed; "
+        + ", ".join(where)
+        + "; if it was only slow, give launch_ft a longer run_timeout_s"
+    )
 
 
 def _state_lost(event: tuple, hang_s: float, ended: dict) -> str:
@@ -343,20 +372,24 @@ def _take_results(results, done: dict, entries: list) -> None:
 
 def _start_rank(ctx, payload, slot, incarnation, port, plan, results, quiet, interfaces):
     stderr = quiet.writer()
+    mailbox, posted = quiet.mailbox(results)
     p = ctx.Process(
         target=_rank_main,
-        args=(payload, list(sys.path), slot, incarnation, port, plan, results, os.getpid(), stderr, interfaces),
+        args=(payload, list(sys.path), slot, incarnation, port, plan, mailbox, os.getpid(), stderr, interfaces),
         name=f"minddp-ft-rank{slot}.{incarnation}",
         daemon=True,
     )
     p.start()
-    stderr.close()  # the rank holds its own copy
+    p.posted = posted  # set once it is gone and all it sent is in `results`
+    stderr.close()  # the rank holds its own copies
+    mailbox.close()
     return p
 
 
-def _rank_main(payload, parent_path, slot, incarnation, port, plan, results, launcher_pid, stderr, interfaces):
+def _rank_main(payload, parent_path, slot, incarnation, port, plan, mailbox, launcher_pid, stderr, interfaces):
     """Inside a rank: train through faults, send back the result (or the error that ended it)."""
     use_stderr(stderr)  # through the launcher's filter (StderrFilter)
+    results = Outbox(mailbox)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher ends the ranks on Ctrl-C
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)
     watch_parent(launcher_pid, f"minddp.ft rank {slot}: the launcher (pid {launcher_pid}) is gone; ending this rank")

@@ -16,7 +16,6 @@ and, for the cells' claims, readers of the members' entries (one per member and 
 from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
-from minddp.ft.launch import EXIT_WAIT_S
 from minddp.ft.report import asked_s, first_request_s, heal_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
@@ -71,7 +70,7 @@ def _parts(run, o) -> tuple[int, int, int]:
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms: the moments (after the fault) its next quorum's members had all asked,
-    the launcher saw the killed process end and recorded its exit (``EXIT_WAIT_S`` later), and the quorum came; then
+    the launcher saw the killed process end and recorded its exit (once all it sent had arrived), and the quorum came; then
     the time from that quorum to the commit; and whether either lasted the hang bound."""
     # the kill's quorum came once the launcher had recorded the exit: it waited for that record
     recorded = None not in (kill.exit_s, kill.seen_s) and kill.exit_s <= kill.quorum_s
@@ -82,8 +81,8 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
             seen, exit_ = ms(o.seen_s), ms(o.exit_s)
             came = (
                 f"the next quorum came at {asked + came_ms} ms, {came_ms} ms after its members had all asked, once the"
-                f" launcher recorded slot {o.fault.slot}'s exit (seen at {seen} ms, recorded {exit_ - seen} ms later;"
-                f" `EXIT_WAIT_S` is {ms(EXIT_WAIT_S)} ms)"
+                f" launcher recorded slot {o.fault.slot}'s exit (seen at {seen} ms, recorded {exit_ - seen} ms later,"
+                " once all it sent had arrived)"
             )
         total, step = asked + came_ms + to_commit, o.committed_step
         print(f"{o.fault}: recovery {total} ms: {came}, then {to_commit} ms to the commit of step {step}")

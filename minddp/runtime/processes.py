@@ -17,7 +17,10 @@
   tracker, ended and waited for when the process that started them exits
   (however it exits, short of SIGKILL), so that nothing of a run outlives it;
 * :class:`StderrFilter`: the stderr of processes it starts, passed on without
-  torch's warnings about connections a run broke on purpose.
+  torch's warnings about connections a run broke on purpose; and their
+  messages to it (:meth:`StderrFilter.mailbox`, :class:`Outbox`), each child
+  through its own pipe, so that one killed or frozen mid-message holds up
+  nobody else.
 
 Example (inside a rank: it ends the process when the launcher goes, so the doctests do not run it)::
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import re
 import selectors
 import signal
@@ -368,12 +372,26 @@ class StderrFilter:
 
     def writer(self):
         """A pipe for one child's stderr: pass it in the child's arguments; this process keeps only the read end."""
+        return self._pipe(_Stream)
+
+    def mailbox(self, inbox) -> tuple[object, threading.Event]:
+        """A pipe for one child's messages (it writes them through an :class:`Outbox`), and an event set once the
+        child is gone and all it wrote is in ``inbox`` (a ``queue.SimpleQueue``: several children may share it).
+
+        Each message arrives whole, in the order the child sent it. Its own pipe, no lock shared with any other
+        process: a child killed or frozen part-way through a message loses that message only (a queue shared by
+        the children would stay locked for them all: the frozen one's writer holds its lock).
+        """
+        ended = threading.Event()
+        return self._pipe(lambda read: _Frames(read, inbox, ended)), ended
+
+    def _pipe(self, stream):
         import multiprocessing
 
         read, write = multiprocessing.Pipe(duplex=False)
         os.set_blocking(read.fileno(), False)
         with self._lock:
-            self._selector.register(read.fileno(), selectors.EVENT_READ, _Stream(read))
+            self._selector.register(read.fileno(), selectors.EVENT_READ, stream(read))
         os.write(self._wake_w, b"\0")  # the thread looks at its list again
         return write
 
@@ -441,6 +459,39 @@ class _Stream:
         if end and self.partial:
             lines, self.partial = [*lines, self.partial], b""
         return [(line.decode(errors="replace") + "\n", self) for line in lines]
+
+
+class _Frames:
+    """One child's message pipe: each frame (8-byte length, then the pickled message) put in ``inbox`` once whole;
+    at the end, an unfinished one is dropped (its sender died writing it) and ``ended`` is set."""
+
+    def __init__(self, pipe, inbox, ended: threading.Event):
+        self.pipe, self.inbox, self.ended, self.partial, self.dropping = pipe, inbox, ended, b"", False
+
+    def feed(self, chunk: bytes, end: bool = False) -> list:
+        data = self.partial + chunk
+        while len(data) >= 8 and len(data) >= 8 + (size := int.from_bytes(data[:8], "little")):
+            self.inbox.put(pickle.loads(data[8 : 8 + size]))  # from a child this run started (as a Queue would)
+            data = data[8 + size :]
+        self.partial = data
+        if end:
+            self.ended.set()
+        return []  # no stderr lines
+
+
+class Outbox:
+    """In a child: its messages to the launcher (:meth:`StderrFilter.mailbox`), each written whole into the pipe
+    before ``put`` returns (a message never waits in a thread of this process that could die with it)."""
+
+    def __init__(self, pipe):
+        self.pipe, self._lock = pipe, threading.Lock()
+
+    def put(self, message) -> None:
+        data = pickle.dumps(message)
+        frame = memoryview(len(data).to_bytes(8, "little") + data)
+        with self._lock:  # this process's threads, one message at a time
+            while frame:
+                frame = frame[os.write(self.pipe.fileno(), frame) :]
 
 
 def use_stderr(pipe) -> None:
