@@ -312,8 +312,11 @@ def _start_lighthouse(ctx, port, world_size, hang_s, epoch, events, timeline, fu
 def _timed_out(run_timeout_s: float, committed: int, steps: int, procs: dict, done: dict, waiting: dict) -> str:
     """The line for a run past ``run_timeout_s``: how far it got and where each slot was.
 
-    >>> _timed_out(300, 4, 6, {0: None, 2: None}, {1: None}, {})
-    'minddp.ft: the run did not finish within 300 s: 4 of 6 steps committed; slots 0, 2 still running, slot 1 ended; if it was only slow, give launch_ft a longer run_timeout_s'
+    >>> for part in _timed_out(300, 4, 6, {0: None, 2: None}, {1: None}, {}).split("; "):
+    ...     print(part)
+    minddp.ft: the run did not finish within 300 s: 4 of 6 steps committed
+    slots 0, 2 still running, slot 1 ended
+    if it was only slow, give launch_ft a longer run_timeout_s
     """
     where = [
         f"slot{'s' * (len(slots) > 1)} {', '.join(map(str, slots))} {what}"

@@ -70,8 +70,8 @@ def _parts(run, o) -> tuple[int, int, int]:
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms: the moments (after the fault) its next quorum's members had all asked,
-    the launcher saw the killed process end and recorded its exit (once all it sent had arrived), and the quorum came; then
-    the time from that quorum to the commit; and whether either lasted the hang bound."""
+    the launcher saw the killed process end and recorded its exit (once all it sent had arrived), and the quorum
+    came; then the time from that quorum to the commit; and whether either lasted the hang bound."""
     # the kill's quorum came once the launcher had recorded the exit: it waited for that record
     recorded = None not in (kill.exit_s, kill.seen_s) and kill.exit_s <= kill.quorum_s
     for o in (kill, raised):
