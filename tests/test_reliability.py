@@ -135,6 +135,27 @@ def test_a_failing_rank_ends_the_run_naming_rank_and_step_and_leaves_nothing(whe
     assert _port_free(int(pids_ports[0][1]))  # the rendezvous port is free
 
 
+def die_half_way_through_a_message(bad_rank=1):
+    """Rank ``bad_rank`` writes the first half of a message to the launcher, then SIGKILLs itself (as the OOM
+    killer might, mid-result); the others return."""
+    if dist.get_rank() == bad_rank:
+        from ft_tasks import _outbox_on_stack
+
+        os.write(_outbox_on_stack().pipe.fileno(), (1000).to_bytes(8, "little") + b"x" * 500)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "finished"
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_killed_half_way_through_its_message_is_named_and_holds_up_nothing():
+    # The launcher reads each rank's pipe on its own: the cut message is dropped, the rank is reported dead.
+    start = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(die_half_way_through_a_message, world_size=3, timeout_s=TIMEOUT_S)
+    assert time.monotonic() - start < TIMEOUT_S  # not waited out: see TIMEOUT_S
+    assert (info.value.rank, info.value.exc_type) == (1, "ProcessDied"), str(info.value)
+
+
 def kill_rank1_at_step2(cfg, stage, data, folder):
     """train_rank, with rank 1 SIGKILLed in the middle of its third step."""
     from minddp.train import run as train

@@ -154,14 +154,14 @@ def break_a_connection_then_fail():
 
 def _child_stderr(expected) -> str:
     """What ``break_a_connection_then_fail``, run as a rank is (forked by the process server), leaves on a stderr
-    filtered by ``StderrFilter(expected)``."""
+    filtered by ``ChildPipes(expected)``."""
     import tempfile
 
-    from minddp.runtime.processes import StderrFilter, rank_context, use_stderr
+    from minddp.runtime.processes import ChildPipes, rank_context, use_stderr
 
     ctx = rank_context()
     with tempfile.TemporaryFile() as out:
-        quiet = StderrFilter(expected, out_fd=out.fileno())
+        quiet = ChildPipes(expected, out_fd=out.fileno())
         pipe = quiet.writer()
         child = ctx.Process(target=_in_child, args=(pipe, use_stderr))
         child.start()

@@ -61,9 +61,9 @@ def lighthouse_main(
 ) -> None:
     """The coordinator's process: host the store on ``port`` (0: the OS picks), answer until killed.
 
-    ``events``: its pipe to the launcher (:meth:`~minddp.runtime.processes.StderrFilter.mailbox`); ``gone``: a
+    ``events``: its pipe to the launcher (:meth:`~minddp.runtime.processes.ChildPipes.mailbox`); ``gone``: a
     queue of ``(slot, incarnation)`` whose process the launcher saw exit; ``stderr``: a pipe to
-    the launcher's filter (:class:`~minddp.runtime.processes.StderrFilter`); ``plan``: the run's faults
+    the launcher's filter (:class:`~minddp.runtime.processes.ChildPipes`); ``plan``: the run's faults
     (:class:`~minddp.ft.faults.FaultPlan`), for ``coord@STEP``.
     """
     from minddp.runtime.processes import HELPER_BLOCKED, Outbox, use_stderr, watch_parent

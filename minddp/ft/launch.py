@@ -45,9 +45,10 @@ from minddp.ft.faults import Fault, FaultPlan
 from minddp.ft.report import errors, exits, fault_report, timeline
 from minddp.runtime.loopback import rank_env
 from minddp.runtime.processes import (
+    EXIT_WAIT_S,
     HELPER_BLOCKED,
+    ChildPipes,
     Outbox,
-    StderrFilter,
     Stopped,
     end_processes,
     expected_connection_noise,
@@ -62,9 +63,6 @@ from minddp.runtime.processes import (
 #: The launcher's sleep between two passes over its processes (each pass also takes results and drains events, so
 #: a pass comes less often than this: it is not a bound on how soon an exit is seen).
 PASS_SLEEP_S = 0.02
-#: The longest the launcher waits, once it sees a process exited, for the rest of what it sent (its pipe's end)
-#: before it records the exit and tells the coordinator; an exited process's pipe ends at once.
-EXIT_WAIT_S = 1.0
 
 
 class FaultTolerantRunError(RuntimeError):
@@ -148,12 +146,12 @@ def launch_ft(
     with stop_signals():
         ctx = rank_context()  # inside: a stop while the process server starts still ends it (processes.end_helpers)
         plan = FaultPlan(list(faults), ctx)
-        # What the coordinator and the ranks send, each process through a pipe of its own (StderrFilter.mailbox):
+        # What the coordinator and the ranks send, each process through a pipe of its own (ChildPipes.mailbox):
         # one frozen or killed while sending holds up nobody else.
         events, results = queue.SimpleQueue(), queue.SimpleQueue()
         # The ranks' and the coordinator's stderr, without torch's C++ warnings about the connections the faults
         # break on purpose: one line per fault is what the user reads (step 4); anything else passes.
-        quiet = StderrFilter(expected_connection_noise)
+        quiet = ChildPipes(expected_connection_noise)
         try:
             lighthouse, port, gone = _start_lighthouse(
                 ctx, 0, world_size, hang_s, epoch, events, timeline, full_from, quiet, plan
@@ -391,7 +389,7 @@ def _start_rank(ctx, payload, slot, incarnation, port, plan, results, quiet, int
 
 def _rank_main(payload, parent_path, slot, incarnation, port, plan, mailbox, launcher_pid, stderr, interfaces):
     """Inside a rank: train through faults, send back the result (or the error that ended it)."""
-    use_stderr(stderr)  # through the launcher's filter (StderrFilter)
+    use_stderr(stderr)  # through the launcher's filter (ChildPipes)
     results = Outbox(mailbox)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher ends the ranks on Ctrl-C
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)

@@ -7,7 +7,9 @@ talk through collectives. This module does that set-up and its clean-up:
    loopback address only, as every connection of the ranks (:mod:`minddp.runtime.loopback`);
 2. it starts one child per rank; each joins the store, builds the process group (gloo on CPU, NCCL
    with one GPU per rank: :mod:`minddp.runtime.device`) and calls ``fn(*args, **kwargs)``;
-3. each child sends back its result, or its exception with the traceback, and leaves its group;
+3. each child sends back its result, or its exception with the traceback, through a pipe of its own (a
+   rank killed half-way through sending holds up no other: :meth:`~minddp.runtime.processes.ChildPipes.mailbox`),
+   and leaves its group;
 4. the parent gathers the results in rank order; when a rank fails, dies or hangs
    (:mod:`minddp.runtime.hang`), it ends the ranks it started, by pid, and raises :class:`RankError` naming
    it;
@@ -44,7 +46,10 @@ from minddp.runtime import compat, hang, loopback, profiling
 from minddp.runtime.cli import fresh_line
 from minddp.runtime.device import DEFAULT_TIMEOUT_S, Placement, choose, timeout_delta, use
 from minddp.runtime.processes import (
+    EXIT_WAIT_S,
     HELPER_BLOCKED,
+    ChildPipes,
+    Outbox,
     Stopped,
     end_processes,
     rank_context,
@@ -212,11 +217,12 @@ def launch(
     with stop_signals():  # step 5 (from here on a stop ends what is started, the process server included)
         # Step 1: a rendezvous store on a port the OS chose, owned by this process.
         store = open_store(world_size, timeout_s)
+        pipes = ChildPipes(lambda line: False)  # the ranks' messages (their stderr stays theirs)
         try:
             ctx = rank_context(rank_imports(fn))
-            results: queue.Queue = ctx.Queue()
+            results: queue.SimpleQueue = queue.SimpleQueue()  # what the ranks send, each through its own pipe
             interfaces = loopback.rank_env()  # the ranks' own connections: loopback, or the user's interface
-            _start_ranks(ctx, procs, payload, world_size, store.port, placement, timeout_s, results, interfaces)
+            _start_ranks(ctx, procs, payload, world_size, store.port, placement, timeout_s, results, interfaces, pipes)
             # Step 4: gather, watching for a hung rank (minddp.runtime.hang).
             # (A function over `held`, not the store: the traceback of a RankError keeps _collect_results's
             # locals alive, and the store must go below, so that its port is free once launch returns.)
@@ -239,6 +245,7 @@ def launch(
             # On failure the surviving ranks may sit in a collective that will
             # never complete: do not wait for them long.
             end_processes(procs, grace_s=3.0 if ok else 0.5)
+            pipes.close()
             held = []  # noqa: F841 - the lambda reads this variable: it no longer reaches the store
             del store
 
@@ -336,12 +343,14 @@ def _start_ranks(
     port: int,
     placement: Placement,
     timeout_s: float | None,
-    results: queue.Queue,
+    results: queue.SimpleQueue,
     interfaces: dict[str, str],
+    pipes: ChildPipes,
 ) -> None:
     """Step 2 of :func:`launch`: one child process per rank, each added to ``procs`` as soon as it exists."""
     for rank in range(world_size):
         with stops_deferred():  # a rank once forked is in `procs`, which the teardown ends
+            mailbox, posted = pipes.mailbox(results)
             p = ctx.Process(
                 target=_child_main,
                 name=f"minddp-rank{rank}",
@@ -354,12 +363,14 @@ def _start_ranks(
                     port,
                     placement,
                     timeout_s,
-                    results,
+                    mailbox,
                     os.getpid(),
                     interfaces,
                 ),
             )
             p.start()
+            p.posted = posted  # set once it is gone and all it sent is in `results`
+            mailbox.close()  # the rank holds its own copy
             procs.append(p)
 
 
@@ -582,8 +593,9 @@ def _set_rank_env(rank: int, world_size: int, port: int, interfaces: dict[str, s
     )
 
 
-def _child_main(payload, parent_path, rank, world_size, port, placement, timeout_s, results, launcher_pid, interfaces):
+def _child_main(payload, parent_path, rank, world_size, port, placement, timeout_s, mailbox, launcher_pid, interfaces):
     """Step 3, inside the rank: join, run (beating: minddp.runtime.hang), report, always destroy the group."""
+    results = Outbox(mailbox)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # step 5: Ctrl-C is the launcher's to handle; it ends the ranks
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELPER_BLOCKED)  # the process server's mask (rank_context)
     # What the process server imported (torch, and rank_imports: millions of objects) lives as long as the rank:
@@ -663,9 +675,9 @@ def _collect_results(
         except queue.Empty:
             for rank, p in enumerate(procs):
                 if p.exitcode is not None and rank not in done and rank not in errors:
-                    # Exited without a word: killed (SIGKILL, OOM) or os._exit.
-                    # Give the queue a moment in case its message is in flight.
-                    time.sleep(0.2)
+                    # Exited without a word: killed (SIGKILL, OOM) or os._exit. Its message may be in flight:
+                    # wait until all it sent is in (its pipe ended; at once for a process that has exited).
+                    p.posted.wait(EXIT_WAIT_S)
                     if results.empty():
                         # Exit code 1 before any report: Python failed while starting the rank (its
                         # traceback is on stderr), most often a script that launches at import time.

@@ -16,11 +16,11 @@
 * :func:`end_helpers`: the process server and multiprocessing's resource
   tracker, ended and waited for when the process that started them exits
   (however it exits, short of SIGKILL), so that nothing of a run outlives it;
-* :class:`StderrFilter`: the stderr of processes it starts, passed on without
-  torch's warnings about connections a run broke on purpose; and their
-  messages to it (:meth:`StderrFilter.mailbox`, :class:`Outbox`), each child
-  through its own pipe, so that one killed or frozen mid-message holds up
-  nobody else.
+* :class:`ChildPipes`: the pipes from the processes a run starts: their
+  stderr, passed on without torch's warnings about connections a run broke on
+  purpose; and their messages to it (:meth:`ChildPipes.mailbox`,
+  :class:`Outbox`), each child through its own pipe, so that one killed or
+  frozen mid-message holds up nobody else.
 
 Example (inside a rank: it ends the process when the launcher goes, so the doctests do not run it)::
 
@@ -340,8 +340,14 @@ def expected_connection_noise(line: str) -> bool:
     return bool(_CPP_LOG.match(line) and _CONNECTION.search(line))
 
 
-class StderrFilter:
-    """The stderr of the processes a run starts, passed on to this process's stderr without expected noise.
+#: The longest a launcher waits, once it sees a process exited, for the rest of what it sent (its pipe's end:
+#: :meth:`ChildPipes.mailbox`) before it takes the exit for one without a word; an exited process's pipe ends at once.
+EXIT_WAIT_S = 1.0
+
+
+class ChildPipes:
+    """The pipes from the processes a run starts, read by one thread here: their messages (:meth:`mailbox`), and
+    their stderr, passed on to this process's stderr without expected noise.
 
     ``expected(line)`` says which C++ messages to drop (with the lines that follow one: "Exception raised from",
     "frame #N", up to the blank line that ends it); everything else passes unchanged, in order per process, so an
@@ -351,7 +357,7 @@ class StderrFilter:
 
     Example::
 
-        >>> quiet = StderrFilter(expected_connection_noise)
+        >>> quiet = ChildPipes(expected_connection_noise)
         >>> pipe = quiet.writer()                      # ctx.Process(target=..., args=(pipe, ...)).start()
         >>> quiet.close()
     """
@@ -480,7 +486,7 @@ class _Frames:
 
 
 class Outbox:
-    """In a child: its messages to the launcher (:meth:`StderrFilter.mailbox`), each written whole into the pipe
+    """In a child: its messages to the launcher (:meth:`ChildPipes.mailbox`), each written whole into the pipe
     before ``put`` returns (a message never waits in a thread of this process that could die with it)."""
 
     def __init__(self, pipe):
