@@ -132,11 +132,14 @@ print(doc.split("a few left out::")[1].split("Example")[0].rstrip())
 
 # %%
 # %%distributed
-from minddp.bench.convergence import train_config
+from minddp.bench.convergence import cosine, train_config
 
 runs = {name: train_config(name, task, seed=0, steps=300, batch=32, lr=3e-3, eval_every=100) for name in
         ("ddp", "local-sgd-h10", "diloco-h10")}  # fmt: skip
-lesson.say("after 300 steps: expected loss, payload bytes")
+lesson.say(
+    f"AdamW's lr on a half cosine, {3e-3:g} to {3e-3 * cosine(300)(300):.1g}, over each run's steps; "
+    "after 300 steps: expected loss, payload bytes"
+)
 for name, run in runs.items():
     lesson.say(f"{name:>14}: {run['loss'][-1]:.4f}, {int(run['bytes'][-1]):>10,} bytes")
 lesson.claim(
@@ -238,19 +241,13 @@ lesson.claim(
     ),
     "local SGD and DiLoCo each send H times fewer bytes than DDP",
 )
-at300 = curves["ddp"][0]["step"].index(300)  # the run above's length
-above = [d["loss"][at300] - lo["loss"][at300] for d, lo in zip(curves["diloco-h10"], curves["local-sgd-h10"])]
 below = [s for s, d, lo in zip(steps[1:], mean_of("diloco-h10", "loss")[1:], mean_of("local-sgd-h10", "loss")[1:])
          if d < lo]  # fmt: skip
 gap = round(statistics.mean(final("diloco-h10")), 4) - round(statistics.mean(final("local-sgd-h10")), 4)  # as printed
 paired = [d > lo for d, lo in zip(final("diloco-h10"), final("local-sgd-h10"))]  # seed by seed
 lesson.claim(
-    all(dd["loss"][at300] < lo["loss"][at300] for dd, lo in zip(curves["ddp"], curves["local-sgd-h10"]))
-    and min(above) > 0
-    and below
-    and gap > 0,
-    "at step 300 every bench seed has the order of the run above: DDP, "
-    "local SGD, DiLoCo at H = 10. DiLoCo's mean is below local SGD's only at steps "
+    below and gap > 0 and len(paired) / 2 < sum(paired) < len(paired),  # the takeaway's "most seeds but not all"
+    "at H = 10 DiLoCo's mean is below local SGD's only at steps "
     + " and ".join(map(str, below))
     + f"; at step {steps[-1]} its mean is {gap:.4f} nats above, above "
     f"in {sum(paired)} of {len(paired)} seeds",
@@ -360,9 +357,8 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # once the real all_reduce has also ended.
 #
 # Each inner step is its forward and backward (blue) and optimizer step (green: AdamW's update and a
-# post-hook; the tall tick marks when the post-hook handed a fragment's pseudo-gradient to the link, the triangle
-# where it applied one); white, none of these. The
-# orange bars are the messages' modeled transfers on the link, each from its tick and named by its fragment; red,
+# post-hook, which hands a fragment's pseudo-gradient to the link at a tall tick and applies one at a triangle);
+# white, none of these. Orange: a message's modeled transfer on the link, from its tick; red, and nothing else,
 # the training thread waiting for one, drawn over its step's green.
 
 # %%
@@ -441,14 +437,18 @@ lesson.claim(
     len(sends) == len(applies) == FRAGMENTS and all(step_of(a) - step_of(s) == TAU for s, a in zip(sends, applies)),
     f"each fragment was applied τ = {TAU} steps after the step that handed it over",
 )
-need, paces = {}, {}  # each fragment's steps to cover its time on the link at its τ steps' pace, and that pace
+starts = [f[0] for f in view["row"]["forward"]]  # each profiled step's start (ms), steps WARM + 1 to WARM + H
+assert len(starts) == H
+need, paces = {}, {}  # each fragment's steps to cover its time on the link at the pace of its flight, and that pace
 for m, s, a in zip(link.log[-len(sends) :], sends, applies):
     asked = link.asked[m["seq"]]  # when step a's post-hook called wait(), on the link's clock (s)
     # ms from the message's start on the link, rounded as printed first, so that the printed numbers add up
     on_link, before, delivered = (round((t - m["start"]) * 1e3, 1) for t in (m["modeled_end"], asked, m["delivered"]))
     waited = metrics.waited([(before, max(before, delivered))])  # ms
     fragment = order[s].rpartition("#")[2]
-    paces[(step_of(s) + 1, step_of(a))] = pace = round(before / TAU, 1)  # ms a step, rounded as printed
+    first, last = step_of(s) + 1, step_of(a) - 1  # the whole steps between the hand-over and the apply
+    span = starts[last - WARM] - starts[first - WARM - 1]  # from step first's start to step a's (last + 1)
+    paces[(first, last)] = pace = round(span / (last - first + 1), 1)  # ms a step, rounded as printed
     need[fragment] = math.ceil(on_link / pace)
     lesson.say(
         f"fragment {fragment}, handed over in step {step_of(s)}, ms from its start on the link: modeled end "
@@ -458,9 +458,9 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
 most = H // FRAGMENTS - 1  # the largest τ with one fragment in flight (τ < H/K)
 short = [f for f, n in need.items() if n > most]
 lesson.say(
-    "ms a step: "
+    "ms a step, start to start: "
     + ", ".join(f"{t:.1f} in steps {a} to {b}" for (a, b), t in paces.items())
-    + "; at the pace of its own flight, covering its time on the link takes "
+    + "; each fragment's time on the link at its flight's pace: "
     + ", ".join(f"fragment {f}: {n} steps" for f, n in need.items())
     + f"; τ < H/K allows at most {most}: "
     + (f"too few for fragment{'s' * (len(short) > 1)} {' and '.join(short)}" if short else "enough for each")
@@ -613,7 +613,7 @@ lesson.claim(
 #   over by step 50, each drawn run that talks rarely gets below DDP's step-50 loss; at every
 #   score after the start DDP's mean is below each of theirs.
 # * In the bench DiLoCo not streamed, at H = 10, had a mean below local SGD's only at the first scores and ended
-#   with a mean above it; at H = 50 and 100 its loss ended above local SGD's in every seed,
+#   with a mean above it, above in most seeds but not all; at H = 50 and 100 its loss ended above local SGD's in every seed,
 #   rising far more with H; at H = 100, at every outer lr
 #   tried, it ended worse than one replica alone in every seed; local SGD ended below one replica alone at
 #   every H, in every seed. Of the bench's runs that
