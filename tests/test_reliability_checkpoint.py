@@ -383,7 +383,8 @@ def test_every_part_of_a_real_checkpoint_is_plain_data(runs):
 #: there: each reads what a parent and the processes it started send each other through pipes.
 TRUSTED_CHANNELS = {
     ("minddp/runtime/launch.py", "pickle.loads"): "the function and arguments, from the launcher's process arguments",
-    ("minddp/runtime/launch.py", "torch.load"): "a rank's result, through the launcher's queue",
+    ("minddp/runtime/launch.py", "torch.load"): "a rank's result, through its own pipe",
+    ("minddp/runtime/processes.py", "pickle.loads"): "a child's messages, through its own pipe (ChildPipes.mailbox)",
     ("minddp/ft/launch.py", "pickle.loads"): "the task, from the ft launcher's process arguments",
     ("minddp/notebook/worker.py", "pickle.loads"): "a cell's function (cloudpickle), through the kernel's queue",
     ("minddp/notebook/cluster.py", "torch.load"): "a cell's value, through a rank's queue",
