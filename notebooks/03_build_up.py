@@ -202,7 +202,7 @@ lesson.claim(
 lesson_03.say_still(("ga", "simple"), looks)
 
 # %% [markdown]
-# What to look for: after the last backward, rank 0 held at the check (hatched), then one burst of messages
+# What to look for: after the last backward, one burst of messages
 # with the thread's waits for them (red); the micro-batches before run straight on into each other.
 #
 # ### Your turn: `ga`
