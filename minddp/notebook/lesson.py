@@ -422,8 +422,8 @@ def say_look(looks: dict, stage: str) -> None:
         said += "."
     said += f" It waited {waited} ms for its messages ({v['waits_in_backward']} of its {v['waits']} waits began"
     said += " inside a backward)"
-    if waited - exposed >= 1:  # measured, its cause not: the link models no more than the transfer
-        after = waited - exposed
+    after = after_delivery_ms(v)
+    if after >= 1:  # measured, its cause not: the link models no more than the transfer
         said += f": the {exposed} exposed and {after} ms after the link had delivered ({after / v['calls']:.2f} ms "
         said += "a message)."
     else:
@@ -454,6 +454,11 @@ def link_parts(v: dict) -> tuple[int, int]:
     """A look's link time over an emulated link and its exposed part, in whole ms as printed (so that the printed
     rest, link time the thread did not wait through, is their difference)."""
     return round(v["link_ms"]), round(v["exposed_ms"])
+
+
+def after_delivery_ms(v: dict) -> int:
+    """A look's waiting after the link had delivered: waited less exposed, in whole ms as printed."""
+    return round(v["waited_ms"]) - link_parts(v)[1]
 
 
 def backward_less_check(v: dict) -> float:

@@ -297,9 +297,9 @@ def listed(names: list[str]) -> str:
 def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
     """Each sized link's rungs (2 ranks): link time, exposed, waited and the step's own last backward less the check,
     then in words which rungs exposed none of their link time (whole ms), which over half of it, which waited mostly
-    after the link had delivered, and the rungs' backwards against the one each link was sized from (``sized_from``,
-    seconds, by setting name); a whole-ms match of bucket-async's backward on the two links is said to be chance
-    (two networks, two steps)."""
+    after the link had delivered, and the rungs' backwards as multiples of the one each link was sized from
+    (``sized_from``, seconds, by setting name); a whole-ms match of bucket-async's backward on the two links is said
+    to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
         what = "link time, exposed, waited and last backward less the check, ms" if runs is t4 else "the same"
         hid = [s for s, r in runs.items() if round(r["exposed_ms"]) == 0]
@@ -308,10 +308,10 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
         said = [f"{listed(hid)} exposed none of {'their' if len(hid) > 1 else 'its'} link time"] if hid else []
         said += [f"{listed(most)} over half of it"] if most else []
         said += [f"waited mostly after the link had delivered: {listed(after)}"] if after else []
-        own = [r["backward_ms"] for r in runs.values()]
+        own, sized = [r["backward_ms"] for r in runs.values()], 1e3 * sized_from[name]
         said += [
-            f"backwards {min(own):.0f} to {max(own):.0f} ms against the {1e3 * sized_from[name]:.0f} sized from: "
-            "ratios only near the setting's"
+            f"backwards {min(own):.0f} to {max(own):.0f} ms, {min(own) / sized:.1f} to {max(own) / sized:.1f} times "
+            f"the {sized:.0f} sized from"
         ]
         say(
             f"Sized for {name}{', 2 ranks' if runs is t4 else ''}; {what}: "
@@ -328,72 +328,53 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
         )
 
 
-def say_takeaway(looks: dict, t4: dict, far: dict, spread_ms: float) -> None:
+def say_takeaway(looks: dict, t4: dict, far: dict) -> None:
     """The takeaway in words, from the runs, per setting (this notebook's link: ``looks``; the sized links' runs):
-    hook-async's and bucket-async's exposed, waited and last backward less the check, and where hook-async's
-    backward was the longer and its exposed the less (whole ms); then hook's and bucket's backwards against
-    hook-async's and bucket-async's, each gap beside the time the longer one waited inside it, to within
-    ``spread_ms`` (the cap sweep's five backwards' spread); and the link time buckets cut."""
+    hook-async's and bucket-async's exposed, waited, last backward less the check and step (whole ms); where
+    hook-async's backward was the longer and its exposed the less, and whose step was the shorter; and the link time
+    buckets cut."""
     from minddp.costmodel.buckets import on_the_link
 
     here = {
         s: on_the_link(looks[s]["row"])
-        | {k: looks[s][k] for k in ("waits", "waits_in_backward")}
-        | {"backward_ms": backward_less_check(looks[s])}
-        for s in ("hook", "hook-async", "bucket", "bucket-async")
+        | {"backward_ms": backward_less_check(looks[s]), "step_ms": looks[s]["row"]["end"]}
+        for s in ("hook-async", "bucket-async")
     }
     settings = {"On 1 Gbit/s": here, "Sized for 4 × T4": t4, "Sized for 1024 ranks": far}
+    named = {"backward": "last backward less the check"}
     gap = {}  # each measure, hook-async's less bucket-async's, in whole ms
     for name, runs in settings.items():
         h, b = runs["hook-async"], runs["bucket-async"]
-        measures = {m: (round(h[f"{m}_ms"]), round(b[f"{m}_ms"])) for m in ("exposed", "waited", "backward")}
+        measures = {m: (round(h[f"{m}_ms"]), round(b[f"{m}_ms"])) for m in ("exposed", "waited", "backward", "step")}
         gap[name] = {m: x - y for m, (x, y) in measures.items()}
         say(
             f"{name}, {'hook-async against bucket-async: ' if runs is here else ''}"
             + ", ".join(
-                f"{'last backward less the check' if m == 'backward' else m} {x} against {y}"
-                + (" ms" if m == "exposed" else "")
+                f"{named.get(m, m)} {x} against {y}" + (" ms" if m == "exposed" else "")
                 for m, (x, y) in measures.items()
             )
             + "."
         )
-    longer = [n[0].lower() + n[1:] for n, g in gap.items() if g["backward"] > 0]
-    less = [n[0].lower() + n[1:] for n, g in gap.items() if g["exposed"] < 0]
-    where = "in all three settings" if len(longer) == len(settings) else listed(longer) or "nowhere"
-    say(f"hook-async's backward was the longer {where}; it exposed less {listed(less) if less else 'nowhere'}.")
-    within = f"the {spread_ms:.0f} ms the sweep's bucket-async backwards spread over"
-    pairs = [
-        (n, a, w, r)
-        for n, r in settings.items()
-        for a, w in (("hook-async", "hook"), ("bucket-async", "bucket"))
-        if w in r
-    ]
-    said = {n: [] for n in settings}
-    for n, a, w, r in pairs:
-        inside = (  # all its waits began inside its backward: its waited is time inside it
-            f"waited {r[w]['waited_ms']:.0f}"
-            if r[w]["waits_in_backward"] == r[w]["waits"]
-            else f"{r[w]['waits_in_backward']} of {r[w]['waits']} waits inside"
+
+    def where(test) -> str:
+        names = [n[0].lower() + n[1:] for n, g in gap.items() if test(g)]
+        return "in all three settings" if len(names) == len(settings) else listed(names) if names else "nowhere"
+
+    shorter = [  # whose step was the shorter, where; a whole-ms tie said as one
+        f"{who} {where(test)}"
+        for who, test in (
+            ("bucket-async's", lambda g: g["step"] > 0),
+            ("hook-async's", lambda g: g["step"] < 0),
+            ("a tie", lambda g: g["step"] == 0),
         )
-        said[n].append(f"{w} {r[w]['backward_ms']:.0f} ({inside}) against {a} {r[a]['backward_ms']:.0f}")
-    missed = [  # the gap is the waiting inside the longer backward, to within the spread, but for these
-        f"{w}'s {n[0].lower()}{n[1:]}"
-        for n, a, w, r in pairs
-        if abs(r[w]["backward_ms"] - r[a]["backward_ms"] - r[w]["waited_ms"]) > spread_ms
-        or r[w]["waits_in_backward"] != r[w]["waits"]
+        if where(test) != "nowhere"
     ]
     say(
-        "Backward less the check, ms: "
-        + "; ".join(f"{n[0].lower()}{n[1:]}, {'; '.join(g)}" for n, g in said.items())
-        + f". Each gap is the longer backward's waited, within {within}"
-        + (f", but {listed(missed)}." if missed else ".")
+        f"hook-async's backward was the longer {where(lambda g: g['backward'] > 0)}; it exposed less "
+        f"{where(lambda g: g['exposed'] < 0)}; the shorter step: {', '.join(shorter)}."
     )
     cut = {
         n: 100 * (r["hook-async"]["link_ms"] - r["bucket-async"]["link_ms"]) / r["hook-async"]["link_ms"]
         for n, r in settings.items()
     }
-    say(
-        "Buckets' fewer fixed costs cut the link time "
-        + ", ".join(f"{pct:.0f} % {n[0].lower()}{n[1:]}" for n, pct in cut.items())
-        + "."
-    )
+    say("Buckets cut the link time " + ", ".join(f"{pct:.0f} % {n[0].lower()}{n[1:]}" for n, pct in cut.items()) + ".")
