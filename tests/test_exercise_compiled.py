@@ -670,3 +670,22 @@ def test_pieces_numbered_by_index_is_named():
     assert numbered_by_index([[4, 4], [4, 4], [4, 4]], 8) == [0, 0, 0]
     verdict = check_handover(numbered_by_index)
     assert not verdict.ok and "numbered by `pieces.index(piece)`" in verdict.line, verdict.line
+
+
+def test_the_gradients_left_merged_into_the_previous_bucket_is_named():
+    # read 20 (09-zf) 3: the leftover added to the last full bucket, no last bucket of its own; that answer got only
+    # the generic first-differing-case verdict
+    def merged(pieces, cap):
+        out, total, last = [], 0, 0
+        for i, piece in enumerate(pieces):
+            for size in piece:
+                total, last = total + size, i
+                if total >= cap:
+                    out, total = out + [i], 0
+        if total and out:  # the mistake: the gradients left join the last full bucket
+            return out[:-1] + [last]
+        return out + [last] * (total > 0)
+
+    assert merged([[3, 3, 3, 3, 3]], 6) == [0, 0] and merged([[5], [5], [2]], 8) == [2]
+    verdict = check_handover(merged)
+    assert not verdict.ok and "were merged into it" in verdict.line, verdict.line

@@ -345,6 +345,13 @@ def _never_past_next_gradient(pieces, cap):
     return after + [i] * (filled > 0)
 
 
+def _left_merged_into_previous(pieces, cap):
+    """The model answer's rule with the gradients left at the end added to the last full bucket (handed over after
+    the piece of the last of them) in place of a last bucket of their own."""
+    full, right = _walk(pieces, cap, last=False), solutions.handed_over_after(pieces, cap)
+    return full[:-1] + right[-1:] if full and len(right) > len(full) else right
+
+
 def _numbered_by_index(pieces, cap):
     """The model answer with each piece numbered by ``pieces.index(piece)``: pieces equal to an earlier one get its
     index."""
@@ -454,6 +461,11 @@ MISTAKES = {
         "a bucket was closed before the gradient that would take it past the cap, and given that gradient's "
         "piece: ddp adds that gradient and closes the bucket after it, so a bucket can end past the cap, handed "
         "over after the piece of its last gradient",
+    ),
+    "left merged into the previous bucket": (
+        _left_merged_into_previous,
+        "the gradients left after the last full bucket were merged into it: a full bucket is handed over as soon as "
+        "it closes, so those left make one more bucket of their own",
     ),
     "numbered by pieces.index": (
         _numbered_by_index,
