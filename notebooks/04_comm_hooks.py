@@ -74,7 +74,7 @@ lesson.say(lesson.describe())
 # ## Payload and gradient error
 #
 # The table is each hook's last step, each error against its own copy's g: PowerSGD's from compression and from
-# error feedback's tensor arriving a step late, which the measure counts as error (the next section bounds that part);
+# error feedback's tensor arriving a step late, which the measure counts as error (the next section bounds that part from below);
 # fp16's and bf16's from rounding, which a claim below checks against a worst-case bound
 # (`minddp.comm.measure.rounding_bound`): value i of the average is off by at most
 #
@@ -165,8 +165,8 @@ lesson.claim(
 # g_M outside `P`'s columns, at right angles to the first, of norm at most ‖g_M‖. Adding squared norms over the
 # matrices (elsewhere ĝ − g is rounding), ‖`P Pᵀ e`‖ ≥ √(‖ĝ − g‖² − ‖g‖²), ‖g‖ the whole average's.
 #
-# Of a compressed matrix only `P` and `Q` travel. A compressing bucket makes up to three all_reduces: one for the
-# tensors it leaves uncompressed, one for its P's, one for its Q's.
+# A compressing bucket makes up to three all_reduces: one for the tensors it leaves uncompressed, one for its P's,
+# one for its Q's.
 
 # %%
 # %%rank 0
@@ -197,8 +197,8 @@ lesson.claim(
     (early["PowerSGD all_reduces"] == plain_calls).all()
     and (early["PowerSGD payload KiB"] == plain_kib).all()
     and all(w["relative_error"] == 0 for w in psgd_trainee.metered[:plain_steps]),
-    f"For the first {plain_steps} steps PowerSGD is plain averaging (start_powerSGD_iter={plain_steps}): the same "
-    "all_reduces and payload, and relative error 0.",
+    f"For the first {plain_steps} steps PowerSGD is plain averaging: the same all_reduces and payload, and relative "
+    "error 0.",
 )
 # a bucket makes at most 3 all_reduces (P and Q only if it compresses a matrix; the uncompressed tensors' only if it
 # holds any): 3 × buckets in all means 3 in every bucket
@@ -219,21 +219,23 @@ lesson.claim(
     f"Step {first}'s e = g − ĝ has norm "
     f"{err1:.3f} × {norm1:.2f} = {fed_back:.2f}. On step {second}, ‖ĝ − g‖ = {err2:.3f} × {norm2:.2f} = {through:.2f} and ‖P Pᵀ e‖ ≥ √({through:.2f}² − "
     f"{norm2:.2f}²) = {low:.2f}, so ‖P Pᵀ e‖² is at least {share:.0%} of ‖ĝ − g‖²: most of step {second}'s error "
-    f"is step {first}'s e, sent a step late by design.",
+    f"is step {first}'s e, sent a step late.",
 )
 plain2 = shown.loc[second, PLAIN]
 lesson.claim(
     err2 > err1 > 0  # the first compressed update: the first that is not plain averaging's
     and through < fed_back
-    and norm2 < norm1
+    and norm2 / norm1 < through / fed_back  # ‖g‖ fell more, as a share and (below) in norm
+    and norm1 - norm2 > fed_back - through
+    and plain2 < shown.loc[first, PLAIN]  # the copy that never compresses: its ‖g‖ fell too
     and (early[ERR] == 0).all()  # the steps before the first compressed update are plain averaging's
     and (shown.loc[:first, NORM] == shown.loc[:first, PLAIN]).all()
     and shown.loc[second, NORM] != plain2,
     f"PowerSGD's relative error rose from {err1:.3f} to {err2:.3f}"
     + (" (above 1: further from g than 0 is)" if err2 > 1 else "")
-    + f" as ‖g‖ fell from {norm1:.2f} to {norm2:.2f} and "
-    f"‖ĝ − g‖ only from {fed_back:.2f} to {through:.2f}. The copies' ‖g‖ agree until step {first}'s compressed "
-    "update makes their weights differ.",
+    + f" while ‖ĝ − g‖ fell: ‖g‖ fell more, from {norm1:.2f} to {norm2:.2f}, and fell in plain averaging's copy "
+    f"too, which never compresses, to {plain2:.2f} (the copies' weights differ after step {first}'s compressed "
+    "update).",
 )
 
 # %% [markdown]
@@ -241,7 +243,7 @@ lesson.claim(
 #
 # The notation is 01's: a *message* is one all_reduce, α a *hop*'s cost whatever the bytes it carries (a hop: a
 # point-to-point send; an all_reduce around a ring makes 2(n − 1) hops a rank, all ranks at once, so a message's
-# *fixed cost* is 2(n − 1) α), β the time per byte (1 / B, B the link's bandwidth, in bytes/s in every formula). A link carries
+# *fixed cost* is 2(n − 1) α), β the time per byte (1 / B, B the link's bandwidth: bytes/s in formulas, Gbit/s in outputs). A link carries
 # one message at a time, each for its α-β time, `2(n − 1) α + 2(n − 1)/n · m β` for an all_reduce of m bytes on n
 # ranks. So a hook's c all_reduces of S bytes of payload in all take
 #
@@ -278,7 +280,7 @@ link_share, pay_share = (
 )
 lesson.say(
     f"PowerSGD's {reduced['powersgd'][0]} messages take {link_ms_of['powersgd']:.1f} ms, "
-    f"{fixed['powersgd']:.1f} ms ({fixed['powersgd'] / link_ms_of['powersgd']:.0%}) of it fixed costs: "
+    f"{fixed['powersgd']:.1f} ms of it fixed costs: "
     f"{link_share:.3f} of plain averaging's link time for {pay_share:.4f} of its payload."
 )
 
@@ -319,7 +321,7 @@ faster = wins["PowerSGD, link ms"] < wins["plain averaging, link ms"]
 lesson.claim(
     all(faster[nm] == (spec.bandwidth < crossover(spec.latency)) for nm, spec in lesson_04.presets().items()),
     f"With c₁ = {c1}, S₁ = {S1} bytes and c₂ = {c2}, S₂ = {S2} bytes, "
-    f"on every preset the smaller link ms is the one B* names. "
+    f"on every preset B* names the shorter link ms. "
     f"{lesson_04.where_shorter(wins)}.",
 )
 tie = LinkSpec("B*", crossover(LINK.latency), LINK.latency)

@@ -2383,6 +2383,14 @@ def hook_ignores_the_group(process_group, bucket):
     return fut.then(lambda f: f.value()[0].to(torch.float32))
 
 
+def hook_passes_the_group_as_handed(process_group, bucket):
+    """A right answer: the group as handed, None in training (the default group) included, with no dist.group.WORLD
+    in its place, as notebook 04's cell asks (learner read 04, round 24, 4)."""
+    compressed = bucket.buffer().to(torch.float16).div_(dist.get_world_size(process_group))
+    fut = dist.all_reduce(compressed, group=process_group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].to(torch.float32))
+
+
 def outer_sync_avg_then_divided_and_rebinds_synced(params, synced, outer):
     """Two mistakes at once: the average taken twice (ReduceOp.AVG, then / world again), and the new synced weights
     made by rebinding the name (the caller's list never changes)."""

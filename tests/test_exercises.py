@@ -890,6 +890,16 @@ def test_a_passing_hook_verdict_names_each_number_it_prints():
     assert v.line.endswith("fp16 hook (shown, not judged) was 0.0e+00."), v.line
 
 
+def test_a_hook_on_the_group_as_handed_passes_with_no_world_group_advice():
+    # Learner read 04 (round 24) 4: the default-group verdict said "None means the default group: use
+    # dist.group.WORLD then", as if group=None were wrong; torch's collectives take None as the default group, and a
+    # hook that passes the group it is handed (None in training) passes
+    v = check_hook(wrong.hook_passes_the_group_as_handed, like="fp16", timeout_s=TIMEOUT)
+    assert v.ok and "dist.group.WORLD" not in v.line, v.line
+    line = checker._hook_finding({"kind": "other_group", "on": ["get_world_size", "all_reduce"]}, {})
+    assert line.endswith("pass group=process_group") and "dist.group.WORLD" not in line, line
+
+
 @pytest.mark.parametrize("hook,named", HOOK_MISTAKES, ids=[m[0].__name__ for m in HOOK_MISTAKES])
 def test_each_hook_mistake_is_named(hook, named):
     v = check_hook(hook, like="fp16", timeout_s=TIMEOUT)

@@ -1337,11 +1337,11 @@ def _hook_finding(f: dict, report: dict) -> str:
             f"{f['reference_bytes'] / n:.0f}: cast to float16 before the all_reduce"
         )
     if kind == "other_group":  # learner read 04 (round 23) 1
+        # learner read 04 (round 24) 4: no "use dist.group.WORLD" for None: torch's collectives take None as it
         what = " and ".join("dist.get_world_size()" if on == "get_world_size" else f"its {on}" for on in f["on"])
         return (
             f"your hook ran {what} on the default group, not on the process group it was handed (here a group of "
-            "all the ranks, so the numbers came out right); DDP may hand a smaller one: pass group=process_group "
-            "(None means the default group: use dist.group.WORLD then)"
+            "all the ranks, so the numbers came out right); DDP may hand a smaller one: pass group=process_group"
         )
     if kind == "diverged":
         return f"with your hook in the bucket-async stage, the ranks' parameters differ after step {f['step']}"
