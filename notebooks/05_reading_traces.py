@@ -67,8 +67,9 @@ for stage in blog:
 # Every table and figure below shows rank 0's trace. Terms first:
 #
 # * the *finish*: minddp's `finish_gradient_synchronization()`, which the training loop calls after every
-#   backward (torch's DDP has none). `simple` syncs in it after every micro-batch, `ga` once a step;
-# * the *parameter check* (`minddp.stages.checks`): before a sync's first
+#   backward (torch's DDP has none); a step runs several *micro-batches*, a forward and a backward each, before
+#   one optimizer step. `simple` syncs in the finish after every micro-batch, `ga` once a step;
+# * the *parameter check* (`minddp.stages.checks`): before each sync's first
 #   message, `simple` to `bucket-async` check that both ranks' forwards used the same parameters, with one
 #   all_gather (one byte per parameter tensor): at the start of the finish in `simple` and `ga`, in `hook` to
 #   `bucket-async` in the first gradient's *autograd hook* (the function autograd calls once a gradient is ready;
@@ -77,8 +78,7 @@ for stage in blog:
 # * the *blocking* stages (`simple`, `ga`, `hook`, `bucket`) send each message only once the training thread has
 #   the one before it back: `simple` and `ga` after a backward, `hook` and `bucket` inside the step's last
 #   backward. The *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send theirs during the
-#   step's last backward and need them back only after its last gradient: `ddp` and torch's DDP before
-#   `loss.backward()` returns, `hook-async` and `bucket-async` in the finish. In all but `simple` the backwards
+#   step's last backward and need them back only after its last gradient. In all but `simple` the backwards
 #   before the step's last send nothing: one sync a step.
 #
 # The measures on this machine (CPU, gloo):
@@ -87,8 +87,7 @@ for stage in blog:
 #   optimizer, the stages' copies into and out of buckets);
 # * **in flight**: one of gloo's threads inside a `gloo:*` range (the range is *open*): every collective, the
 #   messages, the parameter check and, in `ddp` and torch's DDP, a broadcast of the model's buffers;
-# * **non-compute** (HTA's name): the time in flight that is not compute: no training thread inside an operator
-#   (running its own Python, with no core between two operators, or blocked in a collective);
+# * **non-compute** (HTA's name): the time in flight that is not compute: no training thread inside an operator;
 # * **overlap**: the share (%) of the time in flight that is compute too: a share of each stage's own time in
 #   flight, so it need not order stages as non-compute (ms) does.
 #
@@ -114,18 +113,13 @@ zero = lesson_05.summary(result)  # rank 0's summary row of each stage but singl
 shares = lesson_05.shares(zero)
 display(shares)
 blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
-overlap, nc, fl = shares["overlap (%)"], shares["non-compute (ms)"], shares["in flight (ms)"]
-above = overlap[asynchronous].min() > overlap[blocking].max()  # the compared values: the table's columns
+overlap, nc = shares["overlap (%)"], shares["non-compute (ms)"]
+lesson.claim(
+    overlap[asynchronous].min() > overlap[blocking].max(), "Overlap: every asynchronous stage above every blocking one."
+)
 low, high = nc[blocking].idxmin(), nc[asynchronous].idxmax()  # least blocking, most asynchronous non-compute
-anatomy = lesson_05.anatomy(result, zero.index)  # per stage: messages handed over, and how many during a backward
-by_nc = ""
 if nc[low] < nc[high]:
-    less = f", less than {high}'s non-compute" if fl[low] < nc[high] else ""
-    by_nc = (
-        f"; non-compute does not ({low} {nc[low]} ms, {high} {nc[high]} ms): it is part of the time in flight, "
-        f"{fl[low]} ms in {low}{less}"
-    )
-lesson.say(f"Overlap {'puts' if above else 'does not put'} every asynchronous stage above every blocking one{by_nc}.")
+    lesson.say(f"By non-compute, blocking {low} ({nc[low]} ms) is below asynchronous {high} ({nc[high]} ms).")
 
 # %% [markdown]
 # One row per profiled stage, one step each. In each row:
@@ -139,10 +133,9 @@ lesson.say(f"Overlap {'puts' if above else 'does not put'} every asynchronous st
 # * an orange bar while the message's gloo all_reduce range was open, held open included (the buffers' broadcast
 #   is not drawn). Ranges open at once
 #   (a blocking stage's too: the caveat) are drawn one below another, and each level's bars alternate two shades
-#   in the order they opened. A bar narrower than a pixel need not show, and one can run on into the
-#   optimizer step (the caveat);
-# * the parameter check (hatched orange, white-edged) while its all_gather range was open; a short one need not
-#   show;
+#   in the order they opened. A bar narrower than a pixel need not show;
+# * each parameter check (hatched orange, white-edged) while its all_gather range was open; a short one need not
+#   show (the line below the figure counts them);
 # * the finish (purple; not in `single` or torch) as a thin strip along the bands' lower edge, where wide enough to see;
 # * the optimizer step (green) and the end of the step.
 
@@ -151,24 +144,18 @@ rows = lesson_05.timeline_rows(result, RUN)  # the rows draw_steps draws, with e
 title = f"One step of each stage, each profiled at its own moment: run {result.run} (rank 0)"
 fig = draw_steps(rows, title=title, width=11)
 lesson_05.show(fig, RUN / "one_step_each_stage.png")
-quiet = lesson_05.quiet_ms(rows)  # per row: ms in the bands where no row hands over a message
-slow = lesson_05.above_gap(quiet)  # the rows above the widest gap between two rows' ms
-few = [s for s in quiet.index if (s in slow) == (2 * len(slow) <= len(quiet))]  # the smaller side, figure's order
-span = lesson_05.ms_range  # "lo–hi ms"
-if quiet.max() < 1.1 * quiet.min():
-    took = f"every row took {span(quiet)}"
-else:
-    took = f"{', '.join(few)} took {span(quiet[few])}, the other rows {span(quiet.drop(few))}"
-lesson.say(
-    f"Summed over each micro-batch's forward and backward but the last's, plus the optimizer step (no row hands "
-    f"over a message in them), {took}: profiled at different moments on shared cores, so no ranking of compute."
-)
+micro = {r["stage"]: len(r["forward"]) for r in rows}  # forward bands per row
+checks = {r["stage"]: len(r["checks"]) for r in rows}  # drawn or too short to show
+lesson.say(f"Micro-batches a step: {lesson_05.by_count(micro)}. Parameter checks a step: {lesson_05.by_count(checks)}.")
 
 # %%
-after = anatomy.index[anatomy["during a backward"] == 0]
+anatomy = lesson_05.anatomy(result, zero.index)  # per stage: messages handed over, and how many during a backward
+after = list(anatomy.index[anatomy["during a backward"] == 0])
 during = anatomy.drop(after)
-# `simple` and `ga` hand over no message during a backward, the other stages all of theirs (the figure's ticks)
-assert list(after) == ["simple", "ga"] and (during["during a backward"] == during["handed over"]).all()
+lesson.claim(
+    after == ["simple", "ga"] and (during["during a backward"] == during["handed over"]).all(),
+    "simple and ga hand over no message during a backward; the other stages, all of theirs.",
+)
 
 # %% [markdown]
 # ## The link run
@@ -200,32 +187,21 @@ display(on_link)
 lt, exposed = on_link["link time (ms)"], on_link["exposed (ms)"]
 ratio = (exposed / lt * 100).round(1)  # exposed ÷ link time, %
 blk = ratio[["simple", "ga", "hook", "bucket"]]
-below = max(ratio["hook-async"], ratio["bucket-async"]) < blk.min()
-lesson.say(
+lesson.claim(
+    max(ratio["hook-async"], ratio["bucket-async"]) < blk.min(),
     f"Exposed ÷ link time: hook-async {ratio['hook-async']} %, bucket-async {ratio['bucket-async']} %, "
-    f"{'below' if below else 'not below'} every blocking stage's ({blk.min()}–{blk.max()} %)."
+    f"below every blocking stage's ({blk.min()}–{blk.max()} %).",
 )
 per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, how many during a backward, link time (ms)
-sends, ms = per["messages"], per["link time (ms)"]
+sends, ms, nbytes = per["messages"], per["link time (ms)"], per["bytes"]
 n = int(linked.summary["rank"].nunique())
 fewer, fixed = sends["hook-async"] - sends["bucket-async"], 2 * (n - 1) * link.latency * 1e3  # 2(n−1)·α, ms
 saved = ms["hook-async"] - ms["bucket-async"]
-# the same bytes in fewer messages: the link time saved is exactly the fixed costs of the messages not sent
-assert fewer > 0 and per.loc["hook-async", "bytes"] == per.loc["bucket-async", "bytes"]
-assert abs(saved - fewer * fixed) < 1e-9 * ms["ga"]
+lesson.claim(  # 1e-9 of a link time: float rounding of sums of a few hundred terms
+    fewer > 0 and nbytes["hook-async"] == nbytes["bucket-async"] and abs(saved - fewer * fixed) < 1e-9 * ms["ga"],
+    f"bucket-async's {fewer} fewer messages, the same bytes, cut link time by exactly their fixed costs "
+    f"2(n−1)·α: {saved:.1f} of hook-async's {ms['hook-async']:.1f} ms.",
+)
 h, b = exposed["hook-async"], exposed["bucket-async"]
-wh = on_link.loc["hook-async", "waited (ms)"]
-# which of the two leaves less: by exposed here, by cell 5's non-compute on loopback
-first = "bucket-async" if b < h else "hook-async"
-same = (b < h) == (nc["bucket-async"] < nc["hook-async"])
-order = f"{first} less here, {'the same order as' if same else 'the reverse of'} their non-compute on loopback (cell 5's table)"
-held = (
-    f" hook-async's waited − exposed, {wh - h:.1f} of {wh} ms, was a wait for the real all_reduce."
-    if wh - h >= 0.05
-    else ""
-)
-lesson.say(
-    f"bucket-async's {fewer} fewer messages cut link time only by their fixed costs 2(n−1)·α: {saved:.1f} of "
-    f"hook-async's {ms['hook-async']:.1f} ms, the same bytes."
-)
-lesson.say(f"Exposed: hook-async {h} ms, bucket-async {b} ms: {order}.{held}")
+than = f"{b / h:.0f} times" if b > 2 * h > 0 else ("more than" if b > h else "not more than")
+lesson.say(f"Exposed: bucket-async {b} ms, {than} hook-async's {h} ms.")

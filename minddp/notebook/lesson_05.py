@@ -120,20 +120,6 @@ def link_table(linked, link) -> pd.DataFrame:
     ).round(1)
 
 
-def exposed_on_last(run: Path, stage: str) -> float:
-    """The part of rank 0's *exposed* (``metrics.exposed``) in its profiled step of ``stage`` (link run folder
-    ``run``) during which the link carried the step's last message, ms. The link carries one message at a time, in
-    the order they were handed over, so the rest of the exposed is the link carrying earlier messages."""
-    from minddp.analysis import metrics
-    from minddp.analysis.cpu import rank_intervals
-    from minddp.analysis.events import load_stage
-
-    iv = rank_intervals(load_stage(Path(run) / stage).ranks[0])
-    _, s0, s1 = iv.steps[-1]
-    last = max(t for t in iv.link if s0 <= t[0] <= s1)  # the step's transfer that started last
-    return metrics.exposed([last], iv.waits, [(s0, s1)]) / 1e3
-
-
 def link_messages(linked, link) -> pd.DataFrame:
     """The link run's messages, per stage (rank 0, one profiled step): how many were handed over, their bytes in
     all, how many during a backward (:func:`sent_in_backward`) and the stage's link time (:func:`link_ms`,
@@ -151,24 +137,16 @@ def link_messages(linked, link) -> pd.DataFrame:
     )
 
 
-def quiet_ms(rows) -> pd.Series:
-    """Per figure row (``timeline_rows``), ms in its bands where no row hands over a message: the forward and
-    backward of every micro-batch but the last, and the optimizer step (asserted: no hand-over tick in them)."""
-    out = {}
-    for r in rows:
-        spans = sorted(r["forward"])[:-1] + sorted(r["backward"])[:-1] + r["optimizer"]
-        assert not any(a <= t <= b for t in r["sent"] for a, b in spans), r["stage"]
-        out[r["stage"]] = sum(b - a for a, b in spans)
-    return pd.Series(out)
+def by_count(counts: dict) -> str:
+    """``{label: n}`` as printed, grouped by ``n`` from the largest, labels in their order: "3 in a; 1 in b, c",
+    or "3 in every row" where all are alike.
 
-
-def above_gap(values: pd.Series) -> list:
-    """The labels of ``values`` above the widest gap between two neighbours in sorted order."""
-    v = values.sort_values()
-    return list(v.index[int(v.diff().to_numpy()[1:].argmax()) + 1 :])
-
-
-def ms_range(values: pd.Series) -> str:
-    """``values`` (ms) as printed: "lo–hi ms", or "lo ms" where both round alike."""
-    lo, hi = f"{values.min():.0f}", f"{values.max():.0f}"
-    return f"{lo} ms" if lo == hi else f"{lo}–{hi} ms"
+    >>> by_count({"c": 0, "a": 3, "b": 1, "d": 1})
+    '3 in a; 1 in b, d; 0 in c'
+    >>> by_count({"a": 3, "b": 3})
+    '3 in every row'
+    """
+    ns = sorted(set(counts.values()), reverse=True)
+    if len(ns) == 1:
+        return f"{ns[0]} in every row"
+    return "; ".join(f"{n} in {', '.join(k for k, v in counts.items() if v == n)}" for n in ns)
