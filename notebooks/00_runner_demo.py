@@ -19,8 +19,8 @@
 # Data parallelism is one program running in several processes (*ranks*) that exchange tensors through *collectives*: calls every rank makes together, such as `all_reduce` below, which sums a tensor across the ranks. `minddp.notebook` (*the runner*, in this notebook's process) starts those ranks and keeps them alive, so every cell below can run on every rank and each rank keeps its variables from cell to cell.
 #
 # The ranks that make collectives together form a *process group*; its *backend* is the library that
-# carries the collectives' data between them. The runner picks the backend: gloo on the CPU (the first
-# output below names this run's), NCCL where every rank has a GPU of its own.
+# carries the collectives' data between them. The runner picks the backend: gloo on the CPU,
+# NCCL where every rank has a GPU of its own.
 
 # %%
 # %load_ext minddp.notebook
@@ -62,7 +62,7 @@ t
 
 # %% [markdown]
 # `%%rank 0` runs a cell on rank 0 only, for example to draw a plot once: here rank 0's `t[0]` before and
-# after the `all_reduce`. Figures are sent back as images.
+# after the `all_reduce`.
 
 # %%
 # %%rank 0
@@ -76,8 +76,8 @@ plt.show()
 
 # %% [markdown]
 # When one rank fails, the cell fails. Here rank 1 raises before the `all_reduce`; rank 0, in it,
-# is released and raises too. gloo's message guesses that a
-# remote worker crashed: none did, as a cell below checks.
+# is released (the runner has rank 1 close its connections) and raises too. gloo's message guesses
+# a remote worker crashed: none did, as a cell below checks.
 #
 # A traceback names the cell `<In [N], rank R>`: Jupyter's `In [N]`, as rank R ran it, its lines
 # counted from the `%%distributed` line (line 1), so rank 1's `raise` is line 3.
@@ -96,7 +96,7 @@ dist.all_reduce(t)
 # %%distributed
 lesson.claim(
     os.getpid() == pid and world() is not dist.group.WORLD,
-    "every rank is still the process it was at the start (the same pid), in a new process group",
+    "every rank keeps its pid from the start, in a new process group",
 )
 before = t.clone()
 dist.all_reduce(t)

@@ -154,8 +154,8 @@ def torch_does(script, say: bool = True, level: str = "OFF") -> list[str]:
     raised, in a line
     (an error: in square brackets, not torch's words, the step of :func:`train` it was raised in if any and the seconds
     until it was raised; then its type and an excerpt: its first two sentences, any later one naming
-    ``find_unused_parameters`` (torch's advice), and the line naming the parameter indices if it has one, in
-    parentheses; for gloo's errors, nothing
+    ``find_unused_parameters`` (torch's advice), and the line naming the parameter indices if it has one, all as
+    torch wrote them; for gloo's errors, nothing
     from its guess at a cause,
     "This is typically caused by ...", on; "…" where sentences were cut); each rank's seconds until it raised (or
     finished) are left in :data:`torch_took`, and its step in :data:`torch_step`.
@@ -202,7 +202,7 @@ def _excerpt(message: str) -> str:
     r""":func:`torch_does`'s excerpt of an error ``message``: the sentences its docstring names, "…" for each cut.
 
     >>> _excerpt("A. B. C. See find_unused_parameters.\nParameter indices: 2 3\nOr set TORCH_DISTRIBUTED_DEBUG. D")
-    'A. B. … See find_unused_parameters. (Parameter indices: 2 3) …'
+    'A. B. … See find_unused_parameters. Parameter indices: 2 3 …'
     >>> _excerpt("[pair.cc:553] Connection closed by peer [127.0.0.1]:1. This is typically caused by a crash. GLHF!")
     '[pair.cc:553] Connection closed by peer [127.0.0.1]:1. …'
     """
@@ -213,9 +213,7 @@ def _excerpt(message: str) -> str:
     guess = next((i for i, s in enumerate(sentences) if s.startswith("This is typically caused by")), len(sentences))
     said: list[str] = []
     for i, sentence in enumerate(sentences):
-        if i < guess and "indices" in sentence:
-            said.append(f"({sentence})")
-        elif i < guess and (i < 2 or "find_unused_parameters" in sentence):
+        if i < guess and (i < 2 or "find_unused_parameters" in sentence or "indices" in sentence):
             said.append(sentence)
         elif not said or said[-1] != "…":
             said.append("…")  # gloo's guess at a cause, and what follows it, cut too
