@@ -26,7 +26,7 @@
 # alike; it goes through these phases (2 and 3 only when needed):
 #
 # 1. a **quorum**: before each attempt, a coordinator (the *lighthouse*, a process of its own) waits until
-#    every **slot** (the list below) has asked or been given up on, then answers who trains it, the
+#    every **live** **slot** (both defined below) has asked, then answers who trains it, the
 #    attempt's **members**, and which step: the largest any member asked to train (`quorum.max_step`);
 # 2. a new **group** (the processes a collective runs among, as in notebooks 01-04) at the run's first
 #    quorum, and whenever the members changed or the last attempt was discarded (a group that saw a
@@ -107,10 +107,8 @@ for line in run.report():
 # How the other members learn of each fault: their all_reduce fails once the faulting process's connections
 # close (the kernel closes a killed process's; a raising process closes its own by dropping its group).
 # Each member that caught an error votes no, and the attempt is discarded. The next quorum waits until every
-# live slot has asked: the survivors ask after they vote, and slot 1 stays live until the launcher records
-# its exit. The launcher *sees* an exit in one of its passes over its processes and *records* it once
-# everything the process sent has arrived: a process that finished may have sent its result just before,
-# and an exit with a result is no loss.
+# live slot has asked: the survivors ask after they vote, and a killed slot stays live until the launcher
+# records its exit.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -244,9 +242,9 @@ show_source(solutions.ft_shard)
 # %% [markdown]
 # ## More to try
 #
-# 1. Freeze a process instead of killing it: `stop@4:1`, with `hang_s=2.0` to keep the run short. Predict
-#    the recovery (hint: nothing tells the others that a stopped process is gone; what bounds their wait?),
-#    and what halving `hang_s` does to it.
+# 1. Freeze a process instead of killing it: `stop@4:1`, with `hang_s=2.0` (a run of its own: 6 steps, no pause,
+#    no restart). Predict the recovery (hint: nothing tells the others that a stopped process is gone; what
+#    bounds their wait?), and what halving `hang_s` does to it.
 # 2. What happens with `kill@4:0,kill@4:1,kill@4:2`, and why can this design not heal that?
 # 3. Suppose a split used 3, the run's first world, in place of `world`, whatever the world now: of a
 #    global batch of `B` rows, rank `r` takes rows `r·B // 3` up to, not including, `(r+1)·B // 3`. Which
@@ -258,9 +256,9 @@ show_source(solutions.ft_shard)
 # <details><summary>1. A frozen process</summary>
 #
 # Unlike a killed process, a frozen one (`SIGSTOP`) keeps its sockets open and says nothing: its peers'
-# all_reduce fails at the group's timeout (`hang_s`) or when the evicted process is ended, and the next quorum
-# waits for its eviction as silent: predict the hang bound plus the retry, and halving `hang_s` takes about half
-# the bound off.
+# all_reduce fails at the group's timeout (`hang_s`), and the next quorum waits until the lighthouse evicts
+# it as silent: predict the hang bound plus the rest of a recovery (the discard, the quorum, the step tried
+# again); halving `hang_s` shortens the recovery by about the half removed.
 #
 # </details>
 #
@@ -290,11 +288,14 @@ for bound in (2.0, 1.0):
     stopped = launch_ft(
         ToyTask(), 6, world_size=3, faults=parse_faults("stop@4:1"), hang_s=bound, restart=False, run_timeout_s=300
     )
-    print(f"hang_s = {bound:g} s:", *stopped.report())
-    for slot, error in stopped.errors(4)[:1]:  # the first error caught
-        print(f"  slot {slot}, step 4: {error}")
     o = stops[bound] = fault_outcomes(stopped)[0]
     evicted[bound] = lesson_07.evicted_s(stopped, o)  # s from the freeze to each eviction of its slot
+    when = (
+        f"evicted at {', '.join(str(lesson_07.ms(t)) for t in evicted[bound])} ms" if evicted[bound] else "not evicted"
+    )
+    print(f"hang_s = {bound:g} s: recovery {lesson_07.ms(o.recovery_s)} ms; slot {o.fault.slot} {when}")
+    for slot, error in stopped.errors(4)[:1]:  # the first error caught
+        print(f"  slot {slot}, step 4: {error}")
 # the lighthouse forms no quorum until it evicts the frozen slot
 lesson.claim(
     all(o.quorum_s is not None and any(t <= o.quorum_s for t in evicted[b]) for b, o in stops.items()),

@@ -5,8 +5,7 @@ Each function reads a run of :func:`minddp.ft.launch_ft` and one of its faults (
 it defines no measure of its own. The notebook keeps its claims in its cells; these print or read:
 
 * :func:`print_phase_lines`: the lines of the rung and of the lighthouse that run each phase of an attempt;
-* :func:`print_recoveries`: each fault's recovery and its parts, with when the launcher recorded the kill's exit, and
-  how the two recoveries differed in each part;
+* :func:`print_recoveries`: each fault's recovery as its moments in order, the kill's exit record among them;
 * :func:`print_rejoin`: the parts of a kill's rejoin, and what the survivors did meanwhile;
 
 and, for the cells' claims, readers of the members' entries (one per member and attempt): :func:`attempts`,
@@ -62,30 +61,36 @@ def ms(seconds: float) -> int:
 
 
 def _parts(run, o) -> tuple[int, int, int]:
-    """A fault's recovery in whole ms, in the three parts :func:`print_recoveries` prints (they sum to it)."""
+    """A fault's recovery in whole ms, in three parts that sum to it: to the last request, then to the quorum, then to
+    the commit (:func:`print_recoveries` prints the moments they end at)."""
     recovery, quorum = ms(o.recovery_s), ms(o.quorum_s)
     asked = min(ms(asked_s(run, o)), quorum)  # the quorum answered the last request, so came after it
     return asked, quorum - asked, recovery - quorum
 
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
-    """Each fault's recovery, in whole ms: the moments (after the fault) its next quorum's members had all asked,
-    the launcher saw the killed process end and recorded its exit (once all it sent had arrived), and the quorum
-    came; then the time from that quorum to the commit; and whether either lasted the hang bound."""
-    # the kill's quorum came once the launcher had recorded the exit: it waited for that record
-    recorded = None not in (kill.exit_s, kill.seen_s) and kill.exit_s <= kill.quorum_s
+    """Each fault's recovery, in whole ms after the fault, as its moments in the order they came: the kill's exit
+    recorded by the launcher, the attempt discarded, the next quorum's members all asked, that quorum, the commit;
+    then which of the exit record and the last request the quorum came after; and whether either lasted the hang
+    bound."""
     for o in (kill, raised):
         asked, came_ms, to_commit = _parts(run, o)
-        came = f"the next quorum came at {asked + came_ms} ms (its members had all asked by {asked} ms)"
-        if o is kill and recorded and ms(o.exit_s) >= asked:  # the members had asked: the record was what it waited for
-            seen, exit_ = ms(o.seen_s), ms(o.exit_s)
-            came = (
-                f"the next quorum came at {asked + came_ms} ms, {came_ms} ms after its members had all asked, once the"
-                f" launcher recorded slot {o.fault.slot}'s exit (seen at {seen} ms, recorded {exit_ - seen} ms later,"
-                " once all it sent had arrived)"
+        moments = [(asked, "members all asked"), (asked + came_ms, "next quorum")]
+        if o.discard_s is not None:
+            moments.append((ms(o.discard_s), "attempt discarded"))
+        exit_ = None if o.exit_s is None else ms(o.exit_s)
+        if exit_ is not None:
+            moments.append((exit_, f"slot {o.fault.slot}'s exit recorded"))
+        moments.sort(key=lambda m: m[0])  # stable: a tie keeps the order above
+        line = f"{o.fault}, ms after it: " + ", ".join(f"{what} {t}" for t, what in moments)
+        line += f", step {o.committed_step} committed {asked + came_ms + to_commit} (the recovery)"
+        if exit_ is not None:
+            line += (
+                "; the quorum came after the exit record, the requests already in"
+                if exit_ >= asked
+                else "; the quorum came after the last request, the exit already recorded"
             )
-        total, step = asked + came_ms + to_commit, o.committed_step
-        print(f"{o.fault}: recovery {total} ms: {came}, then {to_commit} ms to the commit of step {step}")
+        print(line)
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
         print(
