@@ -4,7 +4,7 @@ sweep's figure, built from the runs' values, so that each cell shows its point i
 Each function prints (or returns) words computed from the values it is handed, in the vocabulary of notebook 01
 and ``docs/analysis.md`` (link time, exposed, waited, overlap). Each stage's numbers come from one profiled step
 on cores shared with other work: the sentences rank the stages by what is counted or modeled (calls, bytes, the
-link's times); a measured step's times are said as that step's (:func:`say_spread`: how much their backwards vary).
+link's times); a measured step's times are said as that step's.
 """
 
 from __future__ import annotations
