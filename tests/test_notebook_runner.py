@@ -249,3 +249,25 @@ def test_a_cell_error_reads_the_same_in_jupyter_and_as_its_value():
     ]
     assert err._render_traceback_() == expected
     assert f"CellError: {err}".splitlines() == expected
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_killed_half_way_through_a_report_is_named_and_the_others_outputs_arrive():
+    # Each rank reports through its own pipe: rank 1 dies half-way through a message, rank 0's output still
+    # arrives whole and the cell names rank 1 as died; the cluster goes on after a restart.
+    cell = (
+        "import os, signal\nprint('before', rank)\n"
+        "if rank == 1:\n"
+        "    from ft_tasks import _outbox_on_stack\n"
+        "    os.write(_outbox_on_stack().pipe.fileno(), (1000).to_bytes(8, 'little') + b'x' * 500)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "rank"
+    )
+    with Cluster(2, grace_s=0.5, release_s=2.0) as cluster:
+        with pytest.raises(CellError) as info:
+            cluster.run(cell)
+        outs = info.value.outputs
+        assert (outs[0].stdout, outs[0].value) == ("before 0\n", 0)
+        assert outs[1].exc_type == "ProcessDied", outs[1]
+        cluster.restart()
+        assert [o.value for o in cluster.run("rank")] == [0, 1]

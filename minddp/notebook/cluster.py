@@ -42,7 +42,7 @@ from minddp.notebook.worker import worker_main
 from minddp.runtime.device import choose
 from minddp.runtime.launch import RankError, open_store
 from minddp.runtime.loopback import rank_env
-from minddp.runtime.processes import end_processes, rank_context
+from minddp.runtime.processes import ChildPipes, end_processes, rank_context
 
 
 @dataclass
@@ -132,12 +132,16 @@ class Cluster:
             raise RuntimeError("the cluster is already running: call shutdown() first")
         ctx = rank_context()
         self._store = open_store(self.world_size, self.timeout_s)
-        self._reports = ctx.Queue()
+        # What the ranks report, each through a pipe of its own: one killed half-way through a report (OOM while
+        # it prints) holds up no other rank's (a queue they shared would stay locked, or half read).
+        self._reports: queue.SimpleQueue = queue.SimpleQueue()
+        self._pipes = ChildPipes(lambda line: False)  # their stderr stays theirs
         self._commands = [ctx.Queue() for _ in range(self.world_size)]
         self._generation, self._aborted = 0, False
         self._procs = []
         interfaces = rank_env()  # the ranks' own connections: loopback, or the interface the user set
         for rank in range(self.world_size):
+            mailbox, _ = self._pipes.mailbox(self._reports)
             p = ctx.Process(
                 target=worker_main,
                 name=f"minddp-notebook-rank{rank}",
@@ -150,12 +154,13 @@ class Cluster:
                     os.getpid(),
                     list(sys.path),
                     self._commands[rank],
-                    self._reports,
+                    mailbox,
                     interfaces,
                 ),
                 daemon=False,  # a daemon could not start processes (e.g. DataLoader workers)
             )
             p.start()
+            mailbox.close()  # the rank holds its own copy
             self._procs.append(p)
         # The kernel may exit without calling shutdown(): atexit still ends the ranks.
         atexit.register(self.shutdown)
@@ -175,7 +180,8 @@ class Cluster:
                     pass
         end_processes(self._procs, grace_s=3.0)
         self._procs = []
-        for q in [self._reports, *self._commands]:
+        self._pipes.close(wait_s=0.5)
+        for q in self._commands:
             q.close()
             q.cancel_join_thread()  # never block the kernel's exit on a queue of dead ranks
         self._store = None

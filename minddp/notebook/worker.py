@@ -34,7 +34,7 @@ import threading
 import traceback
 from typing import Any, Callable
 
-from minddp.runtime.processes import HELPER_BLOCKED, watch_parent
+from minddp.runtime.processes import HELPER_BLOCKED, Outbox, watch_parent
 
 #: The names the runner puts in every rank's namespace before any cell runs, and the modules among them.
 RUNNER_NAMES = ("torch", "dist", "rank", "world_size", "device")
@@ -45,8 +45,10 @@ MPL_BACKEND = "module://minddp.notebook.mpl_backend"
 
 
 def worker_main(rank, world_size, port, placement, timeout_s, parent_pid, parent_path, commands, reports, interfaces):
-    """Steps 1-4 for one rank; ``commands`` is this rank's queue, ``reports`` is shared; ``interfaces``: the
-    kernel's :func:`~minddp.runtime.loopback.rank_env`."""
+    """Steps 1-4 for one rank; ``commands`` is this rank's queue, ``reports`` its pipe to the kernel
+    (:meth:`~minddp.runtime.processes.ChildPipes.mailbox`); ``interfaces``: the kernel's
+    :func:`~minddp.runtime.loopback.rank_env`."""
+    reports = Outbox(reports)
     sys.path[:] = parent_path
     os.environ["MPLBACKEND"] = MPL_BACKEND  # before any cell imports matplotlib
     watch_parent(parent_pid, exit_code=0)

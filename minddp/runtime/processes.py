@@ -487,7 +487,12 @@ class _Frames:
 
 class Outbox:
     """In a child: its messages to the launcher (:meth:`ChildPipes.mailbox`), each written whole into the pipe
-    before ``put`` returns (a message never waits in a thread of this process that could die with it)."""
+    before ``put`` returns (a message never waits in a thread of this process that could die with it).
+
+    A frame is written whole or not at all by this process: Ctrl-C, SIGTERM and SIGHUP wait for its end (a
+    notebook rank's cell is interrupted by SIGINT while it prints), so a message cut short can only be one
+    whose sender died.
+    """
 
     def __init__(self, pipe):
         self.pipe, self._lock = pipe, threading.Lock()
@@ -496,8 +501,12 @@ class Outbox:
         data = pickle.dumps(message)
         frame = memoryview(len(data).to_bytes(8, "little") + data)
         with self._lock:  # this process's threads, one message at a time
-            while frame:
-                frame = frame[os.write(self.pipe.fileno(), frame) :]
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, HELPER_BLOCKED)
+            try:
+                while frame:
+                    frame = frame[os.write(self.pipe.fileno(), frame) :]
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)  # one that came meanwhile is delivered now
 
 
 def use_stderr(pipe) -> None:
