@@ -48,10 +48,6 @@ for stage in profiled:
     # one step when built, then profile(): one step the profiler discards, then the one it records; the first
     # steps' one-off costs stay out of it
     lesson.Trainee(stage).profile(RUN, steps=1)
-lesson.say(lesson.machine(link=False))
-
-# %%
-# %%distributed
 # the blog's six stages again, their gradients' all_reduces over an emulated 1 Gbit/s network (the last section)
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
 if rank == 0:
@@ -60,7 +56,7 @@ dist.barrier()
 blog = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 for stage in blog:
     lesson.Trainee(stage, link="1gbit").profile(LINKED, steps=1)
-lesson.say("The link run:", lesson.machine())
+lesson.say(lesson.machine().replace("and the emulated", "and, in the link run, the emulated"))
 
 # %%
 # %dist_shutdown
@@ -145,11 +141,11 @@ rows = lesson_05.timeline_rows(result, RUN)  # the rows draw_steps draws, with e
 title = f"One step of each stage, each profiled at its own moment: run {result.run} (rank 0)"
 fig = draw_steps(rows, title=title, width=11)
 lesson_05.show(fig, RUN / "one_step_each_stage.png")
-micro = {r["stage"]: len(r["forward"]) for r in rows}  # forward bands per row
 checks = {r["stage"]: len(r["checks"]) for r in rows}  # drawn or too short to show
-held = ", ".join(f"{r['stage']} {sum(b - a for a, b in r['checks']):.1f}" for r in rows if r["checks"])  # ms open
-lesson.say(f"Micro-batches a step: {lesson_05.by_count(micro)}. Parameter checks a step: {lesson_05.by_count(checks)}.")
-lesson.say(f"The checks' ranges open, ms a step (in flight includes them): {held}.")
+held = {r["stage"]: sum(b - a for a, b in r["checks"]) for r in rows}  # ms open
+none = ", ".join(st for st, k in checks.items() if k == 0)
+each = "; ".join(f"{st} {k}, {held[st]:.1f} ms" for st, k in checks.items() if k)
+lesson.say(f"Parameter checks a step, and their ranges open (in flight includes them): {each}; none in {none}.")
 
 # %%
 anatomy = lesson_05.anatomy(result, zero.index)  # per stage: messages handed over, and how many during a backward
