@@ -22,7 +22,7 @@
 # rank trains on its own examples and never communicates), with gloo over the machine's loopback interface. It reads the traces with `minddp.analysis` the way the
 # blog this course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
 # https://blog.underfit.ai/ddp-profiled) reads its GPU traces with HolisticTraceAnalysis (HTA), but with its own
-# measures from CPU events (`docs/analysis.md`); this notebook sets none of its numbers beside the blog's.
+# measures from CPU events (`docs/analysis.md`).
 #
 # A *message* is one whole all_reduce call of gradients (one
 # parameter's, or a *bucket*'s: several parameters' gradients in one buffer); a *sync* is one round of messages that
@@ -48,7 +48,6 @@ for stage in profiled:
     # one step when built, then profile(): one step the profiler discards, then the one it records; the first
     # steps' one-off costs stay out of it
     lesson.Trainee(stage).profile(RUN, steps=1)
-lesson.say(lesson.machine(link=False))
 # the blog's six stages again, their gradients' all_reduces over an emulated 1 Gbit/s network (the last section)
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
 if rank == 0:
@@ -57,6 +56,7 @@ dist.barrier()
 blog = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 for stage in blog:
     lesson.Trainee(stage, link="1gbit").profile(LINKED, steps=1)
+lesson.say(lesson.machine().replace("and the emulated", "and, in the link run, the emulated"))
 
 # %%
 # %dist_shutdown
@@ -71,7 +71,7 @@ for stage in blog:
 #   one optimizer step. `simple` syncs in the finish after every micro-batch, `ga` once a step;
 # * the *parameter check* (`minddp.stages.checks`): before each sync's first
 #   message, `simple` to `bucket-async` check that both ranks' forwards used the same parameters, with one
-#   all_gather (one byte per parameter tensor): at the start of the finish in `simple` and `ga`, in `hook` to
+#   all_gather: at the start of the finish in `simple` and `ga`, in `hook` to
 #   `bucket-async` in the first gradient's *autograd hook* (the function autograd calls once a gradient is ready;
 #   these stages send from it). It is a collective, not a message, and a *training thread* (the Python thread,
 #   and the autograd engine's where it has its own) waits for it; `ddp` and torch's DDP run none;
@@ -93,12 +93,12 @@ for stage in blog:
 #
 # The caveat: a gloo range lasts from the moment gloo's thread picks the collective up until it is done, so it is
 # also *held open* until the other rank joins the same collective, and while gloo's thread has no core; it can
-# end after the training thread that needed it has gone on, so a blocking stage can show overlap. A
-# range's length is how long it was open, not how long its bytes took.
+# end after the training thread that needed it has gone on, so a blocking stage can show overlap.
 #
-# What the table and the figure do not show (the trace shows when a range was open, not why):
+# What the table and the figure do not show:
 #
-# * whether a difference between two rows' times comes from their messages;
+# * whether a difference between two rows (a step's length, a time in the table) comes from their stages: each
+#   row is one step, profiled at its own moment;
 # * whether the other rank or a core held a range open.
 
 # %%
@@ -113,13 +113,10 @@ zero = lesson_05.summary(result)  # rank 0's summary row of each stage but singl
 shares = lesson_05.shares(zero)
 display(shares)
 blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
-overlap, nc = shares["overlap (%)"], shares["non-compute (ms)"]
+overlap = shares["overlap (%)"]
 lesson.claim(
     overlap[asynchronous].min() > overlap[blocking].max(), "Overlap: every asynchronous stage above every blocking one."
 )
-low, high = nc[blocking].idxmin(), nc[asynchronous].idxmax()  # least blocking, most asynchronous non-compute
-if nc[low] < nc[high]:
-    lesson.say(f"By non-compute, blocking {low} ({nc[low]} ms) is below asynchronous {high} ({nc[high]} ms).")
 
 # %% [markdown]
 # One row per profiled stage, one step each. In each row:
@@ -128,7 +125,7 @@ if nc[low] < nc[high]:
 #   from the micro-batch's start to its first *autograd node*, *backward* from the first to the last autograd node
 #   (an `autograd::engine::evaluate_function` event: one gradient function's run; the gradients and the autograd
 #   hooks run inside those nodes: the check, `hook`'s and `bucket`'s messages); a backward band ends before
-#   `loss.backward()` returns;
+#   `loss.backward()` returns: `ddp` and torch wait for their messages after it, inside `loss.backward()`;
 # * a tick when a message was *handed over* to be sent;
 # * an orange bar while the message's gloo all_reduce range was open, held open included (the buffers' broadcast
 #   is not drawn). Ranges open at once
@@ -144,9 +141,11 @@ rows = lesson_05.timeline_rows(result, RUN)  # the rows draw_steps draws, with e
 title = f"One step of each stage, each profiled at its own moment: run {result.run} (rank 0)"
 fig = draw_steps(rows, title=title, width=11)
 lesson_05.show(fig, RUN / "one_step_each_stage.png")
-micro = {r["stage"]: len(r["forward"]) for r in rows}  # forward bands per row
 checks = {r["stage"]: len(r["checks"]) for r in rows}  # drawn or too short to show
-lesson.say(f"Micro-batches a step: {lesson_05.by_count(micro)}. Parameter checks a step: {lesson_05.by_count(checks)}.")
+held = {r["stage"]: sum(b - a for a, b in r["checks"]) for r in rows}  # ms open
+none = ", ".join(st for st, k in checks.items() if k == 0)
+each = "; ".join(f"{st} {k}, {held[st]:.1f} ms" for st, k in checks.items() if k)
+lesson.say(f"Parameter checks a step, and their ranges open (in flight includes them): {each}; none in {none}.")
 
 # %%
 anatomy = lesson_05.anatomy(result, zero.index)  # per stage: messages handed over, and how many during a backward
@@ -197,11 +196,10 @@ sends, ms, nbytes = per["messages"], per["link time (ms)"], per["bytes"]
 n = int(linked.summary["rank"].nunique())
 fewer, fixed = sends["hook-async"] - sends["bucket-async"], 2 * (n - 1) * link.latency * 1e3  # 2(n−1)·α, ms
 saved = ms["hook-async"] - ms["bucket-async"]
+h, b = exposed["hook-async"], exposed["bucket-async"]
 lesson.claim(  # 1e-9 of a link time: float rounding of sums of a few hundred terms
     fewer > 0 and nbytes["hook-async"] == nbytes["bucket-async"] and abs(saved - fewer * fixed) < 1e-9 * ms["ga"],
-    f"bucket-async's {fewer} fewer messages, the same bytes, cut link time by exactly their fixed costs "
-    f"2(n−1)·α: {saved:.1f} of hook-async's {ms['hook-async']:.1f} ms.",
+    f"bucket-async ({lesson.SETTINGS.bucket_cap_mb:g} MiB buckets): {fewer} fewer messages than hook-async, the same "
+    f"bytes, link time {saved:.1f} ms less (their fixed costs 2(n−1)·α); exposed {b} ms, "
+    f"{'above' if b > h else 'not above'} hook-async's {h} ms.",
 )
-h, b = exposed["hook-async"], exposed["bucket-async"]
-than = f"{b / h:.0f} times" if b > 2 * h > 0 else ("more than" if b > h else "not more than")
-lesson.say(f"Exposed: bucket-async {b} ms, {than} hook-async's {h} ms.")
