@@ -48,7 +48,7 @@ def loss_against_steps_and_bytes(results: dict, drawn: list[tuple[str, str]]):
         ax.axhline(single, color="0.5", linestyle="-.", linewidth=0.8, label="single: final (sends 0)")
         ax.axhline(floor, color="red", linestyle=":", linewidth=0.8, label="entropy floor")
         ax.set(ylabel="expected loss (nats)", ylim=(floor - 0.02, top + 0.03))
-    by_step.set_xlabel("inner steps (of each replica)")
+    by_step.set_xlabel("steps of each replica (inner steps, in the runs that talk rarely)")
     by_bytes.set(xscale="log", xlabel="payload bytes each replica handed to the all_reduce (log)")
     seeds = len(curves["ddp"])
     fig.suptitle(  # single, drawn too, is one replica
