@@ -678,8 +678,8 @@ lesson.claim(
     and extra["fsdp"] == peak + sends["fsdp"],
     "All-gather buffers, received + sent: "
     + ", ".join(f"{s} {buffers[s] / 2**20:.2f} = {recv[s] / 2**20:.2f} + {sends[s] / 2**20:.2f}" for s in sends)
-    + f" (all buckets; fsdp: one unit). fsdp's last two columns, {mib(extra['fsdp'])}, are its gathered units' "
-    f"measured peak, {mib(peak)}, plus the {mib(sends['fsdp'])} it sends from, which the Probe does not count.",
+    + f" (all buckets; fsdp: one unit). fsdp's two columns, {mib(extra['fsdp'])}, are its gathered units' peak, "
+    f"{peak / 2**20:.2f}, plus the {sends['fsdp'] / 2**20:.2f} sent, which the Probe leaves out.",
 )
 act = {s: memory[s]["activations"] for s in STAGES}
 first, later = list(MOMENTS)[1:]
