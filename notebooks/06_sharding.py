@@ -241,7 +241,7 @@ f32, f16 = memory["fsdp"], memory["fsdp bf16"]
 lesson.claim(
     held["fsdp\ncomputing in bf16"] == held["fsdp"] and 2 * f16["gathered"] == f32["gathered"],
     f"fsdp computing in bf16 keeps fp32 fsdp's model state, {mib(held['fsdp'])} (its fp32 shards are the master "
-    f"weights), and its gathered units peak at {mib(f16['gathered'])}, half fp32's: it gathers in bf16.",
+    f"weights), and its gathered units peak at {mib(f16['gathered'])}, half fp32 fsdp's {mib(f32['gathered'])}: it gathers in bf16.",
 )
 by = probe.activations_by  # the bf16 run's saved bytes by (dtype, class of the module that saved them)
 low = sum(b for (dtype, _), b in by.items() if dtype == "bfloat16")
@@ -537,8 +537,7 @@ full_unit = sum(t.untyped_storage().nbytes() for t in unit.full)
 fsdp._free(unit)
 peak = memory["fsdp"]["gathered"]
 # the buffer holds the unit's chunks, padded to equal length where n does not divide a tensor: under 0.1 % over
-# the copy's moment comes with or without a prefetch; a peak no higher means the prefetch's moment (one unit's
-# parameters beside the next unit's buffer, as many bytes) raised nothing
+# the Probe counts no send block (the all-gather's input; see the planned buffers below)
 lesson.claim(
     idle == 0
     and len({sum(u.numels) for u in fsdp.units}) == 1
@@ -633,10 +632,10 @@ lesson.say(
 # %% [markdown]
 # ## Each rung's bytes at three moments
 #
-# Each total adds up rank 0's model state at one moment, activations left out (a claim counts them), and, for a
-# stage gathering parameters then, its *all-gather buffers* (what its all-gathers send from and receive into at
+# Each *held* sum adds up rank 0's model state at one moment, activations aside (a claim adds them), and, for a
+# stage gathering then, its *all-gather buffers* (what its all-gathers send from and receive into at
 # once, planned by `all_gather_buffer_bytes`, not measured) and fsdp's *full unit* (the parameters copied out).
-# The question: is each rung still under ddp while it gathers?
+# While gathering, zero1 and zero2 hold more than ddp, fsdp less.
 
 # %%
 # %%rank 0
@@ -659,11 +658,11 @@ MOMENTS = {  # moment: (the stages gathering then, each stage's model state)
     "at a step's first forward": (["zero2", "fsdp"], {s: kept[s] + grads_now(trainees[s]) for s in STAGES}),
     "at a later micro-batch's forward": (["fsdp"], {s: kept[s] + between[s] for s in STAGES}),
 }
-total_at = {m: {s: state[s] + extra[s] * (s in gathering) for s in STAGES} for m, (gathering, state) in MOMENTS.items()}
-trade = pd.DataFrame({f"total {m}": t for m, t in total_at.items()})
+held_at = {m: {s: state[s] + extra[s] * (s in gathering) for s in STAGES} for m, (gathering, state) in MOMENTS.items()}
+trade = pd.DataFrame({f"held {m}": t for m, t in held_at.items()})
 trade["all-gather buffers"], trade["full unit"] = pd.Series(buffers), pd.Series(full_by)
 lesson.say(
-    "MiB on rank 0; the last two columns are in the total of "
+    "MiB on rank 0; the last two columns are in the held sum of "
     + ", ".join(f"{' and '.join(g)} {m}" for m, (g, _) in MOMENTS.items())
     + "."
 )
@@ -679,35 +678,28 @@ lesson.claim(
     and extra["fsdp"] == peak + sends["fsdp"],
     "All-gather buffers, received + sent: "
     + ", ".join(f"{s} {buffers[s] / 2**20:.2f} = {recv[s] / 2**20:.2f} + {sends[s] / 2**20:.2f}" for s in sends)
-    + " (all buckets; fsdp: one unit).",
+    + f" (all buckets; fsdp: one unit). fsdp's two columns, {mib(extra['fsdp'])}, are its gathered units' peak, "
+    f"{peak / 2**20:.2f}, plus the {sends['fsdp'] / 2**20:.2f} sent, which the Probe leaves out.",
 )
 act = {s: memory[s]["activations"] for s in STAGES}
-forward_saving = max(total_at[m]["ddp"] - total_at[m][s] for m in list(MOMENTS)[1:] for s in STAGES)
-lesson.claim(
-    len(set(act.values())) == 1 and act["ddp"] > forward_saving,
-    f"No rung here shards activations: one forward saves {mib(act['ddp'])} in every stage, more than the most "
-    f"any rung's total as a forward starts falls below ddp's, {mib(forward_saving)}.",
-)
 first, later = list(MOMENTS)[1:]
-more = {s: [m for m in MOMENTS if total_at[m][s] > total_at[m]["ddp"]] for s in STAGES[1:]}
-over = {s: total_at[m][s] - total_at[m]["ddp"] for s in more for m in more[s]}
-top_m, top_s = max(((m, s) for m in MOMENTS for s in STAGES), key=lambda ms: total_at[ms[0]][ms[1]])
+more = {s: [m for m in MOMENTS if held_at[m][s] > held_at[m]["ddp"]] for s in STAGES[1:]}
+over = {s: held_at[m][s] - held_at[m]["ddp"] for s in more for m in more[s]}
 lesson.claim(
     more == {"zero1": ["at the update"], "zero2": [first], "fsdp": []} and all(0 < over[s] < buffers[s] for s in over),
-    f"Against ddp's total at the same moment, zero1's is {mib(over['zero1'])} more at the update and zero2's "
+    f"Against ddp's held sum at the same moment, zero1's is {mib(over['zero1'])} more at the update and zero2's "
     f"{mib(over['zero2'])} more {first}, each less than its planned all-gather buffers; fsdp's is less at every "
-    f"moment. The largest total is {top_s}'s {top_m}, {mib(total_at[top_m][top_s])}.",
+    "moment.",
 )
-fsdp_later = total_at[later]["fsdp"]
-z1, z2 = total_at[later]["zero1"], total_at[later]["zero2"]
-printed = {m: {s: round(total_at[m][s] / 2**20, 2) for s in STAGES} for m in MOMENTS}  # as the table prints them
-state = MOMENTS[later][1]  # model state alone: zero1 and zero2 gather nothing then
-gap = {"total": printed[later]["zero2"] - printed[later]["fsdp"]}
-gap["state"] = gap["total"] + round(extra["fsdp"] / 2**20, 2)  # as the table's columns add up
+with_act = {s: held_at[later][s] + act[s] for s in STAGES}  # one forward's saved tensors, held by its end
 lesson.claim(
-    z1 == z2 and z2 - fsdp_later == state["zero2"] - state["fsdp"] - extra["fsdp"] > 0,
-    f"{later[0].upper()}{later[1:]} zero2's total equals zero1's, and fsdp's is {gap['total']:.2f} MiB under: "
-    f"its model state's {gap['state']:.2f} MiB saving less its {extra['fsdp'] / 2**20:.2f} MiB gathering.",
+    len(set(act.values())) == 1
+    and all(with_act[s] > max(held_at[m][s] for m in MOMENTS) for s in STAGES)
+    and max(with_act, key=with_act.get) == "ddp",
+    f"No rung shards activations: adding one forward's, {mib(act['ddp'])}, to the held sums {later} gives each "
+    "stage more than any held sum of its own: "
+    + ", ".join(f"{s} {with_act[s] / 2**20:.2f}" for s in sorted(STAGES, key=with_act.get, reverse=True))
+    + " MiB.",
 )
 (trade / 2**20).round(2)
 
