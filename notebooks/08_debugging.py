@@ -483,7 +483,7 @@ lesson.claim(
     and buckets == len(on.reducer.plan) == len(paused.reducer.plan),  # plan: a reducer's buckets
     f"in step 4 the collective check compared {len(checked)} calls: {buckets} all_reduce{'s' * (buckets > 1)}, one "
     f"per bucket, and {len(debug_calls)} debug mode added ({', '.join(added)}); MINDDP_DEBUG=1 turns a step's "
-    f"{buckets} collective{'s' * (buckets > 1)} into {len(checked)}",
+    f"{buckets} call{'s' * (buckets > 1)} into {len(checked)}",
 )
 # exact: both reducers halve each gradient, then add the 2 ranks', which rounds the same in either order
 lesson.claim(
