@@ -101,7 +101,7 @@ lesson.say(
 # DDP keeps the replicas equal by starting them equal and giving each the same averaged gradient.
 # Anything that changes a parameter on some ranks only breaks that: here rank 1 nudges one weight
 # after step 1. In debug mode, before each forward whose backward will average the gradients (the
-# *forward check*), every rank all-gathers a row of integers (each rank receives every rank's row), `int64[8]` for `Net()`: its 4 parameter
+# *forward check*), every rank all-gathers a row of integers, `int64[8]` for `Net()`: its 4 parameter
 # tensors' `requires_grad` flags, then each one's *fingerprint* (a checksum of its 16-bit words); on a
 # mismatch the first tensor that differs is all-gathered, for the size of the difference. The fix: change
 # parameters the same way on every rank.
@@ -212,11 +212,11 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 #
 # Debug mode numbers each rank's collectives, group by group, while it is on (*collective #K*;
 # the lesson helpers' collectives count too), and compares the ranks' calls of the same
-# number through the store (the key-value store the ranks met on at start-up), not a collective.
+# number through the store the ranks met on at start-up, not a collective.
 # A call is written op(dtype[shape], ...) at its place, then its step:
-# `(step 0)` in a wrapper's step, `(after step S)` after the last step a wrapper took on that rank
-# (in the next cell: section 3's fix's last step). Last, torch runs the bug at debug level DETAIL,
-# which also compares each collective across ranks first.
+# `(step 0)` in a wrapper's step, `(after step S)` after the last step a wrapper took on that rank.
+# At debug level DETAIL, torch first compares each call's op and shapes across ranks (a
+# `CollectiveFingerPrint`, in torch's words).
 
 # %%
 # %%distributed
@@ -237,7 +237,7 @@ detail = torch_does(
 call = r"(Rank (\d+) is running collective: CollectiveFingerPrint\()([^)]*?)(OpType=\w+, TensorShape=\[\d*\])"
 calls = [re.findall(call, e) for e in detail]
 shown = ", but ".join(f"{c[0]}{'… ' if c[2] else ''}{c[3]}, …)" for c in calls[0])  # … marks torch's text cut
-lesson.say(f"torch at DETAIL, rank 0: {detail[0].split('. ')[0]}. {shown} …")
+lesson.say(f"torch at DETAIL, rank 0 (excerpt): {detail[0].split('. ')[0]}. {shown} …")
 sizes = each_rank(len(logged))
 took = max(torch_took)
 lesson.claim(
@@ -264,8 +264,9 @@ lesson.claim(
 )
 
 # %% [markdown]
-# In debug mode a collective made on some ranks only is the same bug one call later: it compares
-# rank 0's all_reduce of its loss with rank 1's next collective, the step check's all_gather.
+# Under torch the script's collectives run on the short group, apart from DDP's; in debug mode they
+# share one group, so the collective check pairs a collective made on some ranks only with the
+# others' next one: rank 0's all_reduce of its loss with rank 1's step check all_gather.
 #
 # A call minddp makes is placed at the script's line that led to it; an all_gather lists the output
 # (ranks × the input's shape), then the input.
@@ -368,7 +369,7 @@ lesson.claim(
 minddp_says(
     lambda: freeze_on_rank_0(DistributedDataParallel),
     ("requires_grad differs across ranks: parameters 'head.weight' and 'head.bias'", "at step 0"),
-    "debug mode stopped every rank in step 0, naming both parameters a step before torch's rank 0 did",
+    "debug mode stopped every rank in step 0, naming both parameters",
 )
 with quiet() as said:
     model = freeze_on_rank_0(DistributedDataParallel, everywhere=True)
@@ -455,7 +456,7 @@ lesson.claim(
 #
 # A wrapper built in debug mode adds the forward and step checks and a `DebugReducer`: the
 # wrapper's *Reducer* averages the gradients in *buckets*, each sent in one all_reduce; this one
-# sends each through the collective check; at the end of backward `check_consistency` compares the ranks' buckets and the order they were sent in.
+# sends each through the collective check, and at the end of backward compares the ranks' buckets and their order.
 
 
 # %%
@@ -480,8 +481,9 @@ lesson.claim(
     and all(name in c.where for name, c in zip(added, debug_calls))
     and [c.op for c in checked if "bucket" in c.where] == ["all_reduce"] * buckets
     and buckets == len(on.reducer.plan) == len(paused.reducer.plan),  # plan: a reducer's buckets
-    f"in step 4 the collective check compared {len(checked)} calls, {len(debug_calls)} of them debug mode's "
-    f"({', '.join(added)}) and {buckets} all_reduce{'s' * (buckets > 1)}, one per bucket, as many as with debug mode paused",
+    f"in step 4 the collective check compared {len(checked)} calls: {buckets} all_reduce{'s' * (buckets > 1)}, one "
+    f"per bucket, and {len(debug_calls)} debug mode added ({', '.join(added)}); MINDDP_DEBUG=1 turns a step's "
+    f"{buckets} call{'s' * (buckets > 1)} into {len(checked)}",
 )
 # exact: both reducers halve each gradient, then add the 2 ranks', which rounds the same in either order
 lesson.claim(
