@@ -75,7 +75,7 @@ lesson_07.print_phase_lines()
 # * `full_world_at=(9,)`: step 9's first quorum waits for all three slots, so steps are left when slot 1's new
 #   process asks (without it the survivors finish first and nothing rejoins);
 # * `restart_after_steps=1`: the launcher starts a killed slot again only after a step was committed
-#   without it;
+#   without it, or at once when every slot is down;
 # * `digests=True`: each member records a sha256 of its parameters and optimizer state just before each
 #   attempt's work (its *before* digest) and after each discarded attempt, unless its process dies in it.
 #
@@ -179,8 +179,7 @@ lesson.claim(
 )
 
 # %% [markdown]
-# Three more checks, by `consistency`, on the parameters and the optimizer's state. The second includes each
-# attempt with a new group (`*`): there it checks the state that the heal and `wrap()` left.
+# Three more checks, by `consistency`, on the parameters and the optimizer's state.
 
 # %%
 from minddp.ft import consistency
@@ -265,9 +264,9 @@ show_source(solutions.ft_shard)
 # <details><summary>2. Three kills</summary>
 #
 # Killing all three in the same step leaves no **holder** (a process holding the trained state: a member
-# of the newest committed step); the state lives only in the training processes. Processes started again
-# would train from step 0, so the launcher stops the run with one line rather than train the committed
-# steps again.
+# of the newest committed step). With every slot down, the launcher starts all three again at once; fresh,
+# they ask for step 0, the lighthouse reports the state lost, and the launcher stops the run rather than
+# train the committed steps again.
 #
 # </details>
 #
@@ -323,11 +322,18 @@ try:  # question 2: every slot killed in the same step
         restart_after_steps=1,
         run_timeout_s=300,
     )
-    lost = None
+    events = []
 except FaultTolerantRunError as exc:
-    lost = str(exc)
-print(lost)
-assert lost is not None and "no process holds the trained state any more: after step 3" in lost, lost
+    events = exc.events  # the run's events up to the loss
+lost = [e for e in events if e[0] == "lost"]
+assert lost, "the run went on"
+_, newest, _, _, asked = lost[0]
+again = sorted(e[1] for e in events if e[0] == "restarted")
+lesson.claim(
+    again == [0, 1, 2] and asked == 0,
+    f"the launcher started slots 0, 1 and 2 again; asked for step {asked}, the lighthouse reported step {newest - 1}'s"
+    " state lost: the run stopped",
+)
 
 
 # %%

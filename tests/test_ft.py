@@ -436,6 +436,12 @@ def test_every_rank_holding_the_state_lost_at_once_stops_the_run_rather_than_sta
         r"train from step 0; the run stops here; keep one holder alive through each fault",
         line,
     ), line
+    # what happened, in the events the error carries: with both slots down the launcher started both again at once,
+    # and the lighthouse said the state was lost when their new processes asked for step 0
+    kinds = [e[0] for e in err.value.events]
+    assert "lost" in kinds and kinds[-1] == "lost", kinds
+    assert sorted(e[1] for e in err.value.events if e[0] == "restarted") == [0, 1]
+    assert err.value.events[-1][4] == 0 and err.value.events[-1][1] == 1  # asked for step 0; step 0 was committed
 
 
 def test_errors_lists_each_caught_error_in_order_and_keeps_only_gloos_sentence():

@@ -234,7 +234,7 @@ class Lighthouse:
             return
         step = max(r["step"] for r in asking.values())  # the attempt's step, quorum.max_step: the largest asked for
         if step < self.newest:  # nobody asking holds the newest state: wait for a holder, never train steps again
-            self.state_lost()
+            self.state_lost(step)
             return
         if step in self.full_world_at:
             if len(asking) < len(self.slots):
@@ -258,13 +258,14 @@ class Lighthouse:
             self.store.set(f"quorum/{slot}/{req['id']}", json.dumps({"tag": tag, "members": members, "steps": steps}))
             self.answered[slot] = req["id"]
 
-    def state_lost(self) -> None:
-        """If every holder of the state is gone, tell the launcher (once): nothing can bring the state back."""
+    def state_lost(self, asked: int) -> None:
+        """If every holder of the state is gone, tell the launcher (once), with ``asked``, the step the processes
+        asking asked for: nothing can bring the state back."""
         if self.said_lost or any(self.holds(slot) for slot in self.holders):
             return
         self.said_lost = True
         how = {s: (inc, "evicted" if f"{s}:{inc}" in self.evicted else "exited") for s, inc in self.holders.items()}
-        self.say(("lost", self.newest, how, time.time()))
+        self.say(("lost", self.newest, how, time.time(), asked))
 
     # -- 2. should_commit ----------------------------------------------------------------------------
 

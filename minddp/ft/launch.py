@@ -66,7 +66,12 @@ PASS_SLEEP_S = 0.02
 
 
 class FaultTolerantRunError(RuntimeError):
-    """The run could not go on: a rank's real error, or no progress within the bound."""
+    """The run could not go on: a rank's real error, or no progress within the bound; ``events``: the run's events
+    up to then, where the launcher has them (the trained state lost)."""
+
+    def __init__(self, message: str, events: list | None = None):
+        super().__init__(message)
+        self.events = events or []
 
 
 @dataclass
@@ -184,8 +189,8 @@ def launch_ft(
                         procs[event[1]].kill()  # frozen: ended by its pid, then restarted below
                         ended[event[1], event[2]] = f"evicted at step {committed} (silent for {hang_s:g} s)"
                         timeline.append(("ended", event[1], event[2], time.time()))
-                    if event[0] == "lost":
-                        raise FaultTolerantRunError(_state_lost(event, hang_s, ended))
+                    if event[0] == "lost":  # the run's events so far go with it: what happened, for a reader
+                        raise FaultTolerantRunError(_state_lost(event, hang_s, ended), events=list(timeline))
                     if event[0] == "quorum":
                         members_of[event[1]] = event[2]
                     if event[0] == "decision" and event[3] == "commit" and event[2] == steps - 1:
@@ -335,7 +340,7 @@ def _timed_out(run_timeout_s: float, committed: int, steps: int, procs: dict, do
 
 def _state_lost(event: tuple, hang_s: float, ended: dict) -> str:
     """The line for the coordinator's ``lost``: every rank that held the trained state is gone."""
-    _, newest, how, _ = event
+    newest, how = event[1], event[2]
     holders = ", ".join(f"slot {s}" for s in sorted(how))
     fates = "; ".join(f"slot {s} {ended.get((s, inc), gone)}" for s, (inc, gone) in sorted(how.items()))
     line = (
