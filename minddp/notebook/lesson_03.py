@@ -352,7 +352,7 @@ def say_takeaway(looks: dict, t4: dict, far: dict) -> None:
         return "in all three settings" if len(names) == len(settings) else listed(names) if names else "nowhere"
 
     more = [  # who exposed more, where, with each one's link after backward (the most a finish-only wait exposes)
-        f"{who} {n[0].lower()}{n[1:]} (link after backward {r[who]['end_ms']:.0f} against {r[other]['end_ms']:.0f} ms)"
+        f"{who} {n[0].lower()}{n[1:]} (link after backward {r[who]['end_ms']:.1f} against {r[other]['end_ms']:.1f} ms)"
         for n, r in settings.items()
         for who, other, sign in (("hook-async", "bucket-async", 1), ("bucket-async", "hook-async", -1))
         if sign * gap[n]["exposed"] > 0
