@@ -55,13 +55,13 @@ def say_check(stage: str, on_ranks: list[float], spans: list) -> None:
 
 
 def say_still(stages: tuple[str, str], looks: dict) -> None:
-    """Rank 0's standing still in one step of each of ``stages``: held at the check plus waited, and the two parts
-    (rank 0's own looks; call on every rank, rank 0 says it)."""
+    """Rank 0's time held at the check and waited in one step of each of ``stages``, kept apart (waited leaves the
+    check out; rank 0's own looks; call on every rank, rank 0 says it)."""
     parts = {s: (round(looks[s]["check_ms"]), round(looks[s]["waited_ms"])) for s in stages}  # whole ms, as printed
     a, b = stages
     say(
-        f"Rank 0 stood still {sum(parts[a])} ms in {a}, {parts[a][0]} held at the check and {parts[a][1]} waited, "
-        f"against {sum(parts[b])} ms in {b} ({parts[b][0]} and {parts[b][1]})."
+        f"Rank 0 was held at the check {parts[a][0]} ms and waited {parts[a][1]} in {a}, against {parts[b][0]} and "
+        f"{parts[b][1]} in {b}."
     )
 
 
@@ -139,16 +139,6 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
         f"{100 * 1e3 * min(bare.ready) / backward:.1f} % of the backward; bucket-async's first message, "
         + ("the plan's first bucket" if first == 0 else f"the plan's bucket {first + 1} of {len(plan)}")
         + f" ({len(plan[first])} gradients), after {100 * 1e3 * filled[first] / backward:.0f} %."
-    )
-    h, b = why["hook-async"], why["bucket-async"]
-    late = round(b["first_ms"] - h["first_ms"])
-    longer = round(backward_less_check(looks["hook-async"]) - backward_less_check(looks["bucket-async"]))
-    say(
-        "In these steps bucket-async's first hand-over came "
-        + (f"{abs(late)} ms {'later' if late > 0 else 'earlier'}" if late else "at the same ms")
-        + ", hook-async's backward ran "
-        + (f"{abs(longer)} ms {'longer' if longer > 0 else 'shorter'}" if longer else "as long")
-        + f": link after backward {b['end_ms']:.1f} against {h['end_ms']:.1f} ms."
     )
     table = (
         pd.DataFrame(why)
@@ -297,7 +287,7 @@ def listed(names: list[str]) -> str:
 def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
     """Each sized link's rungs (2 ranks): link time, exposed, waited and the step's own last backward less the check,
     then in words which rungs exposed none of their link time (whole ms), which over half of it, which waited mostly
-    after the link had delivered, and the rungs' backwards as multiples of the one each link was sized from
+    after the link had delivered, and the backwards with no wait inside as multiples of the one each link was sized from
     (``sized_from``, seconds, by setting name); a whole-ms match of bucket-async's backward on the two links is said
     to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
@@ -308,10 +298,12 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
         said = [f"{listed(hid)} exposed none of {'their' if len(hid) > 1 else 'its'} link time"] if hid else []
         said += [f"{listed(most)} over half of it"] if most else []
         said += [f"waited mostly after the link had delivered: {listed(after)}"] if after else []
-        own, sized = [r["backward_ms"] for r in runs.values()], 1e3 * sized_from[name]
+        own = [r["backward_ms"] for r in runs.values() if not r["waits_in_backward"]]  # waits would count as backward
+        sized = 1e3 * sized_from[name]
         said += [
-            f"backwards {min(own):.0f} to {max(own):.0f} ms, {min(own) / sized:.1f} to {max(own) / sized:.1f} times "
-            f"the {sized:.0f} sized from"
+            f"backwards with no wait inside {min(own):.0f} to {max(own):.0f} ms, {min(own) / sized:.1f} to "
+            f"{max(own) / sized:.1f} times the {sized:.0f} sized from, which divides each run's ratios by as "
+            "much"
         ]
         say(
             f"Sized for {name}{', 2 ranks' if runs is t4 else ''}; {what}: "
@@ -330,14 +322,13 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
 
 def say_takeaway(looks: dict, t4: dict, far: dict) -> None:
     """The takeaway in words, from the runs, per setting (this notebook's link: ``looks``; the sized links' runs):
-    hook-async's and bucket-async's exposed, waited, last backward less the check and step (whole ms); where
-    hook-async's backward was the longer and its exposed the less, and whose step was the shorter; and the link time
-    buckets cut."""
+    hook-async's and bucket-async's exposed, waited and last backward less the check (whole ms); where hook-async's
+    backward was the longer; which exposed more where, beside the link after backward of each; and the link time
+    buckets cut. No step time: a step also holds the check and one step's compute, which these parts do not give."""
     from minddp.costmodel.buckets import on_the_link
 
     here = {
-        s: on_the_link(looks[s]["row"])
-        | {"backward_ms": backward_less_check(looks[s]), "step_ms": looks[s]["row"]["end"]}
+        s: on_the_link(looks[s]["row"]) | {"backward_ms": backward_less_check(looks[s])}
         for s in ("hook-async", "bucket-async")
     }
     settings = {"On 1 Gbit/s": here, "Sized for 4 × T4": t4, "Sized for 1024 ranks": far}
@@ -345,7 +336,7 @@ def say_takeaway(looks: dict, t4: dict, far: dict) -> None:
     gap = {}  # each measure, hook-async's less bucket-async's, in whole ms
     for name, runs in settings.items():
         h, b = runs["hook-async"], runs["bucket-async"]
-        measures = {m: (round(h[f"{m}_ms"]), round(b[f"{m}_ms"])) for m in ("exposed", "waited", "backward", "step")}
+        measures = {m: (round(h[f"{m}_ms"]), round(b[f"{m}_ms"])) for m in ("exposed", "waited", "backward")}
         gap[name] = {m: x - y for m, (x, y) in measures.items()}
         say(
             f"{name}, {'hook-async against bucket-async: ' if runs is here else ''}"
@@ -360,18 +351,16 @@ def say_takeaway(looks: dict, t4: dict, far: dict) -> None:
         names = [n[0].lower() + n[1:] for n, g in gap.items() if test(g)]
         return "in all three settings" if len(names) == len(settings) else listed(names) if names else "nowhere"
 
-    shorter = [  # whose step was the shorter, where; a whole-ms tie said as one
-        f"{who} {where(test)}"
-        for who, test in (
-            ("bucket-async's", lambda g: g["step"] > 0),
-            ("hook-async's", lambda g: g["step"] < 0),
-            ("a tie", lambda g: g["step"] == 0),
-        )
-        if where(test) != "nowhere"
+    more = [  # who exposed more, where, with each one's link after backward (the most a finish-only wait exposes)
+        f"{who} {n[0].lower()}{n[1:]} (link after backward {r[who]['end_ms']:.1f} against {r[other]['end_ms']:.1f} ms)"
+        for n, r in settings.items()
+        for who, other, sign in (("hook-async", "bucket-async", 1), ("bucket-async", "hook-async", -1))
+        if sign * gap[n]["exposed"] > 0
     ]
     say(
-        f"hook-async's backward was the longer {where(lambda g: g['backward'] > 0)}; it exposed less "
-        f"{where(lambda g: g['exposed'] < 0)}; the shorter step: {', '.join(shorter)}."
+        f"hook-async's backward was the longer {where(lambda g: g['backward'] > 0)}"
+        + (f"; exposed more: {', '.join(more)}" if more else "; neither exposed more anywhere")
+        + "."
     )
     cut = {
         n: 100 * (r["hook-async"]["link_ms"] - r["bucket-async"]["link_ms"]) / r["hook-async"]["link_ms"]
