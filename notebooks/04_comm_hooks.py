@@ -249,7 +249,7 @@ lesson.claim(
 #
 # `c · 2(n − 1) α + 2(n − 1)/n · S β`
 #
-# (whatever each one's size). The cell prices each hook's last step (the first table's
+# The cell prices each hook's last step (the first table's
 # all_reduces and payload; bf16's are fp16's) on the *preset* `1gbit` (one of `minddp.comm.link`'s named links):
 # its *link ms*, 01's *link time*, modelled, not timed.
 
@@ -278,10 +278,11 @@ link_share, pay_share = (
     link_ms_of["powersgd"] / link_ms_of["allreduce"],
     reduced["powersgd"][1] / reduced["allreduce"][1],
 )
-lesson.say(
-    f"PowerSGD's {reduced['powersgd'][0]} messages take {link_ms_of['powersgd']:.1f} ms, "
-    f"{fixed['powersgd']:.1f} ms of it fixed costs: "
-    f"{link_share:.3f} of plain averaging's link time for {pay_share:.4f} of its payload."
+lesson.claim(
+    link_share > pay_share and fixed["powersgd"] > link_ms_of["powersgd"] / 2,
+    f"PowerSGD's link time falls less than its payload ({link_share:.3f} and {pay_share:.4f} of plain "
+    f"averaging's): fixed costs are most of its {link_ms_of['powersgd']:.1f} ms, {fixed['powersgd']:.1f} ms for "
+    f"{reduced['powersgd'][0]} messages.",
 )
 
 # %% [markdown]
@@ -320,9 +321,7 @@ wins = lesson_04.preset_table(reduced, n, crossover)  # each preset's α, B, bot
 faster = wins["PowerSGD, link ms"] < wins["plain averaging, link ms"]
 lesson.claim(
     all(faster[nm] == (spec.bandwidth < crossover(spec.latency)) for nm, spec in lesson_04.presets().items()),
-    f"With c₁ = {c1}, S₁ = {S1} bytes and c₂ = {c2}, S₂ = {S2} bytes, "
-    f"on every preset B* names the shorter link ms. "
-    f"{lesson_04.where_shorter(wins)}.",
+    f"On every preset B* names the shorter link ms. {lesson_04.where_shorter(wins)}.",
 )
 tie = LinkSpec("B*", crossover(LINK.latency), LINK.latency)
 tied = [lesson_04.link_ms(reduced[h], tie, n) for h in ("powersgd", "allreduce")]

@@ -143,6 +143,39 @@ def test_two_buckets_measured_at_once_both_count():
         assert error_sq == both, (error_sq, both)
 
 
+def rank_checker_and_notebook_error() -> tuple[float, float, float]:
+    """One fp16 bucket, measured as the notebook's table measures it (error_measured into a Traffic) and as the
+    exercise checker does (measure.reference_average, then harness.probe_result); with the oracle
+    ‖ĝ − g‖ / ‖g‖ from torch's norms, g the float32 sum of the divided values."""
+    from minddp.comm import measure
+    from minddp.exercises import harness, solutions
+
+    g = torch.Generator().manual_seed(7 + dist.get_rank())
+    values = torch.randn(1000, generator=g) * torch.logspace(-3, 0, 1000)  # the checker's kind of bucket
+    traffic, p = Traffic(), torch.nn.Parameter(torch.zeros(1000))
+    hook = error_measured(solutions.fp16_compress_hook, traffic)
+    got = hook(None, GradBucket(0, values.clone(), [p], is_last=True)).wait()
+    exact, _ = measure.reference_average(values, dist.group.WORLD)
+    checker = harness.probe_result(None, got, exact, 0)["relative_error"]
+    oracle = values / dist.get_world_size()
+    dist.all_reduce(oracle)
+    return traffic.relative_error(), checker, float((got - oracle).norm() / oracle.norm())
+
+
+def test_checker_and_notebook_measure_relative_error_with_one_function():
+    # One measure: the checker's verdict quotes the number the notebook's table would give for the same bucket,
+    # bit for bit (same functions, same order: divide, then sum); both within float32 rounding of the sum of
+    # ~1000 squares (~1e-4 relative, well above 1000 · 2⁻²⁴ ≈ 6e-5) of torch's norm-based oracle.
+    from minddp.exercises import harness
+
+    assert {"reference_average", "squared_error"} <= set(harness.check_hook_on_rank.__code__.co_names) | set(
+        harness.probe_result.__code__.co_names
+    )
+    for table, checker, oracle in launch(rank_checker_and_notebook_error, world_size=2):
+        assert table == checker, (table, checker)
+        assert abs(checker - oracle) <= 1e-4 * oracle, (checker, oracle)
+
+
 # -- checkpoint / resume --------------------------------------------------------------------------
 
 K = 4

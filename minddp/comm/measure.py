@@ -52,23 +52,34 @@ def _group_of(state) -> dist.ProcessGroup:
     return Wire.of(group).group
 
 
+def reference_average(values: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference average g of ``values`` over ``group``, and the ranks' mean magnitude, in float32, by plain
+    averaging's order: each rank divides by the world size, then one all_reduce sums (the checker's too)."""
+    flat = values.to(torch.float32, copy=True).view(-1)
+    both = torch.cat([flat, flat.abs()]).div_(group.size())
+    dist.all_reduce(*keep.held(both), group=group)  # kept until gloo lets go of it
+    exact, magnitude = both.split(flat.numel())
+    return exact, magnitude
+
+
+def squared_error(got: torch.Tensor, exact: torch.Tensor) -> tuple[float, float]:
+    """``(‖ĝ − g‖², ‖g‖²)`` of one bucket: :meth:`Traffic.relative_error` is the root of their sums' ratio."""
+    return float((got.float().view(-1) - exact).pow(2).sum()), float(exact.pow(2).sum())
+
+
 def error_measured(hook, traffic: Traffic):
     """``hook``, with the relative error of its average accumulated into ``traffic`` (module doc)."""
 
     @functools.wraps(hook)
     def measured(state, bucket: GradBucket) -> torch.futures.Future:
-        group = _group_of(state)
-        flat = bucket.buffer().to(torch.float32, copy=True)
-        both = torch.cat([flat, flat.abs()]).div_(group.size())  # step 1: the average and the mean magnitude
-        dist.all_reduce(*keep.held(both), group=group)  # kept until gloo lets go of it
-        exact, magnitude = both.split(flat.numel())
+        exact, magnitude = reference_average(bucket.buffer(), _group_of(state))  # step 1
         fut = hook(state, bucket)  # step 2
 
         def compare(done: torch.futures.Future):  # step 3
             result = done.value()
             got = result[0] if isinstance(result, list) else result
-            error_sq = float((got.float().view(-1) - exact).pow(2).sum())
-            norm_sq, magnitude_sq = float(exact.pow(2).sum()), float(magnitude.pow(2).sum())
+            error_sq, norm_sq = squared_error(got, exact)
+            magnitude_sq = float(magnitude.pow(2).sum())
             # on a backend thread, maybe beside another bucket's: computed first, added as one step
             traffic.measured(error_sq, norm_sq, magnitude_sq, float(magnitude.sum()), magnitude.numel())
             return result

@@ -40,7 +40,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from minddp.analysis import live
-from minddp.comm.wire import Wire
+from minddp.comm import measure
+from minddp.comm.wire import Traffic, Wire
 from minddp.exercises import solutions
 from minddp.runtime import compat
 
@@ -1391,12 +1392,8 @@ def check_hook_on_rank(hook, like: str, steps: int, accum: int) -> None:
         with reporting(progress, files, report):
             g = torch.Generator().manual_seed(7 + rank)
             values = torch.randn(1000, generator=g, device="cpu") * torch.logspace(-3, 0, 1000)  # small, large
-            exact = values.clone()
-            dist.all_reduce(exact, group=checker)
-            exact /= world
-            magnitude = values.abs()  # the rounding bound's scale (fp16_error_bound)
-            dist.all_reduce(magnitude, group=checker)
-            magnitude /= world
+            # g and the rounding bound's scale (fp16_error_bound) as the notebook's measure makes them
+            exact, magnitude = measure.reference_average(values, checker)
             report["error_bound"] = fp16_error_bound(exact, magnitude, world)
             big = overflow_values(world, g)  # 1.5 × float16's largest value in sum: only dividing first fits
             report["large_gradient"] = large_gradient(world) if world > 1 else None
@@ -1545,7 +1542,8 @@ def probe_result(
     out.update(value="tensor", shape=list(value.shape), dtype=str(value.dtype).replace("torch.", ""))
     if value.shape == exact.shape:
         v = value.detach().float()
-        out["relative_error"] = float((v - exact).norm() / exact.norm())
+        error_sq, norm_sq = measure.squared_error(v, exact)  # the notebook's measure, on one bucket
+        out["relative_error"] = Traffic(error_sq=error_sq, norm_sq=norm_sq).relative_error()
         out["summed_error"] = float((v - exact * dist.get_world_size()).norm() / exact.norm())
         out["twice_error"] = float((v - exact / dist.get_world_size()).norm() / exact.norm())
         world = dist.get_world_size()
