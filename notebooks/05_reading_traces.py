@@ -56,7 +56,7 @@ dist.barrier()
 blog = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 for stage in blog:
     lesson.Trainee(stage, link="1gbit").profile(LINKED, steps=1)
-lesson.say(lesson.machine().replace("and the emulated", "and, in the link run, the emulated"))
+lesson.say(lesson.machine(link="in the link run"))
 
 # %%
 # %dist_shutdown

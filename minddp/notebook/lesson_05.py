@@ -135,18 +135,3 @@ def link_messages(linked, link) -> pd.DataFrame:
         },
         index=pd.Index(stages, name="stage"),
     )
-
-
-def by_count(counts: dict) -> str:
-    """``{label: n}`` as printed, grouped by ``n`` from the largest, labels in their order: "3 in a; 1 in b, c",
-    or "3 in every row" where all are alike.
-
-    >>> by_count({"c": 0, "a": 3, "b": 1, "d": 1})
-    '3 in a; 1 in b, d; 0 in c'
-    >>> by_count({"a": 3, "b": 3})
-    '3 in every row'
-    """
-    ns = sorted(set(counts.values()), reverse=True)
-    if len(ns) == 1:
-        return f"{ns[0]} in every row"
-    return "; ".join(f"{n} in {', '.join(k for k, v in counts.items() if v == n)}" for n in ns)
