@@ -240,8 +240,8 @@ def check_hook(
 ) -> Verdict:
     """Check a comm hook ``hook(state, bucket) -> Future[Tensor]`` against the model answer ``like``.
 
-    The hook is called on a bucket of known gradients (state ``None``: the
-    default group), noting whether it waited for its collective before it
+    The hook is called on a bucket of known gradients (its state: the
+    checker's own process group), noting whether it waited for its collective before it
     returned (a blocking hook), then on a bucket of large gradients whose
     float16 sum over the ranks overflows (a hook that divides after the sum
     returns ``inf``), then trains minddp's ``bucket-async`` stage beside
