@@ -32,14 +32,14 @@
 # forward, which produces every parameter's gradient at its end. Every bucket is then handed over after that node, when
 # no gradient node is left to run.
 #
-# While `ddp` runs its module compiled, Dynamo's `DDPOptimizer` **cuts the
-# graph into pieces** and compiles each piece apart, each with a gradient node of its own. The backward pass runs piece after piece, numbered here in
+# With the cut on (`torch._dynamo.config.optimize_ddp`; more conditions below), while `ddp` runs its module compiled,
+# Dynamo's `DDPOptimizer` **cuts the graph into pieces** and compiles each piece apart, each with a gradient node of
+# its own; uncut, the graph is one piece. The backward pass runs piece after piece, numbered here in
 # that order: piece 0 holds the forward's last layers; a *piece's backward* is the run of its gradient node. A bucket
 # whose last gradient a piece produces can then be handed over before the next piece's backward begins.
 #
-# `ddp` *rebuilds* its buckets at its second step's forward, in the order the first step's gradients arrived on
-# rank 0. The figure shows a later step's backward pass in each of three runs, one row each: eager (not compiled),
-# compiled without the cut (`torch._dynamo.config.optimize_ddp = False`) and compiled with it. The model: an MLP of
+# The figure shows the third step's backward pass in each of three runs, one row each: eager (not compiled),
+# compiled without the cut (`optimize_ddp = False`) and compiled with it. The model: an MLP of
 # 1 MiB layers without biases; the backend: `aot_eager` (torch's own kernels, none generated).
 
 # %%
@@ -94,8 +94,9 @@ NO_CUT, CUT = "compiled without the cut", "compiled with the cut"
 looks, ddps = {}, {}
 for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT, True, True)):
     ddps[label], looks[label] = one_step(compiled, cut)
-    pieces = f"{looks[label]['pieces_run']} pieces, " if label == CUT else ""  # only the cut makes pieces
-    # the figure's row label, two lines: the run; its pieces (if cut) and its buckets (one tick each)
+    n = looks[label]["pieces_run"]
+    pieces = f"{n} piece{'s' * (n > 1)}, " if compiled else ""  # uncut, the graph is one piece
+    # the figure's row label, two lines: the run; its pieces (if compiled) and its buckets (one tick each)
     looks[label]["row"].update(label=f"{label}\n{pieces}{looks[label]['calls']} buckets", stage=label)
 lesson.say(f"{world_size} ranks, {DEPTH} layers of {WIDTH}×{WIDTH}; torch {torch.__version__}.")
 
@@ -103,8 +104,8 @@ lesson.say(f"{world_size} ranks, {DEPTH} layers of {WIDTH}×{WIDTH}; torch {torc
 # %% [markdown]
 # ## The backward pass of each run
 #
-# Each row is one run's backward pass on rank 0, scaled to its length (the x axis): the model's gradient nodes blue
-# (white lines part adjacent ones), each hand-over a tick; pale is the rest: the loss's nodes, time between nodes and
+# Each row is one run's backward pass on rank 0, scaled to its length (the x axis): the model's gradient nodes blue,
+# each hand-over a tick; pale is the rest: the loss's nodes, time between nodes and
 # the `AccumulateGrad` nodes.
 
 # %%
@@ -140,13 +141,14 @@ lesson.claim(
 #
 # Each piece records one gradient node, `CompiledFunctionBackward`, and the parameters whose gradients it produces
 # hang off it (their `AccumulateGrad` nodes). The cell lists the pieces of the run compiled with the cut (of one
-# more forward) in the order the backward pass runs them.
+# more forward) in the order the backward pass runs them, each piece's parameters in the forward's order (the
+# exercise's in arrival order).
 #
 # Dynamo cuts when it compiles (the first step), and only if torch's DDP's class attribute `_active_ddp_module` is set
 # then; it reads the bucket cap from it and caps piece 0 apart, at the
 # global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`, given a
 # `bucket_cap_mb`, sets the attribute to a stand-in holding its bucket cap and the global to the bucket cap
-# (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as the rebuilt bucket 0 does.
+# (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as bucket 0 does.
 #
 # With the cut, a bucket whose last gradient a piece produces is handed over before the next piece's backward: when
 # the piece's gradient node ends, the
@@ -168,12 +170,12 @@ size = nodes.parameter_bytes(ddp.module)  # each parameter's bytes, by its name 
 same = len(pieces) > 1 and [sorted(b) for b in buckets] == [sorted(p) for p in pieces]
 lesson.claim(
     same and sorted(sum(buckets, [])) == sorted(size) and all(sum(size[n] for n in b) == CAP * 2**20 for b in buckets),
-    f"Bucket i holds the gradients of piece i, for every i: {CAP:g} MiB each, the bucket cap.",
+    f"Bucket i holds piece i's gradients: {CAP:g} MiB, the bucket cap.",
 )
 runs = {label: looks[label]["pieces_run"] for label in (NO_CUT, CUT)}
 lesson.claim(
     runs == {NO_CUT: 1, CUT: len(pieces)},
-    "One CompiledFunctionBackward node ran per piece; without the cut, one.",
+    "One CompiledFunctionBackward node ran per piece: without the cut, one.",
 )
 # an order autograd keeps (a ready AccumulateGrad node runs first: markdown above), not a timing
 ended, begun = (looks[CUT][key] for key in ("pieces_ended_at_handover", "pieces_begun_at_handover"))
@@ -188,8 +190,7 @@ lesson.claim(
 # Write `my_handed_over_after(pieces, cap)`: `pieces` lists pieces in the order the backward pass runs them, each as its
 # gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes, every bucket's, the first
 # included. Pieces and gradients are any sizes, empty and 0 bytes too, not only those a cut at `cap` makes, so a bucket
-# can take gradients from several pieces. Fill the buckets in arrival order, as `ddp` does from its second step on
-# (the gradients left at the end make one last bucket) and return, for each bucket, the index of the piece after
+# can take gradients from several pieces. Fill the buckets in arrival order (the gradients left at the end make one last bucket) and return, for each bucket, the index of the piece after
 # whose backward it is handed over. On this notebook's step, four pieces of two 1 MiB gradients at `cap = 2 * 2**20`,
 # the answer is `[0, 1, 2, 3]`.
 
@@ -247,8 +248,8 @@ lesson.claim(
 )
 lesson.claim(
     ours["breaks"] == [0, 0] and min(ours["pieces"]) > 1 and ours["apart"] <= ours["bound"],
-    f"minddp's ddp, its module cut, trained with either pattern without a graph break to eager ddp's parameters "
-    f"({ours['near']}).",
+    f"minddp's ddp, its module cut, took one step with either pattern, no graph break, ending on eager ddp's "
+    f"parameters ({ours['near']}).",
 )
 
 
@@ -259,9 +260,9 @@ lesson.claim(
 #   bucket's hand-over but the last, the order those buckets' `all_reduce`s need to run
 #   while gradients are still computed; without it, none did.
 #
-# * At a bucket cap of 0.5 MiB, Dynamo's cut refuses torch's DDP of the version above with either pattern: its cap for
-#   piece 0 is above the bucket cap. minddp's `ddp`, which sets that cap to the bucket cap it is given, trains with both,
-#   its module compiled and cut.
+# * At a bucket cap of 0.5 MiB, Dynamo's cut refused torch's DDP with either pattern: its cap for
+#   piece 0 is above the bucket cap. minddp's `ddp`, which sets that cap to the bucket cap it is given, took one step
+#   with both, its module compiled and cut.
 
 # %%
 # %dist_shutdown
