@@ -16,14 +16,12 @@
 # %% [markdown]
 # # 07 · Fault tolerance: training through a lost process
 #
-# Every stage so far keeps the classic contract: a process that dies ends the run, and the next run starts
-# from the last checkpoint. At scale failures come during the run (*The Llama 3 Herd of Models*,
-# arXiv:2407.21783, section 3.3.4, counts 419 unexpected interruptions in a 54-day snapshot of its
-# pre-training), and each one costs the work since that checkpoint plus a restart. The `ft` **rung** (a rung
-# above notebook 03's ladder, in `minddp/ft/`, after torchft, PyTorch's fault-tolerance library) keeps
-# training instead: it runs the ladder's `ddp` stage inside the phases below. Each try at a step (an
-# **attempt**) is **committed** (it counts) or **discarded** (its step is tried again), on every member
-# alike; it goes through these phases (2 and 3 only when needed):
+# In every stage so far a process that dies ends the run. At scale failures come during the run (*The Llama
+# 3 Herd of Models*, arXiv:2407.21783, section 3.3.4, counts 419 unexpected interruptions in a 54-day
+# snapshot of its pre-training). The `ft` **rung** (a rung above notebook 03's ladder, in `minddp/ft/`, after
+# torchft, PyTorch's fault-tolerance library) keeps training instead: it runs the ladder's `ddp` stage inside
+# the phases below. Each try at a step (an **attempt**) is **committed** (it counts) or **discarded** (its
+# step is tried again); it goes through these phases (2 and 3 only when needed):
 #
 # 1. a **quorum**: before each attempt, a coordinator (the *lighthouse*, a process of its own) waits until
 #    every **live** **slot** (both defined below) has asked, then answers who trains it, the
@@ -33,7 +31,7 @@
 #    failure may be broken);
 # 3. a process that comes back is **healed**: it receives the trained state from a peer, over the group,
 #    no file (the parameters, the optimizer's state, the count of steps committed), before DDP's wrapper is
-#    built (`wrap()`), which broadcasts the parameters of the group's first member, maybe the fresh one;
+#    built, since the wrapper broadcasts the group's first member's parameters, which may be the fresh ones;
 # 4. **the work** (`work` below): the members split the step's global batch among themselves (the exercise
 #    below);
 # 5. **should_commit**: the members vote yes or no; the attempt is committed if every member voted yes, else
@@ -104,11 +102,10 @@ for line in run.report():
     print(line)
 
 # %% [markdown]
-# How the other members learn of each fault: their all_reduce fails once the faulting process's connections
-# close (the kernel closes a killed process's; a raising process closes its own by dropping its group).
-# Each member that caught an error votes no, and the attempt is discarded. The next quorum waits until every
-# live slot has asked: the survivors ask after they vote, and a killed slot stays live until the launcher
-# records its exit.
+# How the other members learn of each fault: their all_reduce fails (the errors are printed after the
+# timeline), each member that caught an error votes no, and the attempt is discarded. The next quorum waits
+# until every live slot has asked: the survivors ask after they vote, and a killed slot stays live until the
+# launcher records its exit.
 
 # %%
 from minddp.ft import fault_outcomes

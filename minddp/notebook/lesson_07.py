@@ -15,7 +15,7 @@ and, for the cells' claims, readers of the members' entries (one per member and 
 from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
-from minddp.ft.report import asked_s, cold_start_s, first_request_s, heal_s
+from minddp.ft.report import asked_s, first_request_s, heal_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
 
@@ -71,8 +71,8 @@ def _parts(run, o) -> tuple[int, int, int]:
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms after the fault, as its moments in the order they came: the kill's exit
     recorded by the launcher, the attempt discarded, the next quorum's members all asked, that quorum, the commit;
-    then which of the exit record and the last request the quorum came after; which fault recovered the sooner, by how
-    much, to the quorum and after it; and whether either lasted the hang bound."""
+    then which of the exit record and the last request the quorum came after; and whether either lasted the hang
+    bound."""
     for o in (kill, raised):
         asked, came_ms, to_commit = _parts(run, o)
         moments = [(asked, "members all asked"), (asked + came_ms, "next quorum")]
@@ -91,15 +91,6 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
                 else "; the quorum came after the last request, the exit already recorded"
             )
         print(line)
-    spans = {o.fault.kind: (sum(_parts(run, o)[:2]), _parts(run, o)[2]) for o in (kill, raised)}  # to the quorum, after
-    (fast, (fq, fc)), (slow, (sq, sc)) = sorted(spans.items(), key=lambda kv: sum(kv[1]))
-    if fq + fc == sq + sc:
-        print(f"both recovered in {fq + fc} ms")
-    else:
-        print(
-            f"the {fast} recovered {sq + sc - fq - fc} ms sooner: to the quorum {fq} ms against {sq}, "
-            f"then to the commit {fc} against {sc}"
-        )
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
         print(
@@ -109,9 +100,8 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     """For a kill ``o``: the rejoin, split in the parts that add up to it, each with its share of the rejoin: until
-    the launcher started the slot's new process; from then to that process's first quorum request (beside the run's
-    cold start, :func:`~minddp.ft.report.cold_start_s`); from that request to the quorum; the largest named in words,
-    and the rejoin as a multiple of the kill's recovery.
+    the launcher started the slot's new process; from then to that process's first quorum request; from that request
+    to the quorum; and the rejoin as a multiple of the kill's recovery.
     Then how long the survivors trained nothing before that quorum (and whether the run's ``full_world_at`` kept it
     for the slot, with their pace a step), and the heal: its time and the bytes it received."""
     slot, step = o.fault.slot, o.fault.step
@@ -119,29 +109,20 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     last_step, last = o.last_commit
     rejoin, start, asked = ms(o.rejoin_s), ms(o.restart_s), ms(first_request_s(run, o))
     startup = asked - start
-    cold = ms(cold_start_s(run))  # the whole run's fresh start: the lighthouse listening to the first commit
-    than = "shorter than" if startup < cold else "as long as" if startup == cold else "longer than"
 
     def share(t_ms: int) -> str:
         return "under 1%" if 0 < t_ms < rejoin / 200 else f"{t_ms / rejoin:.0%}"
 
     parts = [
-        (start, "until the launcher started the new process", "before the new process started"),
-        (
-            startup,
-            f"from then to its first quorum request ({than} the run's cold start: {cold} ms, the lighthouse up to"
-            " step 0's commit)",
-            "from its start to its first request",
-        ),
-        (rejoin - asked, "from that request to the quorum", "between its request and the quorum"),
+        (start, "until the launcher started the new process"),
+        (startup, "from then to its first quorum request"),
+        (rejoin - asked, "from that request to the quorum"),
     ]
-    top, _, what = max(parts)
-    most = "most" if top > rejoin / 2 else "the largest part"
     print(
         f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill, "
-        f"{rejoin / ms(o.recovery_s):.0f} times its recovery; {most} of it ({share(top)}) {what}:"
+        f"{rejoin / ms(o.recovery_s):.0f} times its recovery:"
     )
-    for t, span, _ in parts:
+    for t, span in parts:
         print(f"  {t} ms ({share(t)}) {span}")
     survivors = f"slots {' and '.join(others)}"
     steps = f"step {step}" if last_step == step else f"steps {step}-{last_step}"
