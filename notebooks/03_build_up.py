@@ -17,8 +17,8 @@
 # # 03 · The build-up: one idea per stage
 #
 # `SimpleDDP` waits until backward is over, then sends one all_reduce per parameter, after every
-# micro-batch. Each stage below changes one thing about *when* or *how much* is sent, never *what*
-# is computed. The stages in this order, from `simple` up, are the *ladder*; each is a *rung*.
+# micro-batch. Each stage below changes one thing about *when* or *how much* is sent, never the
+# averaged gradients. The stages in this order, from `simple` up, are the *ladder*; each is a *rung*.
 #
 # Each stage from `ga` to `bucket-async` has five parts:
 #
@@ -56,9 +56,9 @@
 # the link's modeled transfers: *link time*, the step's messages' time on the link; *exposed*, the part
 # of it the training thread stood waiting through. A *wait* is one call of a message's `wait()`, which
 # may find it already back; *waited* is the
-# measured time the thread stood still for its messages: the exposed part and any waiting after the
-# link had delivered, which the link does not model. The time the parameters-used check (*the check*; not the
-# checker) *holds* a rank is in neither.
+# measured time the thread stood still for its messages: the exposed part and any *waiting after the
+# link had delivered* (for the other rank, or a core of this shared machine), which the link does not
+# model. The time the parameters-used check (*the check*; not the checker) *holds* a rank is in neither.
 #
 # **Words of this notebook.** `hook` in code type is a stage. A *grad hook* is the function autograd
 # calls when a parameter's gradient is ready (`register_post_accumulate_grad_hook`; `hook` and every
@@ -199,7 +199,6 @@ lesson.claim(
     abs(v["link_ms"] * k - prev["link_ms"]) <= 1e-9 * prev["link_ms"],
     f"So its messages need 1/{k} of simple's time on the link: {v['link_ms']:.0f} ms against {prev['link_ms']:.0f} ms.",
 )
-lesson_03.say_still(("ga", "simple"), looks)
 
 # %% [markdown]
 # What to look for: after the last backward, one burst of messages
@@ -428,8 +427,8 @@ lesson_03.say_exposed_parts(looks, "bucket", "hook")
 # %% [markdown]
 # What to look for: a few wide messages instead of many thin ones. `bucket` takes `hook`'s
 # waiting `_sent`, not `hook-async`'s. One more difference from the idea: the stage sets the counts
-# back in finish, not at the send, after sending any bucket that did not fill (one of its parameters
-# got no gradient), and its `forward` refuses a step while they are not back (`check_finished`).
+# back in finish, not at the send, after sending any bucket that did not fill,
+# and its `forward` refuses a step while they are not back (`check_finished`).
 #
 # ### Your turn: `bucket`
 #
@@ -588,7 +587,7 @@ lesson_03.look_table(looks, checks)
 
 # %% [markdown]
 # The calls and the link time are counted and modeled: the same on every run. Every other column is
-# one step. Waited is exposed plus the waiting after the link had delivered.
+# one step.
 
 # %% [markdown]
 # ## The bucket lesson: what buckets trade
@@ -688,7 +687,7 @@ lesson_03.sweep_table(swept, model, default)
 # ### Links sized with two settings' ratios, at this machine's speed
 #
 # Two ratios matter: one sync's bytes' time and one message's fixed cost, each over one backward.
-# The cell sets α and β so that one backward timed here has both ratios of a setting. Each run below is one profiled step, no
+# The cell sets α and β so that one backward timed here, on 2 ranks, has both ratios of a setting. Each run below is one profiled step, no
 # warm-up. Both settings' ratios are those of SmolLM2-360M
 # (the blog's workload, not run here) as the step-time model rebuilds it (`docs/scaling.md` §5):
 #
@@ -700,7 +699,7 @@ lesson_03.sweep_table(swept, model, default)
 #   with SmolLM2's 32 layers at CPU size, so as many gradient tensors as SmolLM2. Only `hook-async`
 #   and the bucketed rungs run there, one micro-batch a step.
 #
-# The bucketed stages get the blog's 25 MiB (torch's default) scaled by the network's bytes over SmolLM2's.
+# Every bucket, the first too, is capped at 25 MiB scaled by the network's bytes over SmolLM2's.
 
 # %%
 # %%distributed
@@ -775,7 +774,7 @@ lesson_03.say_sized_measures(t4, far, sized_from)
 
 # %%
 # %%distributed
-lesson_03.say_takeaway(looks, t4, far)
+lesson_03.say_takeaway(looks, t4, far, sized_from)
 
 # %%
 # %dist_shutdown

@@ -54,17 +54,6 @@ def say_check(stage: str, on_ranks: list[float], spans: list) -> None:
     say(said)
 
 
-def say_still(stages: tuple[str, str], looks: dict) -> None:
-    """Rank 0's time held at the check and waited in one step of each of ``stages``, kept apart (waited leaves the
-    check out; rank 0's own looks; call on every rank, rank 0 says it)."""
-    parts = {s: (round(looks[s]["check_ms"]), round(looks[s]["waited_ms"])) for s in stages}  # whole ms, as printed
-    a, b = stages
-    say(
-        f"Rank 0 was held at the check {parts[a][0]} ms and waited {parts[a][1]} in {a}, against {parts[b][0]} and "
-        f"{parts[b][1]} in {b}."
-    )
-
-
 def say_slow(stage: str, looks: dict) -> None:
     """A slow pass said, the shared machine's: for ``single``, one forward over twice each of its others (the same
     computation on batches of one size); for a later stage, its first backward, which syncs nothing in any stage,
@@ -111,14 +100,14 @@ def say_speeds(looks: dict) -> None:
 
 
 def say_exposed_parts(looks: dict, stage: str, before: str) -> None:
-    """``stage`` against ``before`` (both waiting for each message as it goes), both measures: exposed, the link time
-    less its part before the thread's waits began, and waited, each in whole ms as :func:`lesson.say_look` prints."""
+    """``stage`` against ``before`` (both waiting for each message as it goes): link time, exposed, waited and its
+    part after the link had delivered, each in whole ms as :func:`lesson.say_look` prints."""
     (link, exposed), (link0, exposed0) = (lesson.link_parts(looks[s]) for s in (stage, before))
     waited, waited0 = (round(looks[s]["waited_ms"]) for s in (stage, before))
+    after, after0 = (lesson.after_delivery_ms(looks[s]) for s in (stage, before))
     say(
-        f"{stage} against {before}: exposed {exposed} against {exposed0} ms (link time {link} against {link0}, less "
-        f"the part before each wait began, {link - exposed} against {link0 - exposed0}); waited {waited} against "
-        f"{waited0}."
+        f"{stage} against {before}: link time {link} against {link0} ms, exposed {exposed} against {exposed0}, "
+        f"waited {waited} against {waited0} (after the link had delivered {after} against {after0})."
     )
 
 
@@ -297,7 +286,7 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
         after = [s for s, r in runs.items() if r["waited_ms"] - r["exposed_ms"] > r["waited_ms"] / 2]
         said = [f"{listed(hid)} exposed none of {'their' if len(hid) > 1 else 'its'} link time"] if hid else []
         said += [f"{listed(most)} over half of it"] if most else []
-        said += [f"waited mostly after the link had delivered: {listed(after)}"] if after else []
+        said += [f"waited mostly after the link had delivered (this machine's): {listed(after)}"] if after else []
         own = [r["backward_ms"] for r in runs.values() if not r["waits_in_backward"]]  # waits would count as backward
         sized = 1e3 * sized_from[name]
         said += [
@@ -306,7 +295,7 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
             "much"
         ]
         say(
-            f"Sized for {name}{', 2 ranks' if runs is t4 else ''}; {what}: "
+            f"Sized for {name}, run on 2 ranks; {what}: "
             + "; ".join(
                 f"{s} {r['link_ms']:.0f}, {r['exposed_ms']:.0f}, {r['waited_ms']:.0f}, {r['backward_ms']:.0f}"
                 for s, r in runs.items()
@@ -320,11 +309,12 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
         )
 
 
-def say_takeaway(looks: dict, t4: dict, far: dict) -> None:
+def say_takeaway(looks: dict, t4: dict, far: dict, sized_from: dict) -> None:
     """The takeaway in words, from the runs, per setting (this notebook's link: ``looks``; the sized links' runs):
-    hook-async's and bucket-async's exposed, waited and last backward less the check (whole ms); where hook-async's
-    backward was the longer; which exposed more where, beside the link after backward of each; and the link time
-    buckets cut. No step time: a step also holds the check and one step's compute, which these parts do not give."""
+    hook-async's and bucket-async's exposed, waited and last backward less the check (whole ms), which of the two was
+    less on each (equal in whole ms: neither), and for a sized link both backwards as multiples of the one it was
+    sized from (``sized_from``, seconds, by setting name). No cause and no step time: a step also holds the check and
+    one step's compute, which these parts do not give."""
     from minddp.costmodel.buckets import on_the_link
 
     here = {
@@ -333,37 +323,28 @@ def say_takeaway(looks: dict, t4: dict, far: dict) -> None:
     }
     settings = {"On 1 Gbit/s": here, "Sized for 4 × T4": t4, "Sized for 1024 ranks": far}
     named = {"backward": "last backward less the check"}
-    gap = {}  # each measure, hook-async's less bucket-async's, in whole ms
     for name, runs in settings.items():
         h, b = runs["hook-async"], runs["bucket-async"]
         measures = {m: (round(h[f"{m}_ms"]), round(b[f"{m}_ms"])) for m in ("exposed", "waited", "backward")}
-        gap[name] = {m: x - y for m, (x, y) in measures.items()}
+        ahead = {"hook-async": [], "bucket-async": [], "neither": []}
+        for m, (x, y) in measures.items():
+            ahead["hook-async" if x < y else "bucket-async" if y < x else "neither"].append(named.get(m, m))
+        sized = ""
+        if runs is not here:
+            s = name.removeprefix("Sized for ")
+            times = [f"{r['backward_ms'] / (1e3 * sized_from[s]):.1f}" for r in (h, b)]
+            sized = f" (2 ranks; backwards {times[0]} and {times[1]} times the one sized from)"
         say(
-            f"{name}, {'hook-async against bucket-async: ' if runs is here else ''}"
+            f"{name}{sized}, hook-async against bucket-async: "
             + ", ".join(
                 f"{named.get(m, m)} {x} against {y}" + (" ms" if m == "exposed" else "")
                 for m, (x, y) in measures.items()
             )
+            + "; lower: "
+            + "; ".join(
+                f"{who}'s {listed(ms)}" if who != "neither" else f"equal {listed(ms)}"
+                for who, ms in ahead.items()
+                if ms
+            )
             + "."
         )
-
-    def where(test) -> str:
-        names = [n[0].lower() + n[1:] for n, g in gap.items() if test(g)]
-        return "in all three settings" if len(names) == len(settings) else listed(names) if names else "nowhere"
-
-    more = [  # who exposed more, where, with each one's link after backward (the most a finish-only wait exposes)
-        f"{who} {n[0].lower()}{n[1:]} (link after backward {r[who]['end_ms']:.1f} against {r[other]['end_ms']:.1f} ms)"
-        for n, r in settings.items()
-        for who, other, sign in (("hook-async", "bucket-async", 1), ("bucket-async", "hook-async", -1))
-        if sign * gap[n]["exposed"] > 0
-    ]
-    say(
-        f"hook-async's backward was the longer {where(lambda g: g['backward'] > 0)}"
-        + (f"; exposed more: {', '.join(more)}" if more else "; neither exposed more anywhere")
-        + "."
-    )
-    cut = {
-        n: 100 * (r["hook-async"]["link_ms"] - r["bucket-async"]["link_ms"]) / r["hook-async"]["link_ms"]
-        for n, r in settings.items()
-    }
-    say("Buckets cut the link time " + ", ".join(f"{pct:.0f} % {n[0].lower()}{n[1:]}" for n, pct in cut.items()) + ".")
