@@ -285,7 +285,7 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
         most = [s for s, r in runs.items() if r["exposed_ms"] > r["link_ms"] / 2]
         after = [s for s, r in runs.items() if r["waited_ms"] - r["exposed_ms"] > r["waited_ms"] / 2]
         said = [f"{listed(hid)} exposed none of {'their' if len(hid) > 1 else 'its'} link time"] if hid else []
-        said += [f"{listed(most)} over half of it"] if most else []
+        said += [f"{listed(most)} exposed over half of {'their' if len(most) > 1 else 'its'} link time"] if most else []
         said += [f"waited mostly after the link had delivered (this machine's): {listed(after)}"] if after else []
         own = [r["backward_ms"] for r in runs.values() if not r["waits_in_backward"]]  # waits would count as backward
         sized = 1e3 * sized_from[name]
