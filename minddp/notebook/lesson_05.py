@@ -122,15 +122,13 @@ def link_table(linked, link) -> pd.DataFrame:
 
 def link_messages(linked, link) -> pd.DataFrame:
     """The link run's messages, per stage (rank 0, one profiled step): how many were handed over, their bytes in
-    all, how many during a backward (:func:`sent_in_backward`) and the stage's link time (:func:`link_ms`,
-    unrounded)."""
+    all and the stage's link time (:func:`link_ms`, unrounded)."""
     sent, nbytes = rank0(linked.buckets), message_bytes(linked)
     stages = rank0(linked.summary)["stage"]
     return pd.DataFrame(
         {
             "messages": sent.groupby("stage").size().reindex(stages).to_numpy(),
             "bytes": nbytes.groupby(sent["stage"]).sum().reindex(stages).to_numpy(),
-            "during a backward": [sent_in_backward(linked, st) for st in stages],
             "link time (ms)": [link_ms(linked, link, st) for st in stages],
         },
         index=pd.Index(stages, name="stage"),
