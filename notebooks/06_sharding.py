@@ -18,7 +18,7 @@
 #
 # Every stage so far keeps a whole copy of the model state on every rank: the parameters, their
 # gradients and the optimizer's state. The three
-# stages here, each a *rung* of the notebooks' ladder, follow ZeRO, the *Zero Redundancy Optimizer*
+# stages here follow ZeRO, the *Zero Redundancy Optimizer*
 # (Rajbhandari et al., 2019, arXiv 1910.02054, "the ZeRO paper"), and FSDP, *Fully Sharded Data
 # Parallel*, PyTorch's version of ZeRO's third stage. On n ranks they cut *parameter tensors* into n
 # *chunks*, one per rank; the chunk a rank updates is its *shard*. Besides the all_reduce they use the
@@ -132,7 +132,7 @@ lesson.say(
 # parameters and their `.grad`s just before the update, optimizer state just after, the activations (the most
 # bytes autograd saved for the backward during one micro-batch's forward, leaving out saved tensors that
 # lie in a parameter's storage or, for fsdp, a gathered unit's), and fsdp's *gathered units* at their
-# peak: the full parameters it has gathered and the chunks its all-gathers receive. Each stage's
+# peak: the full parameters it has gathered and its all-gathers' output buffers. Each stage's
 # measured step is its first, the *memory step*.
 
 # %%
@@ -152,7 +152,7 @@ for name, t in trainees.items():
 # The *memory table* sets each stage's measured model state (parameters + gradients + optimizer state)
 # beside its formula, for `Ψ` float32 parameter values with
 # Adam on n ranks: each value costs 4 bytes of parameter, 4 of gradient and
-# 8 of Adam's two moments, and each rung divides one more of the three among the ranks: DDP `16Ψ`;
+# 8 of Adam's two moments, and each stage after DDP divides one more of the three among the ranks: DDP `16Ψ`;
 # ZeRO-1 (optimizer state) `8Ψ + 8Ψ/n`; ZeRO-2 (and gradients) `4Ψ + 12Ψ/n`; FSDP (and parameters)
 # `16Ψₛ/n + 16Ψᵣ`, where `Ψᵣ` counts the values of the replicated tensors and `Ψₛ = Ψ − Ψᵣ` the rest.
 
@@ -237,7 +237,7 @@ plot(
 )
 held = {r["label"]: r["parameters"] + r["gradients"] + r["optimizer"] for r in measured}
 f32, f16 = memory["fsdp"], memory["fsdp bf16"]
-# the gathered units' peak: the chunks a unit's all-gather receives and the full parameters copied out of them
+# the gathered units' peak: a unit's all-gather output buffer and the full parameters copied out of it
 lesson.claim(
     held["fsdp\ncomputing in bf16"] == held["fsdp"] and 2 * f16["gathered"] == f32["gathered"],
     f"fsdp computing in bf16 keeps fp32 fsdp's model state, {mib(held['fsdp'])} (its fp32 shards are the master "
@@ -472,7 +472,7 @@ lesson.claim(
     + ("exactly" if total["zero2"] == whole else "to within 0.1 %")
     + f" ddp's; zero1 sends {total['zero1'] / 2**20:.2f} MiB, "
     + ("" if total["zero1"] == 3 * one_pass else "to within 0.1 % ")
-    + "1.5 times ddp's.",
+    + "1.5 times.",
 )
 f_sent = rings["fsdp"]["sent"]
 passes = f_sent["all_gather"] / one_pass  # what a rank sent gathering units, in passes of the whole model
@@ -482,7 +482,19 @@ lesson.claim(
     total["fsdp"] <= fsdp_most and passes < 2 * accum,
     f"fsdp sent {f_sent['all_gather'] / 2**20:.2f} MiB gathering its units: {passes:.2f} passes of the model, "
     f"under the bound's {2 * accum}. In all it sent {total['fsdp'] / 2**20:.2f} MiB a step, "
-    f"{total['fsdp'] / whole:.1f} times ddp's, within the bound's {mib(fsdp_most)}.",
+    f"within the bound's {mib(fsdp_most)}.",
+)
+state = table["model state MiB"]  # the memory table's, at the update
+lesson.say(
+    "Against ddp, model state kept for bytes sent: "
+    + ", ".join(f"{s} {100 * state[s] / state['ddp']:.0f} % for {total[s] / whole:.1f} times" for s in STAGES[1:])
+    + (
+        "; zero2 keeps less than zero1 and sends less"
+        if state["zero2"] < state["zero1"] and total["zero2"] < total["zero1"]
+        else ""
+    )
+    + f"; fsdp keeps {state['zero2'] - state['fsdp']:.2f} MiB less than zero2 "
+    + f"for {(total['fsdp'] - total['zero2']) / 2**20:.2f} MiB more sent."
 )
 on_wire.round(2)
 
@@ -531,7 +543,7 @@ unit = fsdp.units[0]  # the units are all one size (the claim checks it)
 unit_bytes = sum(unit.numels) * 4  # its full fp32 parameters
 idle = gathered_bytes(fsdp)  # between steps: nothing gathered, nothing prefetched
 fsdp._start_gather(unit)  # this unit alone, gathered as a forward does
-received = unit.gathering[0].untyped_storage().nbytes()  # the block its all-gather receives into
+received = unit.gathering[0].untyped_storage().nbytes()  # the all-gather's output buffer
 fsdp._gather(unit)  # wait, then copy out into full parameters, storages of their own
 full_unit = sum(t.untyped_storage().nbytes() for t in unit.full)
 fsdp._free(unit)
@@ -543,8 +555,8 @@ lesson.claim(
     and len({sum(u.numels) for u in fsdp.units}) == 1
     and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, full_unit))
     and received + full_unit == peak,
-    f"fsdp's gathered units peak at {mib(peak)} in the memory step: as many bytes as the chunks a unit's "
-    f"all-gather receives and the full parameters copied out of them, each "
+    f"fsdp's gathered units peak at {mib(peak)} in the memory step: a unit's all-gather output "
+    f"buffer and the full parameters copied out of it, each "
     + ("exactly" if received == full_unit == unit_bytes else "to within 0.1 %")
     + f" the unit's {mib(unit_bytes)}.",
 )
@@ -560,7 +572,7 @@ lesson.claim(
 )
 
 # %% [markdown]
-# ## Where each rung hands its collectives over
+# ## Where each stage hands its collectives over
 #
 # The figure draws, for each stage, the step its gloo look recorded: its phases in order, each the same
 # width, and a mark for each gradient collective (black) and each all-gather of parameters (brown), in the
@@ -574,16 +586,9 @@ lesson.claim(
 
 # %%
 # %%rank 0
-lesson.handed_picture(looks, STAGES, title="ddp and the sharded rungs on gloo, one step each (rank 0)")
-lesson.claim(
-    all(
-        len(looks[s]["handed"]["calls"]) == looks[s]["calls"]
-        and len(looks[s]["handed"]["gathers"]) == looks[s]["gathers"]
-        for s in STAGES
-    ),
-    "Each row marks every gradient collective + all-gather of parameters its look counted: "
-    + ", ".join(f"{s} {looks[s]['calls']} + {looks[s]['gathers']}" for s in STAGES)
-    + ".",
+lesson.handed_picture(looks, STAGES, title="The four stages on gloo, one step each (rank 0)")
+assert all(  # each row marks every gradient collective and all-gather of parameters its look counted
+    len(looks[s]["handed"][k]) == looks[s][k] for s in STAGES for k in ("calls", "gathers")
 )
 # where each is handed over is the code's, whatever the load: zero1 all-gathers in step() (the update), zero2 in
 # its first forward (which needs the updated parameters); every stage syncs once a step, in the last backward
@@ -602,7 +607,7 @@ lesson.claim(
 )
 
 # %% [markdown]
-# ## The same training, whatever the rung
+# ## The same training, whatever the stage
 #
 # Sharding changes what each rank keeps, not the results. The cell compares each sharded stage's
 # parameters with `ddp`'s after the same steps (`full_parameters()` gathers zero2's and fsdp's from the
@@ -630,12 +635,11 @@ lesson.say(
 )
 
 # %% [markdown]
-# ## Each rung's bytes at three moments
+# ## Each stage's bytes at three moments
 #
 # Each *held* sum adds up rank 0's model state at one moment, activations aside (a claim adds them), and, for a
-# stage gathering then, its *all-gather buffers* (what its all-gathers send from and receive into at
+# stage gathering then, its *all-gather buffers* (the input and output tensors of its all-gathers at
 # once, planned by `all_gather_buffer_bytes`, not measured) and fsdp's *full unit* (the parameters copied out).
-# While gathering, zero1 and zero2 hold more than ddp, fsdp less.
 
 # %%
 # %%rank 0
@@ -670,16 +674,16 @@ sharded = {"zero1": trainees["zero1"].optimizer} | {s: trainees[s].model for s i
 sends = {s: sum(sharded[s].gather_block(b) * 4 for b in sharded[s].buckets) for s in ("zero1", "zero2")}
 sends["fsdp"] = sharded["fsdp"].gather_block(unit) * 4  # this rank's fp32 shards of a unit, padded, copied together
 recv = {s: buffers[s] - sends[s] for s in sends}
-# zero1 and zero2 receive every bucket (the whole model, padded: under 0.1 % over); fsdp one unit, measured above
+# zero1's and zero2's output buffers hold every bucket (the whole model, padded: under 0.1 % over); fsdp's one unit
 lesson.claim(
     all(buffers[s] == (world + 1) * sends[s] for s in sends)
     and all(abs(recv[s] - model_bytes) < 1e-3 * model_bytes for s in ("zero1", "zero2"))
     and recv["fsdp"] == received
     and extra["fsdp"] == peak + sends["fsdp"],
-    "All-gather buffers, received + sent: "
+    "All-gather buffers, output + input: "
     + ", ".join(f"{s} {buffers[s] / 2**20:.2f} = {recv[s] / 2**20:.2f} + {sends[s] / 2**20:.2f}" for s in sends)
     + f" (all buckets; fsdp: one unit). fsdp's two columns, {mib(extra['fsdp'])}, are its gathered units' peak, "
-    f"{peak / 2**20:.2f}, plus the {sends['fsdp'] / 2**20:.2f} sent, which the Probe leaves out.",
+    f"{peak / 2**20:.2f}, plus its {sends['fsdp'] / 2**20:.2f} input buffer, which the Probe leaves out.",
 )
 act = {s: memory[s]["activations"] for s in STAGES}
 first, later = list(MOMENTS)[1:]
@@ -696,10 +700,17 @@ lesson.claim(
     len(set(act.values())) == 1
     and all(with_act[s] > max(held_at[m][s] for m in MOMENTS) for s in STAGES)
     and max(with_act, key=with_act.get) == "ddp",
-    f"No rung shards activations: adding one forward's, {mib(act['ddp'])}, to the held sums {later} gives each "
+    f"No stage shards activations: adding one forward's, {mib(act['ddp'])}, to the held sums {later} gives each "
     "stage more than any held sum of its own: "
     + ", ".join(f"{s} {with_act[s] / 2**20:.2f}" for s in sorted(STAGES, key=with_act.get, reverse=True))
     + " MiB.",
+)
+fsdp_most_held, at_update = max(held_at[m]["fsdp"] for m in MOMENTS), held_at["at the update"]
+lesson.say(
+    f"fsdp keeps {100 * at_update['fsdp'] / at_update['ddp']:.0f} % of ddp's model state but, with activations, "
+    f"{100 * with_act['fsdp'] / with_act['ddp']:.0f} % of ddp's sum with them: one forward's activations are "
+    + ("more" if act["fsdp"] > fsdp_most_held else "less")
+    + f" than fsdp's largest held sum, {mib(fsdp_most_held)}."
 )
 (trade / 2**20).round(2)
 

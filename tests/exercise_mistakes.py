@@ -1104,6 +1104,16 @@ def _halves_copied_from_input(tensor, group):
     tensor.copy_(padded[: flat.numel()].view_as(tensor))
 
 
+def _halves_copied_back_unpadded(tensor, group):
+    """Sums the padded tensor right, then copies back ``flat`` (a view of ``tensor``), believing F.pad padded it in
+    place: the tensor gets its own values back."""
+    flat, padded, n = _padded(tensor, group)
+    piece = padded.new_empty(padded.numel() // n)
+    reduce_scatter_single(piece, padded, group=group)
+    all_gather_single(padded, piece, group=group)
+    tensor.copy_(flat.view_as(tensor))
+
+
 def _halves_world_without_group(tensor, group):
     """The model answer, but the world size asked without the group: ``dist.get_world_size()``."""
     n = dist.get_world_size()
@@ -1286,6 +1296,7 @@ HalvesAssignedBackFlat = _halves_with("HalvesAssignedBackFlat", _halves_assigned
 HalvesPaddedUnflattened = _halves_with("HalvesPaddedUnflattened", _halves_padded_unflattened)
 HalvesPaddedUnflattenedUnshaped = _halves_with("HalvesPaddedUnflattenedUnshaped", _halves_padded_unflattened_unshaped)
 HalvesCopiedBackTransposed = _halves_with("HalvesCopiedBackTransposed", _halves_copied_back_transposed)
+HalvesCopiedBackUnpadded = _halves_with("HalvesCopiedBackUnpadded", _halves_copied_back_unpadded)
 HalvesCopiedFromInput = _halves_with("HalvesCopiedFromInput", _halves_copied_from_input)
 HalvesWorldWithoutGroup = _halves_with("HalvesWorldWithoutGroup", _halves_world_without_group)
 HalvesWorldImported = _halves_with("HalvesWorldImported", _halves_world_imported)

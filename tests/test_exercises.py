@@ -359,6 +359,8 @@ MISTAKES = [
     ),
     # notebook 06's transport: the hook has divided already, and the tensor handed over is what must hold the sum
     (wrong.HalvesNotWrittenBack, "halves", "left the sum out of the tensor it was handed; write it into that tensor"),
+    # flat (a view of tensor) copied back, not padded: the tensor's own values, named as such, not as no write-back
+    (wrong.HalvesCopiedBackUnpadded, "halves", "copied into tensor values from tensor's own storage (flat, a view"),
     (wrong.HalvesRebound, "halves", "rebinding the name or returning the sum does not reach the caller"),
     (wrong.HalvesAveraged, "halves", "allreduce_hook divides each bucket before it hands it to your transport"),
     # the same division made by the collective: named as its op (on a torch whose gloo refuses AVG, as its refusal)

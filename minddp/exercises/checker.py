@@ -1043,6 +1043,13 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             "it was handed was not that tensor (the padded input still holds this rank's own values): copy the "
             f"all-gather's output, without its padding, into tensor{at}"
         )
+    if f["kind"] == "unsummed" and f.get("copied_own") and like in TRANSPORT_MESSAGES:
+        return (
+            f"the buckets came back divided by the world size but not summed over ranks ({names}): your transport "
+            "(my_all_reduce) copied into tensor values from tensor's own storage (flat, a view of it): F.pad returns "
+            "a new tensor, padded, and the sum is there: copy padded, without its padding, into tensor"
+            f"{at}"
+        )
     if f["kind"] == "sent_early" and like in ("hook", "hook-async"):  # no bucket here: a tensor hook synced .grad
         return (
             f"gradients were synced before the last micro-batch was added into them ({names}): they were averaged as "

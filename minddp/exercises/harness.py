@@ -380,6 +380,10 @@ class Events(TorchDispatchMode):
         #: data pointer): where the sum then is, the tensor it copies back from must be
         self.gathered_apart = False
         self.scattered: int | None = None
+        #: a transport copied into the tensor it was handed from that tensor's own storage (``flat``, a view of it,
+        #: not ``padded``, the new tensor ``F.pad`` returned): its own values back, the sum left where it was gathered
+        self.copied_own = False
+        self._handed_storage: int | None = None
         #: a transport all-gathered before its reduce-scatter: it spread pieces not yet summed, then summed those
         self.gathered_first = False
         #: (end padded, length handed, padded length) where a transport padded a tensor at one end and cut the
@@ -414,6 +418,11 @@ class Events(TorchDispatchMode):
             self._note("launch", kind)
         elif str(func) == POINT_TO_POINT:
             self._note("p2p", None)
+        if self.handed is not None and str(func) == "aten.copy_.default" and self._handed_storage is not None:
+            own = [
+                isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == self._handed_storage for t in args[:2]
+            ]
+            self.copied_own = self.copied_own or all(own)
         if counted and self.handed is not None:  # inside a transport: the order of its two calls
             self._gathered_here = self._gathered_here or (kind == "all_gather" and not self._scattered_here)
             self._scattered_here = self._scattered_here or kind == "reduce_scatter"
@@ -508,6 +517,7 @@ class Events(TorchDispatchMode):
         self.handed = tensor.numel() if isinstance(tensor, torch.Tensor) else None
         self.handed_shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else None
         self._handed_values = tensor.detach().reshape(-1).clone() if isinstance(tensor, torch.Tensor) else None
+        self._handed_storage = tensor.untyped_storage().data_ptr() if isinstance(tensor, torch.Tensor) else None
         self._scatter_input = self._gather_output = None
         self._gathered_here = self._scattered_here = False
         self.scattered_shape = None
@@ -837,6 +847,7 @@ def run_step(
     summary["grads_sent"] = list(events.grads_sent)
     summary["averaged"] = events.averaged
     summary["gathered_apart"] = events.gathered_apart
+    summary["copied_own"] = events.copied_own
     summary["gathered_first"] = events.gathered_first
     summary["pad_misplaced"] = events.pad_misplaced
     progress.phase = f"stepping the optimizer in step {step}"
@@ -1323,6 +1334,8 @@ def gradient_finding(everyone: list[dict], step: int, record: dict, local, avera
         finding["op_avg"] = True
     if main == "unsummed" and record.get("gathered_apart"):  # the sum was gathered, elsewhere than copied from
         finding["gathered_apart"] = True
+    if main == "unsummed" and record.get("copied_own"):  # the tensor's own values copied back into it
+        finding["copied_own"] = True
     if record.get("gathered_first"):  # whatever the gradients look like: the two calls in the wrong order
         finding["gathered_first"] = True
     if record.get("pad_misplaced"):  # padded at one end, cut at the other: the sum shifted by the padding
