@@ -1036,19 +1036,18 @@ def _stage_finding(f: dict, report: dict, like: str | None = None) -> str:
             f"gradients were divided by the world size twice ({names}): your transport passed op=ReduceOp.AVG to "
             f"its reduce-scatter, which divides the sum, and {HOOK_DIVIDED}{at}"
         )
+    unsummed = f"the buckets came back divided by the world size but not summed over ranks ({names}): your transport"
     if f["kind"] == "unsummed" and f.get("gathered_apart") and like in TRANSPORT_MESSAGES:
         return (
-            f"the buckets came back divided by the world size but not summed over ranks ({names}): your transport "
-            "(my_all_reduce) all-gathered the pieces of the sum into a new tensor, and what it copied into the tensor "
-            "it was handed was not that tensor (the padded input still holds this rank's own values): copy the "
-            f"all-gather's output, without its padding, into tensor{at}"
+            f"{unsummed} (my_all_reduce) all-gathered the pieces of the sum into a new tensor, and what it copied into "
+            "the tensor it was handed was not that tensor (the padded input still holds this rank's own values): copy "
+            f"the all-gather's output, without its padding, into tensor{at}"
         )
     if f["kind"] == "unsummed" and f.get("copied_own") and like in TRANSPORT_MESSAGES:
         return (
-            f"the buckets came back divided by the world size but not summed over ranks ({names}): your transport "
-            "(my_all_reduce) copied into tensor values from tensor's own storage (flat, a view of it): F.pad returns "
-            "a new tensor, padded, and the sum is there: copy padded, without its padding, into tensor"
-            f"{at}"
+            f"{unsummed} (my_all_reduce) copied into tensor values from tensor's own storage (flat, a view of it): "
+            "F.pad returns a new tensor, padded, and the sum is there: copy padded, without its padding, into "
+            f"tensor{at}"
         )
     if f["kind"] == "sent_early" and like in ("hook", "hook-async"):  # no bucket here: a tensor hook synced .grad
         return (
