@@ -285,7 +285,9 @@ def test_ranks_frozen_and_killed_in_the_middle_of_a_message_hold_up_nobody_and_l
         world_size=3,
         hang_s=HANG_S,
         restart=False,
-        full_world_at=(2,),  # both faults meet a full world
+        # step 0 waits for every slot (however slowly one starts), so steps 0 and 1 are trained by all three; both
+        # faults then meet a full world
+        full_world_at=(0, 2),
         run_timeout_s=180,
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2"]  # each sent half a message, then ended
