@@ -199,10 +199,8 @@ on_link = lesson_05.link_table(linked, link)
 display(on_link)
 exposed = on_link["exposed (ms)"]
 blk = exposed[["simple", "ga", "hook", "bucket"]]
-lesson.claim(
-    max(exposed["hook-async"], exposed["bucket-async"]) < blk.min(),
-    "Exposed: hook-async and bucket-async below every blocking stage.",
-)
+below = max(exposed["hook-async"], exposed["bucket-async"]) < blk.min()  # one profiled step each: said, not claimed
+lesson.say(f"Exposed: hook-async and bucket-async {'below' if below else 'not both below'} every blocking stage.")
 per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, link time (ms)
 sends, ms, nbytes = per["messages"], per["link time (ms)"], per["bytes"]
 n = int(linked.summary["rank"].nunique())
