@@ -237,7 +237,6 @@ plot(
 )
 held = {r["label"]: r["parameters"] + r["gradients"] + r["optimizer"] for r in measured}
 f32, f16 = memory["fsdp"], memory["fsdp bf16"]
-# the gathered units' peak: a unit's all-gather output buffer and the full parameters copied out of it
 lesson.claim(
     held["fsdp\ncomputing in bf16"] == held["fsdp"] and 2 * f16["gathered"] == f32["gathered"],
     f"fsdp computing in bf16 keeps fp32 fsdp's model state, {mib(held['fsdp'])} (its fp32 shards are the master "
@@ -486,15 +485,15 @@ lesson.claim(
 )
 state = table["model state MiB"]  # the memory table's, at the update
 lesson.say(
-    "Against ddp, model state kept for bytes sent: "
+    "Against ddp, model state at the update for bytes sent: "
     + ", ".join(f"{s} {100 * state[s] / state['ddp']:.0f} % for {total[s] / whole:.1f} times" for s in STAGES[1:])
     + (
-        "; zero2 keeps less than zero1 and sends less"
+        "; zero2 keeps less than zero1 at the update and sends less"
         if state["zero2"] < state["zero1"] and total["zero2"] < total["zero1"]
         else ""
     )
-    + f"; fsdp keeps {state['zero2'] - state['fsdp']:.2f} MiB less than zero2 "
-    + f"for {(total['fsdp'] - total['zero2']) / 2**20:.2f} MiB more sent."
+    + ("; fsdp keeps the least and sends the most" if state.idxmin() == max(total, key=total.get) == "fsdp" else "")
+    + "."
 )
 on_wire.round(2)
 
@@ -555,10 +554,9 @@ lesson.claim(
     and len({sum(u.numels) for u in fsdp.units}) == 1
     and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, full_unit))
     and received + full_unit == peak,
-    f"fsdp's gathered units peak at {mib(peak)} in the memory step: a unit's all-gather output "
-    f"buffer and the full parameters copied out of it, each "
+    f"fsdp's gathered units peak at {mib(peak)} in the memory step: two units' bytes, a unit being "
     + ("exactly" if received == full_unit == unit_bytes else "to within 0.1 %")
-    + f" the unit's {mib(unit_bytes)}.",
+    + f" {mib(unit_bytes)} as all-gather output or as full parameters.",
 )
 f = looks["fsdp"]
 lesson.claim(
@@ -637,7 +635,7 @@ lesson.say(
 # %% [markdown]
 # ## Each stage's bytes at three moments
 #
-# Each *held* sum adds up rank 0's model state at one moment, activations aside (a claim adds them), and, for a
+# Each *held* sum adds up rank 0's model state at one moment, activations aside, and, for a
 # stage gathering then, its *all-gather buffers* (the input and output tensors of its all-gathers at
 # once, planned by `all_gather_buffer_bytes`, not measured) and fsdp's *full unit* (the parameters copied out).
 
@@ -678,39 +676,38 @@ recv = {s: buffers[s] - sends[s] for s in sends}
 lesson.claim(
     all(buffers[s] == (world + 1) * sends[s] for s in sends)
     and all(abs(recv[s] - model_bytes) < 1e-3 * model_bytes for s in ("zero1", "zero2"))
-    and recv["fsdp"] == received
-    and extra["fsdp"] == peak + sends["fsdp"],
+    and recv["fsdp"] == received,
     "All-gather buffers, output + input: "
     + ", ".join(f"{s} {buffers[s] / 2**20:.2f} = {recv[s] / 2**20:.2f} + {sends[s] / 2**20:.2f}" for s in sends)
-    + f" (all buckets; fsdp: one unit). fsdp's two columns, {mib(extra['fsdp'])}, are its gathered units' peak, "
-    f"{peak / 2**20:.2f}, plus its {sends['fsdp'] / 2**20:.2f} input buffer, which the Probe leaves out.",
+    + " (all buckets; fsdp: one unit).",
 )
 act = {s: memory[s]["activations"] for s in STAGES}
-first, later = list(MOMENTS)[1:]
+first = list(MOMENTS)[1]
 more = {s: [m for m in MOMENTS if held_at[m][s] > held_at[m]["ddp"]] for s in STAGES[1:]}
 over = {s: held_at[m][s] - held_at[m]["ddp"] for s in more for m in more[s]}
 lesson.claim(
-    more == {"zero1": ["at the update"], "zero2": [first], "fsdp": []} and all(0 < over[s] < buffers[s] for s in over),
+    more == {"zero1": ["at the update"], "zero2": [first], "fsdp": []}
+    and all(0 < over[s] < buffers[s] for s in over)
+    and held_at["at the update"]["zero2"] < held_at["at the update"]["zero1"]
+    and held_at[first]["zero2"] > held_at[first]["zero1"],
     f"Against ddp's held sum at the same moment, zero1's is {mib(over['zero1'])} more at the update and zero2's "
     f"{mib(over['zero2'])} more {first}, each less than its planned all-gather buffers; fsdp's is less at every "
-    "moment.",
+    f"moment. zero2's is under zero1's at the update, over it {first}.",
 )
-with_act = {s: held_at[later][s] + act[s] for s in STAGES}  # one forward's saved tensors, held by its end
+# all held at the end of a later micro-batch's forward: the model state, one forward's saved tensors, and fsdp's
+# last unit, kept gathered for the backward (part 3)
+end_fwd = {s: kept[s] + between[s] + act[s] + full_by[s] for s in STAGES}
 lesson.claim(
-    len(set(act.values())) == 1
-    and all(with_act[s] > max(held_at[m][s] for m in MOMENTS) for s in STAGES)
-    and max(with_act, key=with_act.get) == "ddp",
-    f"No stage shards activations: adding one forward's, {mib(act['ddp'])}, to the held sums {later} gives each "
-    "stage more than any held sum of its own: "
-    + ", ".join(f"{s} {with_act[s] / 2**20:.2f}" for s in sorted(STAGES, key=with_act.get, reverse=True))
+    len(set(act.values())) == 1,
+    f"No stage shards activations: each saves {mib(act['ddp'])} a forward. At the end of a later micro-batch's "
+    "forward, model state, activations and fsdp's last unit (kept gathered) come to "
+    + ", ".join(f"{s} {end_fwd[s] / 2**20:.2f}" for s in sorted(STAGES, key=end_fwd.get, reverse=True))
     + " MiB.",
 )
-fsdp_most_held, at_update = max(held_at[m]["fsdp"] for m in MOMENTS), held_at["at the update"]
 lesson.say(
-    f"fsdp keeps {100 * at_update['fsdp'] / at_update['ddp']:.0f} % of ddp's model state but, with activations, "
-    f"{100 * with_act['fsdp'] / with_act['ddp']:.0f} % of ddp's sum with them: one forward's activations are "
-    + ("more" if act["fsdp"] > fsdp_most_held else "less")
-    + f" than fsdp's largest held sum, {mib(fsdp_most_held)}."
+    f"fsdp's sum there is {100 * end_fwd['fsdp'] / end_fwd['ddp']:.0f} % of ddp's, though its model state at the "
+    f"update is {100 * state['fsdp'] / state['ddp']:.0f} % of ddp's: activations are "
+    f"{100 * act['fsdp'] / end_fwd['fsdp']:.0f} % of fsdp's sum."
 )
 (trade / 2**20).round(2)
 
