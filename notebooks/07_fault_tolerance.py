@@ -30,8 +30,7 @@
 #    quorum, and whenever the members changed or the last attempt was discarded (a group that saw a
 #    failure may be broken);
 # 3. a process that comes back is **healed**: it receives the trained state from a peer, over the group,
-#    no file (the parameters, the optimizer's state, the count of steps committed), before DDP's wrapper is
-#    built, since the wrapper broadcasts the group's first member's parameters, which may be the fresh ones;
+#    no file (the parameters, the optimizer's state, the count of steps committed);
 # 4. **the work** (`work` below): the members split the step's global batch among themselves (the exercise
 #    below);
 # 5. **should_commit**: the members vote yes or no; the attempt is committed if every member voted yes, else
@@ -71,7 +70,7 @@ lesson_07.print_phase_lines()
 #   launcher ends its process; never the last process holding the trained state), its process has finished
 #   its last step, or the launcher has recorded its exit;
 # * `full_world_at=(9,)`: step 9's first quorum waits for all three slots, so steps are left when slot 1's new
-#   process asks (without it the survivors finish first and nothing rejoins);
+#   process asks;
 # * `restart_after_steps=1`: the launcher starts a killed slot again only after a step was committed
 #   without it, or at once when every slot is down;
 # * `digests=True`: each member records a sha256 of its parameters and optimizer state just before each
@@ -200,18 +199,18 @@ lesson.claim(
 # `shard(batch, rank, world)`. After a process is lost the survivors must train its rows too. Write that
 # split: given the step's batch `(x, y)` (one row of `x` per example, its target in `y`), return this
 # rank's rows, `(x[rows], y[rows])`, so that each of the batch's B rows goes to exactly one of the `world`
-# ranks and no rank takes more than ceil(B / world), whatever
-# `world` and B are. Split by the `rank` and `world` you are given: the checker refuses a split whose code
-# reads `dist.get_rank()`, `dist.get_world_size()` or the environment (the launcher's `RANK` is the slot).
+# ranks and no rank takes more than ceil(B / world), whatever `world` and B are. Split by the `rank` and
+# `world` you are given: the checker refuses a split whose code reads `dist.get_rank()`,
+# `dist.get_world_size()` or the environment (the launcher's `RANK` is the slot).
 #
 # `check_shard` first calls your function twice, in this process, for each rank of worlds 3, 2 and 1 on a
-# 10-row batch, and names the first mistake: an exception, a return other than `(x[rows], y[rows])` as they are,
-# two calls that disagree, or, where each row went to one rank, a busiest rank with more than ceil(B / world) rows.
-# Then it trains it on the `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3) and compares
-# the parameters with a single process trained on each step's whole batch; where they differ by more than the
-# **tolerance**, 1e-4 times (1 + the single process's largest absolute parameter value), it names the rows no
-# rank trained, or two did, and at which world. Where they match, it checks both rules on batches of 1 to 12
-# rows at worlds 3, 2 and 1.
+# 10-row batch, and names the first mistake: an exception, a return other than `(x[rows], y[rows])`, two calls
+# that disagree, or, where each row went to one rank, a rank with more than ceil(B / world) rows. Then it trains
+# a model of its own with it, by SGD (not `ToyTask`'s AdamW), on the `ft` rung (3 slots through `kill@2:1`: the
+# world goes 3 → 2 → 3) and compares the parameters with a single process trained the same way on each step's
+# whole batch; where they differ by more than the **tolerance**, 1e-4 times (1 + the single process's largest
+# absolute parameter value), it names the rows no rank trained, or two did, and at which world. Where they
+# match, it checks both rules on batches of 1 to 12 rows at worlds 3, 2 and 1.
 
 # %%
 from minddp.exercises import check_shard
@@ -252,9 +251,10 @@ show_source(solutions.ft_shard)
 # <details><summary>1. A frozen process</summary>
 #
 # Unlike a killed process, a frozen one (`SIGSTOP`) keeps its sockets open and says nothing: its peers'
-# all_reduce fails at the group's timeout (`hang_s`), and the next quorum waits until the lighthouse evicts
-# it as silent: predict the hang bound plus the rest of a recovery (the discard, the quorum, the step tried
-# again); halving `hang_s` shortens the recovery by about the half removed.
+# all_reduce fails at the group's timeout, and the next quorum waits until the lighthouse evicts it as silent.
+# The run sets both timers to `hang_s`, so it cannot tell which one bounds the recovery: predict `hang_s` plus
+# the rest of a recovery (the discard, the quorum, the step tried again); halving `hang_s` shortens it by about
+# the half removed.
 #
 # </details>
 #
@@ -289,6 +289,8 @@ for bound in (2.0, 1.0):
     when = (
         f"evicted at {', '.join(str(lesson_07.ms(t)) for t in evicted[bound])} ms" if evicted[bound] else "not evicted"
     )
+    early = evicted[bound] and lesson_07.ms(evicted[bound][0]) < lesson_07.ms(bound)  # under the bound after the freeze
+    when += ", under the bound: silent since before the freeze" if early else ""
     print(f"hang_s = {bound:g} s: recovery {lesson_07.ms(o.recovery_s)} ms; slot {o.fault.slot} {when}")
     for slot, error in stopped.errors(4)[:1]:  # the first error caught
         print(f"  slot {slot}, step 4: {error}")
@@ -328,8 +330,8 @@ _, newest, _, _, asked = lost[0]
 again = sorted(e[1] for e in events if e[0] == "restarted")
 lesson.claim(
     again == [0, 1, 2] and asked == 0,
-    f"the launcher started slots 0, 1 and 2 again; asked for step {asked}, the lighthouse reported step {newest - 1}'s"
-    " state lost: the run stopped",
+    f"the launcher started slots 0, 1 and 2 again; asked for step {asked}, the lighthouse reported the {newest} committed"
+    " steps' state lost: the run stopped",
 )
 
 
@@ -344,7 +346,7 @@ def fixed_at_world_3(batch, rank, world):
     return x[lo:hi], y[lo:hi]
 
 
-answer, fixed = check_shards([solutions.ft_shard, fixed_at_world_3])  # one run, a copy of the model each
+answer, fixed = check_shards([solutions.ft_shard, fixed_at_world_3])  # one run, a model of its own each
 print("the exercise's model answer:", answer)
 assert answer.ok, "the checker refused the model answer"
 print("question 3's split:", fixed)

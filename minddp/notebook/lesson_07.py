@@ -34,7 +34,6 @@ RUNG_LINES = [
 ]
 #: the same, in the lighthouse (:class:`Lighthouse`)
 LIGHTHOUSE_LINES = [
-    ("phase 1", "form_quorum", "live = {slot for slot in self.slots"),
     ("phase 1", "form_quorum", "if not live <= set(asking)"),
     ("phase 1", "form_quorum", 'step = max(r["step"]'),
     ("phase 2", "form_quorum", "if members != self.members or self.dirty"),
@@ -70,12 +69,12 @@ def _parts(run, o) -> tuple[int, int, int]:
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms after the fault, as its moments in the order they came: the kill's exit
-    recorded by the launcher, the attempt discarded, the next quorum's members all asked, that quorum, the commit;
+    recorded by the launcher, the attempt discarded, the last request that quorum answered, that quorum, the commit;
     then which of the exit record and the last request the quorum came after; and whether either lasted the hang
     bound."""
     for o in (kill, raised):
         asked, came_ms, to_commit = _parts(run, o)
-        moments = [(asked, "members all asked"), (asked + came_ms, "next quorum")]
+        moments = [(asked, "last request"), (asked + came_ms, "next quorum")]
         if o.discard_s is not None:
             moments.append((ms(o.discard_s), "attempt discarded"))
         exit_ = None if o.exit_s is None else ms(o.exit_s)
@@ -100,10 +99,10 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     """For a kill ``o``: the rejoin, split in the parts that add up to it, each with its share of the rejoin: until
-    the launcher started the slot's new process; from then to that process's first quorum request; from that request
-    to the quorum; and the rejoin as a multiple of the kill's recovery.
+    the launcher started the slot's new process; that process starting up, to its first quorum request; from that
+    request to the quorum; and the rejoin as a multiple of the kill's recovery.
     Then how long the survivors trained nothing before that quorum (and whether the run's ``full_world_at`` kept it
-    for the slot, with their pace a step), and the heal: its time and the bytes it received."""
+    for the slot), and the heal: its time, the bytes it received, and its share of the new process's start-up."""
     slot, step = o.fault.slot, o.fault.step
     others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
     last_step, last = o.last_commit
@@ -115,7 +114,10 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
 
     parts = [
         (start, "until the launcher started the new process"),
-        (startup, "from then to its first quorum request"),
+        (
+            startup,
+            "the new process starting up (imports, connection, model and optimizer), to its first quorum request",
+        ),
         (rejoin - asked, "from that request to the quorum"),
     ]
     print(
@@ -129,17 +131,7 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     idle = rejoin - ms(last)
     # they had committed the step before the new process asked: the scripted quorum waited for it
     held = o.healed_at in full_world_at and ms(last) < asked
-    why = f", which full_world_at held for slot {slot}" if held else ""
-    left = max(e["step"] for _, _, e in run.entries) - last_step  # steps after the survivors' last, to the run's end
-    if held and last_step > step and left:
-        # ms a step over the steps after the fault's, from the printed whole ms; 3 places print it exactly for up to
-        # 8 steps (no half-even rounding for a reader's rebuilt value to disagree with)
-        pace = round((ms(last) - ms(o.recovery_s)) / (last_step - step), 3)
-        if ms(last) + left * pace < asked:
-            why += (
-                f": at {pace:g} ms a step (steps {step + 1}-{last_step}), the {left} steps left would have ended "
-                "before it asked"
-            )
+    why = f": full_world_at held it for slot {slot}" if held else ""
     print(
         f"{survivors}: committed {steps} at world {len(others)} by {ms(last)} ms after the kill, then trained nothing "
         f"for {idle} ms, until step {o.healed_at}'s quorum{why}"
@@ -148,7 +140,8 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     if healing is not None:
         print(
             f"then {ms(healing)} ms from that quorum to its work, the heal's "
-            f"{run.results[slot]['healed_bytes']:,} bytes from a peer included"
+            f"{run.results[slot]['healed_bytes']:,} bytes from a peer included: "
+            + (f"{ms(healing) / startup:.0%} of that start-up" if startup > 0 else "the start-up took no whole ms")
         )
 
 
