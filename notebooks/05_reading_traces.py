@@ -16,7 +16,7 @@
 # %% [markdown]
 # # 05 · Reading traces
 #
-# Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev). This notebook profiles
+# Each rank can record a profiler trace of its steps. This notebook profiles
 # one step of each stage of the DDP ladder that keeps a whole replica on every rank (`03_build_up`: `simple` to
 # `bucket-async`, and `ddp`; the sharded rungs are in `06_sharding`), torch's DDP and `single` (no wrapper: each
 # rank trains on its own examples and never communicates), with gloo over the machine's loopback interface. It reads the traces with `minddp.analysis` the way the
@@ -56,7 +56,6 @@ dist.barrier()
 blog = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 for stage in blog:
     lesson.Trainee(stage, link="1gbit").profile(LINKED, steps=1)
-lesson.say(lesson.machine(link="in the link run"))
 
 # %%
 # %dist_shutdown
@@ -67,8 +66,8 @@ lesson.say(lesson.machine(link="in the link run"))
 # Every table and figure below shows rank 0's trace. Terms first:
 #
 # * the *finish*: minddp's `finish_gradient_synchronization()`, which the training loop calls after every
-#   backward (torch's DDP has none); a step runs several *micro-batches*, a forward and a backward each, before
-#   one optimizer step. `simple` syncs in the finish after every micro-batch, `ga` once a step;
+#   backward; a step runs several *micro-batches*, a forward and a backward each, before
+#   one optimizer step. `simple` syncs in the finish after every micro-batch, `ga` (gradient accumulation) once a step;
 # * the *parameter check* (`minddp.stages.checks`): before each sync's first
 #   message, `simple` to `bucket-async` check that both ranks' forwards used the same parameters, with one
 #   all_gather: at the start of the finish in `simple` and `ga`, in `hook` to
@@ -96,8 +95,9 @@ lesson.say(lesson.machine(link="in the link run"))
 #
 # What the table and the figure do not show:
 #
-# * whether a difference between two rows, `single`'s included, comes from their stages: each row is one step,
-#   profiled at its own moment;
+# * whether a difference between two rows comes from their stages: each row is one step, profiled at its own
+#   moment (a step that ends before `single`'s, which sends nothing and so has no table row, gained nothing by
+#   communicating);
 # * whether the other rank or a core held a range open.
 
 # %%
@@ -113,20 +113,11 @@ shares = lesson_05.shares(zero)
 display(shares)
 blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
 overlap = shares["overlap (%)"]
-nc = shares["non-compute (ms)"]
-flip = [(b, a) for b in blocking for a in asynchronous if nc[b] < nc[a]]  # a blocking stage below an async one
 low, high = overlap[asynchronous].idxmin(), overlap[blocking].idxmax()  # one profiled step each: said, not claimed
 lesson.say(
     f"Overlap: the lowest asynchronous stage, {low} ({overlap[low]} %), "
     + ("above" if overlap[low] > overlap[high] else "not above")
-    + f" the highest blocking one, {high} ({overlap[high]} %)"
-    + (f"; in non-compute (ms), {flip[0][0]} below {flip[0][1]}." if flip else ".")
-)
-inflight = shares["in flight (ms)"]
-bucketed, unbucketed = inflight[["bucket", "bucket-async", "ddp", "torch"]], inflight[["ga", "hook", "hook-async"]]
-lesson.say(
-    f"Median in flight: {bucketed.median():.1f} ms with buckets (bucket, bucket-async, ddp, torch), "
-    f"{unbucketed.median():.1f} ms without (ga, hook, hook-async)."
+    + f" the highest blocking one, {high} ({overlap[high]} %)."
 )
 
 # %% [markdown]
@@ -143,7 +134,7 @@ lesson.say(
 #   (a blocking stage's too: the caveat) are drawn one below another, and each level's bars alternate two shades
 #   in the order they opened. A bar narrower than a pixel need not show;
 # * each parameter check (hatched orange, white-edged) while its all_gather range was open; a short one need not
-#   show (the line below the figure counts them);
+#   show;
 # * the finish (purple; not in `single` or torch) as a thin strip along the bands' lower edge, where wide enough to see;
 # * the optimizer step (green) and the end of the step.
 
@@ -154,11 +145,8 @@ fig = draw_steps(rows, title=title, width=11)
 lesson_05.show(fig, RUN / "one_step_each_stage.png")
 checks = {r["stage"]: len(r["checks"]) for r in rows}  # drawn or too short to show
 held = {r["stage"]: sum(b - a for a, b in r["checks"]) for r in rows}  # ms open
-none = ", ".join(st for st, k in checks.items() if k == 0)
-each = "; ".join(f"{st} {k}, {held[st]:.1f} ms" for st, k in checks.items() if k)
-lesson.say(
-    f"Parameter checks a step, and their ranges open, held open included (in flight too): {each}; none in {none}."
-)
+each = "; ".join(f"{st} {k}, {held[st]:.1f}" for st, k in checks.items() if k)
+lesson.say(f"Parameter checks a step, ms open (in the stage's in flight, up to that in its non-compute): {each}.")
 
 # %%
 anatomy = lesson_05.anatomy(result, zero.index)  # per stage: messages handed over, and how many during a backward
@@ -166,15 +154,14 @@ after = list(anatomy.index[anatomy["during a backward"] == 0])
 during = anatomy.drop(after)
 lesson.claim(
     after == ["simple", "ga"] and (during["during a backward"] == during["handed over"]).all(),
-    "simple and ga hand over no message during a backward; the other stages, all of theirs.",
+    "simple and ga hand over no message during a backward; the others, all of theirs.",
 )
 
 # %% [markdown]
 # ## The link run
 #
-# The profiling cell also profiled `simple` to `bucket-async` (not torch's DDP: its C++ reducer waits on a Future
-# the link cannot see) with their gradients'
-# all_reduces over `03_build_up`'s **emulated 1 Gbit/s link** (`minddp.comm.link`). Each rank has its own link (its
+# The profiling cell also profiled the blog's six stages, `simple` to `bucket-async` (not `ddp` or torch's DDP),
+# with their gradients' all_reduces over `03_build_up`'s **emulated 1 Gbit/s link** (`minddp.comm.link`). Each rank has its own link (its
 # own thread, on the same cores), which carries its messages one at a time, in order, each from just after its
 # hand-over (or once the link is free, if later); the real all_reduce runs beside the modeled transfer, and the link
 # delivers a message once both are done and every earlier one is delivered.
@@ -198,17 +185,39 @@ linked, link = analyze_run(LINKED), parse_link("1gbit")
 on_link = lesson_05.link_table(linked, link)
 display(on_link)
 exposed = on_link["exposed (ms)"]
-blk = exposed[["simple", "ga", "hook", "bucket"]]
-below = max(exposed["hook-async"], exposed["bucket-async"]) < blk.min()  # one profiled step each: said, not claimed
-lesson.say(f"Exposed: hook-async and bucket-async {'below' if below else 'not both below'} every blocking stage.")
 per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, link time (ms)
 sends, ms, nbytes = per["messages"], per["link time (ms)"], per["bytes"]
+below = max(exposed["hook-async"], exposed["bucket-async"]) < exposed[["simple", "ga", "hook", "bucket"]].min()
+more = [s for s in ("ga", "hook") if exposed["bucket"] > exposed[s]]  # one profiled step each: said, not claimed
+unhid = on_link["link time (ms)"] - exposed  # a transfer that ran before its wait() is not exposed
+why = more and sends["ga"] == sends["hook"] > sends["bucket"] and all(unhid["bucket"] < unhid[s] for s in more)
+lesson.say(
+    f"Exposed: hook-async and bucket-async {'below' if below else 'not both below'} every blocking stage"
+    + (f"; bucket above {' and '.join(more)}" if more else "")
+    + (f" ({sends['bucket']} messages to their {sends['ga']}; a transfer can start before its wait())." if why else ".")
+)
 n = int(linked.summary["rank"].nunique())
 fewer, fixed = sends["hook-async"] - sends["bucket-async"], 2 * (n - 1) * link.latency * 1e3  # 2(n−1)·α, ms
 saved = ms["hook-async"] - ms["bucket-async"]
 lesson.claim(  # 1e-9 of a link time: float rounding of sums of a few hundred terms
     fewer > 0 and nbytes["hook-async"] == nbytes["bucket-async"] and abs(saved - fewer * fixed) < 1e-9 * ms["ga"],
     f"bucket-async's {lesson.SETTINGS.bucket_cap_mb:g} MiB buckets send {fewer} fewer messages than hook-async, the "
-    f"same bytes: {saved:.1f} ms less link time (fixed costs); its exposed is "
-    f"{'above' if exposed['bucket-async'] > exposed['hook-async'] else 'not above'} hook-async's.",
+    f"same bytes: {saved:.1f} ms less link time (fixed costs).",
+)
+tail = (
+    lesson_05.rank0(linked.per_step).groupby("stage")["tail_us"].mean() / 1e3
+)  # last backward's end to the last delivery
+b, p = lesson_05.rank0(linked.buckets), lesson_05.rank0(linked.phases)
+end = p[(p["stage"] == "bucket-async") & (p["phase"] == "backward")]["end_us"].max()
+early = (end - b[b["stage"] == "bucket-async"]["ready_us"].max()) / 1e3  # its last hand-over before that end, ms
+ba, ha = "bucket-async", "hook-async"
+lesson.say(
+    f"bucket-async's exposed is {'above' if exposed[ba] > exposed[ha] else 'not above'} hook-async's"
+    + (
+        f": both wait only after the backward, and its last message is delivered {tail[ba]:.1f} ms after it, "
+        f"hook-async's {tail[ha]:.1f}; a bucket goes over once its last gradient is ready, its last {early:.1f} ms "
+        "before the backward ended."
+        if exposed[ba] > exposed[ha] and tail[ba] > tail[ha] and early >= 0
+        else "."
+    )
 )
