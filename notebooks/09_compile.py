@@ -28,7 +28,8 @@
 # `all_reduce`s did.
 #
 # nanoGPT's *pattern* is to compile the model, then wrap it: `model = torch.compile(model)`, then `DDP(model)`.
-# `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph*, and a *backend* compiles the graph. Compiled as one graph, the model records a single gradient node for its whole
+# `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph*, and a *backend* compiles the
+# graph. Compiled as one graph, the model records a single gradient node for its whole
 # forward, which produces every parameter's gradient at its end. Every bucket is then handed over after that node, when
 # no gradient node is left to run.
 #
@@ -38,8 +39,9 @@
 # that order: piece 0 holds the forward's last layers; a *piece's backward* is the run of its gradient node. A bucket
 # whose last gradient a piece produces can then be handed over before the next piece's backward begins.
 #
-# The figure shows the third step's backward pass in each of three runs, one row each: eager (not compiled),
-# compiled without the cut (`optimize_ddp = False`) and compiled with it. The model: an MLP of
+# The figure shows the third step's backward pass (a compiled run's first step compiles; the second's forward
+# rebuilds `ddp`'s buckets in arrival order; the third does neither) in three runs, one row each: eager (not
+# compiled), compiled without the cut (`optimize_ddp = False`) and compiled with it. The model: an MLP of
 # 1 MiB layers without biases; the backend: `aot_eager` (torch's own kernels, none generated).
 
 # %%
@@ -104,9 +106,8 @@ lesson.say(f"{world_size} ranks, {DEPTH} layers of {WIDTH}×{WIDTH}; torch {torc
 # %% [markdown]
 # ## The backward pass of each run
 #
-# Each row is one run's backward pass on rank 0, scaled to its length (the x axis): the model's gradient nodes blue,
-# each hand-over a tick; pale is the rest: the loss's nodes, time between nodes and
-# the `AccumulateGrad` nodes.
+# Each row is one run's backward pass, scaled to its length (the x axis): the model's gradient nodes blue,
+# the `AccumulateGrad` nodes green, each hand-over a tick; pale is the rest: the loss's nodes and time between nodes.
 
 # %%
 # %%distributed
@@ -141,17 +142,15 @@ lesson.claim(
 #
 # Each piece records one gradient node, `CompiledFunctionBackward`, and the parameters whose gradients it produces
 # hang off it (their `AccumulateGrad` nodes). The cell lists the pieces of the run compiled with the cut (of one
-# more forward) in the order the backward pass runs them, each piece's parameters in the forward's order (the
-# exercise's in arrival order).
+# more forward) in the order the backward pass runs them, each piece's parameters in the forward's order.
 #
-# Dynamo cuts when it compiles (the first step), and only if torch's DDP's class attribute `_active_ddp_module` is set
+# Dynamo cuts when it compiles, and only if torch's DDP's class attribute `_active_ddp_module` is set
 # then; it reads the bucket cap from it and caps piece 0 apart, at the
 # global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`, given a
 # `bucket_cap_mb`, sets the attribute to a stand-in holding its bucket cap and the global to the bucket cap
 # (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as bucket 0 does.
 #
-# With the cut, a bucket whose last gradient a piece produces is handed over before the next piece's backward: when
-# the piece's gradient node ends, the
+# Why a bucket is handed over before the next piece's backward: when the piece's gradient node ends, the
 # `AccumulateGrad` nodes of the gradients it produced and the next piece's gradient node are all ready to run, and
 # autograd's queue of ready nodes runs first the node of highest *sequence number* (the forward numbers the nodes it
 # records in order); an `AccumulateGrad` node's is set to the largest there is (`torch/csrc/autograd/node.h`).
@@ -181,7 +180,7 @@ lesson.claim(
 ended, begun = (looks[CUT][key] for key in ("pieces_ended_at_handover", "pieces_begun_at_handover"))
 lesson.claim(
     ended == begun == list(range(1, len(buckets) + 1)),  # bucket i: after piece i ended, before piece i + 1 began
-    "Each bucket was handed over after its piece's backward ended, all but the last before the next piece's began.",
+    "Bucket i was handed over after piece i's backward ended, before any later piece's began.",
 )
 
 # %% [markdown]
@@ -190,9 +189,9 @@ lesson.claim(
 # Write `my_handed_over_after(pieces, cap)`: `pieces` lists pieces in the order the backward pass runs them, each as its
 # gradients' sizes in bytes in the order they arrive; `cap` is the bucket cap in bytes, every bucket's, the first
 # included. Pieces and gradients are any sizes, empty and 0 bytes too, not only those a cut at `cap` makes, so a bucket
-# can take gradients from several pieces. Fill the buckets in arrival order (the gradients left at the end make one last bucket) and return, for each bucket, the index of the piece after
-# whose backward it is handed over. On this notebook's step, four pieces of two 1 MiB gradients at `cap = 2 * 2**20`,
-# the answer is `[0, 1, 2, 3]`.
+# can take gradients from several pieces. Fill the buckets in arrival order (the gradients left at the end make one
+# last bucket) and return, for each bucket, the index of the piece after whose backward it is handed over. On this
+# notebook's step, four pieces of two 1 MiB gradients at `cap = 2 * 2**20`, the answer is `[0, 1, 2, 3]`.
 
 # %%
 from minddp.exercises import check_handover

@@ -6,7 +6,8 @@ once a bucket's last one is, hands the bucket over, ``c10d::allreduce_``), and e
 node*; a compiled piece's gradient node is ``CompiledFunctionBackward``. :func:`node_view` reads one
 ``train_step`` under :func:`minddp.analysis.live.profiler` that way, on top of
 :func:`~minddp.analysis.live.step_view`; :func:`picture` draws the three runs' backward passes, each scaled to its
-own length (:func:`in_percent`), with the gradient nodes as bars and the handovers as ticks; :func:`bucket_names`,
+own length (:func:`in_percent`), with the gradient nodes and the ``AccumulateGrad`` nodes as bars and the handovers
+as ticks; :func:`bucket_names`,
 :func:`node_names`, :func:`parameter_bytes`, :func:`compiled_pieces` and :func:`refusal` keep the notebook's
 plumbing out of its cells.
 
@@ -49,9 +50,9 @@ def node_view(prof, drawn: set[str] | None = None) -> dict:
 
     * ``row``: the step's backward pass alone, from its first node's start (0 ms) to its last node's ``end``: one
       ``backward`` bar per gradient node named in ``drawn`` (every one if ``None``; the notebook passes the model's,
-      :func:`node_names`, leaving out the loss's) and one ``sent`` tick per handover, nothing else (no forward,
-      optimizer step, ``AccumulateGrad`` node or gloo range): the notebook reads the order of handovers and gradient
-      nodes;
+      :func:`node_names`, leaving out the loss's), one ``sent`` tick per handover and, under ``accumulate``, one
+      span per ``AccumulateGrad`` node, nothing else (no forward, optimizer step or gloo range): the notebook reads
+      the order of handovers and gradient nodes;
     * ``node_after_handover``: for each handover, in order, whether a gradient node ended after it (was still
       running then, or began after);
     * ``inside_accumulate``: for each handover, whether it fell inside an ``AccumulateGrad`` node's range;
@@ -81,6 +82,7 @@ def node_view(prof, drawn: set[str] | None = None) -> dict:
     sent = [(t - t0) / 1e3 for t in handovers]
     bars = [e for e in nodes if drawn is None or e.name.split(": ", 1)[1] in drawn]
     view["row"].update(forward=[], backward=ms(bars), optimizer=[], finish=[], messages=[], sent=sent, end=end)
+    view["row"]["accumulate"] = ms(accumulate)
     return view
 
 
@@ -146,6 +148,8 @@ def refusal(error: BaseException) -> str:
 WORDS = {"backward": "the model's gradient nodes", "handed to the wire": "a bucket handed over"}
 #: the pale bar's legend: the whole pass, seen where no bar is drawn
 PALE = "the rest of the backward pass"
+#: the ``AccumulateGrad`` nodes' bars: their legend and colour (a green no other bar of the figure has)
+ACCUMULATE, ACCUMULATE_COLOR = "the AccumulateGrad nodes", "#74c476"
 
 
 def in_percent(row: dict) -> dict:
@@ -154,13 +158,15 @@ def in_percent(row: dict) -> dict:
     order of events."""
     scale = 100 / row["end"]
     return dict(row, backward=[(s * scale, e * scale) for s, e in row["backward"]],
+                accumulate=[(s * scale, e * scale) for s, e in row.get("accumulate", [])],
                 sent=[t * scale for t in row["sent"]], end=100.0)  # fmt: skip
 
 
 def picture(looks: dict, title: str):
     """The rows of ``looks`` (each a :func:`node_view`), each scaled to its own backward pass (:func:`in_percent`),
     as :func:`minddp.notebook.lesson.picture` draws them, over a pale bar for the whole pass and without the line
-    where a step ends, with the legend in :data:`PALE` and :data:`WORDS`. Rank 0 draws; the others get ``None``."""
+    where a step ends, with each row's ``accumulate`` spans as :data:`ACCUMULATE` bars and the legend in
+    :data:`PALE`, :data:`WORDS` and :data:`ACCUMULATE`. Rank 0 draws; the others get ``None``."""
     from minddp.analysis.timeline import legend_above
     from minddp.notebook import lesson
 
@@ -171,11 +177,13 @@ def picture(looks: dict, title: str):
     ax = figure.axes[0]
     for line in [line for line in ax.get_lines() if line.get_label() == "step ends"]:
         line.remove()  # each pass ends at 100: the pale bar's end
-    for y in range(len(looks)):
+    for y, look in enumerate(looks.values()):
         ax.broken_barh([(0, 100)], (y - 0.40, 0.40), facecolors="#e6e6e6", zorder=0.5, label=PALE)
+        spans = [(s, e - s) for s, e in look["row"]["accumulate"]]
+        ax.broken_barh(spans, (y - 0.40, 0.40), facecolors=ACCUMULATE_COLOR, linewidth=0, label=ACCUMULATE)
     ax.set_xlabel("% of the row's backward pass, from its first node's start to its last node's end", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     named = {WORDS.get(label, label): h for label, h in zip(labels, handles) if not label.startswith("_")}
-    order = [PALE, *WORDS.values()]
+    order = [PALE, WORDS["backward"], ACCUMULATE, WORDS["handed to the wire"]]
     legend_above(ax, {key: named[key] for key in order if key in named}, len(order))
     return figure
