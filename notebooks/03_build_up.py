@@ -123,8 +123,7 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # step. A bar's length, here and below, is one step's on a shared machine.
 # The stages below add messages (orange, the legend's *message on the wire*: the link's modeled transfer, two shades
 # alternating; a tick under the row where each was handed over), waits (red: the thread standing still until a message's
-# all_reduce returns), the parameters-used check (hatched red, at times a
-# sliver; the legend's *parameter check*: its all_gather holds a rank until the other rank joins it) and `finish_gradient_synchronization()` (a
+# all_reduce returns), the parameters-used check (hatched red; the legend's *parameter check*: its all_gather holds a rank until the other rank joins it) and `finish_gradient_synchronization()` (a
 # thin purple strip, the legend's *finish*). A legend names the marks drawn in its figure's rows, the
 # faded one's too, except those under 1/500 of the axis.
 
@@ -538,8 +537,8 @@ lesson.claim(
     "bucket-async does.",
 )
 lesson.say(
-    "ddp's waits run in its end-of-backward callback, after the last backward operator, so the picture draws them "
-    "after the backward bar, though they are inside `loss.backward()`."
+    "ddp's waits run in its end-of-backward callback, inside `loss.backward()` but after its last operator: drawn "
+    "after the backward bar."
 )
 
 # %% [markdown]
@@ -548,7 +547,7 @@ lesson.say(
 # The same workload through `torch.nn.parallel.DistributedDataParallel`, with the same bucket size.
 # Its reducer is C++; on the emulated link it hands each bucket to minddp's allreduce comm hook
 # (`minddp.ladder.wrap` registers it), which sends it over the link, so it is counted the same way. Its
-# waits are not drawn (the cell says why).
+# waits are not drawn.
 
 # %%
 # %%distributed
@@ -580,6 +579,7 @@ lesson.picture(
 ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 checks = lesson_03.checks_on_ranks(looks, ladder)  # each rank's own time at the check
 lesson_03.say_speeds(looks)
+lesson_03.say_check_gaps(looks, checks)
 
 # %%
 # %%rank 0

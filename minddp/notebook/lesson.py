@@ -400,10 +400,16 @@ def say_look(looks: dict, stage: str) -> None:
     )
     if "link_ms" not in v or not v["calls"]:
         return
-    if not v["waits"]:
+    if not v["waits"]:  # torch's DDP: its reducer's waits are C++, on a Future of its own chained to the link's
+        row = v["row"]
+        end = row["backward"][-1][1]
+        blank = round(row["optimizer"][0][0] - end)  # from the last backward operator to optimizer.step()
+        on_link = round(max(0.0, max(e for _, e in row["messages"]) - end))
+        drawn = f"only the link's last {on_link} ms" if on_link else "nothing"
         say(
-            f"On the emulated link its messages took {v['link_ms']:.0f} ms (modeled). Its waits are not seen: "
-            "torch's C++ reducer waits on a Future of its own, chained to the link's, which this picture does not draw."
+            f"On the emulated link its messages took {v['link_ms']:.0f} ms (modeled). Of the {blank} ms between its "
+            f"backward's end and its optimizer step, the picture draws {drawn}: torch's reducer waits for its buckets "
+            "there, in C++, not drawn."
         )
         return
     link, exposed = link_parts(v)

@@ -48,7 +48,7 @@ def say_check(stage: str, on_ranks: list[float], spans: list) -> None:
     elif gap == 0:
         said += "; the ranks' times differ by less than 1 ms."
     elif len(spans) == 1:
-        said += f": rank {long}, there first, was held {gap:.0f} ms longer, until rank {short} joined."
+        said += f": rank {short} reached it {gap:.0f} ms after rank {long}, which stood there until it joined."
     else:  # a net over the checks: at each, either rank may have been there first
         said += "; at each, the rank there first was held until the other joined."
     say(said)
@@ -99,16 +99,36 @@ def say_speeds(looks: dict) -> None:
     say(f"Backwards with no wait inside ran {own[lo]:.0f} ms ({lo}) to {own[hi]:.0f} ({hi}).")
 
 
-def say_exposed_parts(looks: dict, stage: str, before: str) -> None:
-    """``stage`` against ``before`` (both waiting for each message as it goes): link time, exposed, waited and its
-    part after the link had delivered, each in whole ms as :func:`lesson.say_look` prints."""
-    (link, exposed), (link0, exposed0) = (lesson.link_parts(looks[s]) for s in (stage, before))
-    waited, waited0 = (round(looks[s]["waited_ms"]) for s in (stage, before))
-    after, after0 = (lesson.after_delivery_ms(looks[s]) for s in (stage, before))
+def say_check_gaps(looks: dict, checks: dict[str, list[float]]) -> None:
+    """The ranks' arrival gap at the check in the steps with one check (:func:`checks_on_ranks`): the difference of
+    the two ranks' times there (whole ms, as the table prints them), the least and the most, with their stages."""
+    gap = {s: abs(round(ms[0]) - round(ms[1])) for s, ms in checks.items() if len(looks[s]["check_spans"]) == 1}
+    if not gap:
+        return
+    lo, hi = min(gap, key=gap.__getitem__), max(gap, key=gap.__getitem__)
+    first, last = list(gap)[0], list(gap)[-1]
     say(
-        f"{stage} against {before}: link time {link} against {link0} ms, exposed {exposed} against {exposed0}, "
-        f"waited {waited} against {waited0} (after the link had delivered {after} against {after0})."
+        f"From {first} to {last}, at each step's one check, one rank reached it {gap[lo]} ({lo}) to {gap[hi]} ms "
+        f"({hi}) after the other."
     )
+
+
+def say_exposed_parts(looks: dict, stage: str, before: str) -> None:
+    """``stage`` against ``before`` (both waiting for each message as it goes): link time and exposed, in whole ms
+    as :func:`lesson.say_look` prints, which exposed more, and, where each waits for each message, the link time
+    before each wait began (not exposed)."""
+    (link, exposed), (link0, exposed0) = (lesson.link_parts(looks[s]) for s in (stage, before))
+    said = f"{stage} against {before}: link time {link} against {link0} ms, exposed {exposed} against {exposed0}"
+    if exposed != exposed0:
+        said += f": {stage} exposed {'more' if exposed > exposed0 else 'less'}"
+        if (exposed > exposed0) == (link < link0):
+            said += f" though its link time is {'less' if link < link0 else 'more'}"
+        if all(lesson.waits_each(looks[s]) for s in (stage, before)):
+            said += (
+                f", as the link time before each message's wait began, not exposed, was {link - exposed} against "
+                f"{link0 - exposed0} ms"
+            )
+    say(said + ".")
 
 
 def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, object]:
@@ -125,8 +145,9 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
     backward = 1e3 * bare.backward
     say(
         "Late start, on the bare network: the first gradient is ready after "
-        f"{100 * 1e3 * min(bare.ready) / backward:.1f} % of the backward; bucket-async's first message, "
-        + ("the plan's first bucket" if first == 0 else f"the plan's bucket {first + 1} of {len(plan)}")
+        f"{100 * 1e3 * min(bare.ready) / backward:.1f} % of the backward; bucket-async's first message, its "
+        + "earliest full bucket, "
+        + ("the plan's first" if first == 0 else f"bucket {first + 1} of the plan's {len(plan)}")
         + f" ({len(plan[first])} gradients), after {100 * 1e3 * filled[first] / backward:.0f} %."
     )
     table = (
@@ -275,27 +296,25 @@ def listed(names: list[str]) -> str:
 
 def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
     """Each sized link's rungs (2 ranks): link time, exposed, waited and the step's own last backward less the check,
-    then in words which rungs exposed none of their link time (whole ms), which over half of it, which waited mostly
-    after the link had delivered, and the backwards with no wait inside as multiples of the one each link was sized from
-    (``sized_from``, seconds, by setting name); a whole-ms match of bucket-async's backward on the two links is said
-    to be chance (two networks, two steps)."""
+    then in words which rungs exposed none of their link time (whole ms), with the share of the setting's ratios each
+    ran at (the backward the link was sized from, ``sized_from``, seconds, by setting name, over the run's), and which
+    exposed over half of it; a whole-ms match of bucket-async's backward on the two links is said to
+    be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
         what = "link time, exposed, waited and last backward less the check, ms" if runs is t4 else "the same"
         hid = [s for s, r in runs.items() if round(r["exposed_ms"]) == 0]
         most = [s for s, r in runs.items() if r["exposed_ms"] > r["link_ms"] / 2]
-        after = [s for s, r in runs.items() if r["waited_ms"] - r["exposed_ms"] > r["waited_ms"] / 2]
-        said = [f"{listed(hid)} exposed none of {'their' if len(hid) > 1 else 'its'} link time"] if hid else []
-        said += [f"{listed(most)} exposed over half of {'their' if len(most) > 1 else 'its'} link time"] if most else []
-        said += [f"waited mostly after the link had delivered (this machine's): {listed(after)}"] if after else []
-        own = [r["backward_ms"] for r in runs.values() if not r["waits_in_backward"]]  # waits would count as backward
         sized = 1e3 * sized_from[name]
-        said += [
-            f"backwards with no wait inside {min(own):.0f} to {max(own):.0f} ms, {min(own) / sized:.1f} to "
-            f"{max(own) / sized:.1f} times the {sized:.0f} sized from, which divides each run's ratios by as "
-            "much"
-        ]
+        said = []
+        if hid:
+            shares = listed([f"{sized / runs[s]['backward_ms']:.2f}" for s in hid])  # a longer backward: smaller
+            said += [
+                f"{listed(hid)} exposed none, at {shares} times the setting's ratios (the {sized:.0f} ms backward "
+                f"sized from, over {'theirs' if len(hid) > 1 else 'its'})"
+            ]
+        said += [f"{listed(most)} exposed over half of {'their' if len(most) > 1 else 'its'} link time"] if most else []
         say(
-            f"Sized for {name}, run on 2 ranks; {what}: "
+            f"Sized for {name}; {what}: "
             + "; ".join(
                 f"{s} {r['link_ms']:.0f}, {r['exposed_ms']:.0f}, {r['waited_ms']:.0f}, {r['backward_ms']:.0f}"
                 for s, r in runs.items()
@@ -310,41 +329,26 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
 
 
 def say_takeaway(looks: dict, t4: dict, far: dict, sized_from: dict) -> None:
-    """The takeaway in words, from the runs, per setting (this notebook's link: ``looks``; the sized links' runs):
-    hook-async's and bucket-async's exposed, waited and last backward less the check (whole ms), which of the two was
-    less on each (equal in whole ms: neither), and for a sized link both backwards as multiples of the one it was
-    sized from (``sized_from``, seconds, by setting name). No cause and no step time: a step also holds the check and
-    one step's compute, which these parts do not give."""
+    """The takeaway in words, per setting (this notebook's link: ``looks``; the sized links' runs): whether
+    bucket-async exposed more or less than hook-async (whole ms), with each one's link after backward (the most a
+    stage that waits only in finish can expose), and for a sized link the share of the setting's ratios each ran at:
+    the one the link was sized from (``sized_from``, seconds, by setting name) over its backward. No one-step
+    backward is compared: the machine alone moves it more than the stages do."""
     from minddp.costmodel.buckets import on_the_link
 
-    here = {
-        s: on_the_link(looks[s]["row"]) | {"backward_ms": backward_less_check(looks[s])}
-        for s in ("hook-async", "bucket-async")
-    }
-    settings = {"On 1 Gbit/s": here, "Sized for 4 × T4": t4, "Sized for 1024 ranks": far}
-    named = {"backward": "last backward less the check"}
-    for name, runs in settings.items():
+    here = {s: on_the_link(looks[s]["row"]) for s in ("hook-async", "bucket-async")}
+    for name, runs in {"On 1 Gbit/s": here, "Sized for 4 × T4": t4, "Sized for 1024 ranks": far}.items():
         h, b = runs["hook-async"], runs["bucket-async"]
-        measures = {m: (round(h[f"{m}_ms"]), round(b[f"{m}_ms"])) for m in ("exposed", "waited", "backward")}
-        ahead = {"hook-async": [], "bucket-async": [], "neither": []}
-        for m, (x, y) in measures.items():
-            ahead["hook-async" if x < y else "bucket-async" if y < x else "neither"].append(named.get(m, m))
-        sized = ""
-        if runs is not here:
-            s = name.removeprefix("Sized for ")
-            times = [f"{r['backward_ms'] / (1e3 * sized_from[s]):.1f}" for r in (h, b)]
-            sized = f" (2 ranks; backwards {times[0]} and {times[1]} times the one sized from)"
-        say(
-            f"{name}{sized}, hook-async against bucket-async: "
-            + ", ".join(
-                f"{named.get(m, m)} {x} against {y}" + (" ms" if m == "exposed" else "")
-                for m, (x, y) in measures.items()
-            )
-            + "; lower: "
-            + "; ".join(
-                f"{who}'s {listed(ms)}" if who != "neither" else f"equal {listed(ms)}"
-                for who, ms in ahead.items()
-                if ms
-            )
-            + "."
+        x, y = round(h["exposed_ms"]), round(b["exposed_ms"])
+        verdict = "neither exposed any" if x == y == 0 else f"bucketing exposed {'more' if y > x else 'less'}"
+        verdict = "both exposed as much" if x == y != 0 else verdict
+        after = [max(0.0, r["end_ms"]) for r in (h, b)]  # the link done before backward's end: nothing after it
+        said = (
+            f"{name}, {verdict}: hook-async against bucket-async, exposed {x} against {y} ms, link after backward "
+            f"{after[0]:.1f} against {after[1]:.1f}"
         )
+        if runs is not here:
+            sized = 1e3 * sized_from[name.removeprefix("Sized for ")]
+            shares = (f"{sized / r['backward_ms']:.2f}" for r in (h, b))  # its backward longer: ratios smaller
+            said += f", at {' and '.join(shares)} times the setting's ratios"
+        say(said + ".")
