@@ -193,10 +193,8 @@ def fp16_compress_hook(process_group, bucket) -> torch.futures.Future:
     """Average the bucket in float16 (half the payload: 2 bytes a value instead of 4) and hand back float32.
 
     1. cast the bucket's flat gradient to float16 and divide by the world size before the sum: the sum is
-       then the average, which can overflow only near float16's largest value, 65504: the cast overflows a
-       gradient from 65520 up (65504 plus half float16's spacing there), and the roundings of the division and
-       the sum can carry an average a little below 65504 past it (a sum of n undivided ones overflows from
-       about 65504 / n);
+       then the average, which overflows only from about float16's largest value, 65504, up (a sum of n
+       undivided values overflows from about 65504 / n);
     2. start the all_reduce (a sum) and take its Future;
     3. when it completes, cast the sum (of values already divided: the average) back to the
        bucket's dtype: the Future's value must be one tensor of the bucket's size and dtype.
