@@ -52,6 +52,7 @@ __all__ = [
     "fixed",
     "gist",
     "minddp_says",
+    "mismatched",
     "peer_gone",
     "quiet",
     "say_each",
@@ -257,6 +258,47 @@ def minddp_says(
     return said[0]
 
 
+def mismatched(script, size: int) -> None:
+    """Section 4's first bug three ways, ``script(group)`` being this rank's all_reduce of ``size`` numbers on ``group``
+    (None: the default group): under torch at debug level OFF, in debug mode (:func:`minddp_says`), and under torch at
+    DETAIL. Prints rank 0's error of each, torch's at DETAIL cut to each rank's op and shape ("…" for each cut), and
+    claims what each names: at OFF a timeout (the first rank to fail can only time out; the other then times out too
+    or loses its partner) and neither op nor shape; at DETAIL, on every rank, a mismatch (not a timeout) naming each
+    rank's op and shape, as debug mode does; only debug mode names the place."""
+    off = torch_does(lambda group, short: script(short), say=False)
+    lesson.say(f"torch, rank 0: {off[0]}")
+    timed_out = [r for r, (s, t) in enumerate(zip(off, torch_took)) if "Timed out" in s and t >= WAIT_S]
+    rest = [r for r in range(len(off)) if r not in timed_out]
+    who = "every rank" if not rest else "rank " + ", ".join(map(str, timed_out))
+    lesson.claim(
+        len(timed_out) > 0
+        and all(peer_gone(off[r]) for r in rest)
+        and not any(re.search(r"all_?reduce|shape|float|\[\d+\]", s, re.I) for s in off),
+        f"at debug level OFF {who} waited to the short group's {WAIT_S} s timeout"
+        + (f", then rank {', '.join(map(str, rest))} lost its partner" if rest else "")
+        + ", naming neither the all_reduce nor a shape",
+    )
+    ours = minddp_says(lambda: script(None), "mismatched collectives")
+    detail = torch_does(lambda group, short: script(short), say=False, level="DETAIL")
+    # a rank's call as torch writes it: "Rank R is running collective: CollectiveFingerPrint(..., OpType=..."
+    call = r"Rank (\d+) is running collective: CollectiveFingerPrint\([^)]*?(OpType=\w+, TensorShape=\[\d*\])"
+    calls = [re.findall(call, e) for e in detail]
+    shown = ", but ".join(f"Rank {r} is running collective: … {op} …" for r, op in calls[0])
+    lesson.say(f"torch at DETAIL, rank 0 (excerpt): {detail[0].split('. ')[0]}. {shown}")
+    sizes = each_rank(size)
+    lesson.claim(
+        all("Detected mismatch between collectives" in e and "Timed out" not in e for e in detail)
+        and all(
+            set(cs) == {(str(r), f"OpType=ALLREDUCE, TensorShape=[{n}]") for r, n in enumerate(sizes)} for cs in calls
+        )
+        and all(f"rank {r} all_reduce(float32[{n}]" in ours for r, n in enumerate(sizes))
+        and "<In [" in ours
+        and not any("<In [" in e for e in detail),
+        "at DETAIL every rank raised a mismatch, not a timeout, naming each rank's op and shape; only debug mode also "
+        "named the place",
+    )
+
+
 def say_each(line: str | None, how: str) -> list:
     """Every rank's ``line`` (None: it said nothing): rank 0's printed alone, then in a line of its own whether each
     other rank ``how`` (raised, warned) rank 0's finding (a rank's line that differs in more than where it names its
@@ -296,7 +338,7 @@ def fixed(script, fix: str, **corrected) -> None:
     model, optimizer = build()
     with quiet() as said:
         script(model, optimizer, **corrected)
-    lesson.claim(not said and apart(model) == 0, f"the fix: {fix}, debug mode says nothing and the replicas agree")
+    lesson.claim(not said and apart(model) == 0, f"the fix: {fix}, debug mode is silent and the replicas agree")
 
 
 #: A warning of torch's C++ code as it reaches stderr: ``[rank1]:[W1130 17:52:54.747494824 reducer.cpp:1529] Warning:``
