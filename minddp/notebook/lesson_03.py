@@ -310,7 +310,7 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
             shares = listed([f"{sized / runs[s]['backward_ms']:.2f}" for s in hid])  # a longer backward: smaller
             said += [
                 f"{listed(hid)} exposed none, at {shares} times the setting's ratios (the {sized:.0f} ms backward "
-                f"sized from, over {'theirs' if len(hid) > 1 else 'its'})"
+                f"the link was sized from, over {'each run' if len(hid) > 1 else 'the run'}'s own)"
             ]
         said += [f"{listed(most)} exposed over half of {'their' if len(most) > 1 else 'its'} link time"] if most else []
         say(
