@@ -19,8 +19,9 @@
 # Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev). This notebook profiles
 # one step of each stage of the DDP ladder that keeps a whole replica on every rank (`03_build_up`: `simple` to
 # `bucket-async`, and `ddp`; the sharded rungs are in `06_sharding`), torch's DDP and `single` (no wrapper: each
-# rank trains on its own examples and never communicates), with gloo over the machine's loopback interface. It reads the traces with `minddp.analysis` the way the
-# blog this course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
+# rank trains on its own examples and never communicates), with gloo over the machine's loopback interface; *the link
+# run* (last section) profiles `simple` to `bucket-async` again over an *emulated link*, a modeled network. It reads
+# the traces with `minddp.analysis` the way the blog this course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
 # https://blog.underfit.ai/ddp-profiled) reads its GPU traces with HolisticTraceAnalysis (HTA), but with its own
 # measures from CPU events (`docs/analysis.md`).
 #
@@ -48,7 +49,7 @@ for stage in profiled:
     # one step when built, then profile(): one step the profiler discards, then the one it records; the first
     # steps' one-off costs stay out of it
     lesson.Trainee(stage).profile(RUN, steps=1)
-# the blog's six stages again, their gradients' all_reduces over an emulated 1 Gbit/s network (the last section)
+# the link run (the last section)
 LINKED = lesson.trace_dir("05_reading_traces_1gbit")
 if rank == 0:
     shutil.rmtree(LINKED, ignore_errors=True)
@@ -91,15 +92,10 @@ lesson.say(lesson.machine(link="in the link run"))
 # * **overlap**: the share (%) of each stage's own time in flight that is compute too.
 #
 # The caveat: a gloo range lasts from the moment gloo's thread picks the collective up until it is done, so it is
-# also *held open* until the other rank joins the same collective, and while gloo's thread has no core; it can
-# end after the training thread that needed it has gone on, so a blocking stage can show overlap.
-#
-# What the table and the figure do not show:
-#
-# * whether a difference between two rows comes from their stages: each row is one step, profiled at its own
-#   moment (a step that ends before `single`'s, which sends nothing and so has no table row, gained nothing by
-#   communicating);
-# * whether the other rank or a core held a range open.
+# also *held open* until the other rank joins the same collective, and while gloo's thread has no core. The table
+# and the figure do not show what held a range open (nor, so, where a blocking stage's overlap comes from), nor
+# whether a difference between two rows comes from their stages: each row is one step, profiled at its own moment
+# (a step that ends before `single`'s, which sends nothing and so has no table row, gained nothing by communicating).
 
 # %%
 from IPython.display import display
@@ -113,12 +109,17 @@ zero = lesson_05.summary(result)  # rank 0's summary row of each stage but singl
 shares = lesson_05.shares(zero)
 display(shares)
 blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
-overlap = shares["overlap (%)"]
+overlap, flight, nc = shares["overlap (%)"], shares["in flight (ms)"], shares["non-compute (ms)"]
 low, high = overlap[asynchronous].idxmin(), overlap[blocking].idxmax()  # one profiled step each: said, not claimed
 lesson.say(
     f"Overlap: the lowest asynchronous stage, {low} ({overlap[low]} %), "
     + ("above" if overlap[low] > overlap[high] else "not above")
-    + f" the highest blocking one, {high} ({overlap[high]} %)."
+    + f" the highest blocking one, {high} ({overlap[high]} %)"
+    + (
+        f"; yet its non-compute is the larger: {nc[low]} of {flight[low]} ms in flight, to {nc[high]} of {flight[high]}."
+        if overlap[low] > overlap[high] and nc[low] > nc[high]
+        else "."
+    )
 )
 
 # %% [markdown]
@@ -144,10 +145,6 @@ rows = lesson_05.timeline_rows(result, RUN)  # the rows draw_steps draws, with e
 title = f"One step of each stage, each profiled at its own moment: run {result.run} (rank 0)"
 fig = draw_steps(rows, title=title, width=11)
 lesson_05.show(fig, RUN / "one_step_each_stage.png")
-checks = {r["stage"]: len(r["checks"]) for r in rows}  # drawn or too short to show
-held = {r["stage"]: sum(b - a for a, b in r["checks"]) for r in rows}  # ms open
-each = "; ".join(f"{st} {k}, {held[st]:.1f}" for st, k in checks.items() if k)
-lesson.say(f"Parameter checks a step, ms open (in the stage's in flight, up to that in its non-compute): {each}.")
 
 # %%
 anatomy = lesson_05.anatomy(result, zero.index)  # per stage: messages handed over, and how many during a backward
@@ -161,9 +158,8 @@ lesson.claim(
 # %% [markdown]
 # ## The link run
 #
-# The profiling cell also profiled the blog's six stages, `simple` to `bucket-async` (not `ddp` or torch's DDP),
-# with their gradients' all_reduces over `03_build_up`'s **emulated 1 Gbit/s link** (`minddp.comm.link`). Each rank has its own link (its
-# own thread, on the same cores), which carries its messages one at a time, in order, each from just after its
+# Its gradients' all_reduces go over `03_build_up`'s **emulated 1 Gbit/s link** (`minddp.comm.link`). Each rank has its
+# own link (its own thread, on the same cores), which carries its messages one at a time, in order, each from just after its
 # hand-over (or once the link is free, if later); the real all_reduce runs beside the modeled transfer, and the link
 # delivers a message once both are done and every earlier one is delivered.
 # The two runs were taken at different moments: neither's times carry over to the other. Three measures
@@ -186,17 +182,23 @@ linked, link = analyze_run(LINKED), parse_link("1gbit")
 on_link = lesson_05.link_table(linked, link)
 display(on_link)
 exposed = on_link["exposed (ms)"]
+below = max(exposed["hook-async"], exposed["bucket-async"]) < exposed[["simple", "ga", "hook", "bucket"]].min()
+lesson.say(f"Exposed: hook-async and bucket-async {'below' if below else 'not both below'} every blocking stage.")
+waited = on_link["waited (ms)"]  # one profiled step each: said, not claimed
+flips = {a: [b for b in waited.index if waited[a] < waited[b] and exposed[a] > exposed[b]] for a in waited.index}
+flipped = ", ".join(f"{a} below {' and '.join(bs)}" for a, bs in flips.items() if bs)
+lesson.say(
+    f"By waited, {flipped}: the other way round from exposed."
+    if flipped
+    else "Waited ranks the stages as exposed does."
+)
+w, rest = waited["hook-async"], round(waited["hook-async"] - exposed["hook-async"], 1)
+lesson.say(
+    f"hook-async's waited − exposed (a wait for the real all_reduce, not the link): {rest} ms"
+    + (f", {100 * rest / w:.0f} % of its waited." if w > 0 else ".")
+)
 per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, link time (ms)
 sends, ms, nbytes = per["messages"], per["link time (ms)"], per["bytes"]
-below = max(exposed["hook-async"], exposed["bucket-async"]) < exposed[["simple", "ga", "hook", "bucket"]].min()
-more = [s for s in ("ga", "hook") if exposed["bucket"] > exposed[s]]  # one profiled step each: said, not claimed
-unhid = on_link["link time (ms)"] - exposed  # a transfer that ran before its wait() is not exposed
-why = more and sends["ga"] == sends["hook"] > sends["bucket"] and all(unhid["bucket"] < unhid[s] for s in more)
-lesson.say(
-    f"Exposed: hook-async and bucket-async {'below' if below else 'not both below'} every blocking stage"
-    + (f"; bucket above {' and '.join(more)}" if more else "")
-    + (f" ({sends['bucket']} messages to their {sends['ga']}; a transfer can start before its wait())." if why else ".")
-)
 n = int(linked.summary["rank"].nunique())
 fewer, fixed = sends["hook-async"] - sends["bucket-async"], 2 * (n - 1) * link.latency * 1e3  # 2(n−1)·α, ms
 saved = ms["hook-async"] - ms["bucket-async"]
@@ -204,21 +206,4 @@ lesson.claim(  # 1e-9 of a link time: float rounding of sums of a few hundred te
     fewer > 0 and nbytes["hook-async"] == nbytes["bucket-async"] and abs(saved - fewer * fixed) < 1e-9 * ms["ga"],
     f"bucket-async's {lesson.SETTINGS.bucket_cap_mb:g} MiB buckets send {fewer} fewer messages than hook-async, the "
     f"same bytes: {saved:.1f} ms less link time (fixed costs).",
-)
-tail = (
-    lesson_05.rank0(linked.per_step).groupby("stage")["tail_us"].mean() / 1e3
-)  # last backward's end to the last delivery
-b, p = lesson_05.rank0(linked.buckets), lesson_05.rank0(linked.phases)
-end = p[(p["stage"] == "bucket-async") & (p["phase"] == "backward")]["end_us"].max()
-early = (end - b[b["stage"] == "bucket-async"]["ready_us"].max()) / 1e3  # its last hand-over before that end, ms
-ba, ha = "bucket-async", "hook-async"
-lesson.say(
-    f"bucket-async's exposed is {'above' if exposed[ba] > exposed[ha] else 'not above'} hook-async's"
-    + (
-        f": both wait only after the backward, and its last message is delivered {tail[ba]:.1f} ms after it, "
-        f"hook-async's {tail[ha]:.1f}; a bucket goes over once its last gradient is ready, its last {early:.1f} ms "
-        "before the backward ended."
-        if exposed[ba] > exposed[ha] and tail[ba] > tail[ha] and early >= 0
-        else "."
-    )
 )
