@@ -30,11 +30,10 @@
 #   only the piece of the averaged gradients it updates;
 # * `fsdp`: the parameters are sharded too (except those in no decoder layer, kept unsharded on every rank
 #   and all-reduced: its *replicated* tensors), and each decoder layer (a *unit*) is gathered for its
-#   forward and again for its backward (the last unit stays gathered between the two), the next unit's
-#   gather started one unit ahead (a *prefetch*).
+#   forward and, all but the last, again for its backward.
 #
 # The notation is notebook 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one
-# message, β the time per byte; *comm hook* and *global batch* are notebook 02's words. A *step* is all its micro-batches' forwards and backwards and the
+# message, β the time per byte; *global batch* is notebook 02's word. A *step* is all its micro-batches' forwards and backwards and the
 # *update* at their end (the optimizer's `step()`). ddp, zero1 and zero2 send their gradients in
 # *buckets*, one collective per bucket; fsdp per unit and per replicated tensor.
 
@@ -76,7 +75,7 @@ print("my piece of the sum:", piece.tolist())
 print("all pieces gathered:", whole.tolist(), "= all_reduce:", torch.equal(whole, summed))
 
 # %% [markdown]
-# The ring all_reduce of the earlier notebooks is the same two collectives: `ring_all_reduce` cuts any length
+# The ring all_reduce of the earlier notebooks is these two: `ring_all_reduce` cuts any length
 # into n pieces with `tensor_split`, reduce-scatters and all-gathers them:
 
 # %%
@@ -95,9 +94,8 @@ show_source(ring_all_reduce)
 # ZeRO-1 and ZeRO-2 reduce-scatter them and all-gather the updated parameters, two passes too. minddp's
 # `zero1` is DDP's wrapper with its optimizer sharded, so it all-reduces and then all-gathers: three passes.
 # FSDP reduce-scatters its units' gradients, under one pass, but gathers each unit's parameters for
-# every micro-batch's forward and again, all but the last unit's, for its backward. The bound below,
-# one reduce-scatter pass a step and two gathering passes per micro-batch, counts the replicated tensors'
-# bytes too, though never gathered: room for their all_reduce.
+# every micro-batch's forward and again, all but the last unit's, for its backward. The bound below is one
+# reduce-scatter pass a step and two gathering passes per micro-batch.
 
 # %%
 # %%distributed
@@ -204,7 +202,7 @@ lesson.say(
 # %% [markdown]
 # ## bf16 compute with fp32 master weights
 #
-# Mixed-precision training casts the weights to 16 bits for the forward and backward (fp16 in the ZeRO paper, bf16
+# Mixed-precision training casts the weights to 16 bits for the forward and backward (bf16
 # here) and keeps an fp32 copy of the weights, the *master weights*, for the optimizer. minddp's FSDP
 # computes in bf16 with `compute_dtype=torch.bfloat16`: the fp32 shards
 # *are* the master weights, cast to bf16 for each unit's gather. The cells below compare one step of it, on
@@ -229,10 +227,11 @@ from minddp.bench.memory import plot, row
 
 measured = [dict(row(world, s, memory[s]), label=s) for s in STAGES]
 measured.append(dict(row(world, "fsdp:bf16", memory["fsdp bf16"]), label="fsdp\ncomputing in bf16"))
-# the model state and its fp32 formula only: the gathered units are held at another moment
+# the model state and its fp32 formula only: all-gather buffers (zero1's held in its update) are in the last section
 plot(
     [{k: v for k, v in r.items() if k not in ("formula_mixed", "gathered")} for r in measured],
-    title=f"Rank 0's model state ({world} ranks) at the update:\nmeasured (bars) beside the fp32 formulas (lines)",
+    title=f"Rank 0's model state ({world} ranks) at the update, all-gather buffers aside:\n"
+    "measured (bars) beside the fp32 formulas (lines)",
     ylabel="MiB on rank 0",
 )
 held = {r["label"]: r["parameters"] + r["gradients"] + r["optimizer"] for r in measured}
@@ -257,10 +256,10 @@ lesson.claim(
 # %% [markdown]
 # ### Why the master weights stay fp32
 #
-# A bf16 number has 8 significant bits: its spacing at a value is at least 2⁻⁸ of it, so a change under
-# 2⁻⁹ of a weight is always lost. AdamW's first update moves a value by about lr: lr · g/|g|, its
-# bias-corrected averages of the gradient g and of g² being g and g² then, unless g is zero or as small as
-# AdamW's ε. The cell prints ddp's first update's median change, then adds lr to,
+# A bf16 number has 8 significant bits, and a sum is rounded to the nearest bf16 value: a weight keeps a
+# change only if it is at least half the step to the next bf16 value that way, a step of 2⁻⁸ to 2⁻⁷ of the
+# weight, so a change under 2⁻⁹ of a weight is always lost. AdamW's first update moves a value by about lr:
+# lr · g/|g| for its gradient g, unless g is zero or as small as AdamW's ε. The cell prints ddp's first update's median change, then adds lr to,
 # and subtracts it from, every initial value in bf16 and in fp32:
 
 # %%
@@ -281,10 +280,10 @@ kept = {k: v[v != 0] for k, v in moved.items()}  # each change that was not lost
 lesson.claim(
     all(torch.equal(row, in_a_norm) for row in lost)
     and bool((values[in_a_norm] == 1).all())
-    and torch.equal(values.abs() * 2**-9 > lr, in_a_norm)
+    and lr < 2**-9  # half the step below 1.0 (2⁻⁸); the step above is 2⁻⁷
     and moved["fp32"].all(),
     f"Adding or subtracting lr = {lr} in bf16 leaves unchanged exactly the {int(in_a_norm.sum()):,} weights "
-    f"(each 1.0) of the {len(norms)} RMSNorms, the only values lr is under 2⁻⁹ of; in fp32 every value moves "
+    f"(each 1.0) of the {len(norms)} RMSNorms, lr being under half a bf16 step at 1.0; in fp32 every value moves "
     f"by lr to within {(kept['fp32'] - 1).abs().max():.3%}. So bf16 master weights would drop every change of lr "
     f"on the RMSNorms and miss lr elsewhere by up to {(kept['bf16'] - 1).abs().max():.0%}.",
 )
@@ -314,8 +313,7 @@ lesson.claim(
 # bytes of optimizer state (the fp32 master copy, 4, and Adam's moments, 8): still `16Ψ` for DDP, but 12
 # of the 16 bytes are now optimizer state, which ZeRO-1 already shards: ZeRO-1 `4Ψ + 12Ψ/n`, ZeRO-2
 # `2Ψ + 14Ψ/n`, FSDP `16Ψₛ/n + 16Ψᵣ` as before. The table holds formulas, not measurements: minddp's
-# `ddp`, `zero1` and `zero2` have no `compute_dtype`, and fsdp in bf16 above keeps 4 + 4 + 8 bytes a
-# value at the update, not the paper's 2 + 2 + 12.
+# `ddp`, `zero1` and `zero2` have no `compute_dtype`.
 
 # %%
 # %%rank 0
@@ -377,7 +375,7 @@ show_source(ZeroRedundancyOptimizer.step)
 # ## ZeRO-2: reduce-scatter the gradients
 #
 # `zero2` is `bucket-async` (`AsyncBucketDDP`, which starts each gradient bucket's all_reduce during the
-# backward) with four changes, parts 1 to 4 in its code's comments (not ZeRO-1's numbering):
+# backward) with four changes, parts 1 to 4 in its code's comments:
 #
 # 1. each parameter is cut into n chunks, as in ZeRO-1, and this rank's chunk, its shard, is made a
 #    parameter of its own (`self.shard[p]`), a view into the whole one;
@@ -418,8 +416,8 @@ show_source(reduce_scatter_hook)
 # passed in). Its *gradient collectives* are those that sum gradients (fsdp's all_reduces of its replicated
 # tensors included); it counts the all-gathers of parameters apart. In these *gloo looks* a `Wire` with no
 # transport of its own runs zero2's and fsdp's reduce-scatters as all_reduces of the whole tensor, keeping this
-# rank's piece. Each is its trainee's second step: the first was the
-# memory step, so zero2's starts by gathering the parameters that step updated.
+# rank's piece. Each is its trainee's second step, so zero2's starts by gathering the parameters the
+# memory step updated.
 
 # %%
 # %%distributed
@@ -483,18 +481,6 @@ lesson.claim(
     f"under the bound's {2 * accum}. In all it sent {total['fsdp'] / 2**20:.2f} MiB a step, "
     f"within the bound's {mib(fsdp_most)}.",
 )
-state = table["model state MiB"]  # the memory table's, at the update
-lesson.say(
-    "Against ddp, model state at the update for bytes sent: "
-    + ", ".join(f"{s} {100 * state[s] / state['ddp']:.0f} % for {total[s] / whole:.1f} times" for s in STAGES[1:])
-    + (
-        "; zero2 keeps less than zero1 at the update and sends less"
-        if state["zero2"] < state["zero1"] and total["zero2"] < total["zero1"]
-        else ""
-    )
-    + ("; fsdp keeps the least and sends the most" if state.idxmin() == max(total, key=total.get) == "fsdp" else "")
-    + "."
-)
 on_wire.round(2)
 
 # %% [markdown]
@@ -509,7 +495,8 @@ on_wire.round(2)
 # the backward of one autograd function (`Unshard`): in the last micro-batch's backward they go to one
 # gradient collective (a reduce-scatter), and each replicated tensor's
 # gradient to an all_reduce; in the others they are only accumulated, whole; (6)
-# at the end of the backward fsdp waits for them and gives each shard its chunk as `.grad`.
+# at the end of the backward fsdp waits for them and gives each shard its chunk as `.grad`. A cell after
+# them sizes one unit, gathered alone, and counts a step's collectives.
 
 # %%
 # %%rank 0
@@ -535,28 +522,18 @@ print(key_lines(FullyShardedDataParallel, lines))
 
 # %%
 # %%distributed
-from minddp.sharding.memory import gathered_bytes
+from minddp.notebook import lesson_06
 
 fsdp = trainees["fsdp"].model
-unit = fsdp.units[0]  # the units are all one size (the claim checks it)
-unit_bytes = sum(unit.numels) * 4  # its full fp32 parameters
-idle = gathered_bytes(fsdp)  # between steps: nothing gathered, nothing prefetched
-fsdp._start_gather(unit)  # this unit alone, gathered as a forward does
-received = unit.gathering[0].untyped_storage().nbytes()  # the all-gather's output buffer
-fsdp._gather(unit)  # wait, then copy out into full parameters, storages of their own
-full_unit = sum(t.untyped_storage().nbytes() for t in unit.full)
-fsdp._free(unit)
+one = lesson_06.one_unit(fsdp)  # the first unit, gathered alone as a forward gathers it, then freed
 peak = memory["fsdp"]["gathered"]
-# the buffer holds the unit's chunks, padded to equal length where n does not divide a tensor: under 0.1 % over
-# the Probe counts no send block (the all-gather's input; see the planned buffers below)
 lesson.claim(
-    idle == 0
+    one["idle"] == 0
     and len({sum(u.numels) for u in fsdp.units}) == 1
-    and all(abs(b - unit_bytes) < 1e-3 * unit_bytes for b in (received, full_unit))
-    and received + full_unit == peak,
-    f"fsdp's gathered units peak at {mib(peak)} in the memory step: two units' bytes, a unit being "
-    + ("exactly" if received == full_unit == unit_bytes else "to within 0.1 %")
-    + f" {mib(unit_bytes)} as all-gather output or as full parameters.",
+    and one["received"] == one["full"] == one["planned"]  # no padding: n divides each tensor here
+    and one["received"] + one["full"] == peak,
+    f"fsdp's gathered units peak at {mib(peak)} in the memory step: the bytes of a unit's all-gather output and "
+    f"its full parameters together, {mib(one['received'])} each (the units are all one size).",
 )
 f = looks["fsdp"]
 lesson.claim(
@@ -635,79 +612,58 @@ lesson.say(
 # %% [markdown]
 # ## Each stage's bytes at three moments
 #
-# Each *held* sum adds up rank 0's model state at one moment, activations aside, and, for a
-# stage gathering then, its *all-gather buffers* (the input and output tensors of its all-gathers at
-# once, planned by `all_gather_buffer_bytes`, not measured) and fsdp's *full unit* (the parameters copied out).
+# Each *held* sum adds up rank 0's model state at one moment, activations aside, plus, for a stage gathering
+# then, its all-gathers' input and output tensors (planned by `all_gather_buffer_bytes`) and fsdp's full unit.
+# A sharded stage's saving depends on the moment: zero1 holds more than ddp at the update, zero2 more than
+# ddp and zero1 at a step's first forward, fsdp less at each; activations, which no stage shards, are over
+# half of what fsdp holds at the end of a forward.
 
 # %%
 # %%rank 0
-from minddp.sharding.memory import all_gather_buffer_bytes
+from minddp.notebook.lesson_06 import GATHERING, gather_buffers, held_sums
 
-
-def grads_now(t):  # gradient bytes held between steps, in every tensor a stage may hold them in
-    held = {id(p): p for g in t.optimizer.param_groups for p in g["params"]} | {id(p): p for p in t.model.parameters()}
-    held |= {id(p): p for p in getattr(t.model, "full", [])}  # zero2's full parameters
-    return sum(p.grad.nbytes for p in held.values() if p.grad is not None)
-
-
-kept = {s: memory[s]["parameters"] + memory[s]["optimizer"] for s in STAGES}
-buffers = {"ddp": 0, "zero1": all_gather_buffer_bytes(trainees["zero1"].optimizer)}
-buffers |= {s: all_gather_buffer_bytes(trainees[s].model) for s in ("zero2", "fsdp")}
-full_by = {s: full_unit if s == "fsdp" else 0 for s in STAGES}  # fsdp's unit, measured in the cell above
-extra = {s: buffers[s] + full_by[s] for s in STAGES}  # held while a stage gathers
-MOMENTS = {  # moment: (the stages gathering then, each stage's model state)
-    "at the update": (["zero1"], {s: kept[s] + memory[s]["gradients"] for s in STAGES}),
-    "at a step's first forward": (["zero2", "fsdp"], {s: kept[s] + grads_now(trainees[s]) for s in STAGES}),
-    "at a later micro-batch's forward": (["fsdp"], {s: kept[s] + between[s] for s in STAGES}),
-}
-held_at = {m: {s: state[s] + extra[s] * (s in gathering) for s in STAGES} for m, (gathering, state) in MOMENTS.items()}
-trade = pd.DataFrame({f"held {m}": t for m, t in held_at.items()})
-trade["all-gather buffers"], trade["full unit"] = pd.Series(buffers), pd.Series(full_by)
+buffers, sends = gather_buffers(trainees)  # planned: zero1's and zero2's for every bucket, fsdp's for one unit
+adds = {"ddp": 0, "zero1": buffers["zero1"], "zero2": buffers["zero2"], "fsdp": buffers["fsdp"] + one["full"]}
+held_at = held_sums(trainees, memory, between, adds)
+trade = pd.DataFrame({f"held {m}": h for m, h in held_at.items()})
+trade["added while gathering"] = pd.Series(adds)
 lesson.say(
-    "MiB on rank 0; the last two columns are in the held sum of "
-    + ", ".join(f"{' and '.join(g)} {m}" for m, (g, _) in MOMENTS.items())
+    "MiB on rank 0; the last column is in the held sum of "
+    + ", ".join(f"{' and '.join(g)} {m}" for m, g in GATHERING.items())
     + "."
 )
-sharded = {"zero1": trainees["zero1"].optimizer} | {s: trainees[s].model for s in ("zero2", "fsdp")}
-sends = {s: sum(sharded[s].gather_block(b) * 4 for b in sharded[s].buckets) for s in ("zero1", "zero2")}
-sends["fsdp"] = sharded["fsdp"].gather_block(unit) * 4  # this rank's fp32 shards of a unit, padded, copied together
-recv = {s: buffers[s] - sends[s] for s in sends}
-# zero1's and zero2's output buffers hold every bucket (the whole model, padded: under 0.1 % over); fsdp's one unit
+recv = {s: buffers[s] - sends[s] for s in sends}  # output: zero1's and zero2's the whole model, padded
 lesson.claim(
     all(buffers[s] == (world + 1) * sends[s] for s in sends)
     and all(abs(recv[s] - model_bytes) < 1e-3 * model_bytes for s in ("zero1", "zero2"))
-    and recv["fsdp"] == received,
-    "All-gather buffers, output + input: "
-    + ", ".join(f"{s} {buffers[s] / 2**20:.2f} = {recv[s] / 2**20:.2f} + {sends[s] / 2**20:.2f}" for s in sends)
-    + " (all buckets; fsdp: one unit).",
+    and adds["fsdp"] == peak + sends["fsdp"],
+    "Added while gathering, output + input: "
+    + ", ".join(
+        f"{s} {adds[s] / 2**20:.2f} = {recv[s] / 2**20:.2f} + {sends[s] / 2**20:.2f}" for s in ("zero1", "zero2")
+    )
+    + f"; fsdp {mib(adds['fsdp'])} = its gathered units' peak {mib(peak)} + its all-gather's input "
+    f"{mib(sends['fsdp'])}, which that peak leaves out.",
 )
-act = {s: memory[s]["activations"] for s in STAGES}
-first = list(MOMENTS)[1]
-more = {s: [m for m in MOMENTS if held_at[m][s] > held_at[m]["ddp"]] for s in STAGES[1:]}
+first = list(GATHERING)[1]
+more = {s: [m for m in GATHERING if held_at[m][s] > held_at[m]["ddp"]] for s in STAGES[1:]}
 over = {s: held_at[m][s] - held_at[m]["ddp"] for s in more for m in more[s]}
 lesson.claim(
     more == {"zero1": ["at the update"], "zero2": [first], "fsdp": []}
-    and all(0 < over[s] < buffers[s] for s in over)
-    and held_at["at the update"]["zero2"] < held_at["at the update"]["zero1"]
     and held_at[first]["zero2"] > held_at[first]["zero1"],
-    f"Against ddp's held sum at the same moment, zero1's is {mib(over['zero1'])} more at the update and zero2's "
-    f"{mib(over['zero2'])} more {first}, each less than its planned all-gather buffers; fsdp's is less at every "
-    f"moment. zero2's is under zero1's at the update, over it {first}.",
+    f"Against ddp at the same moment, zero1 holds {mib(over['zero1'])} more at the update, zero2 "
+    f"{mib(over['zero2'])} more {first} (more than zero1 too), fsdp less at each moment.",
 )
-# all held at the end of a later micro-batch's forward: the model state, one forward's saved tensors, and fsdp's
-# last unit, kept gathered for the backward (part 3)
-end_fwd = {s: kept[s] + between[s] + act[s] + full_by[s] for s in STAGES}
+# held at the end of a later micro-batch's forward: that moment's model state, fsdp's last unit (kept gathered for
+# the backward, part 3) and one forward's saved tensors
+act = {s: memory[s]["activations"] for s in STAGES}
+last = held_sums(trainees, memory, between, {s: one["full"] * (s == "fsdp") for s in STAGES})
+end_fwd = {s: last["at a later micro-batch's forward"][s] + act[s] for s in STAGES}
 lesson.claim(
-    len(set(act.values())) == 1,
-    f"No stage shards activations: each saves {mib(act['ddp'])} a forward. At the end of a later micro-batch's "
-    "forward, model state, activations and fsdp's last unit (kept gathered) come to "
+    len(set(act.values())) == 1 and 2 * act["fsdp"] > end_fwd["fsdp"],
+    f"Every stage saves {mib(act['ddp'])} of activations a forward, {100 * act['fsdp'] / end_fwd['fsdp']:.0f} % "
+    "of what fsdp holds at the end of a later micro-batch's forward; each stage holds then "
     + ", ".join(f"{s} {end_fwd[s] / 2**20:.2f}" for s in sorted(STAGES, key=end_fwd.get, reverse=True))
     + " MiB.",
-)
-lesson.say(
-    f"fsdp's sum there is {100 * end_fwd['fsdp'] / end_fwd['ddp']:.0f} % of ddp's, though its model state at the "
-    f"update is {100 * state['fsdp'] / state['ddp']:.0f} % of ddp's: activations are "
-    f"{100 * act['fsdp'] / end_fwd['fsdp']:.0f} % of fsdp's sum."
 )
 (trade / 2**20).round(2)
 
