@@ -72,7 +72,7 @@ lesson_07.print_phase_lines()
 # * `full_world_at=(9,)`: step 9's first quorum waits for all three slots, so steps are left when slot 1's new
 #   process asks;
 # * `restart_after_steps=1`: the launcher starts a killed slot again only after a step was committed
-#   without it, or at once when every slot is down;
+#   without it, or when every slot is down;
 # * `digests=True`: each member records a sha256 of its parameters and optimizer state just before each
 #   attempt's work (its *before* digest) and after each discarded attempt, unless its process dies in it.
 #
@@ -114,7 +114,7 @@ lesson_07.print_recoveries(run, kill, raised, hang_s)
 
 
 # %% [markdown]
-# The kill's rejoin in parts, then the heal. A `✓` line from `lesson.claim` is a **claim**: it holds on the
+# The kill's rejoin in parts. A `✓` line from `lesson.claim` is a **claim**: it holds on the
 # run shown, or the cell fails (the exercise checker's `✓` and `✗` are verdicts; they fail nothing).
 
 # %%
@@ -261,7 +261,7 @@ show_source(solutions.ft_shard)
 # <details><summary>2. Three kills</summary>
 #
 # Killing all three in the same step leaves no **holder** (a process holding the trained state: a member
-# of the newest committed step). With every slot down, the launcher starts all three again at once; fresh,
+# of the newest committed step). With every slot down, the launcher starts all three again; fresh,
 # they ask for step 0, the lighthouse reports the state lost, and the launcher stops the run rather than
 # train the committed steps again.
 #

@@ -74,7 +74,8 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
     bound."""
     for o in (kill, raised):
         asked, came_ms, to_commit = _parts(run, o)
-        moments = [(asked, "last request"), (asked + came_ms, "next quorum")]
+        last = "last request" + (" of the next quorum's members" if o is kill else "")  # defined where first printed
+        moments = [(asked, last), (asked + came_ms, "next quorum")]
         if o.discard_s is not None:
             moments.append((ms(o.discard_s), "attempt discarded"))
         exit_ = None if o.exit_s is None else ms(o.exit_s)
@@ -98,11 +99,11 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
 
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
-    """For a kill ``o``: the rejoin, split in the parts that add up to it, each with its share of the rejoin: until
-    the launcher started the slot's new process; that process starting up, to its first quorum request; from that
-    request to the quorum; and the rejoin as a multiple of the kill's recovery.
+    """For a kill ``o``, in words: the recovery and the rejoin, and whether the new process's start-up was most of the
+    rejoin; then the rejoin split in the parts that add up to it, each with its share: until the launcher started the
+    slot's new process; that process starting up, to its first quorum request; from that request to the quorum.
     Then how long the survivors trained nothing before that quorum (and whether the run's ``full_world_at`` kept it
-    for the slot), and the heal: its time, the bytes it received, and its share of the new process's start-up."""
+    for the slot), and the time from that quorum to the healed process's work, with what it holds."""
     slot, step = o.fault.slot, o.fault.step
     others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
     last_step, last = o.last_commit
@@ -114,19 +115,17 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
 
     parts = [
         (start, "until the launcher started the new process"),
-        (
-            startup,
-            "the new process starting up (imports, connection, model and optimizer), to its first quorum request",
-        ),
-        (rejoin - asked, "from that request to the quorum"),
+        (startup, "the new process starting up, to its first quorum request"),
+        (rejoin - asked, f"from that request to step {o.healed_at}'s quorum"),
     ]
+    survivors = f"slots {' and '.join(others)}"
+    how = "most of it the new process starting up" if 2 * startup > rejoin else "in these parts"
     print(
-        f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill, "
-        f"{rejoin / ms(o.recovery_s):.0f} times its recovery:"
+        f"{survivors} committed step {o.committed_step} {ms(o.recovery_s)} ms after the kill (the recovery); "
+        f"taking slot {slot} back took {rejoin} ms (the rejoin), {how}:"
     )
     for t, span in parts:
         print(f"  {t} ms ({share(t)}) {span}")
-    survivors = f"slots {' and '.join(others)}"
     steps = f"step {step}" if last_step == step else f"steps {step}-{last_step}"
     idle = rejoin - ms(last)
     # they had committed the step before the new process asked: the scripted quorum waited for it
@@ -139,9 +138,9 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     healing = heal_s(run, o)
     if healing is not None:
         print(
-            f"then {ms(healing)} ms from that quorum to its work, the heal's "
-            f"{run.results[slot]['healed_bytes']:,} bytes from a peer included: "
-            + (f"{ms(healing) / startup:.0%} of that start-up" if startup > 0 else "the start-up took no whole ms")
+            f"then {ms(healing)} ms from that quorum to slot {slot}'s work: the group built, "
+            f"{run.results[slot]['healed_bytes']:,} bytes of state received from a peer and loaded, the `ddp` stage "
+            "built on the group, a digest taken"
         )
 
 
