@@ -286,12 +286,7 @@ for bound in (2.0, 1.0):
     )
     o = stops[bound] = fault_outcomes(stopped)[0]
     evicted[bound] = lesson_07.evicted_s(stopped, o)  # s from the freeze to each eviction of its slot
-    when = (
-        f"evicted at {', '.join(str(lesson_07.ms(t)) for t in evicted[bound])} ms" if evicted[bound] else "not evicted"
-    )
-    early = evicted[bound] and lesson_07.ms(evicted[bound][0]) < lesson_07.ms(bound)  # under the bound after the freeze
-    when += ", under the bound: silent since before the freeze" if early else ""
-    print(f"hang_s = {bound:g} s: recovery {lesson_07.ms(o.recovery_s)} ms; slot {o.fault.slot} {when}")
+    print(f"hang_s = {bound:g} s: recovery {lesson_07.ms(o.recovery_s)} ms")
     for slot, error in stopped.errors(4)[:1]:  # the first error caught
         print(f"  slot {slot}, step 4: {error}")
 # the lighthouse forms no quorum until it evicts the frozen slot

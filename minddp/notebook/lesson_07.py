@@ -99,12 +99,12 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
 
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
-    """For a kill ``o``, in words: the recovery and the rejoin, and whether the new process's start-up was most of the
-    rejoin; then the rejoin split in the parts that add up to it, each with its share: until the launcher started the
-    slot's new process; that process starting up, to its first quorum request; from that request to the quorum.
-    Then how long the survivors trained nothing before that quorum (and whether the run's ``full_world_at`` kept it
-    for the slot), and the time from that quorum to the healed process's work, with what it holds."""
-    slot, step = o.fault.slot, o.fault.step
+    """For a kill ``o``, in words: when the survivors committed the step (the recovery) and their later steps, and
+    whether the run's ``full_world_at`` then held them for the slot; when the slot was back (the rejoin), and whether
+    its new process's start-up was most of it. Then the rejoin in the parts that add up to it, each with its share:
+    until the launcher started the new process; its start-up, to its first quorum request; from that request to the
+    quorum. Last, the time from that quorum to the healed process's work, with what it holds."""
+    slot = o.fault.slot
     others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
     last_step, last = o.last_commit
     rejoin, start, asked = ms(o.rejoin_s), ms(o.restart_s), ms(first_request_s(run, o))
@@ -113,34 +113,27 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     def share(t_ms: int) -> str:
         return "under 1%" if 0 < t_ms < rejoin / 200 else f"{t_ms / rejoin:.0%}"
 
+    later = f", steps {o.committed_step + 1}-{last_step} by {ms(last)} ms" if last_step > o.committed_step else ""
+    # they had committed their steps before the new process asked: the scripted quorum waited for it
+    held = o.healed_at in full_world_at and ms(last) < asked
+    why = f", then trained nothing until step {o.healed_at}'s quorum (full_world_at held it for slot {slot})"
+    how = ", most of it its new process starting up" if 2 * startup > rejoin else ""
+    print(
+        f"slots {' and '.join(others)} committed step {o.committed_step} by {ms(o.recovery_s)} ms after the kill (the "
+        f"recovery){later}{why if held else ''}; slot {slot} was back {rejoin} ms after the kill (the rejoin){how}:"
+    )
     parts = [
-        (start, "until the launcher started the new process"),
-        (startup, "the new process starting up, to its first quorum request"),
+        (start, f"until the launcher started slot {slot}'s new process"),
+        (startup, "its start-up, to its first quorum request"),
         (rejoin - asked, f"from that request to step {o.healed_at}'s quorum"),
     ]
-    survivors = f"slots {' and '.join(others)}"
-    how = "most of it the new process starting up" if 2 * startup > rejoin else "in these parts"
-    print(
-        f"{survivors} committed step {o.committed_step} {ms(o.recovery_s)} ms after the kill (the recovery); "
-        f"taking slot {slot} back took {rejoin} ms (the rejoin), {how}:"
-    )
     for t, span in parts:
         print(f"  {t} ms ({share(t)}) {span}")
-    steps = f"step {step}" if last_step == step else f"steps {step}-{last_step}"
-    idle = rejoin - ms(last)
-    # they had committed the step before the new process asked: the scripted quorum waited for it
-    held = o.healed_at in full_world_at and ms(last) < asked
-    why = f": full_world_at held it for slot {slot}" if held else ""
-    print(
-        f"{survivors}: committed {steps} at world {len(others)} by {ms(last)} ms after the kill, then trained nothing "
-        f"for {idle} ms, until step {o.healed_at}'s quorum{why}"
-    )
     healing = heal_s(run, o)
     if healing is not None:
         print(
-            f"then {ms(healing)} ms from that quorum to slot {slot}'s work: the group built, "
-            f"{run.results[slot]['healed_bytes']:,} bytes of state received from a peer and loaded, the `ddp` stage "
-            "built on the group, a digest taken"
+            f"then {ms(healing)} ms from that quorum to slot {slot}'s work: building the group, receiving and loading "
+            f"{run.results[slot]['healed_bytes']:,} bytes of state, wrapping the model in `ddp`, a digest"
         )
 
 
