@@ -72,7 +72,7 @@ lesson_07.print_phase_lines()
 # * `full_world_at=(9,)`: step 9's first quorum waits for all three slots, so steps are left when slot 1's new
 #   process asks;
 # * `restart_after_steps=1`: the launcher starts a killed slot again only after a step was committed
-#   without it, or at once when every slot is down;
+#   without it, or when every slot is down;
 # * `digests=True`: each member records a sha256 of its parameters and optimizer state just before each
 #   attempt's work (its *before* digest) and after each discarded attempt, unless its process dies in it.
 #
@@ -114,7 +114,7 @@ lesson_07.print_recoveries(run, kill, raised, hang_s)
 
 
 # %% [markdown]
-# The kill's rejoin in parts, then the heal. A `✓` line from `lesson.claim` is a **claim**: it holds on the
+# The kill's rejoin in parts. A `✓` line from `lesson.claim` is a **claim**: it holds on the
 # run shown, or the cell fails (the exercise checker's `✓` and `✗` are verdicts; they fail nothing).
 
 # %%
@@ -261,7 +261,7 @@ show_source(solutions.ft_shard)
 # <details><summary>2. Three kills</summary>
 #
 # Killing all three in the same step leaves no **holder** (a process holding the trained state: a member
-# of the newest committed step). With every slot down, the launcher starts all three again at once; fresh,
+# of the newest committed step). With every slot down, the launcher starts all three again; fresh,
 # they ask for step 0, the lighthouse reports the state lost, and the launcher stops the run rather than
 # train the committed steps again.
 #
@@ -286,12 +286,7 @@ for bound in (2.0, 1.0):
     )
     o = stops[bound] = fault_outcomes(stopped)[0]
     evicted[bound] = lesson_07.evicted_s(stopped, o)  # s from the freeze to each eviction of its slot
-    when = (
-        f"evicted at {', '.join(str(lesson_07.ms(t)) for t in evicted[bound])} ms" if evicted[bound] else "not evicted"
-    )
-    early = evicted[bound] and lesson_07.ms(evicted[bound][0]) < lesson_07.ms(bound)  # under the bound after the freeze
-    when += ", under the bound: silent since before the freeze" if early else ""
-    print(f"hang_s = {bound:g} s: recovery {lesson_07.ms(o.recovery_s)} ms; slot {o.fault.slot} {when}")
+    print(f"hang_s = {bound:g} s: recovery {lesson_07.ms(o.recovery_s)} ms")
     for slot, error in stopped.errors(4)[:1]:  # the first error caught
         print(f"  slot {slot}, step 4: {error}")
 # the lighthouse forms no quorum until it evicts the frozen slot

@@ -74,7 +74,8 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
     bound."""
     for o in (kill, raised):
         asked, came_ms, to_commit = _parts(run, o)
-        moments = [(asked, "last request"), (asked + came_ms, "next quorum")]
+        last = "last request" + (" of the next quorum's members" if o is kill else "")  # defined where first printed
+        moments = [(asked, last), (asked + came_ms, "next quorum")]
         if o.discard_s is not None:
             moments.append((ms(o.discard_s), "attempt discarded"))
         exit_ = None if o.exit_s is None else ms(o.exit_s)
@@ -98,12 +99,12 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
 
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
-    """For a kill ``o``: the rejoin, split in the parts that add up to it, each with its share of the rejoin: until
-    the launcher started the slot's new process; that process starting up, to its first quorum request; from that
-    request to the quorum; and the rejoin as a multiple of the kill's recovery.
-    Then how long the survivors trained nothing before that quorum (and whether the run's ``full_world_at`` kept it
-    for the slot), and the heal: its time, the bytes it received, and its share of the new process's start-up."""
-    slot, step = o.fault.slot, o.fault.step
+    """For a kill ``o``, in words: when the survivors committed the step (the recovery) and their later steps, and
+    whether the run's ``full_world_at`` then held them for the slot; when the slot was back (the rejoin), and whether
+    its new process's start-up was most of it. Then the rejoin in the parts that add up to it, each with its share:
+    until the launcher started the new process; its start-up, to its first quorum request; from that request to the
+    quorum. Last, the time from that quorum to the healed process's work, with what it holds."""
+    slot = o.fault.slot
     others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
     last_step, last = o.last_commit
     rejoin, start, asked = ms(o.rejoin_s), ms(o.restart_s), ms(first_request_s(run, o))
@@ -112,36 +113,27 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     def share(t_ms: int) -> str:
         return "under 1%" if 0 < t_ms < rejoin / 200 else f"{t_ms / rejoin:.0%}"
 
-    parts = [
-        (start, "until the launcher started the new process"),
-        (
-            startup,
-            "the new process starting up (imports, connection, model and optimizer), to its first quorum request",
-        ),
-        (rejoin - asked, "from that request to the quorum"),
-    ]
+    later = f", steps {o.committed_step + 1}-{last_step} by {ms(last)} ms" if last_step > o.committed_step else ""
+    # they had committed their steps before the new process asked: the scripted quorum waited for it
+    held = o.healed_at in full_world_at and ms(last) < asked
+    why = f", then trained nothing until step {o.healed_at}'s quorum (full_world_at held it for slot {slot})"
+    how = ", most of it its new process starting up" if 2 * startup > rejoin else ""
     print(
-        f"rejoin: step {o.healed_at}'s quorum took slot {slot}'s new process back {rejoin} ms after the kill, "
-        f"{rejoin / ms(o.recovery_s):.0f} times its recovery:"
+        f"slots {' and '.join(others)} committed step {o.committed_step} by {ms(o.recovery_s)} ms after the kill (the "
+        f"recovery){later}{why if held else ''}; slot {slot} was back {rejoin} ms after the kill (the rejoin){how}:"
     )
+    parts = [
+        (start, f"until the launcher started slot {slot}'s new process"),
+        (startup, "its start-up, to its first quorum request"),
+        (rejoin - asked, f"from that request to step {o.healed_at}'s quorum"),
+    ]
     for t, span in parts:
         print(f"  {t} ms ({share(t)}) {span}")
-    survivors = f"slots {' and '.join(others)}"
-    steps = f"step {step}" if last_step == step else f"steps {step}-{last_step}"
-    idle = rejoin - ms(last)
-    # they had committed the step before the new process asked: the scripted quorum waited for it
-    held = o.healed_at in full_world_at and ms(last) < asked
-    why = f": full_world_at held it for slot {slot}" if held else ""
-    print(
-        f"{survivors}: committed {steps} at world {len(others)} by {ms(last)} ms after the kill, then trained nothing "
-        f"for {idle} ms, until step {o.healed_at}'s quorum{why}"
-    )
     healing = heal_s(run, o)
     if healing is not None:
         print(
-            f"then {ms(healing)} ms from that quorum to its work, the heal's "
-            f"{run.results[slot]['healed_bytes']:,} bytes from a peer included: "
-            + (f"{ms(healing) / startup:.0%} of that start-up" if startup > 0 else "the start-up took no whole ms")
+            f"then {ms(healing)} ms from that quorum to slot {slot}'s work: building the group, receiving and loading "
+            f"{run.results[slot]['healed_bytes']:,} bytes of state, wrapping the model in `ddp`, a digest"
         )
 
 
