@@ -532,8 +532,7 @@ meet("ddp", before="bucket-async")
 v = looks["ddp"]
 lesson.claim(
     v["calls"] == v["calls_in_backward"] and v["waits_in_backward"] == 0,
-    "ddp sends every bucket from inside the backward and waits for none of them before its last operator, as "
-    "bucket-async does.",
+    "ddp sends every bucket from inside the backward and waits for none before its last operator.",
 )
 
 # %% [markdown]

@@ -45,9 +45,7 @@ def say_check(stage: str, on_ranks: list[float], spans: list) -> None:
         said += "; the ranks' times differ by less than 1 ms."
     elif len(spans) == 1:
         said += f": rank {short} reached it {gap:.0f} ms after rank {long}, which stood there until it joined."
-    else:  # a net over the checks: at each, either rank may have been there first
-        said += "; at each, the rank there first was held until the other joined."
-    say(said)
+    say(said if said.endswith(".") else said + ".")  # over several checks: the times only
 
 
 def say_slow(stage: str, looks: dict) -> None:
@@ -94,8 +92,8 @@ def say_before_single(looks: dict) -> None:
     earlier = [s for s in looks if s != "single" and round(end[s]) < round(end["single"])]
     if earlier:
         say(
-            f"{listed(earlier)} ended before single, which sends nothing: not a gain from communicating, but one "
-            "profiled step each on a shared machine."
+            f"{listed(earlier)} ended before single, which sends nothing: no gain from communicating, one profiled "
+            "step each on a shared machine."
         )
 
 
@@ -181,19 +179,15 @@ def cap_name(cap) -> str:
 
 
 def say_sweep(swept: dict, this_run_s: float, model: list, default) -> None:
-    """The cap sweep in words: the steps' own backwards (less the check), the shortest and longest with their caps,
-    and the sweep's median backward, ``this_run_s``, which the model replays; then the step whose link after backward
-    fell furthest under the model's (``model``: the grid's :func:`~minddp.costmodel.buckets.plan_costs`, ``default``:
-    None's), with its backward, where that backward was longer than the median (nothing said otherwise)."""
+    """The cap sweep in words: the sweep's median backward, ``this_run_s``, which the model replays; then the step
+    whose link after backward fell furthest under the model's (``model``: the grid's
+    :func:`~minddp.costmodel.buckets.plan_costs`, ``default``: None's), with its backward, where that backward was
+    longer than the median (nothing said otherwise)."""
     from minddp.costmodel.buckets import on_the_link
 
     own = {c: backward_less_check(v) for c, v in swept.items()}
-    lo, hi = min(own, key=own.__getitem__), max(own, key=own.__getitem__)
     median = 1e3 * this_run_s
-    said = (
-        f"The steps' own backwards ran {own[lo]:.0f} ({cap_name(lo)}) to {own[hi]:.0f} ms ({cap_name(hi)}); the "
-        f"model replays the sweep's median backward, {median:.0f}."
-    )
+    said = f"The model replays the sweep's median backward, {median:.0f} ms."
     modeled = {c.cap_mb: 1e3 * c.after_backward for c in [*model, default]}
     under = {c: modeled[c] - on_the_link(v["row"])["end_ms"] for c, v in swept.items() if c in modeled}
     far = max(under, key=under.__getitem__)
