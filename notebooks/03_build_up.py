@@ -164,8 +164,7 @@ lesson.claim(
 # loss by k before its backward, so after the last one `.grad` holds the step's mean, not a sum over
 # micro-batches. Averaging is linear, so syncing once, after the last micro-batch, gives the same
 # gradient as syncing after every one. Inside `with model.no_sync():` a forward records that its
-# backward must not sync; the last micro-batch runs outside the block. The decision is taken in
-# `forward`, as in torch. The idea, in a training step of k micro-batches, as the ladder's loop
+# backward must not sync; the last micro-batch runs outside the block. The idea, in a training step of k micro-batches, as the ladder's loop
 # (`minddp.ladder.loop.train_step`) drives every stage:
 #
 # ```python
@@ -277,8 +276,7 @@ lesson.claim(
 )
 lesson.claim(
     v["waits"] == v["waits_in_backward"] == v["calls"],
-    "And the training thread waits for each of them right there, inside the backward, which stops for every "
-    "message and then goes on.",
+    "And the training thread waits for each of them inside the backward.",
 )
 
 # %% [markdown]
@@ -345,6 +343,7 @@ lesson.claim(
     v["calls"] == prev["calls"] == v["calls_in_backward"],
     "hook-async sends as many messages as hook, every one from inside the backward.",
 )
+lesson_03.say_hid(looks, "hook-async")
 
 # %% [markdown]
 # What to look for: messages on the wire while the backward goes on, and no wait for a message inside
@@ -380,8 +379,8 @@ check(solutions.AsyncHookDDP, like="hook-async")
 # %% [markdown]
 # ## `bucket`: fewer, bigger messages
 #
-# Every all_reduce pays a fixed cost, 2(n−1)·α, before its bytes move: one all_reduce per parameter
-# pays it once per parameter tensor, buckets once per bucket. At construction the parameters are grouped, in reverse order (about the order
+# Every all_reduce pays the link's fixed cost, 2(n−1)·α: once per parameter tensor without buckets,
+# once per bucket with them. At construction the parameters are grouped, in reverse order (about the order
 # backward produces them in), into buckets of about `bucket_cap_mb` (torch's rule,
 # `plan_buckets`); in the grad hook each parameter is counted in its bucket, and when the bucket's last
 # gradient is in, the bucket is flattened into one buffer and sent in one call; when the average is
@@ -533,12 +532,7 @@ meet("ddp", before="bucket-async")
 v = looks["ddp"]
 lesson.claim(
     v["calls"] == v["calls_in_backward"] and v["waits_in_backward"] == 0,
-    "ddp sends every bucket from inside the backward and waits for none of them before its last operator, as "
-    "bucket-async does.",
-)
-lesson.say(
-    "ddp's waits run in its end-of-backward callback, inside `loss.backward()` but after its last operator: drawn "
-    "after the backward bar."
+    "ddp sends every bucket from inside the backward and waits for none before its last operator.",
 )
 
 # %% [markdown]
@@ -578,8 +572,7 @@ lesson.picture(
 )
 ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 checks = lesson_03.checks_on_ranks(looks, ladder)  # each rank's own time at the check
-lesson_03.say_speeds(looks)
-lesson_03.say_check_gaps(looks, checks)
+lesson_03.say_before_single(looks)
 
 # %%
 # %%rank 0
@@ -593,7 +586,7 @@ lesson_03.look_table(looks, checks)
 # ## The bucket lesson: what buckets trade
 #
 # `hook-async` and `bucket-async` send the same bytes, one message per gradient against one per
-# bucket, both during the last backward, and wait for them in finish. A bucketed stage
+# bucket, both during the last backward, and wait for them in finish. On the link, a bucketed stage
 # trades three things against a per-gradient one:
 #
 # 1. **per message**: every all_reduce pays 2(n−1)·α on the link;
@@ -648,7 +641,7 @@ table
 # profiled step, no warm-up, at other caps on the same link (the workload's cap is the step above;
 # `None`: torch's default, 25 MiB after a first bucket of 1 MiB, drawn right of the grid). The
 # step-time model (`docs/scaling.md`) replays each cap's plan on the link, with the bare network's
-# timings scaled to the median of the five steps' backwards (less the check). The lower panel: the model's
+# timings scaled to the median of the five steps' backwards (less the check), *the sweep's median backward*. The lower panel: the model's
 # three costs of each grid cap.
 
 # %%
@@ -722,9 +715,9 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     params = [p for p in lesson.make_model(name=model_name).parameters() if p.requires_grad]
     sync_bytes = sum(p.numel() * p.element_size() for p in params)
     if name == "4 × T4":  # the sweep's median above; deep-llama: the median of three steps of single (no check)
-        timed, how = this_run, "the cap sweep's median"
+        timed = this_run
     else:
-        timed, how = lesson_03.median_backward_s("single", model_name), "single's, median of 3 steps"
+        timed = lesson_03.median_backward_s("single", model_name)
     backward = sized_from[name] = lesson_03.rank0s(timed)  # rank 0's, so that every rank builds the same link
     bytes_ratio, message_ratio = setting_ratios[name]  # one sync's bytes, one message's 2(n−1)·α, in backwards
     assert world_size == 2  # so one all_reduce of m bytes takes 2α + m·β
@@ -744,7 +737,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         len(blog.nbytes),
         sync_bytes,
         sized_from[name],
-        how,
+        lesson_03.SIZED_FROM[name],
         cap,
     )
     for stage in RUN[name]:  # one profiled step each, no warm-up step
@@ -767,7 +760,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # %%distributed
 t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
 far = {s: blog_runs["1024 ranks", s] for s in RUN["1024 ranks"]}
-lesson_03.say_sized_measures(t4, far, sized_from)
+lesson_03.say_sized_measures(t4, far)
 
 # %% [markdown]
 # ## Takeaway

@@ -17,8 +17,8 @@ import torch.distributed as dist
 from minddp.notebook import lesson
 from minddp.notebook.lesson import backward_less_check, say
 
-#: The stages whose parameters-used check 03 reports, rank by rank (the ladder from simple; single sends nothing).
-CHECKED = ("simple", "ga", "hook", "hook-async", "bucket", "bucket-async")
+#: The backward each sized link was sized from, by setting: one name each, in every sentence that quotes it.
+SIZED_FROM = {"4 × T4": "the sweep's median backward", "1024 ranks": "single's median backward of 3 steps"}
 
 
 def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
@@ -41,17 +41,11 @@ def say_check(stage: str, on_ranks: list[float], spans: list) -> None:
     if len(spans) > 1:
         said += f", over {len(spans)} checks"
     gap = round(on_ranks[long]) - round(on_ranks[short])  # of the whole ms printed, so that the sum adds up
-    if stage == CHECKED[0]:  # why the ranks differ is said once, at the first stage checked
-        said += (
-            ": its all_gather holds the rank there first until the other joins, a cost of the check, not of the link."
-        )
-    elif gap == 0:
+    if gap == 0:
         said += "; the ranks' times differ by less than 1 ms."
     elif len(spans) == 1:
         said += f": rank {short} reached it {gap:.0f} ms after rank {long}, which stood there until it joined."
-    else:  # a net over the checks: at each, either rank may have been there first
-        said += "; at each, the rank there first was held until the other joined."
-    say(said)
+    say(said if said.endswith(".") else said + ".")  # over several checks: the times only
 
 
 def say_slow(stage: str, looks: dict) -> None:
@@ -91,43 +85,61 @@ def look_table(looks: dict, checks: dict[str, list[float]]):
     return table
 
 
-def say_speeds(looks: dict) -> None:
-    """The side-by-side bars' caveat, computed: the last backwards (less the check) of the rows with no wait inside
-    them, the least and the most."""
-    own = {s: backward_less_check(v) for s, v in looks.items() if not v.get("waits_in_backward")}
-    lo, hi = min(own, key=own.__getitem__), max(own, key=own.__getitem__)
-    say(f"Backwards with no wait inside ran {own[lo]:.0f} ms ({lo}) to {own[hi]:.0f} ({hi}).")
+def say_before_single(looks: dict) -> None:
+    """The side-by-side bars' caveat, in words: the stages whose profiled step ended before ``single``'s, which sends
+    nothing, did not gain by communicating; each bar is one step on a shared machine. Nothing when none did."""
+    end = {s: v["row"]["end"] for s, v in looks.items()}
+    earlier = [s for s in looks if s != "single" and round(end[s]) < round(end["single"])]
+    if earlier:
+        say(
+            f"{listed(earlier)} ended before single, which sends nothing: no gain from communicating, one profiled "
+            "step each on a shared machine."
+        )
 
 
-def say_check_gaps(looks: dict, checks: dict[str, list[float]]) -> None:
-    """The ranks' arrival gap at the check in the steps with one check (:func:`checks_on_ranks`): the difference of
-    the two ranks' times there (whole ms, as the table prints them), the least and the most, with their stages."""
-    gap = {s: abs(round(ms[0]) - round(ms[1])) for s, ms in checks.items() if len(looks[s]["check_spans"]) == 1}
-    if not gap:
-        return
-    lo, hi = min(gap, key=gap.__getitem__), max(gap, key=gap.__getitem__)
-    first, last = list(gap)[0], list(gap)[-1]
-    say(
-        f"From {first} to {last}, at each step's one check, one rank reached it {gap[lo]} ({lo}) to {gap[hi]} ms "
-        f"({hi}) after the other."
+def stretch(v: dict) -> str:
+    """A stage's synced last backward (less the check) against its backwards that sync nothing, in words, when it
+    ran longer than each of them; "" otherwise (nothing to say, nothing to compare)."""
+    quiet = [e - s for s, e in v["row"]["backward"][:-1]]
+    synced = backward_less_check(v)
+    if not quiet or round(synced) <= round(max(quiet)):
+        return ""
+    return (
+        f"synced backward ran {synced:.0f} ms against {listed([f'{q:.0f}' for q in quiet])} for those that sync nothing"
     )
+
+
+def say_hid(looks: dict, stage: str) -> None:
+    """When ``stage`` exposed none of its link time and its synced backward ran longer than those that sync nothing
+    (:func:`stretch`), both said: it hid the link time inside a longer backward. Nothing otherwise."""
+    said = stretch(looks[stage])
+    if said and lesson.link_parts(looks[stage])[1] == 0:
+        say(f"{stage} exposed none, but its {said}: sending inside it lengthened it.")
 
 
 def say_exposed_parts(looks: dict, stage: str, before: str) -> None:
     """``stage`` against ``before`` (both waiting for each message as it goes): link time and exposed, in whole ms
     as :func:`lesson.say_look` prints, which exposed more, and, where each waits for each message, the link time
-    before each wait began (not exposed)."""
+    before each wait began (not exposed); then, where ``stage`` waited less, its waited and the part of it after the
+    link had delivered against ``before``'s, and, where its step also ended earlier, both steps' ends."""
     (link, exposed), (link0, exposed0) = (lesson.link_parts(looks[s]) for s in (stage, before))
     said = f"{stage} against {before}: link time {link} against {link0} ms, exposed {exposed} against {exposed0}"
     if exposed != exposed0:
         said += f": {stage} exposed {'more' if exposed > exposed0 else 'less'}"
-        if (exposed > exposed0) == (link < link0):
-            said += f" though its link time is {'less' if link < link0 else 'more'}"
         if all(lesson.waits_each(looks[s]) for s in (stage, before)):
-            said += (
-                f", as the link time before each message's wait began, not exposed, was {link - exposed} against "
-                f"{link0 - exposed0} ms"
-            )
+            before_wait = f"{link - exposed} against {link0 - exposed0}"
+            said += f"; link time before each wait began, {before_wait}"
+    (waited, end), (waited0, end0) = (
+        (round(looks[s]["waited_ms"]), round(looks[s]["row"]["end"])) for s in (stage, before)
+    )
+    if waited < waited0:
+        after = [lesson.after_delivery_ms(looks[s]) for s in (stage, before)]
+        said += (
+            f". It waited less, {waited} against {waited0} ms, {after[0]} against {after[1]} of it after the link had "
+            "delivered"
+        )
+        if end < end0:
+            said += f", and its step ended earlier, {end} against {end0} ms"
     say(said + ".")
 
 
@@ -167,20 +179,24 @@ def cap_name(cap) -> str:
 
 
 def say_sweep(swept: dict, this_run_s: float, model: list, default) -> None:
-    """The cap sweep in words: the steps' own backwards (less the check), the shortest and longest with their caps,
-    beside the model's one, ``this_run_s``; the caps whose step exposed least and most (whole ms, as
-    :func:`sweep_table` prints); the cap where the model's link after backward (``model``: the grid's
-    :func:`~minddp.costmodel.buckets.plan_costs`, ``default``: None's; at the table's 0.1 ms) is least."""
+    """The cap sweep in words: the sweep's median backward, ``this_run_s``, which the model replays; then the step
+    whose link after backward fell furthest under the model's (``model``: the grid's
+    :func:`~minddp.costmodel.buckets.plan_costs`, ``default``: None's), with its backward, where that backward was
+    longer than the median (nothing said otherwise)."""
+    from minddp.costmodel.buckets import on_the_link
+
     own = {c: backward_less_check(v) for c, v in swept.items()}
-    lo, hi = min(own, key=own.__getitem__), max(own, key=own.__getitem__)
-    exposed = {c: round(v["exposed_ms"]) for c, v in swept.items()}  # whole ms, as the table prints them
-    least, most = min(exposed, key=exposed.__getitem__), max(exposed, key=exposed.__getitem__)
-    best = min([*model, default], key=lambda c: round(1e3 * c.after_backward, 1))
-    say(
-        f"The steps' own backwards ran {own[lo]:.0f} ({cap_name(lo)}) to {own[hi]:.0f} ms ({cap_name(hi)}) against "
-        f"the model's {1e3 * this_run_s:.0f}. Exposed was least at {cap_name(least)} ({exposed[least]} ms), most at "
-        f"{cap_name(most)} ({exposed[most]}); the model's link after backward is least at {cap_name(best.cap_mb)}."
-    )
+    median = 1e3 * this_run_s
+    said = f"The model replays the sweep's median backward, {median:.0f} ms."
+    modeled = {c.cap_mb: 1e3 * c.after_backward for c in [*model, default]}
+    under = {c: modeled[c] - on_the_link(v["row"])["end_ms"] for c, v in swept.items() if c in modeled}
+    far = max(under, key=under.__getitem__)
+    if round(under[far]) >= 1 and round(own[far] - median) >= 1:
+        said += (
+            f" The {cap_name(far)} step's link after backward, {under[far]:.0f} ms under the model's line, came after "
+            f"a backward {own[far] - median:.0f} ms longer than that median."
+        )
+    say(said)
 
 
 def sweep_figure(swept: dict, model: list, default, link_name: str, world: int, here):
@@ -294,24 +310,17 @@ def listed(names: list[str]) -> str:
     return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
-def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
+def say_sized_measures(t4: dict, far: dict) -> None:
     """Each sized link's rungs (2 ranks): link time, exposed, waited and the step's own last backward less the check,
-    then in words which rungs exposed none of their link time (whole ms), with the share of the setting's ratios each
-    ran at (the backward the link was sized from, ``sized_from``, seconds, by setting name, over the run's), and which
-    exposed over half of it; a whole-ms match of bucket-async's backward on the two links is said to
-    be chance (two networks, two steps)."""
+    then in words which rungs exposed none of their link time (whole ms; :func:`say_takeaway` says the share of the
+    setting's ratios hook-async and bucket-async ran at) and which exposed over half of it; a whole-ms match of
+    bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
         what = "link time, exposed, waited and last backward less the check, ms" if runs is t4 else "the same"
         hid = [s for s, r in runs.items() if round(r["exposed_ms"]) == 0]
         most = [s for s, r in runs.items() if r["exposed_ms"] > r["link_ms"] / 2]
-        sized = 1e3 * sized_from[name]
         said = []
-        if hid:
-            shares = listed([f"{sized / runs[s]['backward_ms']:.2f}" for s in hid])  # a longer backward: smaller
-            said += [
-                f"{listed(hid)} exposed none, at {shares} times the setting's ratios (the {sized:.0f} ms backward "
-                f"the link was sized from, over {'each run' if len(hid) > 1 else 'the run'}'s own)"
-            ]
+        said += [f"{listed(hid)} exposed none"] if hid else []
         said += [f"{listed(most)} exposed over half of {'their' if len(most) > 1 else 'its'} link time"] if most else []
         say(
             f"Sized for {name}; {what}: "
@@ -332,8 +341,9 @@ def say_takeaway(looks: dict, t4: dict, far: dict, sized_from: dict) -> None:
     """The takeaway in words, per setting (this notebook's link: ``looks``; the sized links' runs): whether
     bucket-async exposed more or less than hook-async (whole ms), with each one's link after backward (the most a
     stage that waits only in finish can expose), and for a sized link the share of the setting's ratios each ran at:
-    the one the link was sized from (``sized_from``, seconds, by setting name) over its backward. No one-step
-    backward is compared: the machine alone moves it more than the stages do."""
+    the one the link was sized from (``sized_from``, seconds, by setting name) over its backward. On this notebook's
+    link, where hook-async exposed less, its synced backward against those that sync nothing (:func:`stretch`) and,
+    where its step ended no earlier than bucket-async's, both ends."""
     from minddp.costmodel.buckets import on_the_link
 
     here = {s: on_the_link(looks[s]["row"]) for s in ("hook-async", "bucket-async")}
@@ -343,12 +353,23 @@ def say_takeaway(looks: dict, t4: dict, far: dict, sized_from: dict) -> None:
         verdict = "neither exposed any" if x == y == 0 else f"bucketing exposed {'more' if y > x else 'less'}"
         verdict = "both exposed as much" if x == y != 0 else verdict
         after = [max(0.0, r["end_ms"]) for r in (h, b)]  # the link done before backward's end: nothing after it
-        said = (
-            f"{name}, {verdict}: hook-async against bucket-async, exposed {x} against {y} ms, link after backward "
-            f"{after[0]:.1f} against {after[1]:.1f}"
-        )
+        named = ("hook-async against bucket-async, exposed ", " ms, link after backward ")  # said once, first line
+        first, then = named if runs is here else ("the same, ", " ms, ")
+        said = f"{name}, {verdict}: {first}{x} against {y}{then}{after[0]:.1f} against {after[1]:.1f}"
+        longer = stretch(looks["hook-async"]) if runs is here and x < y else ""
+        if longer:  # hook-async hid its link time inside a longer backward: said, with the steps' ends
+            said += f"; but hook-async's {longer}"
+            end, end0 = (round(looks[s]["row"]["end"]) for s in ("hook-async", "bucket-async"))
+            said += (
+                f", and its step ended no earlier than bucket-async's, at {end} against {end0} ms"
+                if end >= end0
+                else ""
+            )
         if runs is not here:
-            sized = 1e3 * sized_from[name.removeprefix("Sized for ")]
+            setting = name.removeprefix("Sized for ")
+            sized = 1e3 * sized_from[setting]
             shares = (f"{sized / r['backward_ms']:.2f}" for r in (h, b))  # its backward longer: ratios smaller
-            said += f", at {' and '.join(shares)} times the setting's ratios"
+            said += (
+                f", at {' and '.join(shares)} times the setting's ratios ({SIZED_FROM[setting]} over each run's own)"
+            )
         say(said + ".")
