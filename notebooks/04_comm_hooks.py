@@ -23,7 +23,7 @@
 # * `fp16` / `bf16`: cast the bucket to a 16-bit float, divide it by the world size, all_reduce (the sum of the
 #   divided values: the average), cast back: half the bytes;
 # * `powersgd`: approximate each gradient matrix it compresses by `P Qᵀ`, two
-#   thin factors, and send `P` and `Q` instead (the other tensors go uncompressed), with *error feedback*: each
+#   thin factors, and send `P` and `Q` instead, with *error feedback*: each
 #   rank keeps a tensor per bucket that it adds to that bucket's gradient on the next step.
 #
 # A **rank** is one of the training processes; PowerSGD's **matrix rank** r (`matrix_approximation_rank`; not
@@ -85,8 +85,8 @@ lesson.say(lesson.describe())
 # * u = eps / 2: the most a rounding is off, relative to its result; eps = `torch.finfo(dtype).eps`, float16's
 #   2⁻¹⁰, bfloat16's 2⁻⁷;
 # * a_i: the ranks' mean magnitude of value i;
-# * (n + 1) · tiny · eps / 2: below tiny (`torch.finfo(dtype).tiny`), the smallest normal value, a value
-#   keeps fewer digits (or becomes 0) and a rounding is off by up to tiny · eps / 2 absolutely:
+# * (n + 1) · tiny · eps / 2: below tiny (`torch.finfo(dtype).tiny`), the smallest normal value, a
+#   rounding is off by up to tiny · eps / 2 absolutely:
 #   the n casts' errors divided by n, plus the n divisions', make n + 1 (additions there are exact);
 # * γ(2⁻²⁴) · a_i: float32's n roundings of the reference average (2⁻²⁴ is float32's u), counted as n + 1.
 
@@ -108,13 +108,6 @@ for name, t in trainees.items():
     }
 table = pd.DataFrame.from_dict(rows, orient="index")  # by rows: the counts stay integers
 lesson.say(table.round({"payload KiB": 1, "payload vs plain averaging": 4}).to_string())
-psgd_norms = [w["norm"] for w in trainees["powersgd"].metered[-2:]]  # ‖g‖ on its last two steps
-if trainees["powersgd"].metered[-1]["relative_error"] > 1:
-    lesson.claim(
-        psgd_norms[1] < psgd_norms[0],
-        f"PowerSGD's relative error is above 1 (ĝ further from g than 0 is) on a step where ‖g‖ fell from "
-        f"{psgd_norms[0]:.2f} to {psgd_norms[1]:.2f}.",
-    )
 
 # %%
 # %%rank 0
@@ -139,23 +132,24 @@ lesson.claim(
 )
 lesson.claim(
     all(err[name] <= bound[name] for name in dtypes),
-    "fp16's and bf16's last-step relative errors are within ‖b‖ / ‖g‖ (‖b‖ the b_i's norm): "
-    + " and ".join(f"{bound[k]:.1e} for {k}" for k in dtypes)
-    + ".",
+    "fp16's and bf16's last-step relative errors are within ‖b‖ / ‖g‖ (‖b‖ the b_i's norm), computed from each "
+    "copy's own a_i and ‖g‖: " + " and ".join(f"{bound[k]:.1e} for {k}" for k in dtypes) + ".",
 )
 f16, b16, f32 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16), torch.finfo(torch.float32)
 lesson.claim(
-    err["fp16"] < err["bf16"] and f"{b16.max:.1e}" == f"{f32.max:.1e}",
-    f"bfloat16 has the larger error (its eps is {b16.eps / f16.eps:.0f} times float16's) but float32's range: "
+    b16.eps > f16.eps and err["fp16"] < err["bf16"] and f"{b16.max:.1e}" == f"{f32.max:.1e}",
+    "bfloat16, with the larger eps, has the larger error but float32's range: "
     f"its largest value is {b16.max:.1e}, float16's {f16.max:.0f}.",
 )
 
 # %% [markdown]
 # ## PowerSGD, step by step
 #
-# On a compressing step the hook first adds to the whole bucket what this rank kept on the step before (error
-# feedback: zero on the first compressing step) and saves the bucket so corrected. Then it takes each gradient it
-# compresses as an h × w matrix `G` and, at matrix rank r:
+# As torch's, the hook is plain averaging on its first `start_powerSGD_iter` steps; then it compresses each
+# gradient, as an h × w matrix `G` (h its first dimension), whose factors' (h + w) r values are under half its h w
+# (torch's `min_compression_rate`, 2), sends the other tensors whole, and makes up to three all_reduces a bucket:
+# these tensors', its P's, its Q's. It first adds this rank's kept tensor (error feedback; zero on the first
+# compressing step) to the whole bucket and saves the bucket so corrected. Then, for each `G`, at matrix rank r:
 #
 # * computes `P = G Q` (h × r), with `Q` (w × r) the one of the step before (a random one the first time),
 #   made orthonormal on every step;
@@ -172,9 +166,6 @@ lesson.claim(
 # each compressed matrix, ĝ − g = `P Pᵀ e` − (g_M − `P Pᵀ g_M`): the part of e sent a step late, and the part of
 # g_M outside `P`'s columns, at right angles to the first, of norm at most ‖g_M‖. Adding squared norms over the
 # matrices (elsewhere ĝ − g is rounding), ‖`P Pᵀ e`‖ ≥ √(‖ĝ − g‖² − ‖g‖²), ‖g‖ the whole average's.
-#
-# A compressing bucket makes up to three all_reduces: one for the tensors it leaves uncompressed, one for its P's,
-# one for its Q's.
 
 # %%
 # %%rank 0
@@ -252,8 +243,9 @@ lesson.claim(
     and plain2 < shown.loc[first, PLAIN]  # the copy that never compresses: its ‖g‖ fell too
     and (early[ERR] == 0).all()  # the steps before the first compressed update are plain averaging's
     and (shown.loc[:first, NORM] == shown.loc[:first, PLAIN]).all(),
-    f"PowerSGD's relative error rose from {err1:.3f} to {err2:.3f} while ‖ĝ − g‖ fell: ‖g‖ fell more, and also fell "
-    "in plain averaging's copy, which never compresses.",
+    f"PowerSGD's relative error rose from {err1:.3f} to {err2:.3f}"
+    + (" (above 1: ĝ further from g than 0 is)" if err2 > 1 else "")
+    + " while ‖ĝ − g‖ fell: ‖g‖ fell more, and also fell in plain averaging's copy, which never compresses.",
 )
 
 # %% [markdown]
@@ -306,9 +298,8 @@ lesson.claim(
 # %% [markdown]
 # ## Where each takes less link time: messages against payload
 #
-# PowerSGD pays a message's fixed cost, 2(n − 1) α, three times a bucket here where plain averaging pays it
-# once. With plain averaging's c₁ and S₁ and PowerSGD's c₂ and S₂ (this run's: the model's buckets and gradient shapes fix them at
-# any n), PowerSGD takes less link time exactly when `2(n − 1)/n · (S₁ − S₂) β > 2(n − 1)(c₂ − c₁) α`:
+# PowerSGD pays a message's fixed cost three times a bucket here, plain averaging once. With plain averaging's c₁
+# and S₁ and PowerSGD's c₂ and S₂ (this run's: the model's buckets and gradient shapes fix them at any n), PowerSGD takes less link time exactly when `2(n − 1)/n · (S₁ − S₂) β > 2(n − 1)(c₂ − c₁) α`:
 #
 # * **bandwidth**: PowerSGD's link time is the shorter below `B* = (S₁ − S₂) / (n (c₂ − c₁) α)` bytes/s, plain
 #   averaging's above it, where the payload PowerSGD saves takes less link time than its extra messages' fixed costs;
@@ -359,7 +350,7 @@ wins.round(3)
 # Write `my_fp16_hook` in the cell below (torch's is `fp16_compress_hook`): cast the bucket's flat gradient to
 # `float16`, divide it by the world size before the sum, start the all_reduce with `async_op=True`, and hand back a
 # Future whose value is the average as one `float32` tensor of the bucket's size. `check_hook` runs it on 2 ranks,
-# then, if it passes, on 3: on known gradients (it must return before its all_reduce is waited for), on gradients
+# then, if it passes, on 3: on random values (it must return before its all_reduce is waited for), on gradients
 # whose undivided float16 sum overflows, and in training steps of its own network, where the ranks' parameters
 # must stay equal.
 #
@@ -383,7 +374,7 @@ def my_fp16_hook(process_group, bucket):
 check_hook(my_fp16_hook, like="fp16")
 
 # %% [markdown]
-# Stuck? The next cell holds a model answer and its verdict.
+# Stuck? The next cell holds a model answer.
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true}
 from minddp.exercises import solutions

@@ -876,8 +876,12 @@ def test_a_passing_hook_verdict_names_each_number_it_prints():
         "(shown, not judged) was 0.0e+00" in v.line
     ), v.line
     assert "9.7e-06" not in v.line, v.line
-    # learner read 04 (reads20 zg) 2: its relative error read as another measure than the table's; it names it
-    assert "relative error 2.4e-04, 04's measure on other values (float16 rounding allows up to 1.8e-03)" in v.line
+    # learner read 04 (reads20 zj) 1: its error and bound read as a second pair for the notebook's fp16 on 2 ranks;
+    # it says they are the checker's random values' (the same relative error; the bound computed from these values)
+    assert (
+        "a bucket of 1000 random values with relative error 2.4e-04, within the 1.8e-03 that rounding_bound gives "
+        "for these values, with a payload" in v.line
+    ), v.line
     # learner read round 20 (04-d 3): "whose float16 sum overflows, came back finite" read as a contradiction; the sum
     # that overflows is the undivided one (2 × 49128 > 65504), not the divided one the hook sends
     assert "gradients of about 49128, whose undivided float16 sum overflows, came back finite" in v.line, v.line

@@ -364,9 +364,9 @@ def _hook_verdict(like: str, reports: dict, timeout_s: float, also: dict | None 
     return Verdict(
         True,
         (
-            f"✓ {like} hook: on {first['world']} ranks, it averages a bucket of {mine['numel']} values with "
-            f"relative error {mine['relative_error']:.1e}, 04's measure on other values (float16 rounding allows up "
-            f"to {first['error_bound']:.1e}), with a payload of "
+            f"✓ {like} hook: on {first['world']} ranks, it averages a bucket of {mine['numel']} random values with "
+            f"relative error {mine['relative_error']:.1e}, within the {first['error_bound']:.1e} that rounding_bound "
+            "gives for these values, with a payload of "
             f"{mine['bytes'] / mine['numel']:.0f} bytes per value, returning before its all_reduce was waited for; "
             + (
                 f"gradients of about {first['large_gradient']:.0f}, whose undivided float16 sum overflows, came back "
