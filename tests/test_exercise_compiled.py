@@ -689,3 +689,19 @@ def test_the_gradients_left_merged_into_the_previous_bucket_is_named():
     assert merged([[3, 3, 3, 3, 3]], 6) == [0, 0] and merged([[5], [5], [2]], 8) == [2]
     verdict = check_handover(merged)
     assert not verdict.ok and "were merged into it" in verdict.line, verdict.line
+
+
+def test_a_bucket_closed_only_at_the_cap_exactly_is_named():
+    # read 36 (09-zj) 5: `== cap` from "at the cap" without "or past it"; that answer got only the generic
+    # first-differing-case verdict
+    def exactly_at_the_cap(pieces, cap):
+        out, total, last = [], 0, 0
+        for i, size in arrivals(pieces):
+            total, last = total + size, i
+            if total == cap:  # the mistake: a bucket that goes past the cap stays open
+                out, total = out + [i], 0
+        return out + [last] * (total > 0)
+
+    assert exactly_at_the_cap([[1, 8, 1], [8]], 8) == [1]
+    verdict = check_handover(exactly_at_the_cap)
+    assert not verdict.ok and "closed only when it reached the cap exactly (`== cap`)" in verdict.line, verdict.line

@@ -115,6 +115,7 @@ def _walk(
     forget: bool = False,
     kept: bool = False,
     late: bool = False,
+    exact: bool = False,
 ) -> list[int]:
     """The model answer's walk (its last bucket kept by its bytes, which differs only where a zero-byte gradient is left
     at the end) with one mistake switched on: close only past the cap (``past``), before the gradient that would pass it
@@ -126,13 +127,18 @@ def _walk(
     (``mirror``), its last gradient's index in arrival order (``gradient``), the bucket's own index (``bucket``); give
     the last bucket the piece where it opened (``last_opened``); or start each piece from 0 bytes, dropping the open
     bucket's bytes (``forget``); never set the bytes back to 0 when a bucket closes (``kept``); check the cap before
-    adding each gradient, closing one late and noting the next gradient's piece (``late``)."""
+    adding each gradient, closing one late and noting the next gradient's piece (``late``); close only at the cap
+    exactly (``exact``)."""
+
+    def full(filled) -> bool:
+        return filled == cap if exact else filled > cap if past else filled >= cap
+
     after, filled, opened, at, g = [], 0, (0, 0), (0, 0), -1  # (piece, gradient) pairs; g counts the gradients
     for i, piece in reversed(list(enumerate(pieces))) if forward else enumerate(pieces):
         filled = 0 if forget else filled
         for j, size in enumerate(piece[::-1] if within else piece):
             g += 1
-            if late and ((filled > cap) if past else (filled >= cap)):
+            if late and full(filled):
                 after.append(opened if first else (i, g))
                 filled = filled - cap if carry else 0
             if before and filled and filled + size > cap:
@@ -142,7 +148,7 @@ def _walk(
             filled, at = filled + size, (i, g)
             if late or at_end and j < len(piece) - 1:
                 continue
-            if (filled > cap) if past else (filled >= cap):
+            if full(filled):
                 after.append(opened if first else at)
                 filled = filled - cap if carry else filled if kept else 0
         if per_piece and filled:
@@ -161,6 +167,11 @@ WALKS = {
         {"past": True},
         "a bucket that reaches the cap exactly stays open (`> cap`): it closes at the first gradient that takes "
         "it to the cap or past it (`>= cap`)",
+    ),
+    "only at the cap exactly": (
+        {"exact": True},
+        "a bucket closed only when it reached the cap exactly (`== cap`), so one that went past it stayed open: it "
+        "closes at the first gradient that takes it to the cap or past it (`>= cap`)",
     ),
     "never past": (
         {"before": True},
@@ -486,10 +497,13 @@ def _fills(cases) -> list:
 
 
 def _contradict(a: str, b: str) -> bool:
-    """Whether walk mistakes ``a`` and ``b`` cannot be made together: no last bucket with an empty one, or two
-    answers in place of the piece's index (the piece of the first gradient alone can be counted otherwise)."""
+    """Whether walk mistakes ``a`` and ``b`` cannot be made together: no last bucket with an empty one, two tests of
+    the cap (``>`` and ``==``), or two answers in place of the piece's index (the piece of the first gradient alone
+    can be counted otherwise)."""
     says = [k for name in (a, b) for k in WALKS[name][0] if k in _SAYS]
-    return {a, b} == {"no last bucket", "empty last bucket"} or len(says) == 2 and says != ["first", "mirror"]
+    if {a, b} in ({"no last bucket", "empty last bucket"}, {"strictly past", "only at the cap exactly"}):
+        return True
+    return len(says) == 2 and says != ["first", "mirror"]
 
 
 #: two walk mistakes made together (those that do not contradict each other)

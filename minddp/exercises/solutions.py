@@ -250,14 +250,14 @@ def fragment_to_send(step: int, sync_every: int, fragments: int, delay: int) -> 
 def handed_over_after(pieces: list[list[int]], cap: int) -> list[int]:
     """Notebook 09: for each bucket, the piece after whose backward it is handed over
     (:func:`minddp.exercises.check_handover`)."""
-    after, bucket, last = [], [], 0  # bucket: the sizes of the open bucket's gradients
+    after, bucket, last = [], [], 0  # bucket: the open bucket's sizes
     for i, piece in enumerate(pieces):
         for size in piece:
             bucket, last = bucket + [size], i
-            if sum(bucket) >= cap:  # this gradient closes the bucket: it is handed over once the piece's backward ends
+            if sum(bucket) >= cap:  # closed: handed over once piece i's backward ends
                 after.append(i)
                 bucket = []
-    if bucket:  # the gradients left (of any bytes, 0 too) make the last bucket, handed over after piece `last`
+    if bucket:  # the gradients left, 0 bytes too, make a last bucket
         after.append(last)
     return after
 

@@ -40,7 +40,7 @@ from minddp.analysis import live
 from minddp.ddp import DistributedDataParallel
 from minddp.ladder.loop import train_step
 from minddp.notebook import lesson, nodes
-from minddp.runtime.compat import dynamo_reset, graph_breaks
+from minddp.runtime.compat import dynamo_reset, frames_compiled, graph_breaks
 
 
 def third_step(ddp, model, data, loss_fn) -> dict:
@@ -48,18 +48,21 @@ def third_step(ddp, model, data, loss_fn) -> dict:
     first compiles (a compiled model), the second rebuilds the buckets, the third is profiled. Returns the third's
     :func:`~minddp.notebook.nodes.node_view`, its bars the model's gradient nodes
     (:func:`~minddp.notebook.nodes.node_names` of one more forward), with ``buckets``
-    (:func:`~minddp.notebook.nodes.bucket_names`), ``params`` (:func:`flat`, after the steps) and ``moved`` (each
-    step's largest parameter move, lr·max|g|, for :func:`rounding_bound`)."""
-    optimizer, moved = torch.optim.SGD(model.parameters(), lr=0.01), []
+    (:func:`~minddp.notebook.nodes.bucket_names`), ``params`` (:func:`flat`, after the steps), ``moved`` (each
+    step's largest parameter move, lr·max|g|, for :func:`rounding_bound`), and per step ``compiled`` (the frames
+    Dynamo compiled in it) and ``rebuilt`` (whether ddp rebuilt its buckets in it)."""
+    optimizer, moved, compiled, rebuilt = torch.optim.SGD(model.parameters(), lr=0.01), [], [], []
     for step in range(3):
-        before, batch = flat(model), next(data)
+        before, batch, frames, plan = flat(model), next(data), frames_compiled(), ddp.reducer.rebuilt
         with live.profiler() if step == 2 else contextlib.nullcontext() as prof:
             train_step(ddp, optimizer, batch, loss_fn)
         moved.append((flat(model) - before).abs().max().item())
+        compiled.append(frames_compiled() - frames)
+        rebuilt.append(ddp.reducer.rebuilt and not plan)
     with ddp.no_sync():  # a forward whose backward never runs: the names of the nodes the model records
         drawn = nodes.node_names(ddp(torch.randn_like(batch[0])))
     view = nodes.node_view(prof, drawn)
-    view.update(buckets=nodes.bucket_names(ddp), params=flat(model), moved=moved)
+    view.update(buckets=nodes.bucket_names(ddp), params=flat(model), moved=moved, compiled=compiled, rebuilt=rebuilt)
     return view
 
 

@@ -16,7 +16,7 @@ name minddp reads (``tests/test_compat.py`` fails on one used anywhere else in t
   - compiled code (Dynamo): :func:`is_compiled` and :func:`uncompiled` (what ``torch.compile(model)``
     returned, and the model inside), :func:`ddp_optimizer_caps` (the bucket sizes Dynamo cuts a compiled
     graph at, set only inside a compiled call), :func:`default_first_bucket_bytes`, :func:`dynamo_reset` and
-    :func:`graph_breaks` (Dynamo's cache emptied and its count of graph breaks since);
+    :func:`graph_breaks` and :func:`frames_compiled` (Dynamo's cache emptied and its counts since);
   - autograd: :func:`at_backward_end` (a callback when the running backward ends), :func:`hook_slots` and
     :func:`put_hooks` (a gradient hook taken out and put back), :func:`future_type`, :func:`use_count` (the C++
     references to a tensor: a backend's among them);
@@ -365,6 +365,13 @@ def graph_breaks() -> int:
     from torch._dynamo.utils import counters
 
     return sum(counters["graph_break"].values())
+
+
+def frames_compiled() -> int:
+    """How many Python frames Dynamo has compiled since the last :func:`dynamo_reset` (``counters["frames"]["ok"]``)."""
+    from torch._dynamo.utils import counters
+
+    return counters["frames"]["ok"]
 
 
 def default_first_bucket_bytes() -> int:
