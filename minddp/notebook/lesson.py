@@ -110,13 +110,13 @@ def cores() -> int:
 
 def machine(link: bool | str = True) -> str:
     """The machine the ranks share, in one sentence: its cores and where the ranks compute; ``link=False``
-    for a run without an emulated link (no link thread shares the cores), or the words that say which run has
+    for a run without an emulated link (no link threads share the cores), or the words that say which run has
     one (``link="in the link run"``)."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     where = "on the CPU" if current_device().type == "cpu" else f"on {current_device().type} devices"
     when = f", {link}," if isinstance(link, str) else ""
     sharers = (
-        f"the {world} ranks, their gloo threads and{when} the emulated link's thread"
+        f"the {world} ranks, their gloo threads and{when} each rank's emulated-link thread"
         if link
         else f"the {world} ranks and their gloo threads"
     )
