@@ -55,12 +55,13 @@ FLAGGED = [("minddp", kind) for kind in debug_bugs.KINDS if kind != "uneven"] + 
 ]
 
 
-def outcome(kind: str, impl: str) -> dict:
-    """Run one script on this rank: its error (one line per rank), its debug-mode warnings, its parameters."""
+def outcome(kind: str, impl: str, script=None) -> dict:
+    """Run one script on this rank (``debug_bugs.train`` unless ``script`` is given): its error (one line per
+    rank), its debug-mode warnings, its parameters."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            params, error = debug_bugs.train(kind, impl), None
+            params, error = (script or debug_bugs.train)(kind, impl), None
         except Exception as exc:  # every check raises on every rank, before the collective it guards
             params, error = None, f"{type(exc).__name__}: {exc}"
     said = [str(w.message) for w in caught if str(w.message).startswith("minddp debug")]
@@ -76,9 +77,36 @@ def every_script() -> dict:
     )
     minddp.debug.enable()  # as MINDDP_DEBUG=1 when the ranks import minddp
     out |= {(impl, kind): outcome(kind, impl) for impl, kind in FLAGGED}
+    out["minddp", "drift after join"] = outcome("drift after join", "minddp", drift_after_join)
     out["late partner"] = late_partner()
     out["minddp", "uneven"] = outcome("uneven", "minddp")  # last: rank 1 leaves the world
     return out
+
+
+def drift_after_join(kind: str, impl: str) -> torch.Tensor:
+    """``join``'s script (rank 1 has one batch fewer, under ``model.join()``), then two more steps after the block,
+    rank 1 editing a parameter in place after the first of them: debug mode pauses inside the block only."""
+    assert impl == "minddp"
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = debug_bugs.Net()
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+
+    def step(x, y):
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    with ddp.join():
+        for x, y in debug_bugs.batches("join", rank, debug_bugs.STEPS):
+            step(x, y)
+    for i, (x, y) in enumerate(debug_bugs.batches("none", rank, 2)):
+        step(x, y)
+        if i == 0 and rank == 1:
+            with torch.no_grad():
+                model.head.weight[0, 0] += 1e-3
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
 def debug_code_in_a_step() -> set[str]:
@@ -186,6 +214,13 @@ def test_1_replicas_that_drift_apart_name_the_tensor_step_ranks_and_difference(r
     assert line.startswith("buffers differ across ranks: buffers 'norm.running_mean', 'norm.running_var'"), line
     assert "broadcast_buffers=False" in line and "SyncBatchNorm" in line
     assert all(r["minddp", "buffers"]["error"] is None for r in runs)
+
+
+def test_the_checks_pause_inside_join_and_resume_after_it(runs):
+    # torch leaves the Join's config set after the block: read as "inside", every later step went unchecked
+    line = lines(runs, "minddp", "drift after join")
+    assert line.startswith("replicas drifted apart: parameter 'head.weight' differs across ranks"), line
+    assert "rank 1 differs from rank 0 by up to 0.001" in line, line
 
 
 def test_2_gradients_never_averaged_say_why_the_module_called_directly_or_no_sync(runs):

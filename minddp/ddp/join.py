@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.join import JoinHook
 
 from minddp.comm.plain import broadcast
+from minddp.runtime import compat
 
 
 class ShadowingJoinHook(JoinHook):
@@ -45,6 +46,8 @@ class ShadowingJoinHook(JoinHook):
         ddp.require_forward_param_sync = should_sync
         if should_sync:
             ddp.reducer.shadow_backward()
+        if ddp.watch is not None:  # debug mode: the others' step counts here too
+            ddp.watch.shadowed()
 
     def post_hook(self, is_last_joiner: bool) -> None:
         """Every rank takes the model of the last rank to join (the highest such rank)."""
@@ -53,6 +56,7 @@ class ShadowingJoinHook(JoinHook):
         with torch.no_grad():
             for tensor in [*ddp.module.parameters(), *(ddp.module.buffers() if ddp.broadcast_buffers else [])]:
                 broadcast(tensor, group_src=source, group=ddp.process_group)
+        compat.join_over(ddp)  # the block has ended on every rank: debug mode's checks resume
 
 
 def highest_rank(group: dist.ProcessGroup, candidate: bool, device: torch.device) -> int:

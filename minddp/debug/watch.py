@@ -24,7 +24,7 @@ mismatch:
 Each watch counts its wrapper's steps; the collectives made in them are said with that count
 (:func:`minddp.debug.collective_check.in_step_of`). Every rank decides from the same gathered table, so
 every rank raises at the same point and the extra all_gather of a full comparison is always paired.
-Inside ``join()`` the checks pause: a joined rank takes no steps. What each finding means:
+Inside ``join()`` the checks pause (a joined rank takes no steps) and resume after it. What each finding means:
 ``docs/debugging.md``.
 
 Example (one rank here; under :func:`minddp.launch` every rank runs the same)::
@@ -48,7 +48,7 @@ from minddp.debug import collective_check, switch
 from minddp.debug.collective_check import BY
 from minddp.debug.findings import DebugError, DebugWarning, finding
 from minddp.runtime import keep
-from minddp.runtime.compat import join_enabled
+from minddp.runtime.compat import inside_join
 from minddp.runtime.device import message_device
 
 #: Local gradients with the same fingerprints on every rank this many steps in a row: every rank reads the same data.
@@ -195,9 +195,14 @@ class Watch:
 
         return ready
 
+    def shadowed(self) -> None:
+        """A step the others took while this rank had joined (``join()``): counted, so that after the block every
+        rank names the same step."""
+        self.step = max(self.step + 1, self.steps_taken)
+
     def _paused(self) -> bool:
         wrapper = self.wrapper()
-        return wrapper is None or join_enabled(wrapper) or not switch.enabled()
+        return wrapper is None or inside_join(wrapper) or not switch.enabled()
 
     # -- step 1: the forward check ------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ name minddp reads (``tests/test_compat.py`` fails on one used anywhere else in t
   - the profiler: :func:`profiler_on`, :func:`fast_range`; the fused list ops :func:`foreach_copy_`,
     :func:`foreach_div_`, :func:`foreach_mul_`;
   - modules, groups, the dispatcher: :func:`parameter_dict`, :func:`process_group_store`,
-    :func:`default_group_sequence`, :func:`join_enabled`, :func:`dispatch_mode_base`,
+    :func:`default_group_sequence`, :func:`join_enabled`, :func:`inside_join`, :func:`dispatch_mode_base`,
     :data:`DISPATCHED_COLLECTIVES`; :func:`weights_only_refusal` (what torch's data-only reader refused).
 
   Where torch lacks the name, a function falls back to a public way with the same result where there is one
@@ -538,6 +538,18 @@ def join_enabled(joinable) -> bool:
     an object that is no joinable has none: False.
     """
     return bool(getattr(getattr(joinable, "_join_config", None), "enable", False))
+
+
+def join_over(joinable) -> None:
+    """Say that the ``Join`` ``joinable`` was last given to has ended (its post-hooks ran): torch leaves its config
+    set, so :func:`inside_join` tells the block's end by that config's identity (a new ``Join`` sets a new one)."""
+    joinable._minddp_join_over = getattr(joinable, "_join_config", None)
+
+
+def inside_join(joinable) -> bool:
+    """Is ``joinable`` inside an enabled ``Join`` block now: given to one that :func:`join_over` has not ended?"""
+    config = getattr(joinable, "_join_config", None)
+    return join_enabled(joinable) and getattr(joinable, "_minddp_join_over", None) is not config
 
 
 def dispatch_mode_base() -> type:
