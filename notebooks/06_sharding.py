@@ -95,7 +95,8 @@ show_source(ring_all_reduce)
 # `zero1` is DDP's wrapper with its optimizer sharded, so it all-reduces and then all-gathers: three passes.
 # FSDP reduce-scatters its units' gradients, under one pass, but gathers each unit's parameters for
 # every micro-batch's forward and again, all but the last unit's, for its backward. The bound below is one
-# reduce-scatter pass a step and two gathering passes per micro-batch.
+# reduce-scatter pass a step and two gathering passes per micro-batch; as each pass counts the replicated tensors'
+# bytes and fsdp gathers none of them, it covers their all_reduce too.
 
 # %%
 # %%distributed
@@ -471,15 +472,12 @@ lesson.claim(
     + ("" if total["zero1"] == 3 * one_pass else "to within 0.1 % ")
     + "1.5 times.",
 )
-f_sent = rings["fsdp"]["sent"]
-passes = f_sent["all_gather"] / one_pass  # what a rank sent gathering units, in passes of the whole model
 # one reduce-scatter pass, at most two gathering passes per micro-batch (the α-β count's bound); the replicated
 # tensors are all-reduced (2 (n - 1)/n of their bytes sent), which the bound's gathers of them more than cover
 lesson.claim(
-    total["fsdp"] <= fsdp_most and passes < 2 * accum,
-    f"fsdp sent {f_sent['all_gather'] / 2**20:.2f} MiB gathering its units: {passes:.2f} passes of the model, "
-    f"under the bound's {2 * accum}. In all it sent {total['fsdp'] / 2**20:.2f} MiB a step, "
-    f"within the bound's {mib(fsdp_most)}.",
+    total["fsdp"] <= fsdp_most,
+    f"fsdp sends {total['fsdp'] / 2**20:.2f} MiB a step, {total['fsdp'] / whole:.1f} times ddp's, within the "
+    f"bound's {mib(fsdp_most)}.",
 )
 on_wire.round(2)
 
@@ -532,8 +530,8 @@ lesson.claim(
     and len({sum(u.numels) for u in fsdp.units}) == 1
     and one["received"] == one["full"] == one["planned"]  # no padding: n divides each tensor here
     and one["received"] + one["full"] == peak,
-    f"fsdp's gathered units peak at {mib(peak)} in the memory step: the bytes of a unit's all-gather output and "
-    f"its full parameters together, {mib(one['received'])} each (the units are all one size).",
+    f"fsdp's gathered units peak at {mib(peak)} in the memory step, twice a unit's {mib(one['received'])} (the "
+    "units are all one size).",
 )
 f = looks["fsdp"]
 lesson.claim(
@@ -614,9 +612,7 @@ lesson.say(
 #
 # Each *held* sum adds up rank 0's model state at one moment, activations aside, plus, for a stage gathering
 # then, its all-gathers' input and output tensors (planned by `all_gather_buffer_bytes`) and fsdp's full unit.
-# A sharded stage's saving depends on the moment: zero1 holds more than ddp at the update, zero2 more than
-# ddp and zero1 at a step's first forward, fsdp less at each; activations, which no stage shards, are over
-# half of what fsdp holds at the end of a forward.
+# A sharded stage's saving depends on the moment.
 
 # %%
 # %%rank 0
@@ -647,23 +643,24 @@ lesson.claim(
 first = list(GATHERING)[1]
 more = {s: [m for m in GATHERING if held_at[m][s] > held_at[m]["ddp"]] for s in STAGES[1:]}
 over = {s: held_at[m][s] - held_at[m]["ddp"] for s in more for m in more[s]}
+later = list(GATHERING)[2]
 lesson.claim(
     more == {"zero1": ["at the update"], "zero2": [first], "fsdp": []}
     and held_at[first]["zero2"] > held_at[first]["zero1"],
     f"Against ddp at the same moment, zero1 holds {mib(over['zero1'])} more at the update, zero2 "
     f"{mib(over['zero2'])} more {first} (more than zero1 too), fsdp less at each moment.",
 )
-# held at the end of a later micro-batch's forward: that moment's model state, fsdp's last unit (kept gathered for
-# the backward, part 3) and one forward's saved tensors
-act = {s: memory[s]["activations"] for s in STAGES}
-last = held_sums(trainees, memory, between, {s: one["full"] * (s == "fsdp") for s in STAGES})
-end_fwd = {s: last["at a later micro-batch's forward"][s] + act[s] for s in STAGES}
+lesson.claim(  # every stage holds whole gradients between micro-batches (the memory table's claim)
+    [m for m in GATHERING if held_at[m]["zero2"] < held_at[m]["zero1"]] == ["at the update"]
+    and held_at[later]["zero2"] == held_at[later]["zero1"],
+    f"zero1 and zero2 both hold {mib(held_at[later]['zero1'])} {later} (whole gradients), so sharding the "
+    "gradients saves memory at the update only.",
+)
+act = {s: memory[s]["activations"] for s in STAGES}  # no stage shards what autograd saves
 lesson.claim(
-    len(set(act.values())) == 1 and 2 * act["fsdp"] > end_fwd["fsdp"],
-    f"Every stage saves {mib(act['ddp'])} of activations a forward, {100 * act['fsdp'] / end_fwd['fsdp']:.0f} % "
-    "of what fsdp holds at the end of a later micro-batch's forward; each stage holds then "
-    + ", ".join(f"{s} {end_fwd[s] / 2**20:.2f}" for s in sorted(STAGES, key=end_fwd.get, reverse=True))
-    + " MiB.",
+    len(set(act.values())) == 1 and all(act["fsdp"] > h["fsdp"] for h in held_at.values()),
+    f"Every stage saves {mib(act['ddp'])} of activations a forward (none shards them), more than fsdp's held sum "
+    "at any moment in the table.",
 )
 (trade / 2**20).round(2)
 
