@@ -64,7 +64,8 @@
 # calls when a parameter's gradient is ready (`register_post_accumulate_grad_hook`; `hook` and every
 # stage after it sync from one). *The network* is what every stage trains; *the link* carries the
 # messages (the *interconnect* of the blog this notebook follows, blog.underfit.ai/ddp-profiled). *Backward* is the span the
-# pictures draw, from its first operator to its last. The *step-time model* (`minddp.costmodel`)
+# pictures draw, from its first operator to its last; `loss.backward()` runs on after it (ddp's and torch's
+# waits). The *step-time model* (`minddp.costmodel`)
 # replays a step on the link.
 
 # %%
@@ -347,7 +348,7 @@ lesson_03.say_hid(looks, "hook-async")
 
 # %% [markdown]
 # What to look for: messages on the wire while the backward goes on, and no wait for a message inside
-# it. No message leaves before the parameters-used check at its first gradient ends.
+# it.
 #
 # ### Your turn: `hook-async`
 #
@@ -540,8 +541,7 @@ lesson.claim(
 #
 # The same workload through `torch.nn.parallel.DistributedDataParallel`, with the same bucket size.
 # Its reducer is C++; on the emulated link it hands each bucket to minddp's allreduce comm hook
-# (`minddp.ladder.wrap` registers it), which sends it over the link, so it is counted the same way. Its
-# waits are not drawn.
+# (`minddp.ladder.wrap` registers it), which sends it over the link, so it is counted the same way.
 
 # %%
 # %%distributed
@@ -572,7 +572,6 @@ lesson.picture(
 )
 ladder = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 checks = lesson_03.checks_on_ranks(looks, ladder)  # each rank's own time at the check
-lesson_03.say_before_single(looks)
 
 # %%
 # %%rank 0

@@ -85,18 +85,6 @@ def look_table(looks: dict, checks: dict[str, list[float]]):
     return table
 
 
-def say_before_single(looks: dict) -> None:
-    """The side-by-side bars' caveat, in words: the stages whose profiled step ended before ``single``'s, which sends
-    nothing, did not gain by communicating; each bar is one step on a shared machine. Nothing when none did."""
-    end = {s: v["row"]["end"] for s, v in looks.items()}
-    earlier = [s for s in looks if s != "single" and round(end[s]) < round(end["single"])]
-    if earlier:
-        say(
-            f"{listed(earlier)} ended before single, which sends nothing: no gain from communicating, one profiled "
-            "step each on a shared machine."
-        )
-
-
 def stretch(v: dict) -> str:
     """A stage's synced last backward (less the check) against its backwards that sync nothing, in words, when it
     ran longer than each of them; "" otherwise (nothing to say, nothing to compare)."""
@@ -121,7 +109,8 @@ def say_exposed_parts(looks: dict, stage: str, before: str) -> None:
     """``stage`` against ``before`` (both waiting for each message as it goes): link time and exposed, in whole ms
     as :func:`lesson.say_look` prints, which exposed more, and, where each waits for each message, the link time
     before each wait began (not exposed); then, where ``stage`` waited less, its waited and the part of it after the
-    link had delivered against ``before``'s, and, where its step also ended earlier, both steps' ends."""
+    link had delivered against ``before``'s. No step ends: they also hold the check's time and
+    the forwards'."""
     (link, exposed), (link0, exposed0) = (lesson.link_parts(looks[s]) for s in (stage, before))
     said = f"{stage} against {before}: link time {link} against {link0} ms, exposed {exposed} against {exposed0}"
     if exposed != exposed0:
@@ -129,17 +118,13 @@ def say_exposed_parts(looks: dict, stage: str, before: str) -> None:
         if all(lesson.waits_each(looks[s]) for s in (stage, before)):
             before_wait = f"{link - exposed} against {link0 - exposed0}"
             said += f"; link time before each wait began, {before_wait}"
-    (waited, end), (waited0, end0) = (
-        (round(looks[s]["waited_ms"]), round(looks[s]["row"]["end"])) for s in (stage, before)
-    )
+    waited, waited0 = (round(looks[s]["waited_ms"]) for s in (stage, before))
     if waited < waited0:
         after = [lesson.after_delivery_ms(looks[s]) for s in (stage, before)]
         said += (
             f". It waited less, {waited} against {waited0} ms, {after[0]} against {after[1]} of it after the link had "
             "delivered"
         )
-        if end < end0:
-            said += f", and its step ended earlier, {end} against {end0} ms"
     say(said + ".")
 
 
@@ -162,6 +147,15 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
         + ("the plan's first" if first == 0 else f"bucket {first + 1} of the plan's {len(plan)}")
         + f" ({len(plan[first])} gradients), after {100 * 1e3 * filled[first] / backward:.0f} %."
     )
+    h = looks["hook-async"]
+    quiet = max((e - s for s, e in h["row"]["backward"][:-1]), default=0.0)  # its backwards that sync nothing
+    link, synced, after = why["hook-async"]["link_ms"], backward_less_check(h), max(0.0, why["hook-async"]["end_ms"])
+    if quiet and round(link) > round(quiet) and round(synced) > round(quiet):  # messages start after backward does
+        say(
+            f"hook-async's {link:.0f} ms of link time outlasts its backwards that sync nothing (at most "
+            f"{quiet:.0f} ms), so after one of those at least {link - quiet:.0f} ms of it would remain; its "
+            f"{after:.1f} ms of link after backward came with a {synced:.0f} ms synced backward."
+        )
     table = (
         pd.DataFrame(why)
         .T[["messages", "link_ms", "end_ms", "exposed_ms"]]
@@ -217,12 +211,12 @@ def sweep_figure(swept: dict, model: list, default, link_name: str, world: int, 
         (
             48,
             measured[None],
-            f"one step: link after backward, cap None ({measured[None]:.0f} ms)",
+            f"one step: cap None, link after backward {measured[None]:.0f} ms",
         ),
         (
             64,
             1e3 * default.after_backward,
-            f"step-time model: link after backward, None ({1e3 * default.after_backward:.0f} ms)",
+            f"step-time model: cap None, link after backward {1e3 * default.after_backward:.0f} ms",
         ),
     ]
     fig = bucket_sweep(
@@ -312,9 +306,8 @@ def listed(names: list[str]) -> str:
 
 def say_sized_measures(t4: dict, far: dict) -> None:
     """Each sized link's rungs (2 ranks): link time, exposed, waited and the step's own last backward less the check,
-    then in words which rungs exposed none of their link time (whole ms; :func:`say_takeaway` says the share of the
-    setting's ratios hook-async and bucket-async ran at) and which exposed over half of it; a whole-ms match of
-    bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
+    then in words which rungs exposed none of their link time (whole ms) and which exposed over half of it; a
+    whole-ms match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
         what = "link time, exposed, waited and last backward less the check, ms" if runs is t4 else "the same"
         hid = [s for s, r in runs.items() if round(r["exposed_ms"]) == 0]
@@ -340,10 +333,10 @@ def say_sized_measures(t4: dict, far: dict) -> None:
 def say_takeaway(looks: dict, t4: dict, far: dict, sized_from: dict) -> None:
     """The takeaway in words, per setting (this notebook's link: ``looks``; the sized links' runs): whether
     bucket-async exposed more or less than hook-async (whole ms), with each one's link after backward (the most a
-    stage that waits only in finish can expose), and for a sized link the share of the setting's ratios each ran at:
-    the one the link was sized from (``sized_from``, seconds, by setting name) over its backward. On this notebook's
+    stage that waits only in finish can expose), and for a sized link each one's waited and last backward less the
+    check against the backward the link was sized from (``sized_from``, seconds, by setting name). On this notebook's
     link, where hook-async exposed less, its synced backward against those that sync nothing (:func:`stretch`) and,
-    where its step ended no earlier than bucket-async's, both ends."""
+    where its step ended later than bucket-async's or at the same ms, both ends."""
     from minddp.costmodel.buckets import on_the_link
 
     here = {s: on_the_link(looks[s]["row"]) for s in ("hook-async", "bucket-async")}
@@ -360,16 +353,16 @@ def say_takeaway(looks: dict, t4: dict, far: dict, sized_from: dict) -> None:
         if longer:  # hook-async hid its link time inside a longer backward: said, with the steps' ends
             said += f"; but hook-async's {longer}"
             end, end0 = (round(looks[s]["row"]["end"]) for s in ("hook-async", "bucket-async"))
-            said += (
-                f", and its step ended no earlier than bucket-async's, at {end} against {end0} ms"
-                if end >= end0
-                else ""
-            )
+            if end > end0:
+                said += f", and its step ended {end - end0} ms later than bucket-async's, at {end} against {end0} ms"
+            elif end == end0:
+                said += f", and its step ended at the same ms as bucket-async's, {end}"
         if runs is not here:
             setting = name.removeprefix("Sized for ")
-            sized = 1e3 * sized_from[setting]
-            shares = (f"{sized / r['backward_ms']:.2f}" for r in (h, b))  # its backward longer: ratios smaller
+            waited = " against ".join(f"{r['waited_ms']:.0f}" for r in (h, b))  # whole ms, as say_sized_measures
+            backs = " against ".join(f"{r['backward_ms']:.0f}" for r in (h, b))
             said += (
-                f", at {' and '.join(shares)} times the setting's ratios ({SIZED_FROM[setting]} over each run's own)"
+                f"; waited {waited}, last backward less the check {backs}, on a link sized from a backward of "
+                f"{1e3 * sized_from[setting]:.0f} ms ({SIZED_FROM[setting]})"
             )
         say(said + ".")
