@@ -440,10 +440,8 @@ for m, s, a in zip(link.log[-len(sends) :], sends, applies):
         f"{on_link:.1f}, delivered {delivered:.1f}; step {step_of(a)} calls wait() at {before:.1f}: "
         + (f"waited {delivered:.1f} − {before:.1f} = {waited:.1f} ms" if waited else "it returns at once")
     )
-lesson.say(
-    f"so on this link τ = {TAU} steps hid "
-    + {0: "neither message", 1: f"only fragment {hidden[0]}'s message", 2: "both messages"}[len(hidden)]
-)
+said = "both messages" if len(hidden) == len(sends) else f"only fragment {hidden[0]}'s message" if hidden else ""
+lesson.say(f"so on this link τ = {TAU} steps hid {said or 'neither message'}")
 
 
 # %% [markdown]
