@@ -77,9 +77,9 @@ lesson_07.print_phase_lines()
 #   attempt's work (its *before* digest) and after each discarded attempt, unless its process dies in it.
 #
 # `run.report()` gives one line per fault: its **recovery**, from the fault (the moment the faulting process
-# stamped just before it killed itself, froze itself or raised) to the first commit of its step or a later one (that step
-# and its world in brackets), the attempts discarded until then, and, for a fault that ended a process, its
-# **rejoin**, from the fault to the quorum that takes the slot's new process back.
+# stamped just before it killed itself, froze itself or raised) to the first commit of its step or a later one, the
+# attempts discarded until then, and, for a fault that ended a process, its **rejoin**, from the fault to the quorum
+# that takes the slot's new process back.
 
 # %%
 from minddp.ft import ToyTask, launch_ft, parse_faults

@@ -5,7 +5,7 @@ Each function reads a run of :func:`minddp.ft.launch_ft` and one of its faults (
 it defines no measure of its own. The notebook keeps its claims in its cells; these print or read:
 
 * :func:`print_phase_lines`: the lines of the rung and of the lighthouse that run each phase of an attempt;
-* :func:`print_recoveries`: each fault's recovery as its moments in order, the kill's exit record among them;
+* :func:`print_recoveries`: each fault's recovery as its moments in order, and the kill's in parts;
 * :func:`print_rejoin`: the parts of a kill's rejoin, and what the survivors did meanwhile;
 
 and, for the cells' claims, readers of the members' entries (one per member and attempt): :func:`attempts`,
@@ -15,7 +15,7 @@ and, for the cells' claims, readers of the members' entries (one per member and 
 from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
-from minddp.ft.report import asked_s, first_request_s, heal_s
+from minddp.ft.report import asked_s, first_request_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
 
@@ -24,7 +24,6 @@ RUNG_LINES = [
     ("each step", "train", "self.until_committed("),
     ("phase 1", "until_committed", "quorum = self.coordinator.quorum("),
     ("phases 2 and 3", "until_committed", 'entry["healed"] = self.rebuild_group('),
-    ("phase 3", "heal", "payload = self.state_bytes()"),
     ("phase 4", "until_committed", "value = work(quorum, entry)"),
     ("phase 4", "forward_backward", "shard = self.task.shard("),
     ("after a failure", "until_committed", "self.drop_group()"),
@@ -69,41 +68,45 @@ def _parts(run, o) -> tuple[int, int, int]:
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms after the fault, as its moments in the order they came: the kill's exit
-    recorded by the launcher, the attempt discarded, the last request that quorum answered, that quorum, the commit;
-    then which of the exit record and the last request the quorum came after; and whether either lasted the hang
-    bound."""
+    recorded by the launcher, the attempt discarded, the last request that quorum answered, that quorum, the commit.
+    Then whether either recovery lasted the hang bound, and the kill's recovery in three parts that sum to it."""
     for o in (kill, raised):
         asked, came_ms, to_commit = _parts(run, o)
         last = "last request" + (" of the next quorum's members" if o is kill else "")  # defined where first printed
-        moments = [(asked, last), (asked + came_ms, "next quorum")]
+        # a tie keeps the code's order: the exit record (the quorum waits for it), the discard (a survivor asks
+        # for the next quorum only once its vote is answered), the last request, the quorum
+        moments = [] if o.exit_s is None else [(ms(o.exit_s), f"slot {o.fault.slot}'s exit recorded")]
         if o.discard_s is not None:
             moments.append((ms(o.discard_s), "attempt discarded"))
-        exit_ = None if o.exit_s is None else ms(o.exit_s)
-        if exit_ is not None:
-            moments.append((exit_, f"slot {o.fault.slot}'s exit recorded"))
+        moments += [(asked, last), (asked + came_ms, "next quorum")]
         moments.sort(key=lambda m: m[0])  # stable: a tie keeps the order above
         line = f"{o.fault}, ms after it: " + ", ".join(f"{what} {t}" for t, what in moments)
-        line += f", step {o.committed_step} committed {asked + came_ms + to_commit}"
-        if exit_ is not None:
-            line += (
-                "; the quorum came after the exit record, the requests already in"
-                if exit_ >= asked
-                else "; the quorum came after the last request, the exit already recorded"
-            )
-        print(line)
+        print(line + f", step {o.committed_step} committed {asked + came_ms + to_commit}")
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
         print(
             " and ".join(f"the {o.fault.kind}'s" for o in late).capitalize() + " recovery lasted the hang bound or more"
         )
+    else:  # the all_reduce failed before its timeout, the hang bound: on the faulting process's closed connections
+        print(
+            f"Neither recovery waited for the {hang_s:g} s hang bound: a killed process, or one that dropped its "
+            "group, has closed its connections, and its peers' all_reduce failed on them."
+        )
+    asked, came_ms, to_commit = _parts(run, kill)
+    quorum = asked + came_ms
+    first, until = (ms(kill.discard_s), "the discard") if kill.discard_s is not None else (asked, "the last request")
+    print(
+        f"The kill's {quorum + to_commit} ms: {first} until {until}, {quorum - first} more until the next quorum, "
+        f"{to_commit} more until the commit."
+    )
 
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
-    """For a kill ``o``, in words: when the survivors committed the step (the recovery) and their later steps, and
+    """For a kill ``o``, in words: when the survivors had committed the step and their later steps, and
     whether the run's ``full_world_at`` then held them for the slot; when the slot was back (the rejoin), and whether
     its new process's start-up was most of it. Then the rejoin in the parts that add up to it, each with its share:
     until the launcher started the new process; its start-up, to its first quorum request; from that request to the
-    quorum. Last, the time from that quorum to the healed process's work, with what it holds."""
+    quorum."""
     slot = o.fault.slot
     others = [str(s) for s in sorted(o.rejoin_steps) if s != slot]  # the survivors, members of the rejoin's quorum
     last_step, last = o.last_commit
@@ -113,14 +116,14 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     def share(t_ms: int) -> str:
         return "under 1%" if 0 < t_ms < rejoin / 200 else f"{t_ms / rejoin:.0%}"
 
-    later = f", steps {o.committed_step + 1}-{last_step} by {ms(last)} ms" if last_step > o.committed_step else ""
+    steps = f"steps {o.committed_step}-{last_step}" if last_step > o.committed_step else f"step {last_step}"
     # they had committed their steps before the new process asked: the scripted quorum waited for it
     held = o.healed_at in full_world_at and ms(last) < asked
     why = f", then trained nothing until step {o.healed_at}'s quorum (full_world_at held it for slot {slot})"
     how = ", most of it its new process starting up" if 2 * startup > rejoin else ""
     print(
-        f"slots {' and '.join(others)} committed step {o.committed_step} by {ms(o.recovery_s)} ms after the kill (the "
-        f"recovery){later}{why if held else ''}; slot {slot} was back {rejoin} ms after the kill (the rejoin){how}:"
+        f"slots {' and '.join(others)} committed {steps} by {ms(last)} ms after the kill{why if held else ''}; slot "
+        f"{slot} was back at {rejoin} ms (the rejoin){how}:"
     )
     parts = [
         (start, f"until the launcher started slot {slot}'s new process"),
@@ -129,12 +132,6 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     ]
     for t, span in parts:
         print(f"  {t} ms ({share(t)}) {span}")
-    healing = heal_s(run, o)
-    if healing is not None:
-        print(
-            f"then {ms(healing)} ms from that quorum to slot {slot}'s work: building the group, receiving and loading "
-            f"{run.results[slot]['healed_bytes']:,} bytes of state, wrapping the model in `ddp`, a digest"
-        )
 
 
 def attempts(run, step: int, *, committed: bool) -> list[tuple[int, dict]]:
