@@ -139,22 +139,6 @@ def first_request_s(run, o: FaultOutcome) -> float | None:
     return min(asked) - o.fired if asked else None
 
 
-def heal_s(run, o: FaultOutcome) -> float | None:
-    """Seconds the process of fault ``o``'s slot that was healed after it took, from its healing quorum to the start of
-    that attempt's work: the group built, the state received and loaded, the wrapper built, the digest; ``None``: no
-    such attempt recorded.
-
-    >>> from types import SimpleNamespace
-    >>> o = SimpleNamespace(fault=SimpleNamespace(slot=1), fired=10.0)
-    >>> run = SimpleNamespace(entries=[(1, 0, {"t0": 9.0, "t_work": 9.1, "healed": False}),
-    ...                                (1, 1, {"t0": 12.0, "t_work": 12.25, "healed": True})])
-    >>> heal_s(run, o)
-    0.25
-    """
-    healed = [e for s, _, e in run.entries if s == o.fault.slot and e["healed"] and e["t0"] >= o.fired]
-    return healed[0]["t_work"] - healed[0]["t0"] if healed and "t_work" in healed[0] else None
-
-
 def retry_work_s(run, o: FaultOutcome) -> tuple[float, float] | None:
     """Seconds from fault ``o`` to the start and to the end of the work (forward, backward, all_reduce) of the attempt
     that committed its step, each at the last of that attempt's members (the group built, any heal and the digest
