@@ -43,24 +43,6 @@ from minddp.runtime import compat
 
 NODE = "autograd::engine::evaluate_function"  #: one range per autograd node run
 PIECE = f"{NODE}: CompiledFunctionBackward"  #: the gradient node of one compiled piece
-#: how the reducer's copy of a bucket's gradients into the bucket ends its name (``aten::copy_``, the fused list
-#: copy's, or ``aten::zero_`` for a gradient it lacks)
-COPIES = ("copy_", "zero_")
-
-
-def _holds(node, call) -> bool:
-    """Whether ``call`` (an ``all_reduce`` call) began inside ``node``'s range."""
-    return node.time_range.start <= call.time_range.start <= node.time_range.end
-
-
-def _copy_to_call(call, node, events) -> float | None:
-    """The share of ``node``'s time from its first copy into a bucket (:data:`COPIES`, before ``call``) to the end of
-    ``call``; ``None`` if it holds no copy."""
-    begun, called = node.time_range.start, call.time_range.start
-    copies = [e.time_range.start for e in events if e.name.endswith(COPIES) and begun <= e.time_range.start < called]
-    if not copies:
-        return None
-    return (call.time_range.end - min(copies)) / (node.time_range.end - begun)
 
 
 def node_view(prof, drawn: set[str] | None = None) -> dict:
@@ -74,9 +56,6 @@ def node_view(prof, drawn: set[str] | None = None) -> dict:
     * ``node_after_handover``: for each handover, in order, whether a gradient node ended after it (was still
       running then, or began after);
     * ``inside_accumulate``: for each handover, whether it fell inside an ``AccumulateGrad`` node's range;
-    * ``copy_to_call``: for each handover inside an ``AccumulateGrad`` node, the share of that node's time from the
-      copy of the gradients into the bucket (:data:`COPIES`) to the end of the ``all_reduce`` call, the averaging
-      between them (``None`` where no copy was found);
     * ``pieces_run``: how many compiled pieces' gradient nodes ran; ``pieces_ended_at_handover`` and
       ``pieces_begun_at_handover``: for each handover, how many of them had ended, and begun, by then.
     """
@@ -95,10 +74,6 @@ def node_view(prof, drawn: set[str] | None = None) -> dict:
     view["node_after_handover"] = [any(e.time_range.end > t for e in nodes) for t in handovers]
     view["inside_accumulate"] = [
         any(e.time_range.start <= t <= e.time_range.end for e in accumulate) for t in handovers
-    ]
-    calls = [e for e in events if e.name == live.CALL]
-    view["copy_to_call"] = [
-        _copy_to_call(call, node, events) for call in calls for node in accumulate if _holds(node, call)
     ]
     view["pieces_run"] = len(pieces)
     view["pieces_ended_at_handover"] = [sum(e.time_range.end <= t for e in pieces) for t in handovers]
