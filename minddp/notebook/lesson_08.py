@@ -264,8 +264,10 @@ def mismatched(script, size: int) -> None:
     DETAIL. Prints rank 0's error of each, torch's at DETAIL cut to each rank's op and shape ("…" for each cut), and
     claims what each names: at OFF a timeout (the first rank to fail can only time out; the other then times out too
     or loses its partner) and neither op nor shape; at DETAIL, on every rank, a mismatch (not a timeout) naming each
-    rank's op and shape, as debug mode does; only debug mode names the place."""
-    off = torch_does(lambda group, short: script(short), say=False)
+    rank's op and shape, as debug mode does; only debug mode names the place. It first prints each run's debug level
+    and the group its script's all_reduce runs on."""
+    lesson.say("torch at OFF, short group; debug mode, default group; torch at DETAIL, short group")
+    off = torch_does(lambda group, short: script(short), say=False, level="OFF")
     lesson.say(f"torch, rank 0: {off[0]}")
     timed_out = [r for r, (s, t) in enumerate(zip(off, torch_took)) if "Timed out" in s and t >= WAIT_S]
     rest = [r for r in range(len(off)) if r not in timed_out]
@@ -274,7 +276,7 @@ def mismatched(script, size: int) -> None:
         len(timed_out) > 0
         and all(peer_gone(off[r]) for r in rest)
         and not any(re.search(r"all_?reduce|shape|float|\[\d+\]", s, re.I) for s in off),
-        f"at debug level OFF {who} waited to the short group's {WAIT_S} s timeout"
+        f"at OFF {who} waited to the {WAIT_S} s timeout"
         + (f", then rank {', '.join(map(str, rest))} lost its partner" if rest else "")
         + ", naming neither the all_reduce nor a shape",
     )
@@ -284,7 +286,7 @@ def mismatched(script, size: int) -> None:
     call = r"Rank (\d+) is running collective: CollectiveFingerPrint\([^)]*?(OpType=\w+, TensorShape=\[\d*\])"
     calls = [re.findall(call, e) for e in detail]
     shown = ", but ".join(f"Rank {r} is running collective: … {op} …" for r, op in calls[0])
-    lesson.say(f"torch at DETAIL, rank 0 (excerpt): {detail[0].split('. ')[0]}. {shown}")
+    lesson.say(f"torch at DETAIL, rank 0: {detail[0].split('. ')[0]}. {shown}")
     sizes = each_rank(size)
     lesson.claim(
         all("Detected mismatch between collectives" in e and "Timed out" not in e for e in detail)
@@ -294,8 +296,8 @@ def mismatched(script, size: int) -> None:
         and all(f"rank {r} all_reduce(float32[{n}]" in ours for r, n in enumerate(sizes))
         and "<In [" in ours
         and not any("<In [" in e for e in detail),
-        "at DETAIL every rank raised a mismatch, not a timeout, naming each rank's op and shape; only debug mode also "
-        "named the place",
+        "at DETAIL every rank raised a mismatch, not a timeout, naming each rank's op and shape; only debug mode named "
+        "the place",
     )
 
 
