@@ -83,8 +83,13 @@ def test_drain_waits_while_a_cpp_holder_holds_a_kept_tensor_and_gives_up_at_its_
 
 
 def callbacks_counted() -> dict:
-    fut = keep.then(dist.all_reduce(torch.ones(2), async_op=True).get_future(), lambda f: f.value()[0] * 2)
+    # Chained on a future completed here, after the count is read: chained on the all_reduce's own future, the
+    # callback could run and be dropped before pending() is read (a loaded CI run counted 0, with no defect).
+    gate = torch.futures.Future()
+    fut = keep.then(gate, lambda f: f.value()[0] * 2)
     counted = keep.pending()[1]
+    summed = torch.ones(2)
+    dist.all_reduce(summed, async_op=True).get_future().then(lambda f: gate.set_result(f.value()))
     value = fut.wait()
     del fut
     return {"counted": counted, "value": value.tolist(), "drained": keep.drain(), "left": keep.pending()}
