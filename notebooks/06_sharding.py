@@ -239,8 +239,8 @@ held = {r["label"]: r["parameters"] + r["gradients"] + r["optimizer"] for r in m
 f32, f16 = memory["fsdp"], memory["fsdp bf16"]
 lesson.claim(
     held["fsdp\ncomputing in bf16"] == held["fsdp"] and 2 * f16["gathered"] == f32["gathered"],
-    f"fsdp computing in bf16 keeps fp32 fsdp's model state, {mib(held['fsdp'])} (its fp32 shards are the master "
-    f"weights), and its gathered units peak at {mib(f16['gathered'])}, half fp32 fsdp's {mib(f32['gathered'])}: it gathers in bf16.",
+    f"fsdp computing in bf16 keeps fp32 fsdp's model state, {mib(held['fsdp'])}, and its gathered units peak at "
+    f"{mib(f16['gathered'])}, half fp32 fsdp's {mib(f32['gathered'])}: it gathers in bf16.",
 )
 by = probe.activations_by  # the bf16 run's saved bytes by (dtype, class of the module that saved them)
 low = sum(b for (dtype, _), b in by.items() if dtype == "bfloat16")
@@ -258,7 +258,7 @@ lesson.claim(
 # ### Why the master weights stay fp32
 #
 # A bf16 number has 8 significant bits, and a sum is rounded to the nearest bf16 value: a weight keeps a
-# change only if it is at least half the step to the next bf16 value that way, a step of 2⁻⁸ to 2⁻⁷ of the
+# change only if it is at least half the gap to the next bf16 value that way, a gap of 2⁻⁸ to 2⁻⁷ of the
 # weight, so a change under 2⁻⁹ of a weight is always lost. AdamW's first update moves a value by about lr:
 # lr · g/|g| for its gradient g, unless g is zero or as small as AdamW's ε. The cell prints ddp's first update's median change, then adds lr to,
 # and subtracts it from, every initial value in bf16 and in fp32:
@@ -281,11 +281,11 @@ kept = {k: v[v != 0] for k, v in moved.items()}  # each change that was not lost
 lesson.claim(
     all(torch.equal(row, in_a_norm) for row in lost)
     and bool((values[in_a_norm] == 1).all())
-    and lr < 2**-9  # half the step below 1.0 (2⁻⁸); the step above is 2⁻⁷
+    and lr < 2**-9  # half the gap from 1.0 down to the next bf16 value (2⁻⁸); the gap up is 2⁻⁷
     and moved["fp32"].all(),
     f"Adding or subtracting lr = {lr} in bf16 leaves unchanged exactly the {int(in_a_norm.sum()):,} weights "
-    f"(each 1.0) of the {len(norms)} RMSNorms, lr being under half a bf16 step at 1.0; in fp32 every value moves "
-    f"by lr to within {(kept['fp32'] - 1).abs().max():.3%}. So bf16 master weights would drop every change of lr "
+    f"(each 1.0) of the {len(norms)} RMSNorms, lr being under 2⁻⁹ of 1.0; in fp32 every value moves by lr to "
+    f"within {(kept['fp32'] - 1).abs().max():.3%}. So bf16 master weights would drop every change of lr "
     f"on the RMSNorms and miss lr elsewhere by up to {(kept['bf16'] - 1).abs().max():.0%}.",
 )
 
@@ -485,16 +485,15 @@ on_wire.round(2)
 # ## FSDP: gather each unit around its run
 #
 # fsdp's code's parts: (1) each unit's parameters are replaced by their shards; (2) before a unit's forward
-# its shards are all-gathered into full parameters and the next unit's gather is started (a prefetch); (3)
-# after the forward the full parameters are dropped, all but the last unit's, with which the backward
-# starts, and where autograd saves a full parameter for the backward, a saved-tensor hook keeps a note of
-# where it lay instead; (4) each unit's first note unpacked in the backward gathers it again (or waits for its
+# its shards are all-gathered into an output buffer, the full parameters are copied out of it, and the next
+# unit's gather is started (a prefetch); (3) after the forward the full parameters are dropped, all but the
+# last unit's, with which the backward starts, and where autograd saves a full parameter for the backward, a
+# saved-tensor hook keeps a note of where it lay instead; (4) each unit's first note unpacked in the backward gathers it again (or waits for its
 # prefetched gather) and starts the gather of the unit before it; (5) a unit's gradients arrive together, in
 # the backward of one autograd function (`Unshard`): in the last micro-batch's backward they go to one
 # gradient collective (a reduce-scatter), and each replicated tensor's
 # gradient to an all_reduce; in the others they are only accumulated, whole; (6)
-# at the end of the backward fsdp waits for them and gives each shard its chunk as `.grad`. A cell after
-# them sizes one unit, gathered alone, and counts a step's collectives.
+# at the end of the backward fsdp waits for them and gives each shard its chunk as `.grad`.
 
 # %%
 # %%rank 0
@@ -530,8 +529,9 @@ lesson.claim(
     and len({sum(u.numels) for u in fsdp.units}) == 1
     and one["received"] == one["full"] == one["planned"]  # no padding: n divides each tensor here
     and one["received"] + one["full"] == peak,
-    f"fsdp's gathered units peak at {mib(peak)} in the memory step, twice a unit's {mib(one['received'])} (the "
-    "units are all one size).",
+    f"fsdp's gathered units peak at {mib(peak)} in the memory step: a unit's all-gather output buffer plus the "
+    f"full parameters copied out of it, {mib(one['full'])} each, what one unit gathered alone holds; so the "
+    "prefetch adds nothing to the peak.",
 )
 f = looks["fsdp"]
 lesson.claim(
@@ -624,7 +624,7 @@ held_at = held_sums(trainees, memory, between, adds)
 trade = pd.DataFrame({f"held {m}": h for m, h in held_at.items()})
 trade["added while gathering"] = pd.Series(adds)
 lesson.say(
-    "MiB on rank 0; the last column is in the held sum of "
+    "MiB on rank 0; the last column is held by "
     + ", ".join(f"{' and '.join(g)} {m}" for m, g in GATHERING.items())
     + "."
 )
@@ -637,7 +637,7 @@ lesson.claim(
     + ", ".join(
         f"{s} {adds[s] / 2**20:.2f} = {recv[s] / 2**20:.2f} + {sends[s] / 2**20:.2f}" for s in ("zero1", "zero2")
     )
-    + f"; fsdp {mib(adds['fsdp'])} = its gathered units' peak {mib(peak)} + its all-gather's input "
+    + f"; fsdp {mib(adds['fsdp'])} = its gathered units' peak {mib(peak)} + the unit's all-gather input "
     f"{mib(sends['fsdp'])}, which that peak leaves out.",
 )
 first = list(GATHERING)[1]
