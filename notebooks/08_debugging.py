@@ -23,8 +23,8 @@
 #    level (`TORCH_DISTRIBUTED_DEBUG`) at its default, OFF (DETAIL too for section 4's first bug): what torch says. The script's own
 #    collectives run on a group, `short` (*the short group*), whose calls give up after seconds, and
 #    torch's DDP on another, `group`, with torch's default timeout; a rank that fails
-#    destroys both, so a partner waiting on `group` fails at once. That bounds torch's waits: in a usual
-#    job's one group, a rank waits torch's default timeout, or a skipped collective pairs with the next one;
+#    destroys both, so a partner waiting on `group` fails at once. That bounds torch's waits, which in a
+#    usual job's one group can last torch's default timeout;
 # 2. **minddp in debug mode**, every collective on the default group: its DDP's checks, and the
 #    *collective check* of the `torch.distributed` collectives called. A
 #    `DebugError` is raised on every rank at the first check that sees the bug (for every rank reading the same
@@ -210,9 +210,12 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # %% [markdown]
 # ## 4. Mismatched collectives, the script's own included
 #
+# The bugs: rank 0 all-reduces loss and accuracy, rank 1 the loss alone; then only rank 0 all-reduces its loss.
+# Each fix: the same calls on every rank.
+#
 # Debug mode numbers each rank's collective calls, group by group, while it is on (*collective #K*;
 # the lesson helpers' calls count too), and compares the ranks' calls of the same
-# number through the store (torch's key-value server), not a collective.
+# number through torch's key-value store, not a collective.
 # A call is written op(dtype[shape], ...) at its place, then its step:
 # `(step 0)` in a wrapper's step, `(after step S)` after the last step any wrapper, an earlier cell's too, took on that rank.
 # At debug level DETAIL, torch first compares each call's op and shapes across ranks.
@@ -255,9 +258,10 @@ def log_loss(model, optimizer, short=None, everywhere=False):
 
 
 raised = torch_does(lambda group, short: log_loss(*build(TorchDDP, process_group=group), short=short), say=False)
+lesson.say(f"torch, rank 0: {raised[0]}")
 lesson.claim(
     "Timed out" in raised[0] and torch_took[0] >= WAIT_S and raised[1] == "raised nothing",
-    f"under torch rank 0 waited to the short group's {WAIT_S} s timeout; rank 1 raised nothing",
+    f"under torch rank 0 timed out at {WAIT_S} s; rank 1 raised nothing",
 )
 minddp_says(lambda: log_loss(*build()), "mismatched collectives")
 fixed(log_loss, "the loss logged on every rank", everywhere=True)
@@ -268,7 +272,7 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # Rank 1 has one batch fewer. It leaves its loop and waits at the script's final barrier, while rank
 # 0 starts a step whose collectives rank 1 will never make. The fix: the wrapper's `join()` around the loop, the
 # barrier after it: a rank that has run out makes the others' remaining collectives. Inside `join()` the forward
-# and step checks pause, resuming after it; the collective check still runs.
+# and step checks pause; the collective check still runs.
 
 
 # %%
@@ -287,7 +291,7 @@ def uneven(model, optimizer, short=None, joined=False):
 raised = torch_does(lambda group, short: uneven(*build(TorchDDP, process_group=group), short=short))
 lesson.claim(
     peer_gone(raised[0]) and "Timed out" in raised[1] and torch_took[1] >= WAIT_S,
-    f"under torch rank 1 failed at the short group's {WAIT_S} s timeout, rank 0 with 'closed by peer'",
+    f"under torch rank 1 timed out at {WAIT_S} s, rank 0 with 'closed by peer'",
 )
 minddp_says(lambda: uneven(*build()), "uneven inputs: rank 1 left the training loop after step 2")
 models = []  # the fix under torch's DDP, its parameters the oracle for minddp's
@@ -359,8 +363,8 @@ torch.manual_seed(0)
 moved = each_rank(not torch.equal(model.module.head.weight, Net().to(device).head.weight))  # Net(): head as built
 lesson.claim(
     raised == ["raised nothing"] * world_size and moved == [False, True] and apart(model) > 0,
-    "with find_unused_parameters=True torch's DDP raised nothing, but rank 0's head.weight never moved, rank 1's "
-    "did: the replicas ended apart",
+    "with find_unused_parameters=True torch's DDP raised nothing, but only rank 1's head.weight moved: the "
+    "replicas ended apart",
 )
 warnings_of = each_rank(warned)
 lesson.claim(
@@ -368,7 +372,7 @@ lesson.claim(
     and len(warnings_of[1]) == 1
     and "did not find any unused parameters" in warnings_of[1][0]
     and not ("head" in warnings_of[1][0] or "requires_grad" in warnings_of[1][0]),
-    "torch's C++ code warned once, on rank 1 only (where no parameter went unused), of the flag, not the frozen layer:",
+    "torch's C++ code warned once, on rank 1 only, of the flag, not the frozen layer:",
 )
 lesson.say(gist(warnings_of[1][0]))
 
@@ -418,8 +422,7 @@ lesson.claim(
 #
 # A wrapper built in debug mode adds the forward and step checks and a `DebugReducer`: the
 # wrapper's *Reducer* averages the gradients in *buckets*; this one sends each through the collective
-# check, blocking backward until it is summed, and at the end of backward compares the ranks' buckets and their
-# order.
+# check and at the end of backward compares the ranks' buckets.
 
 
 # %%
@@ -440,7 +443,7 @@ def five_steps(on: bool):
     return model, [p.detach().clone() for p in model.parameters()], calls, sent
 
 
-(paused, paused_params, _, paused_sent), (on, on_params, checked, _) = five_steps(False), five_steps(True)
+(paused, paused_params, _, paused_sent), (on, on_params, checked, on_sent) = five_steps(False), five_steps(True)
 added = {"forward check": "all_gather", "end of backward": "all_gather_object", "step check": "all_gather"}
 debug_calls = [c for c in checked if "bucket" not in c.where]
 buckets = len(checked) - len(debug_calls)  # the buckets' all_reduces
@@ -448,19 +451,20 @@ lesson.claim(
     [c.op for c in debug_calls] == list(added.values())
     and all(name in c.where for name, c in zip(added, debug_calls))
     and [c.op for c in checked if "bucket" in c.where] == ["all_reduce"] * buckets
-    and paused_sent == buckets == len(on.reducer.plan) == len(paused.reducer.plan) == 1,  # plan: a reducer's buckets
-    f"in step 4 the paused wrapper sent {paused_sent} collective, for its {buckets} bucket; debug mode compared "
-    f"{len(checked)} calls, that bucket's all_reduce and one at each of its {', '.join(list(added)[:-1])} and "
-    f"{list(added)[-1]}",
+    and paused_sent == buckets == len(on.reducer.plan) == len(paused.reducer.plan) == 1  # plan: a reducer's buckets
+    and on_sent == len(checked) + 1,  # keep.all_gather_object: an all_gather of the sizes, then one of the bytes
+    f"in step 4 the paused wrapper sent {paused_sent} collective, for its bucket; debug mode {on_sent}: the bucket's "
+    f"all_reduce, its forward and step checks' all_gathers and end of backward's all_gather_object (2 all_gathers), "
+    f"compared as {len(checked)} calls",
 )
 # exact: both reducers halve each gradient, then add the 2 ranks', which rounds the same in either order
 lesson.claim(
     all(each_rank(all(torch.equal(a, b) for a, b in zip(paused_params, on_params)))),
-    "after 5 steps each rank's parameters are bit for bit as with debug mode paused",
+    "each rank's parameters ended bit for bit as with debug mode paused",
 )
 
 # %% [markdown]
-# Debug mode's calls come with every step, so it belongs in debugging runs; nothing here timed their cost.
+# Debug mode adds these calls to every step; nothing here timed them.
 
 # %%
 # %dist_shutdown
