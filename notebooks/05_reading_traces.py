@@ -16,7 +16,7 @@
 # %% [markdown]
 # # 05 · Reading traces
 #
-# Each rank can record a profiler trace of its steps. This notebook profiles
+# Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev). This notebook profiles
 # one step of each stage of the DDP ladder that keeps a whole replica on every rank (`03_build_up`: `simple` to
 # `bucket-async`, and `ddp`; the sharded rungs are in `06_sharding`), torch's DDP and `single` (no wrapper: each
 # rank trains on its own examples and never communicates), with gloo over the machine's loopback interface; *the link
@@ -57,6 +57,7 @@ dist.barrier()
 blog = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 for stage in blog:
     lesson.Trainee(stage, link="1gbit").profile(LINKED, steps=1)
+lesson.say(lesson.machine(link="in the link run"))  # the cores every timing below shares
 
 # %%
 # %dist_shutdown
