@@ -588,8 +588,8 @@ lesson_03.look_table(looks, checks)
 # bucket, both during the last backward, and wait for them in finish. On the link, a bucketed stage
 # trades three things against a per-gradient one:
 #
-# 1. **per message**: every all_reduce pays 2(n−1)·α on the link;
-#    buckets pay it once per bucket instead of once per gradient tensor;
+# 1. **per message**: the fixed cost, 2(n−1)·α on the link, once per bucket instead of once per gradient
+#    tensor;
 # 2. **the late start**: nothing goes to the link before some bucket's last gradient is ready, while a
 #    per-gradient stage's first message needs only one gradient;
 # 3. **the tail**: the last message's transfer on the link, a bucket against one tensor, can run
@@ -733,7 +733,7 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
         model_name,
         setting_ratios[name],
         len(params),
-        len(blog.nbytes),
+        blog,
         sync_bytes,
         sized_from[name],
         lesson_03.SIZED_FROM[name],

@@ -107,24 +107,23 @@ def say_hid(looks: dict, stage: str) -> None:
 
 def say_exposed_parts(looks: dict, stage: str, before: str) -> None:
     """``stage`` against ``before`` (both waiting for each message as it goes): link time and exposed, in whole ms
-    as :func:`lesson.say_look` prints, which exposed more, and, where each waits for each message, the link time
-    before each wait began (not exposed); then, where ``stage`` waited less, its waited and the part of it after the
-    link had delivered against ``before``'s. No step ends: they also hold the check's time and
-    the forwards'."""
+    as :func:`lesson.say_look` prints, numbers only (one step each: no ranking on them), and, where each waits for
+    each message, the link time before each wait began (not exposed); then, where ``stage`` waited less, by how much
+    and how much of that drop came after the link had delivered (time the link does not model), with both stages'
+    message counts. No step ends: they also hold the check's time and the forwards'."""
     (link, exposed), (link0, exposed0) = (lesson.link_parts(looks[s]) for s in (stage, before))
     said = f"{stage} against {before}: link time {link} against {link0} ms, exposed {exposed} against {exposed0}"
-    if exposed != exposed0:
-        said += f": {stage} exposed {'more' if exposed > exposed0 else 'less'}"
-        if all(lesson.waits_each(looks[s]) for s in (stage, before)):
-            before_wait = f"{link - exposed} against {link0 - exposed0}"
-            said += f"; link time before each wait began, {before_wait}"
+    if all(lesson.waits_each(looks[s]) for s in (stage, before)):
+        said += f", link time before each wait began {link - exposed} against {link0 - exposed0}"
     waited, waited0 = (round(looks[s]["waited_ms"]) for s in (stage, before))
     if waited < waited0:
-        after = [lesson.after_delivery_ms(looks[s]) for s in (stage, before)]
-        said += (
-            f". It waited less, {waited} against {waited0} ms, {after[0]} against {after[1]} of it after the link had "
-            "delivered"
-        )
+        drop = lesson.after_delivery_ms(looks[before]) - lesson.after_delivery_ms(looks[stage])
+        said += f". It waited {waited0 - waited} ms less, {waited} against {waited0}"
+        if drop > 0:
+            said += (
+                f", {'most' if 2 * drop > waited0 - waited else 'some'} of it ({drop} ms) after the link had "
+                f"delivered, over {looks[stage]['calls']} messages against {looks[before]['calls']}"
+            )
     say(said + ".")
 
 
@@ -149,12 +148,11 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
     )
     h = looks["hook-async"]
     quiet = max((e - s for s, e in h["row"]["backward"][:-1]), default=0.0)  # its backwards that sync nothing
-    link, synced, after = why["hook-async"]["link_ms"], backward_less_check(h), max(0.0, why["hook-async"]["end_ms"])
+    link, synced = why["hook-async"]["link_ms"], backward_less_check(h)
     if quiet and round(link) > round(quiet) and round(synced) > round(quiet):  # messages start after backward does
         say(
             f"hook-async's {link:.0f} ms of link time outlasts its backwards that sync nothing (at most "
-            f"{quiet:.0f} ms), so after one of those at least {link - quiet:.0f} ms of it would remain; its "
-            f"{after:.1f} ms of link after backward came with a {synced:.0f} ms synced backward."
+            f"{quiet:.0f} ms), so after one of those at least {round(link) - round(quiet)} ms of it would remain."
         )
     table = (
         pd.DataFrame(why)
@@ -283,18 +281,23 @@ def say_sized(
     model_name: str,
     ratios: tuple,
     n_tensors: int,
-    blog_tensors: int,
+    blog,
     sync_bytes: int,
     backward_s: float,
     how: str,
     cap: float,
 ) -> None:
-    """One sized link, in a sentence: the setting's ratios, the network, the backward it was sized from, the cap."""
+    """One sized link, in a sentence: the setting's ratios, the network, the backward it was sized from, the cap
+    with the two byte counts it is scaled by (``blog``: SmolLM2's profile, its gradients in the blog's dtype), in
+    MiB to two decimals so the cap can be recomputed from the printed numbers."""
+    from minddp.costmodel.project import BLOG
+
     bytes_ratio, message_ratio = ratios
     say(
         f"{name}: on {link_name} with {ranks} ranks one sync's bytes take {bytes_ratio:.2f} "
         f"backwards, one message's fixed cost {message_ratio:.1e} of one. Here {model_name}: {n_tensors} "
-        f"gradient tensors (SmolLM2-360M {blog_tensors}), {sync_bytes / 2**20:.1f} MiB, a backward of "
+        f"gradient tensors, {sync_bytes / 2**20:.2f} MiB (SmolLM2-360M: {len(blog.nbytes)}, "
+        f"{blog.total_bytes / 2**20:.2f} MiB of {BLOG['dtype_bytes']}-byte gradients), a backward of "
         f"{1e3 * backward_s:.0f} ms ({how}); a cap of {cap:.2f} MiB."
     )
 
@@ -335,8 +338,9 @@ def say_takeaway(looks: dict, t4: dict, far: dict, sized_from: dict) -> None:
     bucket-async exposed more or less than hook-async (whole ms), with each one's link after backward (the most a
     stage that waits only in finish can expose), and for a sized link each one's waited and last backward less the
     check against the backward the link was sized from (``sized_from``, seconds, by setting name). On this notebook's
-    link, where hook-async exposed less, its synced backward against those that sync nothing (:func:`stretch`) and,
-    where its step ended later than bucket-async's or at the same ms, both ends."""
+    link, where hook-async exposed less, its synced backward against those that sync nothing (:func:`stretch`); no
+    step ends (one step each: their gap is within the run-to-run spread). On a sized link, the link's ratios over each
+    stage's own backward, as a multiple of the setting's (sized from / own backward)."""
     from minddp.costmodel.buckets import on_the_link
 
     here = {s: on_the_link(looks[s]["row"]) for s in ("hook-async", "bucket-async")}
@@ -350,19 +354,17 @@ def say_takeaway(looks: dict, t4: dict, far: dict, sized_from: dict) -> None:
         first, then = named if runs is here else ("the same, ", " ms, ")
         said = f"{name}, {verdict}: {first}{x} against {y}{then}{after[0]:.1f} against {after[1]:.1f}"
         longer = stretch(looks["hook-async"]) if runs is here and x < y else ""
-        if longer:  # hook-async hid its link time inside a longer backward: said, with the steps' ends
+        if longer:  # hook-async hid its link time inside a longer backward (no step ends: one step each)
             said += f"; but hook-async's {longer}"
-            end, end0 = (round(looks[s]["row"]["end"]) for s in ("hook-async", "bucket-async"))
-            if end > end0:
-                said += f", and its step ended {end - end0} ms later than bucket-async's, at {end} against {end0} ms"
-            elif end == end0:
-                said += f", and its step ended at the same ms as bucket-async's, {end}"
         if runs is not here:
             setting = name.removeprefix("Sized for ")
             waited = " against ".join(f"{r['waited_ms']:.0f}" for r in (h, b))  # whole ms, as say_sized_measures
             backs = " against ".join(f"{r['backward_ms']:.0f}" for r in (h, b))
+            sized = 1e3 * sized_from[setting]
             said += (
-                f"; waited {waited}, last backward less the check {backs}, on a link sized from a backward of "
-                f"{1e3 * sized_from[setting]:.0f} ms ({SIZED_FROM[setting]})"
+                f"; waited {waited}, last backward less the check {backs} against the {sized:.0f} ms the link was "
+                "sized from, so "
+                + " and ".join(f"{sized / r['backward_ms']:.2f}" for r in (h, b))
+                + " times the setting's ratios"
             )
         say(said + ".")
