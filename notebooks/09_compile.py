@@ -29,9 +29,8 @@
 #
 # nanoGPT's *pattern* is to compile the model, then wrap it: `model = torch.compile(model)`, then `DDP(model)`.
 # `torch.compile` has two parts: *Dynamo* captures the model's Python as a *graph*, and a *backend* compiles the
-# graph. Compiled as one graph, the model records a single gradient node for its whole
-# forward, which produces every parameter's gradient at its end. Every bucket is then handed over after that node, when
-# no gradient node is left to run.
+# graph. Compiled as one graph, the model records one gradient node for its whole forward, producing every gradient
+# at its end, so every bucket is handed over when no gradient node is left to run.
 #
 # With the cut on (`torch._dynamo.config.optimize_ddp`; more conditions below), while `ddp` runs its module compiled,
 # Dynamo's `DDPOptimizer` **cuts the graph into pieces** and compiles each piece apart, each with a gradient node of
@@ -39,10 +38,11 @@
 # that order: piece 0 holds the forward's last layers; a *piece's backward* is the run of its gradient node. A bucket
 # whose last gradient a piece produces can then be handed over before the next piece's backward begins.
 #
-# The figure shows the third step's backward pass, the first after ddp rebuilds its buckets (at step 2, in the order
-# step 1's gradients arrived), in three runs, one row each: eager (not compiled), compiled without the cut
-# (`optimize_ddp = False`) and compiled with it. The model: an MLP of 1 MiB layers without biases; the backend:
-# `aot_eager` (torch's own kernels, none generated).
+# The figure shows step 3's backward pass, the first step after `ddp` rebuilds its buckets and one with neither a
+# compile nor a rebuild in it (the rebuild comes in step 2's forward, so step 2's backward already runs on the new
+# buckets), in three runs:
+# eager (not compiled), compiled without the cut (`optimize_ddp = False`) and compiled with it. The model: an MLP of
+# 1 MiB layers without biases; the backend: `aot_eager` (torch's own kernels, none generated).
 
 # %%
 # %load_ext minddp.notebook
@@ -100,18 +100,19 @@ for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT
     pieces = f"{n} piece{'s' * (n > 1)}, " if compiled else ""  # uncut, the graph is one piece
     # the figure's row label, two lines: the run; its pieces (if compiled) and its buckets (one tick each)
     looks[label]["row"].update(label=f"{label}\n{pieces}{looks[label]['calls']} buckets", stage=label)
-lesson.say(f"{world_size} ranks, {DEPTH} layers of {WIDTH}×{WIDTH}; torch {torch.__version__}.")
 # per step: the frames Dynamo compiled, and whether ddp rebuilt its buckets (in arrival order, after the first step)
 lesson.claim(
     all(v["compiled"][2] == 0 and v["rebuilt"] == [False, True, False] for v in looks.values()),
-    "In each run, step 3 neither compiled nor rebuilt ddp's buckets; step 2 rebuilt them.",
+    "In each run, step 2 rebuilt ddp's buckets; step 3 neither compiled nor rebuilt them.",
 )
 
 
 # %% [markdown]
 # ## The backward pass of each run
 #
-# Pale, where no bar covers a row, is the loss's nodes and the time between nodes.
+# Read it for orders, not timings. Pale, where no bar covers a row, is the loss's nodes and the time between nodes.
+# A green span with a tick also holds the reducer's copy of the bucket's gradients into its buffer, before its
+# `all_reduce` call (the tick).
 
 # %%
 # %%distributed
@@ -120,15 +121,20 @@ nodes.picture(looks, title)  # rank 0 draws
 # orders of events, not timings: without the cut every tick comes in an AccumulateGrad node, which runs once
 # the graph's one gradient node, the last gradient node, has produced its gradient
 after = {label: v["node_after_handover"] for label, v in looks.items()}  # per bucket: a gradient node ended after it
-lesson.claim(
-    not any(after[NO_CUT]),
-    "Without the cut, only AccumulateGrad nodes ran after the first hand-over.",
-)
 # autograd's order, not a timing: a bucket's last AccumulateGrad node runs before the next gradient nodes (with the
 # cut, why: "The pieces and the buckets" below), and no gradient node is left after the last bucket's
 lesson.claim(
-    all(after[label][:-1] == [True] * (len(after[label]) - 1) and not after[label][-1] for label in ("eager", CUT)),
-    "With the cut, as in eager, a gradient node ended after each bucket's hand-over but the last.",
+    not any(after[NO_CUT])
+    and all(after[label][:-1] == [True] * (len(after[label]) - 1) and not after[label][-1] for label in ("eager", CUT)),
+    "A gradient node ended after each hand-over but the last with the cut and in eager; after none without it.",
+)
+# the cut moves the hand-overs, not the buckets: as many in each run, grouped alike or not (said either way)
+grouped = [[sorted(b) for b in v["buckets"]] for v in looks.values()]
+alike = all(g == grouped[0] for g in grouped)
+lesson.claim(
+    after[NO_CUT] != after[CUT] and len({v["calls"] for v in looks.values()}) == 1,
+    f"The cut changed when buckets were handed over, not how many ({looks[CUT]['calls']} per run)"
+    + (" or their layers." if alike else "; their layers differed between runs."),
 )
 # the reducer's hook runs in each parameter's AccumulateGrad node, after the gradient is accumulated
 lesson.claim(
@@ -140,20 +146,18 @@ lesson.claim(
 # %% [markdown]
 # ## The pieces and the buckets
 #
-# Each piece records one gradient node, `CompiledFunctionBackward`, and the parameters whose gradients it produces
-# hang off it (their `AccumulateGrad` nodes). The cell lists the pieces of the run compiled with the cut (of one
-# more forward) in the order the backward pass runs them, each piece's parameters in the forward's order.
+# Each piece records one gradient node, `CompiledFunctionBackward`. The cell lists the pieces of the run compiled
+# with the cut (of one more forward) in the order the backward pass runs them.
 #
-# Dynamo cuts when it compiles, and only if torch's DDP's class attribute `_active_ddp_module` is set
-# then; it reads the bucket cap from it and caps piece 0 apart, at the
-# global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp`, given a
-# `bucket_cap_mb`, sets the attribute to a stand-in holding its bucket cap and the global to the bucket cap
-# (`compat.ddp_optimizer_caps`): so piece 0 closes at the bucket cap, as bucket 0 does.
+# Dynamo cuts only if torch's DDP's class attribute `_active_ddp_module` is set when it compiles; it reads the bucket
+# cap from it and caps piece 0 at the global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs
+# compiled, minddp's `ddp` sets both to its bucket cap (`compat.ddp_optimizer_caps`), so piece 0 closes at the bucket
+# cap, as bucket 0 does.
 #
-# Why a bucket is handed over before the next piece's backward: when the piece's gradient node ends, the
-# `AccumulateGrad` nodes of the gradients it produced and the next piece's gradient node are all ready to run, and
-# autograd's queue of ready nodes runs first the node of highest *sequence number* (the forward numbers the nodes it
-# records in order); an `AccumulateGrad` node's is set to the largest there is (`torch/csrc/autograd/node.h`).
+# Why a bucket is handed over before the next piece's backward: when the piece's gradient node ends, its gradients'
+# `AccumulateGrad` nodes and the next piece's gradient node are all ready to run, and autograd's queue of ready
+# nodes runs first the node of highest *sequence number* (the forward numbers the nodes it records in order); an
+# `AccumulateGrad` node's is set to the largest there is (`torch/csrc/autograd/node.h`).
 
 
 # %%
@@ -205,7 +209,7 @@ def my_handed_over_after(pieces, cap):
 check_handover(my_handed_over_after)
 
 # %% [markdown]
-# Stuck? The collapsed cell below holds a model answer and the checker's verdict on it.
+# Stuck? A checked model answer is in the collapsed cell below.
 
 # %% jupyter={"outputs_hidden": true, "source_hidden": true}
 from minddp.exercises import solutions
@@ -220,10 +224,10 @@ print(check_handover(solutions.handed_over_after))
 # Under torch's DDP, DDPOptimizer's cap for piece 0, `_DEFAULT_FIRST_BUCKET_BYTES`, must not be
 # above the bucket cap. The cell tries each wrapper at a bucket cap below that
 # default, on an MLP of two 1 MiB layers, with each pattern: nanoGPT's and `torch.compile(DDP(model))`. At a *graph
-# break* Dynamo ends a graph, runs Python and starts a new one; Dynamo's cut into pieces is not a graph break. With
-# `torch.compile(ddp(model))`, Dynamo runs minddp's wrapper forward as Python and compiles only
-# the module, so no break is counted there. Printed: the error raised (its "bucket" is Dynamo's piece), or a training
-# step's graph breaks and one more forward's pieces.
+# break* Dynamo ends a graph, runs Python and starts a new one; Dynamo's cut into pieces is not a graph break.
+# Printed: the error raised (its "bucket" is Dynamo's piece), or a training step's graph breaks and one more forward's
+# pieces; each step is checked against one eager `ddp` step on the same model and batch, allowing for rounding from
+# summing in another order.
 
 
 # %%
@@ -246,7 +250,7 @@ lesson.claim(
 )
 lesson.claim(
     ours["breaks"] == [0, 0] and min(ours["pieces"]) > 1 and ours["apart"] <= ours["bound"],
-    f"minddp's ddp took one step with either pattern, ending on eager ddp's parameters ({ours['near']}).",
+    f"minddp's ddp took one step with either pattern; its parameters matched eager's {ours['near']}.",
 )
 
 
@@ -258,8 +262,8 @@ lesson.claim(
 #   while gradients are still computed; without it, none did.
 #
 # * At a bucket cap of 0.5 MiB, Dynamo's cut refused torch's DDP with either pattern: DDPOptimizer's cap for
-#   piece 0 is above the bucket cap. minddp's `ddp`, which sets that cap to the bucket cap it is given, took one step
-#   with both, its module compiled and cut.
+#   piece 0 is above the bucket cap. minddp's `ddp`, which sets that cap to its bucket cap, took one step with both,
+#   its module compiled and cut.
 
 # %%
 # %dist_shutdown
