@@ -120,10 +120,13 @@ def say_exposed_parts(looks: dict, stage: str, before: str) -> None:
         drop = lesson.after_delivery_ms(looks[before]) - lesson.after_delivery_ms(looks[stage])
         said += f". It waited {waited0 - waited} ms less, {waited} against {waited0}"
         if drop > 0:
-            said += (
-                f", {'most' if 2 * drop > waited0 - waited else 'some'} of it ({drop} ms) after the link had "
-                f"delivered, over {looks[stage]['calls']} messages against {looks[before]['calls']}"
+            less = waited0 - waited
+            part = (  # the waiting after delivery can fall by more than the whole wait did (exposed rose)
+                f"all of it after the link had delivered (that waiting fell {drop} ms)"
+                if drop >= less
+                else f"{'most' if 2 * drop > less else 'some'} of it ({drop} ms) after the link had delivered"
             )
+            said += f", {part}, over {looks[stage]['calls']} messages against {looks[before]['calls']}"
     say(said + ".")
 
 
@@ -362,8 +365,8 @@ def say_takeaway(looks: dict, t4: dict, far: dict, sized_from: dict) -> None:
             backs = " against ".join(f"{r['backward_ms']:.0f}" for r in (h, b))
             sized = 1e3 * sized_from[setting]
             said += (
-                f"; waited {waited}, last backward less the check {backs} against the {sized:.0f} ms the link was "
-                "sized from, so "
+                f"; waited {waited}, last backward less the check {backs}, the link sized from a {sized:.0f} ms "
+                "backward, so "
                 + " and ".join(f"{sized / r['backward_ms']:.2f}" for r in (h, b))
                 + " times the setting's ratios"
             )
