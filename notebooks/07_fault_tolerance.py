@@ -102,9 +102,9 @@ for line in run.report():
 
 # %% [markdown]
 # How the other members learn of each fault: their all_reduce fails (the errors are printed after the
-# timeline), each member that caught an error votes no, and the attempt is discarded. The next quorum waits
-# until every live slot has asked: the survivors ask after they vote, and a killed slot stays live until the
-# launcher records its exit.
+# timeline), each member that caught an error drops its group, then votes no, and the attempt is discarded.
+# The next quorum waits until every live slot has asked: the survivors ask after they vote, and a killed
+# slot stays live until the launcher records its exit.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -188,8 +188,8 @@ lesson.claim(
 )
 lesson.claim(
     checks.discards_kept,
-    f"the {checks.discarded} discarded attempts changed nothing: the digest after equals the one before for each of"
-    f" their {checks.discarded_entries} surviving members",
+    f"the {checks.discarded} discarded attempts changed nothing: in each, every surviving member's digest after it"
+    f" equals its *before* digest ({checks.discarded_entries} pairs, one per surviving member and attempt)",
 )
 
 # %% [markdown]
@@ -225,7 +225,7 @@ def my_shard(batch, rank, world):
 check_shard(my_shard)
 
 # %% [markdown]
-# Stuck? The cell below shows a model answer (collapsed in Jupyter: click it); the notebook's last code
+# Stuck? The cell below shows a model answer; the notebook's last code
 # cell checks it.
 
 # %% jupyter={"outputs_hidden": true}

@@ -5,7 +5,7 @@ Each function reads a run of :func:`minddp.ft.launch_ft` and one of its faults (
 it defines no measure of its own. The notebook keeps its claims in its cells; these print or read:
 
 * :func:`print_phase_lines`: the lines of the rung and of the lighthouse that run each phase of an attempt;
-* :func:`print_recoveries`: each fault's recovery as its moments in order, and the kill's in parts;
+* :func:`print_recoveries`: each fault's recovery as its moments in order;
 * :func:`print_rejoin`: the parts of a kill's rejoin, and what the survivors did meanwhile;
 
 and, for the cells' claims, readers of the members' entries (one per member and attempt): :func:`attempts`,
@@ -15,7 +15,7 @@ and, for the cells' claims, readers of the members' entries (one per member and 
 from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
-from minddp.ft.report import asked_s, first_request_s
+from minddp.ft.report import asked_s, caught_s, first_request_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
 
@@ -67,15 +67,18 @@ def _parts(run, o) -> tuple[int, int, int]:
 
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
-    """Each fault's recovery, in whole ms after the fault, as its moments in the order they came: the kill's exit
-    recorded by the launcher, the attempt discarded, the last request that quorum answered, that quorum, the commit.
-    Then whether either recovery lasted the hang bound, and the kill's recovery in three parts that sum to it."""
+    """Each fault's recovery, in whole ms after the fault, as its moments in the order they came: the first error a
+    member caught, the kill's exit recorded by the launcher, the attempt discarded, the last request that quorum
+    answered, that quorum, the commit. Then whether either recovery lasted the hang bound."""
     for o in (kill, raised):
         asked, came_ms, to_commit = _parts(run, o)
         last = "last request" + (" of the next quorum's members" if o is kill else "")  # defined where first printed
-        # a tie keeps the code's order: the exit record (the quorum waits for it), the discard (a survivor asks
-        # for the next quorum only once its vote is answered), the last request, the quorum
-        moments = [] if o.exit_s is None else [(ms(o.exit_s), f"slot {o.fault.slot}'s exit recorded")]
+        # a tie keeps the code's order: the error caught (before its vote), the exit record (the quorum waits for it),
+        # the discard (a survivor asks for the next quorum only once its vote is answered), the last request, the quorum
+        caught = caught_s(run, o)
+        moments = [] if caught is None else [(ms(caught), "first error caught")]
+        if o.exit_s is not None:
+            moments.append((ms(o.exit_s), f"slot {o.fault.slot}'s exit recorded"))
         if o.discard_s is not None:
             moments.append((ms(o.discard_s), "attempt discarded"))
         moments += [(asked, last), (asked + came_ms, "next quorum")]
@@ -89,16 +92,9 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
         )
     else:  # the all_reduce failed before its timeout, the hang bound: on the faulting process's closed connections
         print(
-            f"Neither recovery waited for the {hang_s:g} s hang bound: a killed process, or one that dropped its "
-            "group, has closed its connections, and its peers' all_reduce failed on them."
+            f"Neither recovery waited for the {hang_s:g} s hang bound: the faulting process's connections closed, "
+            "failing its peers' all_reduce."
         )
-    asked, came_ms, to_commit = _parts(run, kill)
-    quorum = asked + came_ms
-    first, until = (ms(kill.discard_s), "the discard") if kill.discard_s is not None else (asked, "the last request")
-    print(
-        f"The kill's {quorum + to_commit} ms: {first} until {until}, {quorum - first} more until the next quorum, "
-        f"{to_commit} more until the commit."
-    )
 
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
