@@ -535,6 +535,7 @@ lesson.claim(
     v["calls"] == v["calls_in_backward"] and v["waits_in_backward"] == 0,
     "ddp sends every bucket from inside the backward and waits for none before its last operator.",
 )
+lesson_03.say_ends(looks, "ddp", "bucket-async")
 
 # %% [markdown]
 # ## `torch`: torch's own DDP, the baseline
@@ -640,8 +641,8 @@ table
 # profiled step, no warm-up, at other caps on the same link (the workload's cap is the step above;
 # `None`: torch's default, 25 MiB after a first bucket of 1 MiB, drawn right of the grid). The
 # step-time model (`docs/scaling.md`) replays each cap's plan on the link, with the bare network's
-# timings scaled to the median of the five steps' backwards (less the check), *the sweep's median backward*. The lower panel: the model's
-# three costs of each grid cap.
+# timings scaled to the median of the five steps' backwards (less the check), *the sweep's median backward*. The lower
+# panel and the table: the model's three costs of each cap.
 
 # %%
 # %%distributed
@@ -679,8 +680,9 @@ lesson_03.sweep_table(swept, model, default)
 # ### Links sized with two settings' ratios, at this machine's speed
 #
 # Two ratios matter: one sync's bytes' time and one message's fixed cost, each over one backward.
-# The cell sets α and β so that one backward timed here, on 2 ranks, has both ratios of a setting. Each run below is one profiled step, no
-# warm-up. Both settings' ratios are those of SmolLM2-360M
+# The cell sets α and β so that a backward timed here, on 2 ranks, has both ratios of a setting (4 T4s: the
+# sweep's median backward, messages inside; 1024 ranks, on `deep-llama`, which the sweep did not run: single's
+# median backward of 3 steps). Each run below is one profiled step, no warm-up. Both settings' ratios are those of SmolLM2-360M
 # (the blog's workload, not run here) as the step-time model rebuilds it (`docs/scaling.md` §5):
 #
 # * **sized for 4 × T4**: the blog's 4 T4s over PCIe (`pcie-t4`); the rungs from `simple` to
@@ -688,7 +690,7 @@ lesson_03.sweep_table(swept, model, default)
 # * **sized for 1024 ranks**: the blog's network on 1024 ranks over 100 Gbit/s InfiniBand
 #   (`100gbit-ib`), a setting the blog did not run: every all_reduce makes 2 × 1023 hops, so one
 #   message's fixed cost is a far larger share of the backward. On `deep-llama`, an offline preset
-#   with SmolLM2's 32 layers at CPU size, so as many gradient tensors as SmolLM2. Only `hook-async`
+#   with SmolLM2's 32 layers at CPU size. Only `hook-async`
 #   and the bucketed rungs run there, one micro-batch a step.
 #
 # Every bucket, the first too, is capped at 25 MiB scaled by the network's bytes over SmolLM2's.
@@ -759,14 +761,14 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # %%distributed
 t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
 far = {s: blog_runs["1024 ranks", s] for s in RUN["1024 ranks"]}
-lesson_03.say_sized_measures(t4, far)
+lesson_03.say_sized_measures(t4, far, sized_from)
 
 # %% [markdown]
 # ## Takeaway
 
 # %%
 # %%distributed
-lesson_03.say_takeaway(looks, t4, far, sized_from)
+lesson_03.say_takeaway(looks, t4, far, sized_from, swept)
 
 # %%
 # %dist_shutdown

@@ -98,36 +98,151 @@ def stretch(v: dict) -> str:
 
 
 def say_hid(looks: dict, stage: str) -> None:
-    """When ``stage`` exposed none of its link time and its synced backward ran longer than those that sync nothing
-    (:func:`stretch`), both said: it hid the link time inside a longer backward. Nothing otherwise."""
-    said = stretch(looks[stage])
-    if said and lesson.link_parts(looks[stage])[1] == 0:
-        say(f"{stage} exposed none, but its {said}: sending inside it lengthened it.")
+    """Where ``stage``'s exposed is given: its synced backward (less the check) against its backwards that sync
+    nothing, and in every branch what that means for its exposed; where it ran longer, why (the grad hooks' lines
+    and the gloo and link threads share the cores with the compute) and what a GPU changes."""
+    v = looks[stage]
+    quiet = [e - s for s, e in v["row"]["backward"][:-1]]
+    if not quiet:
+        return
+    synced = backward_less_check(v)
+    said = (
+        f"{stage}'s synced backward (less the check) ran {synced:.0f} ms against "
+        f"{listed([f'{q:.0f}' for q in quiet])} for those that sync nothing"
+    )
+    longer = round(synced) - round(max(quiet))
+    if longer > 0:
+        said += (
+            f": {longer} ms longer, which neither exposed nor waited counts. Sending from inside the backward took "
+            f"that time from it: its grad hooks' lines, and gloo's and the link's threads on the {lesson.cores()} "
+            "cores the compute runs on. On a GPU the backward runs on the device while those threads run on the CPU, "
+            "so far less of it would be taken."
+        )
+    else:
+        said += ": sending from inside it did not lengthen it here, so its exposed is all that hiding left."
+    say(said)
 
 
 def say_exposed_parts(looks: dict, stage: str, before: str) -> None:
-    """``stage`` against ``before`` (both waiting for each message as it goes): link time and exposed, in whole ms
-    as :func:`lesson.say_look` prints, numbers only (one step each: no ranking on them), and, where each waits for
-    each message, the link time before each wait began (not exposed); then, where ``stage`` waited less, by how much
-    and how much of that drop came after the link had delivered (time the link does not model), with both stages'
-    message counts. No step ends: they also hold the check's time and the forwards'."""
+    """``stage`` against ``before`` (both waiting for each message inside the backward): link time and exposed, in
+    whole ms as :func:`lesson.say_look` prints (one step each: no ranking on them), the link time before each wait
+    began (exposed is link time less that), and where ``stage`` waited less, how the drop splits into exposed and the
+    waiting after the link had delivered (time the link does not model); then the two last backwards (less the
+    check), and, where every wait began inside them, each one's time outside the waits."""
     (link, exposed), (link0, exposed0) = (lesson.link_parts(looks[s]) for s in (stage, before))
+    n, n0 = looks[stage]["calls"], looks[before]["calls"]
     said = f"{stage} against {before}: link time {link} against {link0} ms, exposed {exposed} against {exposed0}"
     if all(lesson.waits_each(looks[s]) for s in (stage, before)):
-        said += f", link time before each wait began {link - exposed} against {link0 - exposed0}"
+        said += (
+            f", link time before each wait began {link - exposed} against {link0 - exposed0} ({n} waits against "
+            f"{n0}; exposed is link time less it)"
+        )
     waited, waited0 = (round(looks[s]["waited_ms"]) for s in (stage, before))
     if waited < waited0:
         drop = lesson.after_delivery_ms(looks[before]) - lesson.after_delivery_ms(looks[stage])
-        said += f". It waited {waited0 - waited} ms less, {waited} against {waited0}"
-        if drop > 0:
-            less = waited0 - waited
-            part = (  # the waiting after delivery can fall by more than the whole wait did (exposed rose)
-                f"all of it after the link had delivered (that waiting fell {drop} ms)"
-                if drop >= less
-                else f"{'most' if 2 * drop > less else 'some'} of it ({drop} ms) after the link had delivered"
-            )
-            said += f", {part}, over {looks[stage]['calls']} messages against {looks[before]['calls']}"
+        rose = exposed - exposed0
+        said += (
+            f". It waited {waited0 - waited} ms less, {waited} against {waited0}: {abs(drop)} ms "
+            f"{'less' if drop >= 0 else 'more'} after the link had delivered, {abs(rose)} ms "
+            f"{'more' if rose >= 0 else 'less'} exposed"
+        )
+    b, b0 = (round(backward_less_check(looks[s])) for s in (stage, before))
+    said += f". Its last backward (less the check) ran {b} ms against {b0}"
+    if all(looks[s]["waits_in_backward"] == looks[s]["waits"] for s in (stage, before)):  # every wait inside it
+        said += (
+            f"; outside the waits {b - waited} against {b0 - waited0}: compute and the grad hooks' lines, between "
+            f"{n} waits against {n0}"
+        )
     say(said + ".")
+
+
+def end_parts(row: dict) -> tuple[int, float, float, float]:
+    """A step's *link after backward* in parts that add up: ``(k, at, after, span)``: the message whose hand-over set
+    the link's end (:func:`~minddp.costmodel.buckets.queue_end`, 0: the first), its hand-over into the last backward,
+    the transfers from it on, back to back, and the backward (check included), ms; link after backward =
+    ``at + after - span``."""
+    from minddp.costmodel.buckets import queue_end
+
+    b0, b1 = row["backward"][-1]
+    sent = sorted(row["sent"])
+    took = [e - s for s, e in sorted(row["messages"])]
+    _, k = queue_end(sent, took)
+    return k, sent[k] - b0, sum(took[k:]), b1 - b0
+
+
+def said_end(stage: str, row: dict) -> str:
+    """How a step's *link after backward* came about, in numbers that add up (:func:`end_parts`), then which of the
+    bucket lesson's costs that is: the late start (the first message set it), the tail (the last), or a message
+    handed over late, the link idle before it."""
+    k, at, after, span = end_parts(row)
+    n = len(row["sent"])
+    if at + after <= span:
+        return (
+            f"{stage}'s link was done {span - at - after:.1f} ms before its last backward ended: no link after backward"
+        )
+    who = "its first message" if k == 0 else f"message {k + 1} of {n}"
+    why = (
+        "the link ran back to back from the first message on, so the late start and link time set it, not the tail"
+        if k == 0
+        else "the tail set it: the last message and its own transfer"
+        if k == n - 1
+        else "a message handed over late set it, the link idle before it"
+    )
+    return (
+        f"{stage}'s link after backward, {at + after - span:.1f} ms: {who}, handed over {at:.1f} ms into its last "
+        f"backward, + {after:.1f} ms of transfers from it on, − the backward's {span:.1f} (check included); {why}"
+    )
+
+
+def floor_said(v: dict, stage: str) -> str:
+    """Link time against a stage's last backward (check included): messages start after backward does, so any
+    excess is the least its link after backward can be; where there is none and its backwards that sync nothing were
+    shorter than the link time, what that least would have been had the synced one run as long as they did."""
+    from minddp.costmodel.buckets import on_the_link
+
+    b0, b1 = v["row"]["backward"][-1]
+    link = on_the_link(v["row"])["link_ms"]
+    said = f"{stage}'s link time, {link:.1f} ms, "
+    if link > b1 - b0:
+        return said + (
+            f"exceeds its last backward, {b1 - b0:.1f}: messages start after the backward does, so at least "
+            f"{link - (b1 - b0):.1f} ms must be left after it, whatever the hand-overs"
+        )
+    said += f"fits in its last backward, {b1 - b0:.1f}: nothing need be left after it"
+    quiet = max((e - s for s, e in v["row"]["backward"][:-1]), default=0.0)
+    if quiet and link > quiet:
+        said += f"; had that backward run as its backwards that sync nothing (at most {quiet:.1f} ms), at least "
+        said += f"{link - quiet:.1f} ms would have been"
+    return said
+
+
+def say_ends(looks: dict, stage: str, before: str) -> None:
+    """Two stages that wait only after backward, side by side: messages, link time and exposed, then each one's
+    link after backward in numbers that add up (:func:`said_end`) and, where both left some, the gap in the same three
+    terms: the hand-over that set the end, the transfers from it on, the backward."""
+    from minddp.costmodel.buckets import on_the_link
+
+    a, b = (on_the_link(looks[s]["row"]) for s in (stage, before))
+    said = (
+        f"{stage} against {before}: {a['messages']} against {b['messages']} messages, link time {a['link_ms']:.0f} "
+        f"against {b['link_ms']:.0f} ms, exposed {looks[stage]['exposed_ms']:.0f} against "
+        f"{looks[before]['exposed_ms']:.0f}. "
+    )
+    said += "; ".join(said_end(s, looks[s]["row"]) for s in (stage, before)) + "."
+    (_, at, after, span), (_, at0, after0, span0) = (end_parts(looks[s]["row"]) for s in (stage, before))
+    if at + after > span and at0 + after0 > span0:  # each end = hand-over + transfers from it on − backward
+        gap, first, link, back = (at + after - span) - (at0 + after0 - span0), at - at0, after - after0, span - span0
+        said += (
+            f" So {stage}'s is {abs(gap):.1f} ms {'less' if gap < 0 else 'more'}: the hand-over that set it came "
+            f"{abs(first):.1f} ms {'earlier' if first < 0 else 'later'} into the backward, "
+            + (
+                "the transfers from it on took as long"
+                if round(link, 1) == 0
+                else f"the transfers from it on took {abs(link):.1f} ms {'less' if link < 0 else 'more'}"
+            )
+            + f", its backward ran {abs(back):.1f} ms {'longer' if back > 0 else 'shorter'}."
+        )
+    say(said)
 
 
 def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, object]:
@@ -149,14 +264,8 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
         + ("the plan's first" if first == 0 else f"bucket {first + 1} of the plan's {len(plan)}")
         + f" ({len(plan[first])} gradients), after {100 * 1e3 * filled[first] / backward:.0f} %."
     )
-    h = looks["hook-async"]
-    quiet = max((e - s for s, e in h["row"]["backward"][:-1]), default=0.0)  # its backwards that sync nothing
-    link, synced = why["hook-async"]["link_ms"], backward_less_check(h)
-    if quiet and round(link) > round(quiet) and round(synced) > round(quiet):  # messages start after backward does
-        say(
-            f"hook-async's {link:.0f} ms of link time outlasts its backwards that sync nothing (at most "
-            f"{quiet:.0f} ms), so after one of those at least {round(link) - round(quiet)} ms of it would remain."
-        )
+    for stage in ("bucket-async", "hook-async"):  # what set each one's link after backward, and its least
+        say(f"{said_end(stage, looks[stage]['row'])}. {floor_said(looks[stage], stage)}.")
     table = (
         pd.DataFrame(why)
         .T[["messages", "link_ms", "end_ms", "exposed_ms"]]
@@ -191,6 +300,38 @@ def say_sweep(swept: dict, this_run_s: float, model: list, default) -> None:
             f" The {cap_name(far)} step's link after backward, {under[far]:.0f} ms under the model's line, came after "
             f"a backward {own[far] - median:.0f} ms longer than that median."
         )
+    say(said)
+    best = min(model, key=lambda c: c.after_backward)  # the model's least link after backward over the grid
+    at = {c.cap_mb: c for c in model}
+    here = next(iter(swept))  # the workload's cap: the sweep's first step is the bucket-async step above
+
+    def ms(seconds: float) -> str:
+        return f"{1e3 * seconds:.1f}"
+
+    said = (
+        f"By the model, link after backward is least at {cap_name(best.cap_mb)}, {ms(best.after_backward)} ms, its "
+        f"first message ready {ms(best.first_at)} ms in"
+    )
+    small = model[0]
+    if small is not best:
+        said += (
+            f"; at {cap_name(small.cap_mb)} {ms(small.after_backward)}, its fixed costs {ms(small.fixed)} ms against "
+            f"{ms(best.fixed)}"
+        )
+    for c in (here, None):
+        p = at.get(c, default)
+        if p is not best:
+            said += (
+                f"; at {cap_name(c)}{' (the workload)' if c == here else ''} {ms(p.after_backward)}, its first message "
+                f"ready {ms(p.first_at)} ms in and last message's transfer {ms(p.tail)}"
+            )
+    exposed = {c: round(v["exposed_ms"]) for c, v in swept.items()}
+    low = min(exposed, key=exposed.__getitem__)
+    said += (
+        f". Of the steps run, the {cap_name(low)} step exposed least, {exposed[low]} ms"
+        + (f", the workload's {exposed[here]}" if low != here else ", the workload's own")
+        + " (one step each)."
+    )
     say(said)
 
 
@@ -251,8 +392,7 @@ def sweep_table(swept: dict, model: list, default):
         }
 
     table = pd.DataFrame({cap_name(c.cap_mb): c.row() | measured(c.cap_mb) for c in [*model, default]}).T
-    # the late start is the figure's (grid caps): None's earliest full bucket is not its first, a column would mislead
-    table = table.drop(columns="first message ready, ms into the model's backward")
+    # first message ready: the earliest full bucket's (for None not the plan's first bucket), as the figure's panel
     table = table.rename(columns={"link, ms": "link time, ms"})  # the vocabulary's name, as every other table
     table = table.infer_objects().round(1).astype({"buckets": int})
     whole = ["exposed, ms (one step)", "waited, ms (one step)"]  # whole ms, as every other table and line prints them
@@ -310,10 +450,12 @@ def listed(names: list[str]) -> str:
     return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
-def say_sized_measures(t4: dict, far: dict) -> None:
+def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
     """Each sized link's rungs (2 ranks): link time, exposed, waited and the step's own last backward less the check,
-    then in words which rungs exposed none of their link time (whole ms) and which exposed over half of it; a
-    whole-ms match of bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
+    then in words which rungs exposed none of their link time (whole ms) and which exposed over half of it, and
+    hook-async's and bucket-async's backwards against one with no message inside it (4 × T4: ga's; 1024 ranks: the
+    one the link was sized from, ``sized_from``, seconds); a whole-ms match of bucket-async's backward on the two
+    links is said to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
         what = "link time, exposed, waited and last backward less the check, ms" if runs is t4 else "the same"
         hid = [s for s, r in runs.items() if round(r["exposed_ms"]) == 0]
@@ -329,6 +471,20 @@ def say_sized_measures(t4: dict, far: dict) -> None:
             )
             + f". {'; '.join(said)}."
         )
+        base, label = (runs["ga"]["backward_ms"], "ga's") if runs is t4 else (1e3 * sized_from[name], SIZED_FROM[name])
+        sends = {s: round(runs[s]["backward_ms"]) - round(base) for s in ("hook-async", "bucket-async")}
+        longer = [f"{s}'s {d} ms longer" for s, d in sends.items() if d > 0]
+        same = [s for s, d in sends.items() if d <= 0]
+        say(
+            f"Against a backward with no message inside it ({label}, {base:.0f} ms), "
+            + " and ".join(f"{s}'s ran {runs[s]['backward_ms']:.0f}" for s in sends)
+            + (
+                f": {listed(longer)}, time sending took from the backward, which neither exposed nor waited counts"
+                + (f"; {listed(same)} not longer." if same else ".")
+                if longer
+                else ": sending inside them did not lengthen them."
+            )
+        )
     if round(t4["bucket-async"]["backward_ms"]) == round(far["bucket-async"]["backward_ms"]):
         say(
             f"bucket-async's backward, {t4['bucket-async']['backward_ms']:.0f} ms on both links, is the same whole ms "
@@ -336,14 +492,15 @@ def say_sized_measures(t4: dict, far: dict) -> None:
         )
 
 
-def say_takeaway(looks: dict, t4: dict, far: dict, sized_from: dict) -> None:
+def say_takeaway(looks: dict, t4: dict, far: dict, sized_from: dict, swept: dict) -> None:
     """The takeaway in words, per setting (this notebook's link: ``looks``; the sized links' runs): whether
     bucket-async exposed more or less than hook-async (whole ms), with each one's link after backward (the most a
     stage that waits only in finish can expose), and for a sized link each one's waited and last backward less the
     check against the backward the link was sized from (``sized_from``, seconds, by setting name). On this notebook's
     link, where hook-async exposed less, its synced backward against those that sync nothing (:func:`stretch`); no
     step ends (one step each: their gap is within the run-to-run spread). On a sized link, the link's ratios over each
-    stage's own backward, as a multiple of the setting's (sized from / own backward)."""
+    stage's own backward, as a multiple of the setting's (sized from / own backward). ``swept``: the cap sweep's
+    bucket-async steps by cap, the workload's first: the one that exposed least, where it is not the workload's."""
     from minddp.costmodel.buckets import on_the_link
 
     here = {s: on_the_link(looks[s]["row"]) for s in ("hook-async", "bucket-async")}
@@ -358,16 +515,19 @@ def say_takeaway(looks: dict, t4: dict, far: dict, sized_from: dict) -> None:
         said = f"{name}, {verdict}: {first}{x} against {y}{then}{after[0]:.1f} against {after[1]:.1f}"
         longer = stretch(looks["hook-async"]) if runs is here and x < y else ""
         if longer:  # hook-async hid its link time inside a longer backward (no step ends: one step each)
-            said += f"; but hook-async's {longer}"
+            said += f"; but hook-async's {longer}, time its exposed does not count (its cell)"
+        low = min(swept, key=lambda c: round(swept[c]["exposed_ms"]))
+        if runs is here and low != next(iter(swept)):
+            said += f"; the sweep's {cap_name(low)} step exposed {swept[low]['exposed_ms']:.0f} ms"
         if runs is not here:
             setting = name.removeprefix("Sized for ")
             waited = " against ".join(f"{r['waited_ms']:.0f}" for r in (h, b))  # whole ms, as say_sized_measures
             backs = " against ".join(f"{r['backward_ms']:.0f}" for r in (h, b))
             sized = 1e3 * sized_from[setting]
             said += (
-                f"; waited {waited}, last backward less the check {backs}, the link sized from a {sized:.0f} ms "
-                "backward, so "
+                f"; waited {waited}, last backward less the check {backs}, the link sized from {SIZED_FROM[setting]} "
+                f"({sized:.0f} ms), so against its own backward each one's link was "
                 + " and ".join(f"{sized / r['backward_ms']:.2f}" for r in (h, b))
-                + " times the setting's ratios"
+                + " times as heavy as the setting's"
             )
         say(said + ".")
