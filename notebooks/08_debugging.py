@@ -82,7 +82,7 @@ from minddp.notebook.lesson_08 import (
     quiet,  # `with quiet() as said:` said lists the DebugWarnings the block raised (a DebugError raises through)
     say_each,  # rank 0's line printed, then whether each other rank's is the same
     torch_does,
-    torch_drifts,
+    torch_drifts,  # torch_drifts(script): script(model, optimizer) under torch's DDP; how far its replicas ended apart
     torch_step,
     torch_took,
     train,  # train(model, optimizer, steps, **kw): that many correct steps on this rank's batches, kw to each forward
@@ -132,10 +132,10 @@ fixed(drifting_loop, "without the edit", edit=False)
 # DDP averages the gradients of a backward whose forward went through the wrapper. Call the module
 # itself (`model.module(x)`, or a submodule) and backward leaves each rank its own gradient; the
 # optimizer then steps each replica its own way. Before each `optimizer.step()` the *step check*
-# all-gathers another row, `int64[17]` for `Net()`: one integer of bits (among
-# them: the step's last forward ran in `no_sync()`; a forward bypassed the wrapper), then 4 per parameter: has a
-# gradient, its fingerprint, this step's backward computed its *local gradient* (this rank's, before averaging), that one's fingerprint. The fix:
-# call the wrapper.
+# all-gathers another row, `int64[17]` for `Net()`: one integer of bits (among them: a forward bypassed the
+# wrapper; the step's last forward ran in `no_sync()`, the wrapper's context where a forward's backward does not
+# average), then 4 per parameter: has a gradient, its fingerprint, this step's backward computed its *local
+# gradient* (this rank's, before averaging), that one's fingerprint. The fix: call the wrapper.
 
 
 # %%
@@ -151,9 +151,8 @@ minddp_says(lambda: one_step(*build()), "the forward did not go through the wrap
 fixed(one_step, "through the wrapper", through_wrapper=True)
 
 # %% [markdown]
-# Gradient accumulation gets there too: step 0 sums the gradients of three
-# *micro-batches*, all inside `no_sync()`, where a forward's backward does not average. The fix:
-# the last micro-batch's forward and backward outside it.
+# Gradient accumulation gets there too: step 0 sums the gradients of three *micro-batches*, all inside
+# `no_sync()`. The fix: the last micro-batch's forward and backward outside it.
 
 
 # %%
@@ -464,7 +463,8 @@ lesson.claim(
 )
 
 # %% [markdown]
-# Debug mode adds these calls to every step; nothing here timed them.
+# Debug mode adds its checks' collectives to each step like step 4 (one forward, backward and
+# `optimizer.step()`, outside `join()`); nothing here timed them.
 
 # %%
 # %dist_shutdown

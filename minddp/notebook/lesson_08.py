@@ -3,7 +3,7 @@
 Every section of the notebook breaks DDP on purpose and runs the broken script three ways on every rank:
 
 1. :func:`torch_does`: debug mode paused (:func:`minddp.debug.disable`), what each rank of torch's DDP raised and
-   after how long (:func:`torch_drifts`: a script that raises nothing, and whether its replicas ended apart);
+   after how long (:func:`torch_drifts`: a script that raises nothing, and how far its replicas ended apart);
 2. :func:`minddp_says`: in debug mode, the line rank 0 raised (a ``DebugError``), and whether every rank raised it;
 3. :func:`fixed`: the corrected script in debug mode: nothing said (:func:`quiet`), and the replicas agree.
 
@@ -222,7 +222,8 @@ def _excerpt(message: str) -> str:
 
 
 def torch_drifts(script) -> None:
-    """``script(model, optimizer)`` on torch's DDP: claim that it raises nothing and the replicas end apart."""
+    """``script(model, optimizer)`` on torch's DDP: claim that it raises nothing and the replicas end apart, saying by
+    how much (:func:`apart_at`, after the script's last step) and in which parameter."""
     models = []
 
     def run(group, short):
@@ -231,9 +232,11 @@ def torch_drifts(script) -> None:
         script(model, optimizer)
 
     raised = torch_does(run, say=False)
+    gap, name = apart_at(models[0])
     lesson.claim(
-        raised == ["raised nothing"] * dist.get_world_size() and apart(models[0]) > 0,
-        "torch's DDP raised nothing, and its replicas' parameters now differ",
+        raised == ["raised nothing"] * dist.get_world_size() and gap > 0,
+        "torch's DDP raised nothing; after the script's last step its replicas' parameters "
+        + (f"differ by up to {gap:.3g} (in '{name}')" if gap > 0 else "agree"),
     )
 
 
