@@ -18,8 +18,8 @@
 #
 # Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev). This notebook profiles
 # one step of each stage of the DDP ladder that keeps a whole replica on every rank (`03_build_up`: `simple` to
-# `bucket-async`, and `ddp`; the sharded rungs are in `06_sharding`), torch's DDP and `single` (no wrapper: each
-# rank trains on its own examples and never communicates), with gloo over the machine's loopback interface; *the link
+# `bucket-async`, and `ddp`, minddp's own `DistributedDataParallel`; the sharded rungs are in `06_sharding`),
+# torch's DDP and `single` (no wrapper: each rank trains on its own examples and never communicates), with gloo over the machine's loopback interface; *the link
 # run* (last section) profiles `simple` to `bucket-async` again over an *emulated link*, a modeled network. It reads
 # the traces with `minddp.analysis` the way the blog this course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
 # https://blog.underfit.ai/ddp-profiled) reads its GPU traces with HolisticTraceAnalysis (HTA), but with its own
@@ -108,6 +108,8 @@ RUN = lesson.trace_dir("05_reading_traces")
 result = analyze_run(RUN)
 zero = lesson_05.summary(result)  # rank 0's summary row of each stage but single
 shares = lesson_05.shares(zero)
+checked = lesson_05.checks(RUN, zero.index)  # per stage: its parameter checks' ranges and the rest of its ranges
+shares.insert(1, "of it, check (ms)", checked["check (ms)"].astype(float).round(1))
 display(shares)
 blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
 overlap, nc, fl = shares["overlap (%)"], shares["non-compute (ms)"], shares["in flight (ms)"]
@@ -123,16 +125,32 @@ lesson.say(
         else "."
     )
 )
-sent = lesson_05.anatomy(result, ["bucket", "bucket-async"])["handed over"]
-_, _, checks = lesson.parameter_checks(RUN, "bucket-async")  # its all_gather ranges (µs)
-check = sum(end - start for start, end in checks) / 1e3
-lesson.say(  # in flight holds every gloo range, the check's too
-    f"bucket sent {sent['bucket']} messages, in flight {fl['bucket']} ms; bucket-async {sent['bucket-async']}, "
-    f"{fl['bucket-async']} ms, {check:.1f} ms of it its parameter check."
+ck = shares["of it, check (ms)"].drop(["ddp", "torch"])  # ddp and torch run no check
+sizes = {b for stage in ck.index for b in checked.loc[stage, "check bytes"]}
+lesson.claim(  # the same one-byte-a-parameter tensor in every stage
+    len(sizes) == 1
+    and all(checked.loc[stage, "check bytes"] for stage in ck.index)
+    and checked.loc[["ddp", "torch"], "check (ms)"].eq(0).all(),
+    f"Each parameter check, in every stage from simple to bucket-async, gathers the same {min(sizes, default=0)} "
+    "bytes a rank; ddp and torch run none.",
+)
+lesson.say(
+    f"So what varies in its range, {ck.min()} ms ({ck.idxmin()}) to {ck.max()} ms ({ck.idxmax()}), is how long it was "
+    "held open (the caveat), not its data; the range is part of in flight, and of non-compute where no operator ran."
+)
+numel = lesson_05.rank0(result.buckets).groupby("stage")["numel"].apply(sorted)
+n_b, n_ba = len(numel["bucket"]), len(numel["bucket-async"])
+count = f"{n_b} messages each" if n_b == n_ba else f"{n_b} and {n_ba} messages"
+same = "the same" if numel["bucket"] == numel["bucket-async"] else "not the same"
+out = checked["outside the check (ms)"].astype(float)
+lesson.say(
+    f"bucket and bucket-async hand over {count}, {same} sizes; outside the check their ranges were open "
+    f"{out['bucket']:.1f} and {out['bucket-async']:.1f} ms: in flight is how long ranges stay open, not how long "
+    "their data takes."
 )
 
 # %% [markdown]
-# One row per profiled stage, one step each. In each row:
+# One row per profiled stage, one step each; `single`, on top, is the baseline with no messages. In each row:
 #
 # * the forward (pale) and backward (darker) band of each micro-batch, whatever the threads did in it: *forward*
 #   from the micro-batch's start to its first *autograd node*, *backward* from the first to the last autograd node
@@ -153,6 +171,16 @@ rows = lesson_05.timeline_rows(result, RUN)  # the rows draw_steps draws, with e
 title = f"One step of each stage, each profiled at its own moment: run {result.run} (rank 0)"
 fig = draw_steps(rows, title=title, width=11)
 lesson_05.show(fig, RUN / "one_step_each_stage.png")
+steps = lesson_05.step_ms(result).reindex([row["stage"] for row in rows])  # in the figure's order
+shorter = [s for s in steps.index if steps[s] < steps["single"]]
+lesson.say(
+    "Step lengths (the step-end lines), ms: "
+    + ", ".join(f"{s} {t:.0f}" for s, t in steps.items())
+    + ". "
+    + (f"{' and '.join(shorter)} had a shorter step" if shorter else "None had a shorter step")
+    + " than single, which sends nothing"
+    + ": each is one step, profiled at its own moment, so these lengths do not rank the stages."
+)
 
 # %%
 anatomy = lesson_05.anatomy(result, zero.index)  # per stage: messages handed over, and how many during a backward
@@ -191,7 +219,10 @@ on_link = lesson_05.link_table(linked, link)
 display(on_link)
 exposed = on_link["exposed (ms)"]  # one profiled step each: said, not claimed
 below = max(exposed["hook-async"], exposed["bucket-async"]) < exposed[["simple", "ga", "hook", "bucket"]].min()
-lesson.say(f"Exposed: hook-async and bucket-async {'below' if below else 'not both below'} every blocking stage.")
+lesson.say(
+    f"Exposed: hook-async {exposed['hook-async']} ms, bucket-async {exposed['bucket-async']} ms, "
+    f"{'both below' if below else 'not both below'} every blocking stage."
+)
 per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, link time (ms)
 sends, ms, nbytes = per["messages"], per["link time (ms)"], per["bytes"]
 n = int(linked.summary["rank"].nunique())
@@ -199,6 +230,26 @@ fewer, fixed = sends["hook-async"] - sends["bucket-async"], 2 * (n - 1) * link.l
 saved = ms["hook-async"] - ms["bucket-async"]
 lesson.claim(  # 1e-9 of a link time: float rounding of sums of a few hundred terms
     fewer > 0 and nbytes["hook-async"] == nbytes["bucket-async"] and abs(saved - fewer * fixed) < 1e-9 * ms["ga"],
-    f"bucket-async's buckets, capped at {lesson.SETTINGS.bucket_cap_mb:g} MiB, send {fewer} fewer messages than "
-    f"hook-async, the same bytes: {saved:.1f} ms less link time (fixed costs).",
+    f"bucket-async's buckets send {fewer} fewer messages than hook-async, the same bytes: {saved:.1f} ms less link "
+    "time (fixed costs).",
+)
+mib = lesson_05.message_bytes(linked)[lesson_05.rank0(linked.buckets)["stage"] == "bucket-async"] / 2**20
+lesson.say(  # bucket_plan closes a bucket at the parameter that takes it to the cap
+    f"A bucket closes once it holds {lesson.SETTINGS.bucket_cap_mb:g} MiB or more, so it can pass that cap by up to "
+    f"its last parameter: the largest here, {mib.max():.2f} MiB."
+)
+lead = {s: lesson_05.head_start(linked, s) for s in ["hook-async", "bucket-async"]}
+
+
+def fit(s):  # the link carries one message at a time, each from its hand-over at the earliest
+    if lead[s] >= ms[s]:
+        return f"time enough for its {ms[s]:.1f} ms of link time"
+    return f"{ms[s] - lead[s]:.1f} ms short of its {ms[s]:.1f} ms of link time, so at least that much came after it"
+
+
+lesson.say(
+    "Exposed also depends on when transfers start: from its first hand-over to the end of its last backward, "
+    f"hook-async had {lead['hook-async']:.1f} ms, {fit('hook-async')}; bucket-async, whose first bucket goes once "
+    f"all that bucket's gradients are ready, {lead['bucket-async']:.1f} ms, {fit('bucket-async')} (exposed counts "
+    "only from the first wait(), after the backward)."
 )

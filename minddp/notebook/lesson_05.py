@@ -41,6 +41,39 @@ def shares(zero: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def checks(run: Path, stages) -> pd.DataFrame:
+    """Per stage (rank 0's profiled step): how long its parameter checks' all_gather ranges were open (``check
+    (ms)``, their in flight), how long its other gloo ranges were (``outside the check (ms)``) and the bytes each
+    check gathers from a rank (``check bytes``, one list a stage; ``steps.bytes_of``)."""
+    from minddp.analysis import metrics
+    from minddp.analysis.steps import bytes_of
+
+    rows = {}
+    for stage in stages:
+        iv, _, ranges = lesson.parameter_checks(run, stage)
+        step = [iv.steps[-1][1:]]
+        gathers = [e for e in iv.allgathers if step[0][0] <= e["ts"] <= step[0][1]]
+        rows[stage] = {
+            "check (ms)": metrics.in_flight(ranges, step) / 1e3,
+            "outside the check (ms)": metrics.in_flight(metrics.subtract(metrics.merge(iv.comm), ranges), step) / 1e3,
+            "check bytes": [bytes_of(e) for e in gathers],
+        }
+    return pd.DataFrame(rows).T
+
+
+def head_start(linked, stage: str) -> float:
+    """How long before the end of its step's last backward band rank 0 handed over the stage's first message, ms."""
+    p, b = rank0(linked.phases), rank0(linked.buckets)
+    end = p.loc[(p["stage"] == stage) & (p["phase"] == "backward"), "end_us"].max()
+    return float(end - b.loc[b["stage"] == stage, "ready_us"].min()) / 1e3
+
+
+def step_ms(result) -> pd.Series:
+    """Rank 0's step length of each profiled stage, ms (the figure's step-end lines)."""
+    p = rank0(result.phases)
+    return p[p["phase"] == "step"].groupby("stage", sort=False)["end_us"].max() / 1e3
+
+
 def sent_in_backward(result, stage: str) -> int:
     """How many of the stage's messages (rank 0's ``buckets`` rows) were handed over during one of its
     backward bands (``phases``)."""
