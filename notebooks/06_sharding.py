@@ -646,9 +646,31 @@ over = {s: held_at[m][s] - held_at[m]["ddp"] for s in more for m in more[s]}
 later = list(GATHERING)[2]
 lesson.claim(
     more == {"zero1": ["at the update"], "zero2": [first], "fsdp": []}
-    and held_at[first]["zero2"] > held_at[first]["zero1"],
+    and held_at[first]["zero2"] > held_at[first]["zero1"]
+    and all(h["fsdp"] < h[s] for h in held_at.values() for s in STAGES[:3]),
     f"Against ddp at the same moment, zero1 holds {mib(over['zero1'])} more at the update, zero2 "
-    f"{mib(over['zero2'])} more {first} (more than zero1 too), fsdp less at each moment.",
+    f"{mib(over['zero2'])} more {first} (more than zero1 too), fsdp less at each moment, the least of the four.",
+)
+# the trade: each stage's bytes sent on the ring (the ring table) beside the moments it holds less than ddp
+less = {s: [m for m in GATHERING if held_at[m][s] < held_at[m]["ddp"]] for s in STAGES[1:]}
+lesson.say(
+    "The trade against ddp, in the ring table's bytes sent and the held sums: "
+    + "; ".join(
+        f"{s} sends "
+        + ("ddp's bytes" if abs(total[s] - whole) < 1e-3 * whole else f"{total[s] / whole:.1f} times ddp's bytes")
+        + " and holds less "
+        + ("at each moment" if len(less[s]) == len(GATHERING) else " and ".join(less[s]) or "at no moment")
+        for s in STAGES[1:]
+    )
+    + "."
+)
+# on the ring a reduce-scatter or an all-gather is n − 1 messages per rank, an all_reduce 2 (n − 1)
+messages = {"ddp": 2 * looks["ddp"]["calls"], "fsdp": f["gathers"] + units + 2 * outside}
+lesson.claim(
+    looks["ddp"]["calls"] == looks["ddp"]["buckets"] and f["calls"] == units + outside,
+    f"In the α-β cost each message costs α: ddp's {looks['ddp']['calls']} all_reduces (one per bucket) are {messages['ddp']} (n − 1) "
+    f"messages per rank a step, fsdp's {f['gathers']} all-gathers, {units} reduce-scatters and {outside} "
+    f"all_reduces {messages['fsdp']} (n − 1), {messages['fsdp'] / messages['ddp']:.1f} times as many.",
 )
 lesson.claim(  # every stage holds whole gradients between micro-batches (the memory table's claim)
     [m for m in GATHERING if held_at[m]["zero2"] < held_at[m]["zero1"]] == ["at the update"]
@@ -659,8 +681,8 @@ lesson.claim(  # every stage holds whole gradients between micro-batches (the me
 act = {s: memory[s]["activations"] for s in STAGES}  # no stage shards what autograd saves
 lesson.claim(
     len(set(act.values())) == 1 and all(act["fsdp"] > h["fsdp"] for h in held_at.values()),
-    f"Every stage saves {mib(act['ddp'])} of activations a forward (none shards them), more than fsdp's held sum "
-    "at any moment in the table.",
+    f"Each of the four stages, computing in fp32, saves {mib(act['ddp'])} of activations a forward (none shards "
+    "them), more than fsdp's held sum at any moment in the table.",
 )
 (trade / 2**20).round(2)
 
