@@ -102,9 +102,11 @@ for line in run.report():
 
 # %% [markdown]
 # How the other members learn of each fault: their all_reduce fails (the errors are printed after the
-# timeline), each member that caught an error drops its group, then votes no, and the attempt is discarded.
-# The next quorum waits until every live slot has asked: the survivors ask after they vote, and a killed
-# slot stays live until the launcher records its exit.
+# timeline). Each member that caught an error (the raising slot, its own exception) drops its group (a garbage
+# collection, then the group's teardown), then votes no; the lighthouse discards the attempt on the first no
+# it reads, waiting for no other vote. The next quorum waits until every live slot has asked: the survivors
+# ask after they vote, and a killed slot stays live until the launcher records its exit. Then the step is
+# tried again: a new group, the work (the pause included), the votes.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -114,8 +116,9 @@ lesson_07.print_recoveries(run, kill, raised, hang_s)
 
 
 # %% [markdown]
-# The kill's rejoin in parts. A `✓` line from `lesson.claim` is a **claim**: it holds on the
-# run shown, or the cell fails (the exercise checker's `✓` and `✗` are verdicts; they fail nothing).
+# The kill's rejoin in parts. A `✓` line from `lesson.claim` is a **claim**: it holds on the run shown, or
+# the cell fails (the exercise checker returns verdicts, `✓` or `✗`, and raises on neither; the last code
+# cell asserts one).
 
 # %%
 lesson.claim(

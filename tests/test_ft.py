@@ -130,7 +130,9 @@ def test_each_faults_recovery_is_cut_in_order_by_the_committing_attempts_work(ch
 
     for _, _, e in chaos.entries:
         if "t_worked" in e:
-            assert e["t_asked"] <= e["t0"] <= e["t_work"] <= e["t_worked"] <= e["t1"], e
+            assert e["t_asked"] <= e["t0"] <= e["t_work"] <= e["t_worked"] <= e["t_vote"] <= e["t1"], e
+        if "t_error" in e:  # the group dropped between the error and the vote
+            assert e["t_error"] <= e["t_vote"] <= e["t1"], e
     outcomes = [o for o in fault_outcomes(chaos) if o.fault.kind in ("kill", "raise") and o.recovery_s is not None]
     assert outcomes
     for o in outcomes:

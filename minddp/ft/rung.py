@@ -128,6 +128,7 @@ class FaultTolerantTrainer:
                 ok = False
             if not ok:  # (out of the except block: its traceback no longer holds the group)
                 self.drop_group()  # closes its connections: a peer's collective with this process fails
+            entry["t_vote"] = time.time()  # (after any drop of the group)
             committed = self.coordinator.should_commit(quorum, quorum.max_step, ok)  # 5. all or nothing
             if committed:
                 if on_commit is not None:

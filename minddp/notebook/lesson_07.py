@@ -5,7 +5,7 @@ Each function reads a run of :func:`minddp.ft.launch_ft` and one of its faults (
 it defines no measure of its own. The notebook keeps its claims in its cells; these print or read:
 
 * :func:`print_phase_lines`: the lines of the rung and of the lighthouse that run each phase of an attempt;
-* :func:`print_recoveries`: each fault's recovery as its moments in order;
+* :func:`print_recoveries`: each fault's recovery as its moments, member by member, then the discard and the retry;
 * :func:`print_rejoin`: the parts of a kill's rejoin, and what the survivors did meanwhile;
 
 and, for the cells' claims, readers of the members' entries (one per member and attempt): :func:`attempts`,
@@ -15,7 +15,7 @@ and, for the cells' claims, readers of the members' entries (one per member and 
 from __future__ import annotations
 
 from minddp.ft.coordinator import Lighthouse
-from minddp.ft.report import asked_s, caught_s, first_request_s
+from minddp.ft.report import asked_s, first_request_s, retry_work_s
 from minddp.ft.rung import FaultTolerantTrainer
 from minddp.notebook.source import key_lines
 
@@ -58,33 +58,74 @@ def ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
-def _parts(run, o) -> tuple[int, int, int]:
-    """A fault's recovery in whole ms, in three parts that sum to it: to the last request, then to the quorum, then to
-    the commit (:func:`print_recoveries` prints the moments they end at)."""
-    recovery, quorum = ms(o.recovery_s), ms(o.quorum_s)
-    asked = min(ms(asked_s(run, o)), quorum)  # the quorum answered the last request, so came after it
-    return asked, quorum - asked, recovery - quorum
+def _first_discard(run, o) -> tuple | None:
+    """The lighthouse's first discard after fault ``o`` (the one :attr:`FaultOutcome.discard_s` times), as its event
+    ``("decision", tag, step, "discard", voters, t)``: ``voters``, the slots whose votes it had read; ``None``: none.
+
+    >>> from types import SimpleNamespace
+    >>> run = SimpleNamespace(events=[("decision", "e0q1", 3, "commit", [0, 1, 2], 9.0),
+    ...                               ("decision", "e0q1", 4, "discard", [2], 10.5)])
+    >>> _first_discard(run, SimpleNamespace(fired=10.0))[4]
+    [2]
+    """
+    return next((e for e in run.events if e[0] == "decision" and e[3] == "discard" and e[5] >= o.fired), None)
+
+
+def _slots(slots) -> str:
+    """``"slot 2"``, ``"slots 0 and 2"``, ``"slots 0, 1 and 2"``.
+
+    >>> _slots([0, 1, 2]), _slots([2])
+    ('slots 0, 1 and 2', 'slot 2')
+    """
+    names = [str(s) for s in slots]
+    return f"slot {names[0]}" if len(names) == 1 else f"slots {', '.join(names[:-1])} and {names[-1]}"
 
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
-    """Each fault's recovery, in whole ms after the fault, as its moments in the order they came: the first error a
-    member caught, the kill's exit recorded by the launcher, the attempt discarded, the last request that quorum
-    answered, that quorum, the commit. Then whether either recovery lasted the hang bound."""
+    """Each fault's recovery, in whole ms after the fault: for each member of the attempt that failed, the error it
+    caught and its vote, after it dropped its group; the kill's exit recorded by the launcher; the discard, with the
+    votes the lighthouse had read; the next quorum and the last request it answered; the retry's work and the commit.
+    Then how long the members took to drop their groups, and whether either recovery lasted the hang bound."""
+    drops = []  # ms from a member's error to its vote: the drop of its group
     for o in (kill, raised):
-        asked, came_ms, to_commit = _parts(run, o)
-        last = "last request" + (" of the next quorum's members" if o is kill else "")  # defined where first printed
-        # a tie keeps the code's order: the error caught (before its vote), the exit record (the quorum waits for it),
-        # the discard (a survivor asks for the next quorum only once its vote is answered), the last request, the quorum
-        caught = caught_s(run, o)
-        moments = [] if caught is None else [(ms(caught), "first error caught")]
+        fired = o.fired
+        print(f"{o.fault}, ms after it:")
+        decision = _first_discard(run, o)
+        if decision is not None:
+            _, tag, step, _, voters, _ = decision
+            tried = sorted(
+                ((s, e) for s, _, e in run.entries if e["tag"] == tag and e["step"] == step and "t_vote" in e),
+                key=lambda se: se[1].get("t_error", se[1]["t_vote"]),
+            )
+            for s, e in tried:  # the failed attempt's members that voted, by when they caught their error
+                vote = f"voted {'yes' if e['ok'] else 'no'} {ms(e['t_vote'] - fired)}"
+                if "t_error" in e:
+                    what = "caught its own fault's exception" if s == o.fault.slot else "caught an error"
+                    print(f"  slot {s} {what} {ms(e['t_error'] - fired)}, dropped its group, {vote}")
+                    drops.append(ms(e["t_vote"] - fired) - ms(e["t_error"] - fired))
+                else:
+                    print(f"  slot {s} {vote}")
         if o.exit_s is not None:
-            moments.append((ms(o.exit_s), f"slot {o.fault.slot}'s exit recorded"))
-        if o.discard_s is not None:
-            moments.append((ms(o.discard_s), "attempt discarded"))
-        moments += [(asked, last), (asked + came_ms, "next quorum")]
-        moments.sort(key=lambda m: m[0])  # stable: a tie keeps the order above
-        line = f"{o.fault}, ms after it: " + ", ".join(f"{what} {t}" for t, what in moments)
-        print(line + f", step {o.committed_step} committed {asked + came_ms + to_commit}")
+            print(f"  slot {o.fault.slot}'s exit recorded by the launcher {ms(o.exit_s)}")
+        if decision is not None:
+            ok = {s: e["ok"] for s, e in tried}
+            by = [[s for s in voters if ok.get(s) is v] for v in (False, True)]  # the no votes, the yes votes
+            votes = " and ".join(
+                f"the {v} vote{'s' if len(slots) > 1 else ''} of {_slots(slots)}"
+                for v, slots in zip(("no", "yes"), by)
+                if slots
+            )
+            read = "the only vote it had read" if len(voters) == 1 else "all the votes it had read"
+            print(f"  attempt discarded {ms(o.discard_s)}, on {votes or 'no vote'}, {read}")
+        asked, quorum = ms(asked_s(run, o)), ms(o.quorum_s)
+        last = "last request" + (" of the next quorum's members" if o is kill else "")  # defined where first printed
+        print(f"  {last} {min(asked, quorum)}, next quorum {quorum}")
+        work = retry_work_s(run, o)
+        retry = "" if work is None else f"work begun {ms(work[0])} (its new group built), work done {ms(work[1])}, "
+        print(f"  step {o.committed_step} tried again: {retry}committed {ms(o.recovery_s)}")
+    if drops:
+        span = f"{min(drops)} ms" if min(drops) == max(drops) else f"{min(drops)} to {max(drops)} ms"
+        print(f"From its error to its vote (dropping its group), each member took {span}.")
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
         print(
