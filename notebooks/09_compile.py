@@ -38,9 +38,8 @@
 # that order: piece 0 holds the forward's last layers; a *piece's backward* is the run of its gradient node. A bucket
 # whose last gradient a piece produces can then be handed over before the next piece's backward begins.
 #
-# The figure shows step 3's backward pass, the first step after `ddp` rebuilds its buckets and one with neither a
-# compile nor a rebuild in it (the rebuild comes in step 2's forward, so step 2's backward already runs on the new
-# buckets), in three runs:
+# `ddp` *rebuilds* its buckets once, in step 2, filling them in the order the gradients arrived in step 1. The figure
+# shows step 3's backward pass, the first step with neither a compile nor a rebuild in it, in three runs:
 # eager (not compiled), compiled without the cut (`optimize_ddp = False`) and compiled with it. The model: an MLP of
 # 1 MiB layers without biases; the backend: `aot_eager` (torch's own kernels, none generated).
 
@@ -111,8 +110,11 @@ lesson.claim(
 # ## The backward pass of each run
 #
 # Read it for orders, not timings. Pale, where no bar covers a row, is the loss's nodes and the time between nodes.
-# A green span with a tick also holds the reducer's copy of the bucket's gradients into its buffer, before its
-# `all_reduce` call (the tick).
+# A green span is one or more AccumulateGrad nodes back to back. A node with a tick holds, before it, the gradient's
+# accumulation and the reducer's copy of the bucket into its buffer, scaled by 1/ranks; from it on, the `all_reduce`
+# call, which returns without waiting for the sum, then the reducer's bookkeeping and any later bucket's hand-over. The
+# cell prints each row's share in these, and each run's buckets, filled in its step 1 arrival order: without the cut,
+# the order autograd runs the AccumulateGrad nodes after the one gradient node.
 
 # %%
 # %%distributed
@@ -128,31 +130,42 @@ lesson.claim(
     and all(after[label][:-1] == [True] * (len(after[label]) - 1) and not after[label][-1] for label in ("eager", CUT)),
     "A gradient node ended after each hand-over but the last with the cut and in eager; after none without it.",
 )
-# the cut moves the hand-overs, not the buckets: as many in each run, grouped alike or not (said either way)
-grouped = [[sorted(b) for b in v["buckets"]] for v in looks.values()]
-alike = all(g == grouped[0] for g in grouped)
+# the cut moves the hand-overs and keeps their count; the layers in each bucket are printed below, per run
 lesson.claim(
     after[NO_CUT] != after[CUT] and len({v["calls"] for v in looks.values()}) == 1,
-    f"The cut changed when buckets were handed over, not how many ({looks[CUT]['calls']} per run)"
-    + (" or their layers." if alike else "; their layers differed between runs."),
+    f"The cut changed when buckets were handed over, not how many ({looks[CUT]['calls']} per run).",
 )
 # the reducer's hook runs in each parameter's AccumulateGrad node, after the gradient is accumulated
 lesson.claim(
     all(all(v["inside_accumulate"]) for v in looks.values()),
     "Every hand-over came inside an AccumulateGrad node.",
 )
+# each run's buckets, in hand-over order, each as its layers' numbers (sorted); compared with eager's
+layer = {label: [sorted(int(n.split(".")[1]) for n in b) for b in v["buckets"]] for label, v in looks.items()}
+for label, groups in layer.items():
+    same = "" if label == "eager" else ("; as eager's" if groups == layer["eager"] else "; not as eager's")
+    lesson.say(f"{label}, buckets 0 to {len(groups) - 1}: layers " + ", ".join(map(str, groups)) + same)
+# measured, not checked: the AccumulateGrad nodes' time in % of the row, split at each node's first all_reduce call
+for label, v in looks.items():
+    row, ticks = v["row"], v["tick_nodes"]
+    green = sum(e - s for s, e in row["accumulate"])
+    before, call, later = (sum(part[k] for part in ticks) for k in range(3))
+    parts = [f"{100 * x / row['end']:.0f}%" for x in (green, before, call, later, green - before - call - later)]
+    lesson.say(f"{label}: AccumulateGrad nodes {parts[0]} of the row; the {len(ticks)} with a tick: {parts[1]} "
+               f"before their tick, {parts[2]} in the call, {parts[3]} after it; the others: {parts[4]}")  # fmt: skip
 
 
 # %% [markdown]
 # ## The pieces and the buckets
 #
 # Each piece records one gradient node, `CompiledFunctionBackward`. The cell lists the pieces of the run compiled
-# with the cut (of one more forward) in the order the backward pass runs them.
+# with the cut (of one more forward) in the order the backward pass runs them, each as its layers in the forward's
+# order, not by arrival.
 #
-# Dynamo cuts only if torch's DDP's class attribute `_active_ddp_module` is set when it compiles; it reads the bucket
-# cap from it and caps piece 0 at the global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs
-# compiled, minddp's `ddp` sets both to its bucket cap (`compat.ddp_optimizer_caps`), so piece 0 closes at the bucket
-# cap, as bucket 0 does.
+# Dynamo cuts only if torch's DDP's class attribute `_active_ddp_module` holds a module when it compiles; it reads the
+# bucket cap from its `bucket_bytes_cap` and caps piece 0 at the global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`.
+# While its module runs compiled, minddp's `ddp` sets the attribute to a stand-in carrying its bucket cap, and the
+# global to that cap (`compat.ddp_optimizer_caps`), so piece 0 closes at the bucket cap, as bucket 0 does.
 #
 # Why a bucket is handed over before the next piece's backward: when the piece's gradient node ends, its gradients'
 # `AccumulateGrad` nodes and the next piece's gradient node are all ready to run, and autograd's queue of ready
@@ -259,7 +272,8 @@ lesson.claim(
 #
 # * The model compiled, then wrapped (nanoGPT's pattern): with the cut, as in eager, a gradient node ended after each
 #   bucket's hand-over but the last, the order those buckets' `all_reduce`s need to run
-#   while gradients are still computed; without it, none did.
+#   while gradients are still computed; without it, none did. Each run's buckets follow its own arrival order; whether
+#   their layers differ from eager's is printed above the figure.
 #
 # * At a bucket cap of 0.5 MiB, Dynamo's cut refused torch's DDP with either pattern: DDPOptimizer's cap for
 #   piece 0 is above the bucket cap. minddp's `ddp`, which sets that cap to its bucket cap, took one step with both,

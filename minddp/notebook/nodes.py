@@ -29,6 +29,8 @@ Example (one rank here; notebook 09 runs it on every rank): two layers of 0.25 M
     (2, [True, True])
     >>> view["node_after_handover"]    # the first layer's backward ended after the first bucket, no node after the last
     [True, False]
+    >>> len(view["tick_nodes"]), all(min(parts) >= 0 for parts in view["tick_nodes"])  # a node per bucket here
+    (2, True)
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def node_view(prof, drawn: set[str] | None = None) -> dict:
     * ``node_after_handover``: for each handover, in order, whether a gradient node ended after it (was still
       running then, or began after);
     * ``inside_accumulate``: for each handover, whether it fell inside an ``AccumulateGrad`` node's range;
+    * ``tick_nodes``: the ``AccumulateGrad`` nodes that handed a bucket over, each as its ms before its first
+      handover's call, in that call, and after it to the node's end;
     * ``pieces_run``: how many compiled pieces' gradient nodes ran; ``pieces_ended_at_handover`` and
       ``pieces_begun_at_handover``: for each handover, how many of them had ended, and begun, by then.
     """
@@ -75,6 +79,14 @@ def node_view(prof, drawn: set[str] | None = None) -> dict:
     view["inside_accumulate"] = [
         any(e.time_range.start <= t <= e.time_range.end for e in accumulate) for t in handovers
     ]
+    holding = {}  # each AccumulateGrad node with a handover in it -> its first handover's call
+    for call in sorted((e for e in events if e.name == live.CALL), key=lambda e: e.time_range.start):
+        for e in accumulate:
+            if e.time_range.start <= call.time_range.start <= e.time_range.end:
+                holding.setdefault(id(e), (e, call.time_range.start, min(call.time_range.end, e.time_range.end)))
+    view["tick_nodes"] = sorted(
+        ((t - e.time_range.start) / 1e3, (u - t) / 1e3, (e.time_range.end - u) / 1e3) for e, t, u in holding.values()
+    )
     view["pieces_run"] = len(pieces)
     view["pieces_ended_at_handover"] = [sum(e.time_range.end <= t for e in pieces) for t in handovers]
     view["pieces_begun_at_handover"] = [sum(e.time_range.start <= t for e in pieces) for t in handovers]
