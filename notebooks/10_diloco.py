@@ -144,16 +144,16 @@ lesson.claim(
 )
 
 # %% [markdown]
-# That is one *seed* (a start and chains that every run shares) on 2 replicas, its losses one draw; the comparisons
+# That is one *seed* (a start and chains that every run shares) on 2 replicas; the comparisons
 # below are of the bench's means: 2000 steps on 4 replicas, 5 seeds, its committed results read
 # (`docs/diloco/convergence.json`). Its
 # runs: `ddp`; `single` (a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100);
-# `diloco-h100-lrL` (outer lr L; not drawn);
+# `diloco-h100-lrL` (outer lr L; not plotted);
 # `streaming-h100` (H = 100, 2 fragments, τ = 5, α = 0.5; its syncs are
 # *fragment syncs*, one fragment's each, 2 every H steps). Each is trained as the run above, scored every 50 steps (streaming
 # DiLoCo: each fragment scored as of its last sync).
 #
-# The figure draws the mean over the seeds of DDP and
+# The figure plots the mean over the seeds of DDP and
 # the runs at H = 10 and 100 against the steps (left) and the payload each replica handed over (right: the
 # scores at 0 bytes left out), each a staircase: the run's last score by that step or payload.
 
@@ -180,9 +180,9 @@ def mean_of(name, key):  # the mean over the seeds at each score: "loss" or "byt
 
 # %% jupyter={"source_hidden": true}
 # The figure and the lines under it (this cell's code collapsed).
-drawn = [("ddp", "black"), ("local-sgd-h10", "tab:orange"), ("local-sgd-h100", "tab:orange"),
+plotted = [("ddp", "black"), ("local-sgd-h10", "tab:orange"), ("local-sgd-h100", "tab:orange"),
          ("diloco-h10", "tab:blue"), ("diloco-h100", "tab:blue"), ("streaming-h100", "tab:green")]  # fmt: skip
-lesson_10.loss_against_steps_and_bytes(results, drawn)
+lesson_10.loss_against_steps_and_bytes(results, plotted)
 plt.show()
 spread = {n: (min(final(n)), max(final(n))) for n in curves}
 sweep = sorted(n for n in curves if n.startswith("diloco-h100-lr"))  # DiLoCo at H = 100, other outer lrs
@@ -194,9 +194,9 @@ for name in shown:
     print(f"{name:>17}: {statistics.mean(final(name)):.4f} ({low:.4f} to {high:.4f})")
 steps = curves["ddp"][0]["step"]  # the scores' steps, the same in every run
 payload, ddp_first = mean_of("ddp", "bytes")[1], mean_of("ddp", "loss")[1]  # DDP's first score after the start
-within = {  # each drawn rare run's last score with no more payload than that: (step, bytes, loss)
+within = {  # each plotted run that talks rarely, its last score with no more payload than that: (step, bytes, loss)
     n: max((s, b, lo) for s, b, lo in zip(steps, mean_of(n, "bytes"), mean_of(n, "loss")) if b <= payload)
-    for n, _ in drawn[1:]
+    for n, _ in plotted[1:]
 }
 
 
@@ -211,7 +211,7 @@ step_for_step = all(  # at every score after the start (step 0, where every run 
 lesson.claim(
     ddp_first > max(lo for _, _, lo in within.values()) and step_for_step,
     f"by step {steps[1]} DDP has handed over {payload / 1e6:.2f} MB, its mean expected loss {ddp_first:.3f}; "
-    "with no more payload, each drawn run that talks rarely gets below it: "
+    f"with no more payload, each of the {len(within)} plotted runs that talk rarely gets below it: "
     + ", ".join(f"{n} {lo:.3f} (step {s})" for n, (s, _, lo) in within.items())
     + ". At every score after the start DDP's mean is below each of theirs",
 )
@@ -274,7 +274,7 @@ rose = {  # each run's means: (step, rise) wherever a score is above the one bef
     for n in curves
     for m in [mean_of(n, "loss")]
 }
-risen = [n for n in within if rose[n]]  # the drawn runs that talk rarely whose mean rose
+risen = [n for n in within if rose[n]]  # the plotted runs that talk rarely whose mean rose
 lrs = sorted(sweep, key=lambda n: outer_lr[n])  # DiLoCo at H = 100, the other outer lrs
 top = mean_of(lrs[-1], "loss")  # the highest outer lr's means: [0] the untrained start, [2] just after its first sync
 lesson.claim(  # a score every eval_every <= sync interval steps, so a score before a sync is of the weights it starts from
@@ -288,7 +288,7 @@ lesson.claim(  # a score every eval_every <= sync interval steps, so a score bef
     )
     and steps[2] == sync_interval(lrs[-1])
     and top[2] > top[0],
-    "of the drawn runs that talk rarely, only "
+    f"of the {len(within)} plotted runs that talk rarely, only "
     + " and ".join(risen)
     + " had a mean that rose from one score to the next, as did DiLoCo's at every other outer lr; each rise is at a sync, "
     "scored on the synced weights, so that sync left them worse (step +nats): "
@@ -351,8 +351,8 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 # Below, one rank's inner steps 9 to 24 under the profiler, over an emulated link of 5 Mbit/s and 5 ms per hop:
 # H = 16, 2 fragments (turns of 8 steps: fragment 0's are steps 1 to 8 and 17 to 24, fragment 1's steps 9 to
 # 16), τ = 6, α = 0.5. A message's time on the
-# link is modeled: 2 hops, each paying the latency, plus its bytes at the bandwidth; it is delivered after that,
-# once the real all_reduce has also ended.
+# link is modeled: 2 hops, each paying the latency, plus its bytes at the bandwidth; it is delivered once the
+# link's thread, asleep until that modeled end, wakes and takes the real all_reduce's result.
 #
 # Each inner step is its forward and backward (blue) and optimizer step (green: AdamW's update and a
 # post-hook, which hands a fragment's pseudo-gradient to the link at a tall tick, applies one at a triangle, and
@@ -432,30 +432,44 @@ lesson.claim(
     len(sends) == len(applies) == FRAGMENTS and all(step_of(a) - step_of(s) == TAU for s, a in zip(sends, applies)),
     f"each fragment was applied τ = {TAU} steps after the step that handed it over",
 )
-waits = {}  # fragment: (ms from its hand-over to step a's wait() call, to its delivery; ms waited)
-for m, s, a in zip(link.log[-len(sends) :], sends, applies):
-    asked = link.asked[m["seq"]]  # when step a's post-hook called wait(), on the link's clock (s)
-    # ms from the message's start on the link, rounded as printed first, so that the printed numbers add up
-    before, delivered = (round((t - m["start"]) * 1e3, 1) for t in (asked, m["delivered"]))
+row, spec = view["row"], link.spec
+assert len(link.log) == len(row["sent"]) == len(sends)  # one message per fragment sync, each logged in the profile
+lesson.say(f"on the figure's axis (ms since step {WARM + 1}'s forward started):")
+
+
+def axis(m, sent, t):  # time t of message m on the link's clock (s), on the figure's axis (ms), rounded as printed
+    return round(sent + (t - m["handed_over"]) * 1e3, 1)
+
+
+waits = {}  # fragment: (ms on the figure's axis: hand-over, delivery, wait() call; ms waited)
+for m, sent, s, a in zip(link.log, row["sent"], sends, applies):
     fragment = int(order[s].rpartition("#")[2])
-    waits[fragment] = before, delivered, metrics.waited([(before, max(before, delivered))])
+    modeled = 2 * spec.latency + m["bytes"] / spec.bandwidth  # 2 hops on 2 ranks, then the bytes once
+    assert m["bytes"] == sizes[fragment] and abs(m["modeled_end"] - m["start"] - modeled) < 1e-9
+    # rounded as printed first, so that the printed numbers add up: the modeled end, then the delivery after it
+    on, took = axis(m, sent, m["start"]), round(modeled * 1e3, 1)
+    late = round((m["delivered"] - m["modeled_end"]) * 1e3, 1)
+    handed, asked, delivered = axis(m, sent, m["handed_over"]), axis(m, sent, link.asked[m["seq"]]), on + took + late
+    waits[fragment] = handed, delivered, asked, metrics.waited([(asked, max(asked, delivered))])
     lesson.say(
-        f"fragment {fragment}: handed over in step {step_of(s)}, delivered {delivered:.1f} ms later; "
-        f"step {step_of(a)} called wait() at {before:.1f} ms and waited {waits[fragment][2]:.1f} ms"
+        f"fragment {fragment}: handed over in step {step_of(s)} at {handed:.1f} ms; on the link (modeled: 2 hops × "
+        f"{spec.latency * 1e3:g} ms + {m['bytes'] / 1e3:.1f} kB at {spec.bandwidth * 8 / 1e6:g} Mbit/s = {took:.1f} ms) "
+        f"from {on:.1f} to {on + took:.1f} ms; delivered at {delivered:.1f} ms, {late:.1f} ms after the modeled end; "
+        f"step {step_of(a)} called wait() at {asked:.1f} ms and waited {waits[fragment][3]:.1f} ms"
     )
-small = [f for f, (_, took, w) in waits.items() if w < took / 10]  # a wait under a tenth of its message's time
-before, delivered, _ = waits[holder]
+small = [f for f, (h, d, _, w) in waits.items() if w < (d - h) / 10]  # a wait under a tenth of hand-over to delivery
+handed, delivered, asked, _ = waits[holder]
 lesson.say(
-    "a wait under a tenth of its message's time to delivery counts as negligible here: "
+    "a wait under a tenth of its message's time from hand-over to delivery counts as negligible here: "
     + (" and ".join(f"fragment {f}'s" for f in small) or "none")
     + (
         f"; fragment {holder}'s message ({sizes[holder] / min(sizes):.1f}× the other's bytes, as it holds the "
-        f"{weight}) took {delivered / before:.1f}× as long as the τ = {TAU} steps up to its wait()"
+        f"{weight}) took {(delivered - handed) / (asked - handed):.1f}× as long as the τ = {TAU} steps from its "
+        "hand-over to its wait()"
         if holder not in small
         else ""
     )
 )
-
 
 # %% [markdown]
 # ### Your turn: the fragment schedule
@@ -604,7 +618,7 @@ lesson.claim(
 # ## What to take away
 #
 # * Local SGD and DiLoCo send H times fewer bytes than DDP. In the bench, with no more payload than DDP has handed
-#   over by step 50, each drawn run that talks rarely gets below DDP's step-50 loss; at every
+#   over by step 50, each plotted run that talks rarely (H = 10 and 100) gets below DDP's step-50 loss; at every
 #   score after the start DDP's mean is below each of theirs.
 # * In the bench DiLoCo not streamed ended above local SGD, in most seeds but not all at H = 10 and in every
 #   seed at H = 50 and 100, rising far more with H; at H = 100, at every outer lr tried, it ended worse than one

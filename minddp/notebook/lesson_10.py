@@ -21,8 +21,8 @@ def mean_over_seeds(curves: dict, name: str, key: str) -> list[float]:
     return [statistics.mean(v) for v in zip(*[c[key] for c in curves[name]])]
 
 
-def loss_against_steps_and_bytes(results: dict, drawn: list[tuple[str, str]]):
-    """The figure, two panels of each run of ``drawn`` (name, colour), its mean expected loss over the seeds,
+def loss_against_steps_and_bytes(results: dict, plotted: list[tuple[str, str]]):
+    """The figure, two panels of each run of ``plotted`` (name, colour), its mean expected loss over the seeds,
     each a staircase: left against the inner steps, right against its mean payload bytes (log x; the 0-byte start
     left out); at each step (or payload), the run's last score by then (the loss is known only at the scores, every
     50 steps, so the line holds a score's loss until the next score, whether the run's weights changed at every
@@ -37,7 +37,7 @@ def loss_against_steps_and_bytes(results: dict, drawn: list[tuple[str, str]]):
     fig, (by_step, by_bytes) = plt.subplots(1, 2, figsize=(12, 4.5))
     single = statistics.mean(c["loss"][-1] for c in curves["single"])
     tops = [0.0, 0.0]  # each panel's highest drawn score (nats): left, right
-    for name, colour in drawn:
+    for name, colour in plotted:
         losses, style = mean_over_seeds(curves, name, "loss"), "--" if "100" in name else "-"
         by_step.plot(curves[name][0]["step"], losses, color=colour, label=name, linestyle=style, drawstyle="steps-post")
         pts = [(b, lo) for b, lo in zip(mean_over_seeds(curves, name, "bytes"), losses) if b > 0]
