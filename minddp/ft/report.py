@@ -123,20 +123,6 @@ def asked_s(run, o: FaultOutcome) -> float | None:
     return max(first.values()) - o.fired if first else None
 
 
-def caught_s(run, o: FaultOutcome) -> float | None:
-    """Seconds from fault ``o`` to the first error a member caught at its step (``None``: none caught after it).
-
-    >>> from types import SimpleNamespace
-    >>> o = SimpleNamespace(fault=SimpleNamespace(step=4), fired=10.0)
-    >>> run = SimpleNamespace(entries=[(0, 0, {"step": 4, "t_error": 10.5}), (2, 0, {"step": 4, "t_error": 10.25}),
-    ...                                (0, 0, {"step": 3, "t_error": 9.0}), (0, 0, {"step": 4})])
-    >>> caught_s(run, o)
-    0.25
-    """
-    times = [e["t_error"] for _, _, e in run.entries if e["step"] == o.fault.step and e.get("t_error", -1) >= o.fired]
-    return min(times) - o.fired if times else None
-
-
 def first_request_s(run, o: FaultOutcome) -> float | None:
     """Seconds from fault ``o`` to the first quorum request of its slot's next process (``None``: none recorded).
 
