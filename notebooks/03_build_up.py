@@ -85,7 +85,7 @@ def meet(stage, before=None):
     looks[stage] = lesson.Trainee(stage, link=LINK).look()
     looks[stage]["row"]["checks"] = looks[stage]["check_spans"]  # drawn hatched red: the thread stood there too
     lesson.say_look(looks, stage)
-    if stage in ("simple", "hook"):  # each rank's time at the check: the first, the first inside a backward
+    if stage in ("simple", "ga", "hook", "hook-async", "bucket", "bucket-async"):  # the stages with a check
         on_ranks = lesson_03.checks_on_ranks(looks, [stage])[stage]
         lesson_03.say_check(stage, on_ranks, looks[stage]["check_spans"])
     lesson_03.say_slow(stage, looks)  # a pass slowed past say_slow's bound, said
@@ -125,8 +125,7 @@ from minddp.notebook.source import show_diff, show_doc, show_source
 # The stages below add messages (orange, the legend's *message on the wire*: the link's modeled transfer, two shades
 # alternating; a tick under the row where each was handed over), waits (red: the thread standing still until a message's
 # all_reduce returns), the parameters-used check (hatched red; the legend's *parameter check*: its all_gather holds a rank until the other rank joins it) and `finish_gradient_synchronization()` (a
-# thin purple strip, the legend's *finish*). A legend names the marks drawn in its figure's rows, the
-# faded one's too, except those under 1/500 of the axis.
+# thin purple strip, the legend's *finish*).
 
 # %%
 # %%distributed
@@ -344,11 +343,10 @@ lesson.claim(
     v["calls"] == prev["calls"] == v["calls_in_backward"],
     "hook-async sends as many messages as hook, every one from inside the backward.",
 )
-lesson_03.say_hid(looks, "hook-async")
 
 # %% [markdown]
 # What to look for: messages on the wire while the backward goes on, and no wait for a message inside
-# it.
+# it; hatched: the check (line above).
 #
 # ### Your turn: `hook-async`
 #
@@ -460,7 +458,7 @@ show_source(solutions.BucketDDP)
 check(solutions.BucketDDP, like="bucket")
 
 # %% [markdown]
-# ## `bucket-async`: buckets in flight while backward goes on
+# ## `bucket-async`: buckets sent while backward goes on
 #
 # No new idea: `bucket`'s buckets with `hook-async`'s not-waiting: keep each bucket's work, wait
 # for them all in finish. Unlike torch's DDP, which launches buckets strictly in the plan's order,
@@ -481,7 +479,7 @@ lesson.claim(
 
 # %% [markdown]
 # What to look for: `bucket`'s few messages leaving while the backward goes on, no wait inside it,
-# and messages still on the link after it, waited for in finish (red).
+# and messages still on the link after it, waited for in finish (red); hatched: the check (line above).
 #
 # ### Your turn: `bucket-async`
 #
@@ -527,15 +525,12 @@ show_doc(sys.modules[STAGES["ddp"].__module__])
 
 # %%
 # %%distributed
-from minddp.costmodel.buckets import on_the_link
-
 meet("ddp", before="bucket-async")
 v = looks["ddp"]
 lesson.claim(
     v["calls"] == v["calls_in_backward"] and v["waits_in_backward"] == 0,
     "ddp sends every bucket from inside the backward and waits for none before its last operator.",
 )
-lesson_03.say_ends(looks, "ddp", "bucket-async")
 
 # %% [markdown]
 # ## `torch`: torch's own DDP, the baseline
@@ -560,8 +555,8 @@ lesson.claim(
 # Every profiled step above on one axis, and
 # their numbers (units in the column names). *Last
 # backward less the check*: the backward of the step's last micro-batch, less rank 0's time at the check inside it (from `hook` to `bucket-async`); `hook`'s and
-# `bucket`'s include their waits. *At the check*: the time the check held each rank, summed over the step's checks (in
-# neither waited nor exposed; "–": no check). torch's waits are not seen (–).
+# `bucket`'s include their waits. *At the check*: the time the check held each rank, summed over the step's checks ("–": no
+# check). torch's waits are not seen (–).
 
 # %%
 # %%distributed
@@ -580,7 +575,7 @@ lesson_03.look_table(looks, checks)
 
 # %% [markdown]
 # The calls and the link time are counted and modeled: the same on every run. Every other column is
-# one step.
+# one step. Where a step ends includes its checks (*at the check*): do not rank stages by it.
 
 # %% [markdown]
 # ## The bucket lesson: what buckets trade
@@ -593,7 +588,7 @@ lesson_03.look_table(looks, checks)
 #    tensor;
 # 2. **the late start**: nothing goes to the link before some bucket's last gradient is ready, while a
 #    per-gradient stage's first message needs only one gradient;
-# 3. **the tail**: the last message's transfer on the link, a bucket against one tensor, can run
+# 3. **the last transfer**: the last message's, a bucket against one tensor, can run
 #    past backward's end.
 #
 # The link carries one message at a time, so its last transfer ends at the latest of, over the messages i,
@@ -605,6 +600,7 @@ lesson_03.look_table(looks, checks)
 
 # %%
 # %%distributed
+from minddp.costmodel.buckets import on_the_link
 from minddp.costmodel.compute import probe
 from minddp.stages.bucket_plan import plan_buckets
 
@@ -618,7 +614,7 @@ lesson.claim(
 )
 lesson.claim(  # modeled: the last message's bytes over the link, the same on every machine
     bucketed["tail_ms"] > per_grad["tail_ms"],
-    f"Tail: bucket-async's last bucket takes {bucketed['tail_ms']:.1f} ms on the link, hook-async's "
+    f"Last transfer: bucket-async's last bucket takes {bucketed['tail_ms']:.1f} ms on the link, hook-async's "
     f"last gradient {per_grad['tail_ms']:.1f} ms.",
 )
 # when each gradient is ready, on the bare network (no wrapper, no hooks): the last micro-batch's backward, timed
@@ -637,12 +633,12 @@ table
 # ### The cap, swept
 #
 # The cap decides all three costs: a small cap makes many small buckets (many fixed costs, a short
-# tail). Below, `bucket-async` runs one
+# last transfer). Below, `bucket-async` runs one
 # profiled step, no warm-up, at other caps on the same link (the workload's cap is the step above;
 # `None`: torch's default, 25 MiB after a first bucket of 1 MiB, drawn right of the grid). The
 # step-time model (`docs/scaling.md`) replays each cap's plan on the link, with the bare network's
 # timings scaled to the median of the five steps' backwards (less the check), *the sweep's median backward*. The lower
-# panel and the table: the model's three costs of each cap.
+# panel: the model's three costs of each cap but None; the table's, of all.
 
 # %%
 # %%distributed
@@ -710,7 +706,7 @@ ladder6 = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 # At 1024 ranks simple, ga and hook would wait for one message per gradient tensor, one after another, each
 # paying its fixed cost; hook-async does not wait for each, the bucketed rungs send few: only these run there.
 RUN = {"4 × T4": ladder6, "1024 ranks": ["hook-async", "bucket", "bucket-async"]}
-blog_runs, setting_ratios, sized_from = {}, {}, {}
+blog_runs, setting_ratios, sized_from, single_far = {}, {}, {}, []
 for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     setting_ratios[name] = ratios(blog, link_name, ranks)
     params = [p for p in lesson.make_model(name=model_name).parameters() if p.requires_grad]
@@ -718,7 +714,8 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
     if name == "4 × T4":  # the sweep's median above; deep-llama: the median of three steps of single (no check)
         timed = this_run
     else:
-        timed = lesson_03.median_backward_s("single", model_name)
+        single_far = lesson_03.backwards_s("single", model_name)  # this rank's three steps
+        timed = statistics.median(single_far)
     backward = sized_from[name] = lesson_03.rank0s(timed)  # rank 0's, so that every rank builds the same link
     bytes_ratio, message_ratio = setting_ratios[name]  # one sync's bytes, one message's 2(n−1)·α, in backwards
     assert world_size == 2  # so one all_reduce of m bytes takes 2α + m·β
@@ -761,14 +758,14 @@ for name, (link_name, ranks, model_name) in SETTINGS_OF.items():
 # %%distributed
 t4 = {s: blog_runs["4 × T4", s] for s in ladder6}
 far = {s: blog_runs["1024 ranks", s] for s in RUN["1024 ranks"]}
-lesson_03.say_sized_measures(t4, far, sized_from)
+lesson_03.say_sized_measures(t4, far, single_far)
 
 # %% [markdown]
 # ## Takeaway
 
 # %%
 # %%distributed
-lesson_03.say_takeaway(looks, t4, far, sized_from, swept)
+lesson_03.say_takeaway(looks, t4, far)
 
 # %%
 # %dist_shutdown

@@ -70,9 +70,9 @@ def test_model_answers_and_the_ladder_pass():
     # The async rungs are told from the waiting ones by the order of events: hook-async's 6 all_reduces are
     # all started during backward, and 5 (every one but the last parameter's own) are not waited for before
     # backward computes the last gradient; bucket-async's first bucket (of 2) is. Counts the code fixes.
-    assert "5 of them still in flight" in verdict_of(solutions.AsyncHookDDP, "hook-async").line
-    assert "1 of them still in flight" in verdict_of(solutions.AsyncBucketDDP, "bucket-async").line
-    assert "in flight" not in verdict_of(solutions.HookDDP, "hook").line
+    assert "5 of them started and not yet waited for" in verdict_of(solutions.AsyncHookDDP, "hook-async").line
+    assert "1 of them started and not yet waited for" in verdict_of(solutions.AsyncBucketDDP, "bucket-async").line
+    assert "not yet waited for" not in verdict_of(solutions.HookDDP, "hook").line
     halves = passed["halves"].line  # solutions.HalvesDDP, checked once (at 2 ranks, then at 3)
     assert "2 all_gather and 2 reduce_scatter calls per step" in halves and "on 3 ranks too" in halves, halves
     v = check_hook(solutions.fp16_compress_hook, like="fp16", timeout_s=TIMEOUT)

@@ -335,7 +335,7 @@ def _stage_verdict(
     flight = first["in_flight"][-1] if first.get("in_flight") else 0
     travelled = (
         (
-            f"; {flight} of them still in flight while backward computed its last gradient"
+            f"; {flight} of them started and not yet waited for when backward computed its last gradient"
             + (f", as in '{like}'" if like else "")
         )
         if flight

@@ -19,6 +19,7 @@ from minddp.notebook.lesson import backward_less_check, say
 
 #: The backward each sized link was sized from, by setting: one name each, in every sentence that quotes it.
 SIZED_FROM = {"4 × T4": "the sweep's median backward", "1024 ranks": "single's median backward of 3 steps"}
+SETTING_NAMES = ("On 1 Gbit/s", "Sized for 4 × T4", "Sized for 1024 ranks")
 
 
 def checks_on_ranks(looks: dict, stages: list[str]) -> dict[str, list[float]]:
@@ -37,14 +38,14 @@ def say_check(stage: str, on_ranks: list[float], spans: list) -> None:
     rank's. Call on every rank; rank 0 says it."""
     order = sorted(range(len(on_ranks)), key=on_ranks.__getitem__)
     long, short = order[-1], order[0]
-    said = f"{stage}'s check held " + " and ".join(f"rank {r} {ms:.0f} ms" for r, ms in enumerate(on_ranks))
+    said = f"{stage}'s check held " + ", ".join(f"rank {r} {ms:.0f} ms" for r, ms in enumerate(on_ranks))
     if len(spans) > 1:
         said += f", over {len(spans)} checks"
     gap = round(on_ranks[long]) - round(on_ranks[short])  # of the whole ms printed, so that the sum adds up
     if gap == 0:
         said += "; the ranks' times differ by less than 1 ms."
     elif len(spans) == 1:
-        said += f": rank {short} reached it {gap:.0f} ms after rank {long}, which stood there until it joined."
+        said += f": rank {short} joined {gap:.0f} ms later."
     say(said if said.endswith(".") else said + ".")  # over several checks: the times only
 
 
@@ -85,50 +86,47 @@ def look_table(looks: dict, checks: dict[str, list[float]]):
     return table
 
 
-def stretch(v: dict) -> str:
-    """A stage's synced last backward (less the check) against its backwards that sync nothing, in words, when it
-    ran longer than each of them; "" otherwise (nothing to say, nothing to compare)."""
-    quiet = [e - s for s, e in v["row"]["backward"][:-1]]
-    synced = backward_less_check(v)
-    if not quiet or round(synced) <= round(max(quiet)):
-        return ""
-    return (
-        f"synced backward ran {synced:.0f} ms against {listed([f'{q:.0f}' for q in quiet])} for those that sync nothing"
-    )
-
-
-def say_hid(looks: dict, stage: str) -> None:
-    """Where ``stage``'s exposed is given: its synced backward (less the check) against its backwards that sync
-    nothing, and in every branch what that means for its exposed; where it ran longer, why (the grad hooks' lines
-    and the gloo and link threads share the cores with the compute) and what a GPU changes."""
-    v = looks[stage]
-    quiet = [e - s for s, e in v["row"]["backward"][:-1]]
-    if not quiet:
-        return
-    synced = backward_less_check(v)
+def against_quiet(sending: dict[str, float], quiet: dict[str, float | list[float]], where: str = "") -> str:
+    """Last backwards (less the check) with messages inside them, ``sending`` (name: ms), against last backwards at
+    the same micro-batch position with none inside, ``quiet``, whose spread (largest less smallest) is the bar: a
+    backward beyond the quiet ones' median by more than that spread is said; one within it, or under, the run does
+    not show a cost for. A list in ``quiet``: one stage's steps. ``where``: a lead-in ("On 1 Gbit/s"). One step each:
+    words for what this run shows, not a cause."""
+    each = [ms for v in quiet.values() for ms in (v if isinstance(v, list) else [v])]
+    mid, bar = statistics.median(each), max(each) - min(each)
     said = (
-        f"{stage}'s synced backward (less the check) ran {synced:.0f} ms against "
-        f"{listed([f'{q:.0f}' for q in quiet])} for those that sync nothing"
-    )
-    longer = round(synced) - round(max(quiet))
-    if longer > 0:
-        said += (
-            f": {longer} ms longer, which neither exposed nor waited counts. Sending from inside the backward took "
-            f"that time from it: its grad hooks' lines, and gloo's and the link's threads on the {lesson.cores()} "
-            "cores the compute runs on. On a GPU the backward runs on the device while those threads run on the CPU, "
-            "so far less of it would be taken."
+        f"{where + ', l' if where else 'L'}ast backward less the check, with messages inside it: "
+        + listed([f"{s} {ms:.0f}" for s, ms in sending.items()])
+        + " ms; with none: "
+        + listed(
+            [
+                f"{s}'s steps {listed([f'{ms:.0f}' for ms in v])}" if isinstance(v, list) else f"{s} {v:.0f}"
+                for s, v in quiet.items()
+            ]
         )
-    else:
-        said += ": sending from inside it did not lengthen it here, so its exposed is all that hiding left."
-    say(said)
+        + f", median {mid:.0f}, spread {bar:.0f}"
+    )
+    over = [s for s, ms in sending.items() if round(ms - mid) > round(bar)]
+    within = [s for s in sending if s not in over]
+    if over:
+        said += (
+            ": "
+            + listed([f"{s}'s {sending[s] - mid:.0f} ms" for s in over])
+            + " over that median, more than the spread: in this run a backward that sent ran longer, time neither "
+            "exposed nor waited"
+            " counts"
+        )
+    if within:
+        said += f"{'; ' if over else ': '}{listed(within)} not over the median by more than the spread: this run does "
+        said += "not show a cost of sending from inside the backward"
+    return said + " (one step each)."
 
 
 def say_exposed_parts(looks: dict, stage: str, before: str) -> None:
     """``stage`` against ``before`` (both waiting for each message inside the backward): link time and exposed, in
     whole ms as :func:`lesson.say_look` prints (one step each: no ranking on them), the link time before each wait
     began (exposed is link time less that), and where ``stage`` waited less, how the drop splits into exposed and the
-    waiting after the link had delivered (time the link does not model); then the two last backwards (less the
-    check), and, where every wait began inside them, each one's time outside the waits."""
+    waiting after the link had delivered (time the link does not model), and which part is most of it."""
     (link, exposed), (link0, exposed0) = (lesson.link_parts(looks[s]) for s in (stage, before))
     n, n0 = looks[stage]["calls"], looks[before]["calls"]
     said = f"{stage} against {before}: link time {link} against {link0} ms, exposed {exposed} against {exposed0}"
@@ -146,34 +144,39 @@ def say_exposed_parts(looks: dict, stage: str, before: str) -> None:
             f"{'less' if drop >= 0 else 'more'} after the link had delivered, {abs(rose)} ms "
             f"{'more' if rose >= 0 else 'less'} exposed"
         )
-    b, b0 = (round(backward_less_check(looks[s])) for s in (stage, before))
-    said += f". Its last backward (less the check) ran {b} ms against {b0}"
-    if all(looks[s]["waits_in_backward"] == looks[s]["waits"] for s in (stage, before)):  # every wait inside it
-        said += (
-            f"; outside the waits {b - waited} against {b0 - waited0}: compute and the grad hooks' lines, between "
-            f"{n} waits against {n0}"
-        )
+        if abs(drop) > abs(rose):  # the waits after delivery: each wait's, times the waits
+            each, each0 = (lesson.after_delivery_ms(looks[s]) / looks[s]["waits"] for s in (stage, before))
+            said += (
+                f"; most of the drop is waiting after the link had delivered, {each:.2f} against {each0:.2f} ms a "
+                f"wait, over {looks[stage]['waits']} waits against {looks[before]['waits']}"
+            )
+        else:
+            said += "; most of the drop is exposed time"
+    else:
+        said += f". It waited {waited} ms against {waited0}"
     say(said + ".")
 
 
 def end_parts(row: dict) -> tuple[int, float, float, float]:
     """A step's *link after backward* in parts that add up: ``(k, at, after, span)``: the message whose hand-over set
     the link's end (:func:`~minddp.costmodel.buckets.queue_end`, 0: the first), its hand-over into the last backward,
-    the transfers from it on, back to back, and the backward (check included), ms; link after backward =
-    ``at + after - span``."""
+    the transfers from it on, back to back, and the backward, ms; link after backward = ``at + after - span``. ``at``
+    and ``span`` leave out the check (``row["checks"]``, rank 0's spans) inside the last backward: it comes before
+    the backward's first send, so no message leaves during it."""
     from minddp.costmodel.buckets import queue_end
 
     b0, b1 = row["backward"][-1]
+    held = sum(max(0.0, min(e, b1) - max(s, b0)) for s, e in row.get("checks", []))  # as backward_less_check
     sent = sorted(row["sent"])
     took = [e - s for s, e in sorted(row["messages"])]
     _, k = queue_end(sent, took)
-    return k, sent[k] - b0, sum(took[k:]), b1 - b0
+    return k, sent[k] - b0 - held, sum(took[k:]), b1 - b0 - held
 
 
 def said_end(stage: str, row: dict) -> str:
-    """How a step's *link after backward* came about, in numbers that add up (:func:`end_parts`), then which of the
-    bucket lesson's costs that is: the late start (the first message set it), the tail (the last), or a message
-    handed over late, the link idle before it."""
+    """How a step's *link after backward* came about, in numbers that add up (:func:`end_parts`, less the check),
+    then which of the bucket lesson's costs that is: the late start (the first message set it), the last transfer
+    (the last), or a message handed over late, the link idle before it."""
     k, at, after, span = end_parts(row)
     n = len(row["sent"])
     if at + after <= span:
@@ -182,67 +185,32 @@ def said_end(stage: str, row: dict) -> str:
         )
     who = "its first message" if k == 0 else f"message {k + 1} of {n}"
     why = (
-        "the link ran back to back from the first message on, so the late start and link time set it, not the tail"
+        "the link ran back to back from the first message on, so the late start and the link time set it"
         if k == 0
-        else "the tail set it: the last message and its own transfer"
+        else "the last transfer set it: the last message, handed over late"
         if k == n - 1
         else "a message handed over late set it, the link idle before it"
     )
     return (
         f"{stage}'s link after backward, {at + after - span:.1f} ms: {who}, handed over {at:.1f} ms into its last "
-        f"backward, + {after:.1f} ms of transfers from it on, − the backward's {span:.1f} (check included); {why}"
+        f"backward less the check, + {after:.1f} ms of transfers from it on, − that backward's {span:.1f}; {why}"
     )
 
 
 def floor_said(v: dict, stage: str) -> str:
-    """Link time against a stage's last backward (check included): messages start after backward does, so any
-    excess is the least its link after backward can be; where there is none and its backwards that sync nothing were
-    shorter than the link time, what that least would have been had the synced one run as long as they did."""
+    """Link time against a stage's last backward less the check: messages leave only after the check, so any excess
+    is the least its link after backward can be."""
     from minddp.costmodel.buckets import on_the_link
 
-    b0, b1 = v["row"]["backward"][-1]
+    back = backward_less_check(v)
     link = on_the_link(v["row"])["link_ms"]
     said = f"{stage}'s link time, {link:.1f} ms, "
-    if link > b1 - b0:
+    if link > back:
         return said + (
-            f"exceeds its last backward, {b1 - b0:.1f}: messages start after the backward does, so at least "
-            f"{link - (b1 - b0):.1f} ms must be left after it, whatever the hand-overs"
+            f"exceeds its last backward less the check, {back:.1f}: messages leave only after the check, so at least "
+            f"{link - back:.1f} ms must be left after the backward, whatever the hand-overs"
         )
-    said += f"fits in its last backward, {b1 - b0:.1f}: nothing need be left after it"
-    quiet = max((e - s for s, e in v["row"]["backward"][:-1]), default=0.0)
-    if quiet and link > quiet:
-        said += f"; had that backward run as its backwards that sync nothing (at most {quiet:.1f} ms), at least "
-        said += f"{link - quiet:.1f} ms would have been"
-    return said
-
-
-def say_ends(looks: dict, stage: str, before: str) -> None:
-    """Two stages that wait only after backward, side by side: messages, link time and exposed, then each one's
-    link after backward in numbers that add up (:func:`said_end`) and, where both left some, the gap in the same three
-    terms: the hand-over that set the end, the transfers from it on, the backward."""
-    from minddp.costmodel.buckets import on_the_link
-
-    a, b = (on_the_link(looks[s]["row"]) for s in (stage, before))
-    said = (
-        f"{stage} against {before}: {a['messages']} against {b['messages']} messages, link time {a['link_ms']:.0f} "
-        f"against {b['link_ms']:.0f} ms, exposed {looks[stage]['exposed_ms']:.0f} against "
-        f"{looks[before]['exposed_ms']:.0f}. "
-    )
-    said += "; ".join(said_end(s, looks[s]["row"]) for s in (stage, before)) + "."
-    (_, at, after, span), (_, at0, after0, span0) = (end_parts(looks[s]["row"]) for s in (stage, before))
-    if at + after > span and at0 + after0 > span0:  # each end = hand-over + transfers from it on − backward
-        gap, first, link, back = (at + after - span) - (at0 + after0 - span0), at - at0, after - after0, span - span0
-        said += (
-            f" So {stage}'s is {abs(gap):.1f} ms {'less' if gap < 0 else 'more'}: the hand-over that set it came "
-            f"{abs(first):.1f} ms {'earlier' if first < 0 else 'later'} into the backward, "
-            + (
-                "the transfers from it on took as long"
-                if round(link, 1) == 0
-                else f"the transfers from it on took {abs(link):.1f} ms {'less' if link < 0 else 'more'}"
-            )
-            + f", its backward ran {abs(back):.1f} ms {'longer' if back > 0 else 'shorter'}."
-        )
-    say(said)
+    return said + f"fits in its last backward less the check, {back:.1f}: nothing need be left after it"
 
 
 def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, object]:
@@ -266,6 +234,7 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
     )
     for stage in ("bucket-async", "hook-async"):  # what set each one's link after backward, and its least
         say(f"{said_end(stage, looks[stage]['row'])}. {floor_said(looks[stage], stage)}.")
+    say(f"{said_end('ddp', looks['ddp']['row'])}.")  # torch's buckets rebuilt: what set ddp's, the same terms
     table = (
         pd.DataFrame(why)
         .T[["messages", "link_ms", "end_ms", "exposed_ms"]]
@@ -283,25 +252,30 @@ def cap_name(cap) -> str:
 
 
 def say_sweep(swept: dict, this_run_s: float, model: list, default) -> None:
-    """The cap sweep in words: the sweep's median backward, ``this_run_s``, which the model replays; then the step
-    whose link after backward fell furthest under the model's (``model``: the grid's
-    :func:`~minddp.costmodel.buckets.plan_costs`, ``default``: None's), with its backward, where that backward was
-    longer than the median (nothing said otherwise)."""
+    """The cap sweep in words: the sweep's median backward, ``this_run_s``, which the model replays; then how far the
+    steps' link after backward lay under and over the model's (``model``: the grid's
+    :func:`~minddp.costmodel.buckets.plan_costs`, ``default``: None's), each step on its own backward; then the
+    model's costs at its least, the smallest cap, the workload's and None, and the step that exposed least."""
     from minddp.costmodel.buckets import on_the_link
 
-    own = {c: backward_less_check(v) for c, v in swept.items()}
-    median = 1e3 * this_run_s
-    said = f"The model replays the sweep's median backward, {median:.0f} ms."
+    said = f"The model replays the sweep's median backward, {1e3 * this_run_s:.0f} ms."
     modeled = {c.cap_mb: 1e3 * c.after_backward for c in [*model, default]}
-    under = {c: modeled[c] - on_the_link(v["row"])["end_ms"] for c, v in swept.items() if c in modeled}
-    far = max(under, key=under.__getitem__)
-    if round(under[far]) >= 1 and round(own[far] - median) >= 1:
+    off = {c: on_the_link(v["row"])["end_ms"] - modeled[c] for c, v in swept.items() if c in modeled}
+    lo, hi = min(off, key=off.__getitem__), max(off, key=off.__getitem__)
+    if round(off[hi]) <= 0:
+        said += f" Every step's link after backward was at or under the model's, by up to {-off[lo]:.0f} ms"
+        said += f" ({cap_name(lo)})"
+    elif round(off[lo]) >= 0:
+        said += f" Every step's link after backward was at or over the model's, by up to {off[hi]:.0f} ms"
+        said += f" ({cap_name(hi)})"
+    else:
         said += (
-            f" The {cap_name(far)} step's link after backward, {under[far]:.0f} ms under the model's line, came after "
-            f"a backward {own[far] - median:.0f} ms longer than that median."
+            f" The steps' link after backward lay from {-off[lo]:.0f} ms under the model's ({cap_name(lo)}) to "
+            f"{off[hi]:.0f} ms over it ({cap_name(hi)})"
         )
-    say(said)
+    say(said + ", each step on its own backward.")
     best = min(model, key=lambda c: c.after_backward)  # the model's least link after backward over the grid
+    ties = [c for c in model if f"{1e3 * c.after_backward:.1f}" == f"{1e3 * best.after_backward:.1f}"]
     at = {c.cap_mb: c for c in model}
     here = next(iter(swept))  # the workload's cap: the sweep's first step is the bucket-async step above
 
@@ -309,18 +283,20 @@ def say_sweep(swept: dict, this_run_s: float, model: list, default) -> None:
         return f"{1e3 * seconds:.1f}"
 
     said = (
-        f"By the model, link after backward is least at {cap_name(best.cap_mb)}, {ms(best.after_backward)} ms, its "
-        f"first message ready {ms(best.first_at)} ms in"
+        f"By the model, link after backward is least at {listed([cap_name(c.cap_mb) for c in ties])}, "
+        f"{ms(best.after_backward)} ms, "
+        + (f"at {cap_name(best.cap_mb)} " if len(ties) > 1 else "")
+        + f"its first message ready {ms(best.first_at)} ms in"
     )
     small = model[0]
-    if small is not best:
+    if small not in ties:
         said += (
             f"; at {cap_name(small.cap_mb)} {ms(small.after_backward)}, its fixed costs {ms(small.fixed)} ms against "
             f"{ms(best.fixed)}"
         )
     for c in (here, None):
         p = at.get(c, default)
-        if p is not best:
+        if p not in ties:
             said += (
                 f"; at {cap_name(c)}{' (the workload)' if c == here else ''} {ms(p.after_backward)}, its first message "
                 f"ready {ms(p.first_at)} ms in and last message's transfer {ms(p.tail)}"
@@ -400,12 +376,10 @@ def sweep_table(swept: dict, model: list, default):
     return table.astype(object).where(table.notna(), "–")  # "–": a cap not run
 
 
-def median_backward_s(stage: str, model: str, steps: int = 3) -> float:
-    """The median of ``steps`` profiled steps' last backwards of ``stage`` (one micro-batch, each step after a
-    warm-up step of its own), seconds, this rank's."""
-    return statistics.median(
-        lesson.Trainee(stage, model=model, grad_accum=1).look()["last_backward_ms"] / 1e3 for _ in range(steps)
-    )
+def backwards_s(stage: str, model: str, steps: int = 3) -> list[float]:
+    """``steps`` profiled steps' last backwards of ``stage`` (one micro-batch, each step after a warm-up step of its
+    own), seconds, this rank's."""
+    return [lesson.Trainee(stage, model=model, grad_accum=1).look()["last_backward_ms"] / 1e3 for _ in range(steps)]
 
 
 def rank0s(value: float) -> float:
@@ -450,14 +424,14 @@ def listed(names: list[str]) -> str:
     return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
-def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
+def say_sized_measures(t4: dict, far: dict, single_far: list[float]) -> None:
     """Each sized link's rungs (2 ranks): link time, exposed, waited and the step's own last backward less the check,
     then in words which rungs exposed none of their link time (whole ms) and which exposed over half of it, and
-    hook-async's and bucket-async's backwards against one with no message inside it (4 × T4: ga's; 1024 ranks: the
-    one the link was sized from, ``sized_from``, seconds); a whole-ms match of bucket-async's backward on the two
-    links is said to be chance (two networks, two steps)."""
+    hook-async's and bucket-async's last backwards against those with no message inside them (:func:`against_quiet`;
+    4 × T4: simple's and ga's; 1024 ranks: single's steps, ``single_far``, seconds); a whole-ms match of
+    bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
-        what = "link time, exposed, waited and last backward less the check, ms" if runs is t4 else "the same"
+        what = "link time, exposed, waited and last backward less the check, ms" if runs is t4 else "those four"
         hid = [s for s, r in runs.items() if round(r["exposed_ms"]) == 0]
         most = [s for s, r in runs.items() if r["exposed_ms"] > r["link_ms"] / 2]
         said = []
@@ -471,20 +445,12 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
             )
             + f". {'; '.join(said)}."
         )
-        base, label = (runs["ga"]["backward_ms"], "ga's") if runs is t4 else (1e3 * sized_from[name], SIZED_FROM[name])
-        sends = {s: round(runs[s]["backward_ms"]) - round(base) for s in ("hook-async", "bucket-async")}
-        longer = [f"{s}'s {d} ms longer" for s, d in sends.items() if d > 0]
-        same = [s for s, d in sends.items() if d <= 0]
-        say(
-            f"Against a backward with no message inside it ({label}, {base:.0f} ms), "
-            + " and ".join(f"{s}'s ran {runs[s]['backward_ms']:.0f}" for s in sends)
-            + (
-                f": {listed(longer)}, time sending took from the backward, which neither exposed nor waited counts"
-                + (f"; {listed(same)} not longer." if same else ".")
-                if longer
-                else ": sending inside them did not lengthen them."
-            )
+        quiet = (
+            {s: t4[s]["backward_ms"] for s in ("simple", "ga")}
+            if runs is t4
+            else {"single": [1e3 * b for b in single_far]}
         )
+        say(against_quiet({s: runs[s]["backward_ms"] for s in ("hook-async", "bucket-async")}, quiet))
     if round(t4["bucket-async"]["backward_ms"]) == round(far["bucket-async"]["backward_ms"]):
         say(
             f"bucket-async's backward, {t4['bucket-async']['backward_ms']:.0f} ms on both links, is the same whole ms "
@@ -492,42 +458,45 @@ def say_sized_measures(t4: dict, far: dict, sized_from: dict) -> None:
         )
 
 
-def say_takeaway(looks: dict, t4: dict, far: dict, sized_from: dict, swept: dict) -> None:
+def say_takeaway(looks: dict, t4: dict, far: dict) -> None:
     """The takeaway in words, per setting (this notebook's link: ``looks``; the sized links' runs): whether
     bucket-async exposed more or less than hook-async (whole ms), with each one's link after backward (the most a
-    stage that waits only in finish can expose), and for a sized link each one's waited and last backward less the
-    check against the backward the link was sized from (``sized_from``, seconds, by setting name). On this notebook's
-    link, where hook-async exposed less, its synced backward against those that sync nothing (:func:`stretch`); no
-    step ends (one step each: their gap is within the run-to-run spread). On a sized link, the link's ratios over each
-    stage's own backward, as a multiple of the setting's (sized from / own backward). ``swept``: the cap sweep's
-    bucket-async steps by cap, the workload's first: the one that exposed least, where it is not the workload's."""
+    stage that waits only in finish can expose) and the link time bucketing saved (fewer messages' fixed costs: the
+    same bytes); then in which settings bucketing exposed less, with that saving as a share of hook-async's; then,
+    on this notebook's link, hook-async's and bucket-async's last backwards against those with no message inside
+    them (:func:`against_quiet`)."""
     from minddp.costmodel.buckets import on_the_link
 
     here = {s: on_the_link(looks[s]["row"]) for s in ("hook-async", "bucket-async")}
-    for name, runs in {"On 1 Gbit/s": here, "Sized for 4 × T4": t4, "Sized for 1024 ranks": far}.items():
+    less, share = [], {}
+    for name, runs in zip(SETTING_NAMES, (here, t4, far)):
         h, b = runs["hook-async"], runs["bucket-async"]
         x, y = round(h["exposed_ms"]), round(b["exposed_ms"])
         verdict = "neither exposed any" if x == y == 0 else f"bucketing exposed {'more' if y > x else 'less'}"
         verdict = "both exposed as much" if x == y != 0 else verdict
+        less += [name] if y < x else []
         after = [max(0.0, r["end_ms"]) for r in (h, b)]  # the link done before backward's end: nothing after it
-        named = ("hook-async against bucket-async, exposed ", " ms, link after backward ")  # said once, first line
-        first, then = named if runs is here else ("the same, ", " ms, ")
-        said = f"{name}, {verdict}: {first}{x} against {y}{then}{after[0]:.1f} against {after[1]:.1f}"
-        longer = stretch(looks["hook-async"]) if runs is here and x < y else ""
-        if longer:  # hook-async hid its link time inside a longer backward (no step ends: one step each)
-            said += f"; but hook-async's {longer}, time its exposed does not count (its cell)"
-        low = min(swept, key=lambda c: round(swept[c]["exposed_ms"]))
-        if runs is here and low != next(iter(swept)):
-            said += f"; the sweep's {cap_name(low)} step exposed {swept[low]['exposed_ms']:.0f} ms"
-        if runs is not here:
-            setting = name.removeprefix("Sized for ")
-            waited = " against ".join(f"{r['waited_ms']:.0f}" for r in (h, b))  # whole ms, as say_sized_measures
-            backs = " against ".join(f"{r['backward_ms']:.0f}" for r in (h, b))
-            sized = 1e3 * sized_from[setting]
-            said += (
-                f"; waited {waited}, last backward less the check {backs}, the link sized from {SIZED_FROM[setting]} "
-                f"({sized:.0f} ms), so against its own backward each one's link was "
-                + " and ".join(f"{sized / r['backward_ms']:.2f}" for r in (h, b))
-                + " times as heavy as the setting's"
-            )
-        say(said + ".")
+        saved = h["link_ms"] - b["link_ms"]  # the same bytes: the fixed costs of the messages bucketing saved
+        share[name] = f"{100 * saved / h['link_ms']:.0f} %"
+        said = (
+            f"{name}, {verdict}: {'hook-async against bucket-async, ' if runs is here else ''}exposed {x} against "
+            f"{y} ms, link after backward "
+            f"{after[0]:.1f} against {after[1]:.1f}; fewer messages cut the link time by {saved:.1f} ms."
+        )
+        say(said)
+    others = [n for n in SETTING_NAMES if n not in less]
+    lower = [n[0].lower() + n[1:] for n in SETTING_NAMES]
+    if less and others:
+        say(
+            f"Bucketing exposed less only {listed([lower[SETTING_NAMES.index(n)] for n in less])}, where the link time "
+            f"it saved was {listed([share[n] for n in less])} of hook-async's, against "
+            f"{listed([share[n] for n in others])} {listed([lower[SETTING_NAMES.index(n)] for n in others])}."
+        )
+    else:
+        say(
+            f"Bucketing exposed less {'in every setting' if less else 'in no setting'}; the link time it saved was "
+            f"{listed([share[n] for n in SETTING_NAMES])} of hook-async's."
+        )
+    quiet = {s: backward_less_check(looks[s]) for s in ("single", "simple", "ga")}
+    sending = {s: backward_less_check(looks[s]) for s in ("hook-async", "bucket-async")}
+    say(against_quiet(sending, quiet, where="On 1 Gbit/s"))
