@@ -17,15 +17,15 @@
 # # 08 · When data parallelism goes wrong: `MINDDP_DEBUG=1`
 #
 # We break DDP on purpose,
-# nine bugs in six sections, each run on the two ranks:
+# nine bugs in six sections, each on the two ranks:
 #
 # 1. **torch** (*under torch*): debug mode *paused* (`minddp.debug.disable()`), torch's debug
-#    level (`TORCH_DISTRIBUTED_DEBUG`) at its default, OFF (DETAIL too for section 4's first bug): what torch says. The script's own
+#    level (`TORCH_DISTRIBUTED_DEBUG`) at its default, OFF: what torch says. The script's own
 #    collectives run on a group, `short` (*the short group*), whose calls give up after seconds, and
 #    torch's DDP on another, `group`, with torch's default timeout; a rank that fails
-#    destroys both, so a partner waiting on `group` fails at once. That bounds torch's waits, which in a
-#    usual job's one group can last torch's default timeout;
-# 2. **minddp in debug mode**, every collective on the default group: its DDP's checks, and the
+#    destroys both, so a partner waiting on `group` fails at once;
+# 2. **minddp in debug mode**, every collective on the *default group* (all ranks; a call without `group=` uses it):
+#    its DDP's checks, and the
 #    *collective check* of the `torch.distributed` collectives called. A
 #    `DebugError` is raised on every rank at the first check that sees the bug (for every rank reading the same
 #    data, a `DebugWarning`, and training goes on);
@@ -42,13 +42,16 @@
 
 # %% [markdown]
 # The set-up cell's helpers (`minddp/notebook/lesson_08.py`) give every rank the same model (its
-# *replica*), `build()`'s `Net` (`encoder`, tanh, `head`; `Net(extra=True)` adds a second head,
-# `extra`, in a forward given `use_extra=True`), wrapped (`model`, *the wrapper*, is the DDP object;
+# *replica*), `build()`'s `Net` (`encoder`, `head`; `Net(extra=True)` adds a second head,
+# `extra`, used given `use_extra=True`), wrapped (`model`, *the wrapper*, is the DDP object;
 # `model.module` is the `Net` it wraps), and its own batches (its shard). They run each script:
 #
-# * `torch_does`: `script(group, short)` with debug mode paused; an excerpt (… marks a cut) of what
-#   each rank raised, led by the notebook's own note in square brackets: its step if in `train()`
-#   (`torch_step`) and the seconds from the script's start (`torch_took`); or "raised nothing";
+# * `torch_drifts`: `script(model, optimizer)` under torch's DDP, debug mode paused; its ✓ line: nothing raised;
+#   the replicas' largest parameter gap after it, and where (debug mode's line: the first parameter or gradient,
+#   in the set-up cell's order, that differs, and by how much);
+# * `torch_does`: `script(group, short)` with debug mode paused; what each rank raised, cut (…), after the
+#   notebook's note in brackets: its step in `train()` (`torch_step`), the seconds from start
+#   (`torch_took`); or "raised nothing";
 # * `minddp_says`: the `DebugError` debug mode raised on rank 0, then whether each other rank raised
 #   the same; its ✓ line: every rank raised one containing the cell's cause;
 # * `fixed`: the corrected script in debug mode.
@@ -64,6 +67,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import minddp.debug
 from minddp import DistributedDataParallel
+from minddp.ddp.debug_reducer import DebugReducer
 from minddp.notebook import lesson  # lesson.say(text) prints text; lesson.claim(holds, text) prints ✓ text
 from minddp.notebook.lesson_08 import (
     DEFAULT_WAIT_S,
@@ -217,7 +221,8 @@ lesson.claim(read(*build(), same=False) == [], "the fix: with a shard per rank, 
 # number through torch's key-value store, not a collective.
 # A call is written op(dtype[shape], ...) at its place, then its step:
 # `(step 0)` in a wrapper's step, `(after step S)` after the last step any wrapper, an earlier cell's too, took on that rank.
-# At debug level DETAIL, torch first compares each call's op and shapes across ranks.
+# At debug level DETAIL, torch first compares each call's op and shapes across ranks (here on this bug alone,
+# which builds no torch DDP; scripts that do crashed: `docs/debugging.md`, section 4).
 
 # %%
 # %%distributed
@@ -238,9 +243,6 @@ lesson.claim(
 )
 
 # %% [markdown]
-# On the default group the collective check pairs rank 0's all_reduce of its loss with rank 1's step check
-# all_gather.
-#
 # A call minddp makes is placed at the script's line that led to it; an all_gather lists the output
 # (ranks × the input's shape), then the input.
 
@@ -268,8 +270,8 @@ fixed(log_loss, "the loss logged on every rank", everywhere=True)
 # %% [markdown]
 # ## 5. Uneven inputs
 #
-# Rank 1 has one batch fewer. It leaves its loop and waits at the script's final barrier, while rank
-# 0 starts a step whose collectives rank 1 will never make. The fix: the wrapper's `join()` around the loop, the
+# Rank 1 has one batch fewer: it waits at the script's final barrier while rank 0 starts a step whose
+# collectives rank 1 will never make. The fix: the wrapper's `join()` around the loop, the
 # barrier after it: a rank that has run out makes the others' remaining collectives. Inside `join()` the forward
 # and step checks pause; the collective check still runs.
 
@@ -419,9 +421,10 @@ lesson.claim(
 # %% [markdown]
 # ## The collectives it adds
 #
-# A wrapper built in debug mode adds the forward and step checks and a `DebugReducer`: the
-# wrapper's *Reducer* averages the gradients in *buckets*; this one sends each through the collective
-# check and at the end of backward compares the ranks' buckets.
+# A wrapper built in debug mode adds the forward and step checks, and its *Reducer* (which averages the gradients
+# in *buckets*) is a `DebugReducer`, which sends each bucket through the collective check as a blocking all_reduce, so
+# backward waits for each. Each step like step 4 (one forward, backward and `optimizer.step()`, outside
+# `join()`) gets these; nothing here timed them.
 
 
 # %%
@@ -451,20 +454,22 @@ lesson.claim(
     and all(name in c.where for name, c in zip(added, debug_calls))
     and [c.op for c in checked if "bucket" in c.where] == ["all_reduce"] * buckets
     and paused_sent == buckets == len(on.reducer.plan) == len(paused.reducer.plan) == 1  # plan: a reducer's buckets
-    and on_sent == len(checked) + 1,  # keep.all_gather_object: an all_gather of the sizes, then one of the bytes
-    f"in step 4 the paused wrapper sent {paused_sent} collective, for its bucket; debug mode {on_sent}: the bucket's "
-    f"all_reduce, its forward and step checks' all_gathers and end of backward's all_gather_object (2 all_gathers), "
-    f"compared as {len(checked)} calls",
+    and on_sent == len(checked) + 1  # keep.all_gather_object: an all_gather of the sizes, then one of the bytes
+    and isinstance(on.reducer, DebugReducer)
+    and not isinstance(paused.reducer, DebugReducer)
+    and on.check_consistency  # the consistency guard
+    and not paused.check_consistency,
+    f"in step 4 the paused wrapper sent {paused_sent} collective, its bucket's all_reduce; debug mode's (a "
+    f"DebugReducer) {on_sent} by torch's count, {len(checked)} by collective #K: that all_reduce, the forward and "
+    "step checks' all_gathers, and the consistency guard's all_gather_object (2 all_gathers, numbered once; on in "
+    "debug mode only), comparing at the end of backward the ranks' bucket plans (sizes and parameters) and launch "
+    "orders, not gradients",
 )
 # exact: both reducers halve each gradient, then add the 2 ranks', which rounds the same in either order
 lesson.claim(
     all(each_rank(all(torch.equal(a, b) for a, b in zip(paused_params, on_params)))),
-    "each rank's parameters ended bit for bit as with debug mode paused",
+    "each rank's parameters ended bit for bit as when paused",
 )
-
-# %% [markdown]
-# Debug mode adds its checks' collectives to each step like step 4 (one forward, backward and
-# `optimizer.step()`, outside `join()`); nothing here timed them.
 
 # %%
 # %dist_shutdown

@@ -223,7 +223,7 @@ def _excerpt(message: str) -> str:
 
 def torch_drifts(script) -> None:
     """``script(model, optimizer)`` on torch's DDP: claim that it raises nothing and the replicas end apart, saying by
-    how much (:func:`apart_at`, after the script's last step) and in which parameter."""
+    how much at most (:func:`apart_at`, after the script's last step) and in which parameter."""
     models = []
 
     def run(group, short):
@@ -235,8 +235,8 @@ def torch_drifts(script) -> None:
     gap, name = apart_at(models[0])
     lesson.claim(
         raised == ["raised nothing"] * dist.get_world_size() and gap > 0,
-        "torch's DDP raised nothing; after the script's last step its replicas' parameters "
-        + (f"differ by up to {gap:.3g} (in '{name}')" if gap > 0 else "agree"),
+        "torch's DDP raised nothing; the replicas' parameters "
+        + (f"ended apart, the most ({gap:.3g}) in '{name}'" if gap > 0 else "agree"),
     )
 
 
@@ -267,9 +267,7 @@ def mismatched(script, size: int) -> None:
     DETAIL. Prints rank 0's error of each, torch's at DETAIL cut to each rank's op and shape ("…" for each cut), and
     claims what each names: at OFF a timeout (the first rank to fail can only time out; the other then times out too
     or loses its partner) and neither op nor shape; at DETAIL, on every rank, a mismatch (not a timeout) naming each
-    rank's op and shape, as debug mode does; only debug mode names the place. It first prints each run's debug level
-    and the group its script's all_reduce runs on."""
-    lesson.say("torch at OFF, short group; debug mode, default group; torch at DETAIL, short group")
+    rank's op and shape, as debug mode does; only debug mode names the place."""
     off = torch_does(lambda group, short: script(short), say=False, level="OFF")
     lesson.say(f"torch, rank 0: {off[0]}")
     timed_out = [r for r, (s, t) in enumerate(zip(off, torch_took)) if "Timed out" in s and t >= WAIT_S]
