@@ -18,14 +18,13 @@
 #
 # Each rank can record a profiler trace of its steps (open one in https://ui.perfetto.dev). This notebook profiles
 # one step of each stage of the DDP ladder that keeps a whole replica on every rank (`03_build_up`: `simple` to
-# `bucket-async`, and `ddp`, minddp's own `DistributedDataParallel`; the sharded rungs are in `06_sharding`),
-# torch's DDP and `single` (no wrapper: each rank trains on its own examples and never communicates), with gloo over the machine's loopback interface; *the link
-# run* (last section) profiles `simple` to `bucket-async` again over an *emulated link*, a modeled network. It reads
-# the traces with `minddp.analysis` the way the blog this course follows ("First Steps With Distributed Data Parallelism and PyTorch Profiling",
-# https://blog.underfit.ai/ddp-profiled) reads its GPU traces with HolisticTraceAnalysis (HTA), but with its own
-# measures from CPU events (`docs/analysis.md`).
+# `bucket-async`, and `ddp`, minddp's own `DistributedDataParallel`; the sharded rungs: `06_sharding`),
+# torch's DDP and `single` (no wrapper: the ranks never communicate), with gloo over the machine's loopback interface;
+# *the link run* (last section) profiles `simple` to `bucket-async` again over an *emulated link*, a modeled network. It reads
+# the traces with `minddp.analysis` as the course's blog (https://blog.underfit.ai/ddp-profiled) reads its GPU
+# traces with HolisticTraceAnalysis (HTA), but with its own measures from CPU events (`docs/analysis.md`).
 #
-# A *message* is one whole all_reduce call of gradients (one
+# A *message* is one all_reduce of gradients (one
 # parameter's, or a *bucket*'s: several parameters' gradients in one buffer); a *sync* is one round of messages that
 # carries every gradient once.
 
@@ -57,6 +56,7 @@ dist.barrier()
 blog = ["simple", "ga", "hook", "hook-async", "bucket", "bucket-async"]
 for stage in blog:
     lesson.Trainee(stage, link="1gbit").profile(LINKED, steps=1)
+lesson.say(lesson.describe())
 lesson.say(lesson.machine(link="in the link run"))  # the cores every timing below shares
 
 # %%
@@ -65,38 +65,39 @@ lesson.say(lesson.machine(link="in the link run"))  # the cores every timing bel
 # %% [markdown]
 # ## Time in flight, overlap, non-compute
 #
-# Every table and figure below shows rank 0's trace; no table has `single`, which sends nothing. A printed line
-# marked ✓ is a claim the code checks on this run; an unmarked one is measured, one step. Terms first:
+# Every table and figure below shows rank 0's trace; no table has `single`. A printed line
+# marked ✓ is a claim the code checks on this run; an unmarked one is measured, one step.
 #
 # * the *finish*: minddp's `finish_gradient_synchronization()`, which the training loop calls after every
-#   backward; a step runs several *micro-batches*, a forward and a backward each, before
+#   backward; a step runs several *micro-batches* (the workload line above), a forward and a backward each, before
 #   one optimizer step. `simple` syncs in the finish after every micro-batch, `ga` (gradient accumulation) once a step;
 # * the *parameter check* (`minddp.stages.checks`): before each sync's first
 #   message, `simple` to `bucket-async` check that both ranks' forwards used the same parameters, with one
 #   all_gather: at the start of the finish in `simple` and `ga`, in `hook` to
-#   `bucket-async` in the first gradient's *autograd hook* (the function autograd calls once a gradient is ready;
+#   `bucket-async` in the first gradient's *autograd hook* (called once a gradient is ready;
 #   these stages send from it). It is a collective, not a message, and a *training thread* (the Python thread,
 #   and the autograd engine's where it has its own) waits for it; `ddp` and torch's DDP run none;
-# * the *blocking* stages (`simple`, `ga`, `hook`, `bucket`) send each message only once the training thread has
+# * the *blocking* stages (`simple`, `ga`, `hook`, `bucket`) send (*hand over*) each message only once the training thread has
 #   the one before it back: `simple` and `ga` after a backward, `hook` and `bucket` inside the step's last
 #   backward. The *asynchronous* ones (`hook-async`, `bucket-async`, `ddp`, torch's DDP) send theirs during the
-#   step's last backward and need them back only after its last gradient. In all but `simple` the backwards
-#   before the step's last send nothing: one sync a step.
+#   step's last backward and need them back only after its last gradient.
 #
-# The measures on this machine (CPU, gloo):
+# The measures here (CPU, gloo):
 #
-# * **compute**: a training thread inside an `aten::` operator, with a core or not (forward, backward, the
-#   optimizer, the stages' copies into and out of buckets);
+# * **compute**: a training thread inside an `aten::` operator, with a core or not (forward, backward, optimizer,
+#   bucket copies);
 # * **in flight**: one of gloo's threads inside a `gloo:*` range (the range is *open*): every collective, the
 #   messages, the parameter check and, in `ddp` and torch's DDP, a broadcast of the model's buffers;
-# * **non-compute** (HTA's name): the time in flight that is not compute: no training thread inside an operator;
-# * **overlap**: the share (%) of each stage's own time in flight that is compute too.
+# * **overlap**: the share (%) of each stage's own time in flight that is compute too;
+# * **non-compute** (HTA's name): the rest of in flight, (100 − overlap) % of it, so more overlap can still come with
+#   more non-compute.
 #
 # The caveat: a gloo range lasts from the moment gloo's thread picks the collective up until gloo marks it done,
 # which can be after the training thread has it back; it is also *held open* until the other rank joins the same
-# collective, and while gloo's thread has no core. The table and the figure do not show what held a range open (nor,
-# so, where a blocking stage's overlap comes from), nor whether a difference between two rows comes from their
-# stages: each row is one step, profiled at its own moment.
+# collective, and while gloo's thread has no core. A blocking stage's training thread runs no operator while it
+# waits: its overlap is compute after a collective is back, before gloo marks it done. Neither table nor figure shows
+# what held a range open, nor whether a difference between rows comes from their stages: each row is one step,
+# profiled at its own moment.
 
 # %%
 from IPython.display import display
@@ -107,63 +108,54 @@ from minddp.notebook import lesson, lesson_05
 RUN = lesson.trace_dir("05_reading_traces")
 result = analyze_run(RUN)
 zero = lesson_05.summary(result)  # rank 0's summary row of each stage but single
-shares = lesson_05.shares(zero)
-checked = lesson_05.checks(RUN, zero.index)  # per stage: its parameter checks' ranges and the rest of its ranges
-shares.insert(1, "of it, check (ms)", checked["check (ms)"].astype(float).round(1))
+checked = lesson_05.checks(RUN, zero.index)  # per stage: its parameter checks and the rest of its ranges
+shares = lesson_05.shares(zero, checked)  # "checks (ms)": the part of in flight in all the step's checks
 display(shares)
 blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "bucket-async", "ddp", "torch"]
-overlap, nc, fl = shares["overlap (%)"], shares["non-compute (ms)"], shares["in flight (ms)"]
+overlap = shares["overlap (%)"]
 above = overlap[asynchronous].min() > overlap[blocking].max()  # one profiled step each: said, not claimed
-pairs = [(a, b) for a in asynchronous for b in blocking if overlap[a] > overlap[b] and nc[a] > nc[b]]
-a, b = max(pairs, key=lambda p: nc[p[0]] - nc[p[1]], default=(None, None))  # the widest such pair
-lesson.say(
-    f"Overlap: {'every' if above else 'not every'} asynchronous stage above every blocking one"
-    + (
-        f", yet {a} has more non-compute than {b}: overlap is a share of a stage's own time in flight, {fl[a]} ms "
-        f"against {fl[b]} ms."
-        if pairs
-        else "."
-    )
-)
-ck = shares["of it, check (ms)"].drop(["ddp", "torch"])  # ddp and torch run no check
-sizes = {b for stage in ck.index for b in checked.loc[stage, "check bytes"]}
-lesson.claim(  # the same one-byte-a-parameter tensor in every stage
-    len(sizes) == 1
-    and all(checked.loc[stage, "check bytes"] for stage in ck.index)
-    and checked.loc[["ddp", "torch"], "check (ms)"].eq(0).all(),
-    f"Each parameter check, in every stage from simple to bucket-async, gathers the same {min(sizes, default=0)} "
-    "bytes a rank; ddp and torch run none.",
-)
-lesson.say(
-    f"So what varies in its range, {ck.min()} ms ({ck.idxmin()}) to {ck.max()} ms ({ck.idxmax()}), is how long it was "
-    "held open (the caveat), not its data; the range is part of in flight, and of non-compute where no operator ran."
+lesson.say(f"Overlap: {'every' if above else 'not every'} asynchronous stage above every blocking one.")
+tensors = lesson_05.tensors()
+runs = checked["check bytes"].map(len)  # the checks in the step
+k = lesson.SETTINGS.grad_accum
+lesson.claim(
+    runs["simple"] == k
+    and (runs[["ga", "hook", "hook-async", "bucket", "bucket-async"]] == 1).all()
+    and (runs[["ddp", "torch"]] == 0).all()
+    and all(b == tensors for sizes in checked["check bytes"] for b in sizes),
+    f"Each parameter check gathers {tensors} bytes a rank, one for each of the model's {tensors} parameter tensors; "
+    f"a step holds {k} in simple (one a sync; the checks column, part of in flight, adds them), 1 in ga to bucket-async, none in "
+    "ddp and torch.",
 )
 numel = lesson_05.rank0(result.buckets).groupby("stage")["numel"].apply(sorted)
 n_b, n_ba = len(numel["bucket"]), len(numel["bucket-async"])
 count = f"{n_b} messages each" if n_b == n_ba else f"{n_b} and {n_ba} messages"
 same = "the same" if numel["bucket"] == numel["bucket-async"] else "not the same"
-out = checked["outside the check (ms)"].astype(float)
+rest = shares["in flight (ms)"] - shares["checks (ms)"]
 lesson.say(
-    f"bucket and bucket-async hand over {count}, {same} sizes; outside the check their ranges were open "
-    f"{out['bucket']:.1f} and {out['bucket-async']:.1f} ms: in flight is how long ranges stay open, not how long "
+    f"bucket and bucket-async send {count}, {same} sizes; the rest of their in flight, outside the checks: "
+    f"{rest['bucket']:.1f} and {rest['bucket-async']:.1f} ms. In flight is how long ranges stay open, not how long "
     "their data takes."
 )
 
 # %% [markdown]
-# One row per profiled stage, one step each; `single`, on top, is the baseline with no messages. In each row:
+# One row per profiled stage, one step each, `single` on top. In each row:
 #
 # * the forward (pale) and backward (darker) band of each micro-batch, whatever the threads did in it: *forward*
 #   from the micro-batch's start to its first *autograd node*, *backward* from the first to the last autograd node
-#   (one gradient function's run; the autograd hooks run inside those nodes: the check, `hook`'s and `bucket`'s
-#   messages); a backward band ends before `loss.backward()` returns;
-# * a tick when a message was *handed over* to be sent;
+#   (one gradient function's run; the autograd hooks run inside those nodes: the check, and `hook`'s and `bucket`'s
+#   messages with their waits, which lengthen their last band); a backward band ends before `loss.backward()`
+#   returns. An orange bar under a band is not overlap: that needs an operator running, which the figure does not
+#   draw;
+# * a tick when a message was handed over;
 # * an orange bar while the message's gloo all_reduce range was open, held open included (the buffers' broadcast
-#   is not drawn). Ranges open at once
-#   (a blocking stage's too: the caveat) are drawn one below another, and each level's bars alternate two shades
-#   in the order they opened. A bar narrower than a pixel need not show;
+#   is not drawn). Ranges open at once (a blocking stage's too: the caveat) are drawn one below another, in two
+#   alternating shades; a bar narrower than a pixel need not show;
 # * each parameter check (hatched orange, white-edged) while its all_gather range was open; a short one need not
 #   show;
-# * the finish (purple; not in `single` or torch), where wide enough to see;
+# * the finish (purple; not in `single` or torch, empty in `ddp`), where wide enough to see. `ddp` and torch's DDP
+#   wait in an end-of-backward callback, after the last autograd node: in the blank between their last band and
+#   the optimizer step;
 # * the optimizer step (green) and the end of the step.
 
 # %%
@@ -195,7 +187,7 @@ lesson.claim(
 # ## The link run
 #
 # Its gradients' all_reduces go over `03_build_up`'s **emulated 1 Gbit/s link** (`minddp.comm.link`). Each rank has its
-# own link (its own thread, on the same cores), which carries its messages one at a time, in order, each from just after its
+# own link, which carries its messages one at a time, in order, each from just after its
 # hand-over (or once the link is free, if later); the real all_reduce runs beside the modeled transfer, and the link
 # delivers a message once both are done and every earlier one is delivered.
 # The two runs were taken at different moments: neither's times carry over to the other. Three measures
@@ -206,9 +198,9 @@ lesson.claim(
 #   `1gbit` preset's α = 50 µs and β = 8 ns a byte (1 Gbit/s); 2(n−1)·α is a message's fixed cost;
 # * **waited**: the length of the union, over a step's gradient messages, of the time from rank 0's first
 #   `wait()` on one (the call that returns once the message is delivered; a blocking stage calls it after each
-#   hand-over, so a transfer can start before it) to its delivery. The parameter check is not a message and is not counted;
+#   hand-over, so a transfer can start before it) to its delivery. The parameter check is not counted;
 # * **exposed**: the part of that union during which rank 0's link carried a transfer (the rest, waited − exposed,
-#   was a wait for the real all_reduce: the other rank or a core).
+#   last column, was a wait for the real all_reduce: the other rank or a core).
 
 # %%
 from minddp.comm.link import parse_link
@@ -218,10 +210,10 @@ linked, link = analyze_run(LINKED), parse_link("1gbit")
 on_link = lesson_05.link_table(linked, link)
 display(on_link)
 exposed = on_link["exposed (ms)"]  # one profiled step each: said, not claimed
-below = max(exposed["hook-async"], exposed["bucket-async"]) < exposed[["simple", "ga", "hook", "bucket"]].min()
+share = 100 * exposed / on_link["link time (ms)"]
 lesson.say(
-    f"Exposed: hook-async {exposed['hook-async']} ms, bucket-async {exposed['bucket-async']} ms, "
-    f"{'both below' if below else 'not both below'} every blocking stage."
+    f"Exposed is {share[blocking].min():.0f} to {share[blocking].max():.0f} % of link time in the blocking stages, "
+    f"{share['hook-async']:.0f} % in hook-async, {share['bucket-async']:.0f} % in bucket-async."
 )
 per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, link time (ms)
 sends, ms, nbytes = per["messages"], per["link time (ms)"], per["bytes"]
@@ -233,23 +225,8 @@ lesson.claim(  # 1e-9 of a link time: float rounding of sums of a few hundred te
     f"bucket-async's buckets send {fewer} fewer messages than hook-async, the same bytes: {saved:.1f} ms less link "
     "time (fixed costs).",
 )
-mib = lesson_05.message_bytes(linked)[lesson_05.rank0(linked.buckets)["stage"] == "bucket-async"] / 2**20
-lesson.say(  # bucket_plan closes a bucket at the parameter that takes it to the cap
-    f"A bucket closes once it holds {lesson.SETTINGS.bucket_cap_mb:g} MiB or more, so it can pass that cap by up to "
-    f"its last parameter: the largest here, {mib.max():.2f} MiB."
-)
-lead = {s: lesson_05.head_start(linked, s) for s in ["hook-async", "bucket-async"]}
-
-
-def fit(s):  # the link carries one message at a time, each from its hand-over at the earliest
-    if lead[s] >= ms[s]:
-        return f"time enough for its {ms[s]:.1f} ms of link time"
-    return f"{ms[s] - lead[s]:.1f} ms short of its {ms[s]:.1f} ms of link time, so at least that much came after it"
-
-
+gap = exposed["bucket-async"] - exposed["hook-async"]
+than = f"{abs(gap):.1f} ms {'more' if gap > 0 else 'less'} than" if gap else "the same as"
 lesson.say(
-    "Exposed also depends on when transfers start: from its first hand-over to the end of its last backward, "
-    f"hook-async had {lead['hook-async']:.1f} ms, {fit('hook-async')}; bucket-async, whose first bucket goes once "
-    f"all that bucket's gradients are ready, {lead['bucket-async']:.1f} ms, {fit('bucket-async')} (exposed counts "
-    "only from the first wait(), after the backward)."
+    f"Exposed counts only the link's work during a wait, not all its link time: bucket-async's is {than} hook-async's."
 )

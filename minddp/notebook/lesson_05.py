@@ -26,12 +26,14 @@ def summary(result) -> pd.DataFrame:
     return zero[zero["stage"] != "single"].set_index("stage")
 
 
-def shares(zero: pd.DataFrame) -> pd.DataFrame:
-    """The loopback table: in flight (ms), overlap (%) and non-compute (ms), each to 0.1."""
+def shares(zero: pd.DataFrame, checked: pd.DataFrame) -> pd.DataFrame:
+    """The loopback table: in flight (ms), the part of it in the step's parameter checks, all together (``checks``),
+    overlap (%) and non-compute (ms), each to 0.1."""
     return (
         pd.DataFrame(
             {
                 "in flight (ms)": zero["comm_time_per_step_us"] / 1e3,
+                "checks (ms)": checked["check (ms)"].astype(float).reindex(zero.index),
                 "overlap (%)": zero["comm_comp_overlap_pctg"],
                 "non-compute (ms)": zero["non_compute_time_us"] / 1e3,
             }
@@ -61,11 +63,14 @@ def checks(run: Path, stages) -> pd.DataFrame:
     return pd.DataFrame(rows).T
 
 
-def head_start(linked, stage: str) -> float:
-    """How long before the end of its step's last backward band rank 0 handed over the stage's first message, ms."""
-    p, b = rank0(linked.phases), rank0(linked.buckets)
-    end = p.loc[(p["stage"] == stage) & (p["phase"] == "backward"), "end_us"].max()
-    return float(end - b.loc[b["stage"] == stage, "ready_us"].min()) / 1e3
+def tensors() -> int:
+    """The model's trainable parameter tensors (``lesson.make_model``): a parameter check gathers one byte each."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tqdm's notice, on the model code's first import, that no widgets are here
+        model = lesson.make_model()
+    return sum(p.requires_grad for p in model.parameters())
 
 
 def step_ms(result) -> pd.Series:
@@ -140,10 +145,11 @@ def link_ms(linked, link, stage: str) -> float:
 
 
 def link_table(linked, link) -> pd.DataFrame:
-    """The link run's table (rank 0, one profiled step each): link time, waited and exposed (ms, to 0.1)."""
+    """The link run's table (rank 0, one profiled step each): link time, waited, exposed and waited − exposed (ms, to
+    0.1)."""
     stages = rank0(linked.summary)["stage"]
     waits = rank0(linked.per_step).groupby("stage")[["waited_us", "exposed_us"]].mean() / 1e3
-    return pd.DataFrame(
+    table = pd.DataFrame(
         {
             "link time (ms)": [link_ms(linked, link, st) for st in stages],
             "waited (ms)": waits["waited_us"].reindex(stages).to_numpy(),
@@ -151,6 +157,8 @@ def link_table(linked, link) -> pd.DataFrame:
         },
         index=pd.Index(stages.to_numpy()),
     ).round(1)
+    table["waited − exposed (ms)"] = (table["waited (ms)"] - table["exposed (ms)"]).round(1)  # of the rounded columns
+    return table
 
 
 def link_messages(linked, link) -> pd.DataFrame:
