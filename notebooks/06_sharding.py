@@ -32,8 +32,8 @@
 #   and all-reduced: its *replicated* tensors), and each decoder layer (a *unit*) is gathered for its
 #   forward and, all but the last, again for its backward.
 #
-# The notation is notebook 01's: n ranks, m bytes of a message or tensor, α the fixed cost of one
-# message, β the time per byte; *global batch* is notebook 02's word. A *step* is all its micro-batches' forwards and backwards and the
+# The notation is notebook 01's: n ranks, m bytes of a collective's tensor, α the fixed cost of one
+# *hop* (a point-to-point send), β the time per byte; *global batch* is notebook 02's word. A *step* is all its micro-batches' forwards and backwards and the
 # *update* at their end (the optimizer's `step()`). ddp, zero1 and zero2 send their gradients in
 # *buckets*, one collective per bucket; fsdp per unit and per replicated tensor.
 
@@ -87,7 +87,7 @@ show_source(ring_all_reduce)
 
 # %% [markdown]
 # What each costs on minddp's ring, in the α-β model: a reduce-scatter of m bytes (its input) or an
-# all-gather of m bytes (its output) is `n − 1` messages per rank, carrying `(n − 1)/n · m` bytes:
+# all-gather of m bytes (its output) is `n − 1` hops per rank, carrying `(n − 1)/n · m` bytes:
 # `(n − 1) α + (n − 1)/n · m β`; the all_reduce is the two. A *pass* is a reduce-scatter or an all-gather of the
 # whole model's float32 bytes: `(n − 1)/n` of those bytes sent per rank. Per step (the gradients are synced
 # once, in the last micro-batch's backward): DDP all-reduces the gradients, two passes; the ZeRO paper's
@@ -158,6 +158,7 @@ for name, t in trainees.items():
 # %%
 # %%rank 0
 import pandas as pd
+from minddp.notebook import lesson_06
 
 rows = {}
 for name, got in memory.items():
@@ -177,6 +178,13 @@ lesson.claim(
     and all(memory[s]["gradients"] < between[s] for s in ("zero2", "fsdp")),
     f"The gradients column is at the update: by a later micro-batch's forward every stage held whole gradients, "
     f"{mib(between['ddp'])}.",
+)
+buffers, sends = lesson_06.gather_buffers(trainees)  # planned: every bucket's (zero1, zero2), one unit's (fsdp)
+state = {s: sum(memory[s][k] for k in ("parameters", "gradients", "optimizer")) for s in STAGES}
+lesson.claim(
+    state["zero1"] + buffers["zero1"] > state["ddp"],
+    f"The table leaves out all-gather buffers: zero1's update adds {mib(buffers['zero1'])}, "
+    f"{mib(state['zero1'] + buffers['zero1'])} in all, above ddp's {mib(state['ddp'])} (last section).",
 )
 shown = table.round(3)
 # the update counters' bytes, which round(3) of MiB shows in some rows only
@@ -248,10 +256,11 @@ other = f16["activations"] - low  # every byte not saved in bf16, in any dtype, 
 in_norms = sum(b for (dtype, cls), b in by.items() if dtype == "float32" and cls.endswith("RMSNorm"))
 # in fp32 the bytes saved in bf16 here are twice as many and the others the same: the others keep it above half
 lesson.claim(
-    abs(2 * low + other - f32["activations"]) < 1e-3 * f32["activations"],
-    f"Its activations are {f16['activations'] / f32['activations']:.2f} times fp32 fsdp's, not half: "
-    f"{low / 2**20:.2f} MiB are saved in bf16, half their fp32 bytes, but {other / 2**20:.2f} MiB in other "
-    f"dtypes, {mib(in_norms)} of them float32 in the RMSNorms.",
+    abs(2 * low + other - f32["activations"]) < 1e-3 * f32["activations"] and in_norms > 0,
+    f"Its activations, {mib(f16['activations'])}, are {f16['activations'] / f32['activations']:.2f} times fp32 "
+    f"fsdp's {mib(f32['activations'])}, not half: {low / 2**20:.2f} MiB are saved in bf16, half their fp32 bytes, "
+    f"but {other / 2**20:.2f} MiB in other dtypes, {mib(in_norms)} of them float32 in the RMSNorms, which "
+    "normalize in float32.",
 )
 
 # %% [markdown]
@@ -349,6 +358,9 @@ formulas.round(2)
 # %%
 # %%distributed
 from minddp.sharding.zero1 import BUCKET_CAP_MB
+from minddp.stages.bucket_plan import MB
+
+assert MB == 2**20  # a cap in "MB" is read as MiB, as torch's DDP reads bucket_cap_mb
 
 zero = trainees["zero1"].optimizer
 name, p = next((n, p) for n, p in trainees["zero1"].model.module.named_parameters() if p.dim() == 2)
@@ -357,7 +369,8 @@ print(f"rank {rank}: chunk {rank} of {name} is its elements {start:,} to {end - 
 uncut = sum(zero.owned_whole(p) for p in zero.params)
 lesson.say(
     f"Parameter tensors left uncut (`owned_whole`): {uncut} of {len(zero.params)}. All-gather buckets of at most "
-    f"BUCKET_CAP_MB = {BUCKET_CAP_MB:g} MiB: {len(zero.buckets)}, for the model's {mib(model_bytes)}."
+    f"BUCKET_CAP_MB = {BUCKET_CAP_MB:g} (MiB, as torch's bucket_cap_mb): {len(zero.buckets)}, for the model's "
+    f"{mib(model_bytes)}."
 )
 
 # %% [markdown]
@@ -395,24 +408,16 @@ show_source(ZeroRedundancyOptimizer.step)
 
 # %%
 # %%rank 0
+from minddp.notebook import lesson_06
 from minddp.notebook.source import key_lines
 from minddp.sharding.hooks import reduce_scatter_hook
 from minddp.sharding.zero2 import Zero2DDP
 
-parts = [  # (part, method, a text that the line doing it holds)
-    ("part 1", "__init__", "self.shard[p] = nn.Parameter("),
-    ("part 2", "__init__", "self.comm_hook = reduce_scatter_hook"),
-    ("part 2", "_send_bucket", "flat = pack_rank_major("),
-    ("part 3", "_write_back", "shard.grad = chunk"),
-    ("part 4", "finish_gradient_synchronization", "self.stale = True"),
-    ("part 4", "gather_parameters", "wire.all_gather(gathered, block)"),
-    ("part 4", "__init__", "register_forward_pre_hook(lambda m, args, b=buckets"),
-]
-print(key_lines(Zero2DDP, parts) + "\n")
+print(key_lines(Zero2DDP, lesson_06.ZERO2_PARTS) + "\n")
 show_source(reduce_scatter_hook)
 
 # %% [markdown]
-# A stage's *look* is one step under the profiler, read in memory: its collectives, each with the moment the
+# A stage's *look* is one step under the profiler, its events read in Python: its collectives, each with the moment the
 # stage *handed it over* (its call into `torch.distributed`) and the bytes *given* to it (the tensors this rank
 # passed in). Its *gradient collectives* are those that sum gradients (fsdp's all_reduces of its replicated
 # tensors included); it counts the all-gathers of parameters apart. In these *gloo looks* a `Wire` with no
@@ -437,8 +442,8 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 #
 # The bytes given do not show what a reduce-scatter spares against an all_reduce. The four stages now
 # send through minddp's ring, plugged into each stage's `Wire` as its transport. The *ring table* is what rank 0 sent in one step of
-# new trainees (zero2's second, so that it starts by gathering; the others' first), by the collective the
-# message served. Bytes *sent* are not bytes *given*: a ring all_reduce sends `2(n − 1)/n` of the bytes it is given, the same number at these
+# new trainees (zero2's second, so that it starts by gathering; the others' first), by kind of collective; each
+# hop costs α besides. Bytes *sent* are not bytes *given*: a ring all_reduce sends `2(n − 1)/n` of the bytes it is given, the same number at these
 # n = 2 ranks only:
 
 # %%
@@ -473,11 +478,17 @@ lesson.claim(
     + "1.5 times.",
 )
 # one reduce-scatter pass, at most two gathering passes per micro-batch (the α-β count's bound); the replicated
-# tensors are all-reduced (2 (n - 1)/n of their bytes sent), which the bound's gathers of them more than cover
+# tensors are all-reduced (2 (n - 1)/n of their bytes sent), which the bound's gathers of them more than cover.
+# On the ring a reduce-scatter or an all-gather is n − 1 hops per rank, an all_reduce 2 (n − 1); the counts of
+# collectives are the gloo looks' (the ring's sends are no torch collectives), the same whatever the transport
+rd, rf = looks["ddp"], looks["fsdp"]
+hops = {"ddp": 2 * rd["calls"], "fsdp": rf["gathers"] + units + 2 * outside}
 lesson.claim(
-    total["fsdp"] <= fsdp_most,
-    f"fsdp sends {total['fsdp'] / 2**20:.2f} MiB a step, {total['fsdp'] / whole:.1f} times ddp's, within the "
-    f"bound's {mib(fsdp_most)}.",
+    total["fsdp"] <= fsdp_most and rd["calls"] == rd["buckets"] and rf["calls"] == units + outside,
+    f"fsdp sends {total['fsdp'] / 2**20:.2f} MiB a step, within the bound's {mib(fsdp_most)}: "
+    f"{total['fsdp'] / whole:.1f} times ddp's bytes in {hops['fsdp'] / hops['ddp']:.1f} times its hops, α each "
+    f"({hops['fsdp']} (n − 1) per rank from {rf['gathers']} all-gathers, {units} reduce-scatters and {outside} "
+    f"all_reduces; ddp's {hops['ddp']} (n − 1) from {rd['calls']} all_reduces, one per bucket).",
 )
 on_wire.round(2)
 
@@ -497,25 +508,10 @@ on_wire.round(2)
 
 # %%
 # %%rank 0
+from minddp.notebook import lesson_06
 from minddp.sharding.fsdp import FullyShardedDataParallel
 
-lines = [  # (part, method, a text that the line doing it holds)
-    ("part 1", "_make_units", "compat.parameter_dict(owner)[name] = shard"),
-    ("part 2", "_before_forward", "self._gather(unit)"),
-    ("part 2", "_before_forward", "self._prefetch(unit, +1)"),
-    ("part 2", "_before_forward", "Unshard.apply("),
-    ("part 3", "_after_forward", "unit.index == self.forward_order[-1]"),
-    ("part 3", "_after_forward", "self._free(unit)"),
-    ("part 3", "forward", "saved_tensors_hooks(lambda t: me()._pack(t), unpack)"),
-    ("part 4", "_unpack", "self._gather(unit)"),
-    ("part 4", "_unpack", "if unit.index not in self.backward_seen"),
-    ("part 4", "_unpack", "self._prefetch(unit, -1)"),
-    ("part 5", "_unit_backward_done", "if not self.sync_this_backward"),
-    ("part 5", "_unit_backward_done", "self.pending.append("),
-    ("part 6", "finish_gradient_synchronization", "split_block(future.wait()"),
-    ("part 6", "finish_gradient_synchronization", "shard.grad = piece.clone()"),
-]
-print(key_lines(FullyShardedDataParallel, lines))
+print(key_lines(FullyShardedDataParallel, lesson_06.FSDP_PARTS))
 
 # %%
 # %%distributed
@@ -538,10 +534,6 @@ lesson.claim(
     f["gathers"] == accum * (2 * units - 1),
     f"fsdp gathers its {units} units for each of the {accum} forwards and all but the last again for the "
     f"backward: {accum} × {2 * units - 1} = {f['gathers']} all-gathers a step.",
-)
-lesson.claim(
-    f["calls"] == units + outside,
-    f"fsdp's {f['calls']} gradient collectives: one per unit ({units}) and one per replicated tensor ({outside}).",
 )
 
 # %% [markdown]
@@ -612,65 +604,48 @@ lesson.say(
 #
 # Each *held* sum adds up rank 0's model state at one moment, activations aside, plus, for a stage gathering
 # then, its all-gathers' input and output tensors (planned by `all_gather_buffer_bytes`) and fsdp's full unit.
-# A sharded stage's saving depends on the moment.
 
 # %%
 # %%rank 0
-from minddp.notebook.lesson_06 import GATHERING, gather_buffers, held_sums
+from minddp.notebook.lesson_06 import GATHERING, gradients_now, held_sums
 
-buffers, sends = gather_buffers(trainees)  # planned: zero1's and zero2's for every bucket, fsdp's for one unit
 adds = {"ddp": 0, "zero1": buffers["zero1"], "zero2": buffers["zero2"], "fsdp": buffers["fsdp"] + one["full"]}
 held_at = held_sums(trainees, memory, between, adds)
 trade = pd.DataFrame({f"held {m}": h for m, h in held_at.items()})
 trade["added while gathering"] = pd.Series(adds)
-lesson.say(
-    "MiB on rank 0; the last column is held by "
-    + ", ".join(f"{' and '.join(g)} {m}" for m, g in GATHERING.items())
-    + "."
+lesson.claim(
+    not any(gradients_now(t) for t in trainees.values()),
+    "No stage holds gradients at a step's first forward: each update's `zero_grad(set_to_none=True)` freed them.",
 )
 recv = {s: buffers[s] - sends[s] for s in sends}  # output: zero1's and zero2's the whole model, padded
 lesson.claim(
     all(buffers[s] == (world + 1) * sends[s] for s in sends)
     and all(abs(recv[s] - model_bytes) < 1e-3 * model_bytes for s in ("zero1", "zero2"))
     and adds["fsdp"] == peak + sends["fsdp"],
-    "Added while gathering, output + input: "
+    "Added while gathering (the last column, MiB: zero1's at the update, zero2's at a step's first forward, fsdp's "
+    "at each forward), output + input: "
     + ", ".join(
         f"{s} {adds[s] / 2**20:.2f} = {recv[s] / 2**20:.2f} + {sends[s] / 2**20:.2f}" for s in ("zero1", "zero2")
     )
     + f"; fsdp {mib(adds['fsdp'])} = its gathered units' peak {mib(peak)} + the unit's all-gather input "
     f"{mib(sends['fsdp'])}, which that peak leaves out.",
 )
-first = list(GATHERING)[1]
-more = {s: [m for m in GATHERING if held_at[m][s] > held_at[m]["ddp"]] for s in STAGES[1:]}
-over = {s: held_at[m][s] - held_at[m]["ddp"] for s in more for m in more[s]}
 later = list(GATHERING)[2]
-lesson.claim(
-    more == {"zero1": ["at the update"], "zero2": [first], "fsdp": []}
-    and held_at[first]["zero2"] > held_at[first]["zero1"]
-    and all(h["fsdp"] < h[s] for h in held_at.values() for s in STAGES[:3]),
-    f"Against ddp at the same moment, zero1 holds {mib(over['zero1'])} more at the update, zero2 "
-    f"{mib(over['zero2'])} more {first} (more than zero1 too), fsdp less at each moment, the least of the four.",
-)
-# the trade: each stage's bytes sent on the ring (the ring table) beside the moments it holds less than ddp
-less = {s: [m for m in GATHERING if held_at[m][s] < held_at[m]["ddp"]] for s in STAGES[1:]}
+most = {s: max(h[s] for h in held_at.values()) for s in STAGES}  # each stage's largest held sum
+when = {s: " and ".join(m for m in GATHERING if held_at[m][s] == most[s]) for s in STAGES}
+
+
+def against_ddp(s):  # a largest held sum and the bytes sent on the ring (the ring table), each against ddp's
+    d = most[s] - most["ddp"]
+    sent = "ddp's bytes" if abs(total[s] - whole) < 1e-3 * whole else f"{total[s] / whole:.1f} times ddp's bytes"
+    more = f"{abs(d) / 2**20:.2f} {'more' if d > 0 else 'less'}" if d else "as much"
+    return f"{s} {most[s] / 2**20:.2f} {when[s]} ({more}; {sent} sent)"
+
+
 lesson.say(
-    "The trade against ddp, in the ring table's bytes sent and the held sums: "
-    + "; ".join(
-        f"{s} sends "
-        + ("ddp's bytes" if abs(total[s] - whole) < 1e-3 * whole else f"{total[s] / whole:.1f} times ddp's bytes")
-        + " and holds less "
-        + ("at each moment" if len(less[s]) == len(GATHERING) else " and ".join(less[s]) or "at no moment")
-        for s in STAGES[1:]
-    )
+    f"Largest held sum against ddp's {mib(most['ddp'])} ({when['ddp']}): "
+    + "; ".join(against_ddp(s) for s in STAGES[1:])
     + "."
-)
-# on the ring a reduce-scatter or an all-gather is n − 1 messages per rank, an all_reduce 2 (n − 1)
-messages = {"ddp": 2 * looks["ddp"]["calls"], "fsdp": f["gathers"] + units + 2 * outside}
-lesson.claim(
-    looks["ddp"]["calls"] == looks["ddp"]["buckets"] and f["calls"] == units + outside,
-    f"In the α-β cost each message costs α: ddp's {looks['ddp']['calls']} all_reduces (one per bucket) are {messages['ddp']} (n − 1) "
-    f"messages per rank a step, fsdp's {f['gathers']} all-gathers, {units} reduce-scatters and {outside} "
-    f"all_reduces {messages['fsdp']} (n − 1), {messages['fsdp'] / messages['ddp']:.1f} times as many.",
 )
 lesson.claim(  # every stage holds whole gradients between micro-batches (the memory table's claim)
     [m for m in GATHERING if held_at[m]["zero2"] < held_at[m]["zero1"]] == ["at the update"]
@@ -679,10 +654,18 @@ lesson.claim(  # every stage holds whole gradients between micro-batches (the me
     "gradients saves memory at the update only.",
 )
 act = {s: memory[s]["activations"] for s in STAGES}  # no stage shards what autograd saves
+kept = {s: memory[s]["parameters"] + memory[s]["optimizer"] for s in STAGES}  # held at every moment
+# in a micro-batch zero1 is ddp's wrapper with less optimizer state, and gathers nothing
 lesson.claim(
-    len(set(act.values())) == 1 and all(act["fsdp"] > h["fsdp"] for h in held_at.values()),
-    f"Each of the four stages, computing in fp32, saves {mib(act['ddp'])} of activations a forward (none shards "
-    "them), more than fsdp's held sum at any moment in the table.",
+    len(set(act.values())) == 1
+    and all(kept[s] + act[s] > most[s] for s in STAGES)
+    and kept["zero1"] < kept["ddp"]
+    and kept["ddp"] + act["ddp"] > most["zero1"],
+    f"Each stage, in fp32, also saves {mib(act['ddp'])} of activations a forward (none shards them), freed by its "
+    "backward; with its parameters and optimizer state alone ("
+    + ", ".join(f"{s} {kept[s] / 2**20 + act[s] / 2**20:.2f}" for s in STAGES)
+    + " MiB) they top its largest held sum. So counted, each peak is in a micro-batch, and zero1's, free of its "
+    "update's buffers, below ddp's.",
 )
 (trade / 2**20).round(2)
 

@@ -6,7 +6,9 @@ So that the notebook's cells show the idea and the verdicts, these functions rea
 * :func:`one_unit`: fsdp's first unit gathered alone, as a forward gathers it, and its bytes;
 * :func:`gather_buffers`: the planned all-gather buffers of zero1, zero2 and fsdp, and the send block in them;
 * :func:`held_sums`: rank 0's model state at three moments of a step, plus what gathering adds for a stage
-  gathering then (:data:`GATHERING`).
+  gathering then (:data:`GATHERING`);
+* :data:`ZERO2_PARTS`, :data:`FSDP_PARTS`: where :func:`minddp.notebook.source.key_lines` finds the line doing each
+  part of ``zero2``'s and ``fsdp``'s code.
 
 No time is measured here: every number is a count of bytes.
 """
@@ -22,6 +24,35 @@ GATHERING = {
     "at a step's first forward": ("zero2", "fsdp"),
     "at a later micro-batch's forward": ("fsdp",),
 }
+
+#: (part, method, a text that the line doing it holds) for :class:`minddp.sharding.zero2.Zero2DDP`
+ZERO2_PARTS = [
+    ("part 1", "__init__", "self.shard[p] = nn.Parameter("),
+    ("part 2", "__init__", "self.comm_hook = reduce_scatter_hook"),
+    ("part 2", "_send_bucket", "flat = pack_rank_major("),
+    ("part 3", "_write_back", "shard.grad = chunk"),
+    ("part 4", "finish_gradient_synchronization", "self.stale = True"),
+    ("part 4", "gather_parameters", "wire.all_gather(gathered, block)"),
+    ("part 4", "__init__", "register_forward_pre_hook(lambda m, args, b=buckets"),
+]
+
+#: the same for :class:`minddp.sharding.fsdp.FullyShardedDataParallel`
+FSDP_PARTS = [
+    ("part 1", "_make_units", "compat.parameter_dict(owner)[name] = shard"),
+    ("part 2", "_before_forward", "self._gather(unit)"),
+    ("part 2", "_before_forward", "self._prefetch(unit, +1)"),
+    ("part 2", "_before_forward", "Unshard.apply("),
+    ("part 3", "_after_forward", "unit.index == self.forward_order[-1]"),
+    ("part 3", "_after_forward", "self._free(unit)"),
+    ("part 3", "forward", "saved_tensors_hooks(lambda t: me()._pack(t), unpack)"),
+    ("part 4", "_unpack", "self._gather(unit)"),
+    ("part 4", "_unpack", "if unit.index not in self.backward_seen"),
+    ("part 4", "_unpack", "self._prefetch(unit, -1)"),
+    ("part 5", "_unit_backward_done", "if not self.sync_this_backward"),
+    ("part 5", "_unit_backward_done", "self.pending.append("),
+    ("part 6", "finish_gradient_synchronization", "split_block(future.wait()"),
+    ("part 6", "finish_gradient_synchronization", "shard.grad = piece.clone()"),
+]
 
 
 def one_unit(fsdp) -> dict[str, int]:
