@@ -58,7 +58,7 @@ lesson_07.print_phase_lines()
 # a toy task (`ToyTask`: an MLP regression, AdamW, and a 10 ms pause per attempt standing in for compute) on
 # gloo, torch's CPU backend. The settings:
 #
-# * `world_size=3`: the number of slots, not the world (the members' number, torch's `world_size`);
+# * `world_size=slots`: the number of slots (3), not the world (torch's `world_size`);
 # * `faults`: `kill@4:1`, slot 1 kills itself with SIGKILL (a signal no process can catch or outlive) in step 4
 #   after its forward, before its all_reduce;
 #   `raise@11:2`, slot 2's comm hook (the function that averages the gradients with an all_reduce, as in
@@ -85,12 +85,13 @@ lesson_07.print_phase_lines()
 from minddp.ft import ToyTask, launch_ft, parse_faults
 from minddp.notebook import lesson
 
+slots = 3  # launch_ft's world_size: the slots, not the world
 hang_s = 30.0  # the hang bound, in seconds
 full_world_at = (9,)
 run = launch_ft(
     ToyTask(compute_s=0.01),
     14,
-    world_size=3,
+    world_size=slots,
     faults=parse_faults("kill@4:1,raise@11:2"),
     hang_s=hang_s,
     full_world_at=full_world_at,
@@ -101,12 +102,13 @@ for line in run.report():
     print(line)
 
 # %% [markdown]
-# How the other members learn of each fault: their all_reduce fails (the errors are printed after the
-# timeline). Each member that caught an error (the raising slot, its own exception) drops its group (a garbage
-# collection, then the group's teardown), then votes no; the lighthouse discards the attempt on the first no
-# it reads, waiting for no other vote. The next quorum waits until every live slot has asked: the survivors
-# ask after they vote, and a killed slot stays live until the launcher records its exit. Then the step is
-# tried again: a new group, the work (the pause included), the votes.
+# How the other members learn of each fault: their all_reduce fails (printed after the timeline); after a
+# kill, when the kernel, ending the killed process, closes its connections. Each member that caught an error
+# (the raising slot, its own exception) drops its group (a garbage collection, then its teardown),
+# then votes no. The lighthouse decides on the votes it has read: it discards on the first no; a member lost
+# before voting makes a discard only once another's yes is in. The next quorum waits for the later of the
+# survivors' requests, made after they vote, and the launcher's record of a killed slot's exit. Then the step
+# is tried again: a new group, the work (the pause included), the votes.
 
 # %%
 from minddp.ft import fault_outcomes
@@ -117,8 +119,7 @@ lesson_07.print_recoveries(run, kill, raised, hang_s)
 
 # %% [markdown]
 # The kill's rejoin in parts. A `✓` line from `lesson.claim` is a **claim**: it holds on the run shown, or
-# the cell fails (the exercise checker returns verdicts, `✓` or `✗`, and raises on neither; the last code
-# cell asserts one).
+# the cell fails (the exercise checker's `✓` or `✗` is a verdict: it raises on neither).
 
 # %%
 lesson.claim(
@@ -140,9 +141,9 @@ print(run.timeline())
 #   and 2 then committed step 4 alone, as ranks 0 and 1 of a new group;
 # * slot 1's new process, freshly initialised, asked to train step 0, its peers a later step: it was
 #   healed, then trained their step with them (`H`), and from then on at world 3;
-# * in step 11 slot 2's comm hook raised before its all_reduce: slot 2's process stayed and dropped its
-#   group, slots 0 and 1's all_reduce failed though no process died, and the attempt was discarded on
-#   every member, then tried again by a new group of the same three slots.
+# * in step 11 slot 2's comm hook raised before its all_reduce: slots 0 and 1's all_reduce failed though
+#   no process died, and the attempt was discarded on every member, then tried again by a new group of the
+#   same three slots.
 
 # %%
 from minddp.notebook.lesson_07 import attempts, heals, in_a_new_group
@@ -191,7 +192,7 @@ lesson.claim(
 )
 lesson.claim(
     checks.discards_kept,
-    f"the {checks.discarded} discarded attempts changed nothing: in each, every surviving member's digest after it"
+    f"the {checks.discarded} discarded attempts changed nothing: each surviving member's digest after it"
     f" equals its *before* digest ({checks.discarded_entries} pairs, one per surviving member and attempt)",
 )
 
@@ -209,11 +210,11 @@ lesson.claim(
 # `check_shard` first calls your function twice, in this process, for each rank of worlds 3, 2 and 1 on a
 # 10-row batch, and names the first mistake: an exception, a return other than `(x[rows], y[rows])`, two calls
 # that disagree, or, where each row went to one rank, a rank with more than ceil(B / world) rows. Then it trains
-# a model of its own with it, by SGD (not `ToyTask`'s AdamW), on the `ft` rung (3 slots through `kill@2:1`: the
-# world goes 3 → 2 → 3) and compares the parameters with a single process trained the same way on each step's
-# whole batch; where they differ by more than the **tolerance**, 1e-4 times (1 + the single process's largest
-# absolute parameter value), it names the rows no rank trained, or two did, and at which world. Where they
-# match, it checks both rules on batches of 1 to 12 rows at worlds 3, 2 and 1.
+# a model of its own with it, by SGD, on the `ft` rung (3 slots through `kill@2:1`: the world goes 3 → 2 → 3)
+# and compares the parameters with a single process trained the same way on each step's whole batch; where
+# they differ by more than the **tolerance**, 1e-4 times (1 + the single process's largest absolute parameter
+# value), it names the rows no rank trained, or two did, and at which world. Where they match, it checks both
+# rules on batches of 1 to 12 rows at worlds 3, 2 and 1.
 
 # %%
 from minddp.exercises import check_shard
@@ -285,7 +286,7 @@ show_source(solutions.ft_shard)
 stops, evicted = {}, {}  # question 1: the hang bound -> the recovery from a frozen process, and its eviction
 for bound in (2.0, 1.0):
     stopped = launch_ft(
-        ToyTask(), 6, world_size=3, faults=parse_faults("stop@4:1"), hang_s=bound, restart=False, run_timeout_s=300
+        ToyTask(), 6, world_size=slots, faults=parse_faults("stop@4:1"), hang_s=bound, restart=False, run_timeout_s=300
     )
     o = stops[bound] = fault_outcomes(stopped)[0]
     evicted[bound] = lesson_07.evicted_s(stopped, o)  # s from the freeze to each eviction of its slot
@@ -313,7 +314,7 @@ try:  # question 2: every slot killed in the same step
     launch_ft(
         ToyTask(),
         6,
-        world_size=3,
+        world_size=slots,
         faults=parse_faults("kill@4:0,kill@4:1,kill@4:2"),
         hang_s=hang_s,
         restart_after_steps=1,

@@ -8,7 +8,8 @@ liveness and restarts in full):
    once every *live* slot has asked: the members are the slots that asked, sorted (a member's group
    rank is its index), under a new tag when the members changed or a step was discarded;
 2. **should_commit**: after its backward a rank posts ``vote/<slot>`` and waits for the decision:
-   ``commit`` once every member voted ok, ``discard`` as soon as one voted not ok or is no longer live.
+   ``commit`` once every member voted ok, ``discard`` as soon as one voted not ok or, the votes in all ok, one
+   that has not voted is no longer live (a lost member decides nothing before another's vote is in).
    One process decides, so a step counts on all ranks or on none.
 
 A slot is *live* while its heartbeat (``beat/<slot>``, every :data:`BEAT_S`) keeps changing within

@@ -83,10 +83,11 @@ def _slots(slots) -> str:
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms after the fault: for each member of the attempt that failed, the error it
-    caught and its vote, after it dropped its group; the kill's exit recorded by the launcher; the discard, with the
-    votes the lighthouse had read; the next quorum and the last request it answered; the retry's work and the commit.
-    Then how long the members took to drop their groups, and whether either recovery lasted the hang bound."""
-    drops = []  # ms from a member's error to its vote: the drop of its group
+    caught and its vote, after it dropped its group; the discard, with the votes the lighthouse had read; the kill's
+    exit recorded by the launcher, and which came last of it and the next quorum's requests (the quorum waits for
+    both); the next quorum; the retry's work and the commit; the recovery's shares before the first error, from it
+    to the discard, and after. Then whether either recovery lasted the hang bound."""
+    errors = []  # ms from its fault to each member's error, over both faults
     for o in (kill, raised):
         fired = o.fired
         print(f"{o.fault}, ms after it:")
@@ -100,14 +101,11 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
             for s, e in tried:  # the failed attempt's members that voted, by when they caught their error
                 vote = f"voted {'yes' if e['ok'] else 'no'} {ms(e['t_vote'] - fired)}"
                 if "t_error" in e:
-                    what = "caught its own fault's exception" if s == o.fault.slot else "caught an error"
+                    what = "raised" if s == o.fault.slot else "caught an error"
                     print(f"  slot {s} {what} {ms(e['t_error'] - fired)}, dropped its group, {vote}")
-                    drops.append(ms(e["t_vote"] - fired) - ms(e["t_error"] - fired))
+                    errors.append(ms(e["t_error"] - fired))
                 else:
                     print(f"  slot {s} {vote}")
-        if o.exit_s is not None:
-            print(f"  slot {o.fault.slot}'s exit recorded by the launcher {ms(o.exit_s)}")
-        if decision is not None:
             ok = {s: e["ok"] for s, e in tried}
             by = [[s for s in voters if ok.get(s) is v] for v in (False, True)]  # the no votes, the yes votes
             votes = " and ".join(
@@ -115,27 +113,39 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
                 for v, slots in zip(("no", "yes"), by)
                 if slots
             )
-            read = "the only vote it had read" if len(voters) == 1 else "all the votes it had read"
-            print(f"  attempt discarded {ms(o.discard_s)}, on {votes or 'no vote'}, {read}")
+            print(f"  attempt discarded {ms(o.discard_s)}, on {votes or 'no vote'}")
         asked, quorum = ms(asked_s(run, o)), ms(o.quorum_s)
-        last = "last request" + (" of the next quorum's members" if o is kill else "")  # defined where first printed
-        print(f"  {last} {min(asked, quorum)}, next quorum {quorum}")
+        asked = min(asked, quorum)
+        if o.exit_s is None:
+            print(f"  last request {asked}, next quorum {quorum}")
+        else:  # the quorum waits for both: the survivors' requests, and the launcher's record of the exit
+            exited, slot = ms(o.exit_s), o.fault.slot
+            order = (
+                f"slot {slot}'s exit recorded by the launcher {exited}, then the survivors' last request {asked}"
+                if exited <= asked
+                else f"the survivors' last request {asked}, then slot {slot}'s exit recorded by the launcher {exited}"
+            )
+            print(f"  {order}; next quorum {quorum}")
         work = retry_work_s(run, o)
-        retry = "" if work is None else f"work begun {ms(work[0])} (its new group built), work done {ms(work[1])}, "
-        print(f"  step {o.committed_step} tried again: {retry}committed {ms(o.recovery_s)}")
-    if drops:
-        span = f"{min(drops)} ms" if min(drops) == max(drops) else f"{min(drops)} to {max(drops)} ms"
-        print(f"From its error to its vote (dropping its group), each member took {span}.")
+        retry = "" if work is None else f"work begun {ms(work[0])}, work done {ms(work[1])}, "
+        total = ms(o.recovery_s)
+        print(f"  step {o.committed_step} tried again: {retry}committed {total}")
+        firsts = [] if decision is None else [ms(e["t_error"] - fired) for _, e in tried if "t_error" in e]
+        if firsts and total > 0:
+            first = min(firsts)
+            ends = (first, ms(o.discard_s), total)  # shares rounded at each end, so that they add up to 100%
+            cum = [0, *(round(100 * t / total) for t in ends)]
+            a, b, c = (cum[k + 1] - cum[k] for k in range(3))
+            print(f"  of its {total} ms, {a}% before any error, {b}% to the discard, {c}% after")
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
         print(
             " and ".join(f"the {o.fault.kind}'s" for o in late).capitalize() + " recovery lasted the hang bound or more"
         )
-    else:  # the all_reduce failed before its timeout, the hang bound: on the faulting process's closed connections
-        print(
-            f"Neither recovery waited for the {hang_s:g} s hang bound: the faulting process's connections closed, "
-            "failing its peers' all_reduce."
-        )
+    elif errors:  # no member waited for its collective's timeout (the hang bound)
+        print(f"Neither recovery lasted the {hang_s:g} s hang bound: every error came by {max(errors)} ms.")
+    else:
+        print(f"Neither recovery lasted the {hang_s:g} s hang bound.")
 
 
 def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
@@ -164,7 +174,11 @@ def print_rejoin(run, o, full_world_at: tuple[int, ...] = ()) -> None:
     )
     parts = [
         (start, f"until the launcher started slot {slot}'s new process"),
-        (startup, "its start-up, to its first quorum request"),
+        (
+            startup,
+            "its start-up (forked with torch imported, it connected to the lighthouse and built its model and"
+            " optimizer), to its first quorum request",
+        ),
         (rejoin - asked, f"from that request to step {o.healed_at}'s quorum"),
     ]
     for t, span in parts:
