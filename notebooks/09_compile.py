@@ -16,7 +16,7 @@
 # %% [markdown]
 # # 09 · Compiled: `torch.compile` with DDP
 #
-# Autograd runs the backward pass as *nodes*, here of two kinds. A parameter's `AccumulateGrad` node adds its gradient
+# Autograd runs the backward pass as *nodes* of two kinds. A parameter's `AccumulateGrad` node adds its gradient
 # into the parameter's `.grad`; `ddp` (minddp's `DistributedDataParallel`) hooks its *reducer* in there, which groups
 # the gradients into *buckets* and averages each bucket over the ranks with one `all_reduce`. A bucket closes at the
 # gradient that takes it to the *bucket cap* or past it. Every other node is a *gradient node*: it
@@ -39,7 +39,7 @@
 # whose last gradient a piece produces can then be handed over before the next piece's backward begins.
 #
 # `ddp` *rebuilds* its buckets once, in step 2, filling them in the order the gradients arrived in step 1. The figure
-# shows step 3's backward pass, the first step with neither a compile nor a rebuild in it, in three runs:
+# shows step 3's backward pass, with neither a compile nor a rebuild in it, in three runs:
 # eager (not compiled), compiled without the cut (`optimize_ddp = False`) and compiled with it. The model: an MLP of
 # 1 MiB layers without biases; the backend: `aot_eager` (torch's own kernels, none generated).
 
@@ -55,7 +55,7 @@ from torch import nn
 from minddp import DistributedDataParallel
 from minddp.notebook import lesson, lesson_09, nodes
 
-WIDTH, DEPTH, CAP, BACKEND = 512, 8, 2.0, "aot_eager"  # 1 MiB layers, buckets of 2 MiB
+WIDTH, DEPTH, CAP_MIB, BACKEND = 512, 8, 2.0, "aot_eager"  # 1 MiB layers, buckets of 2 MiB
 
 
 class MLP(nn.Module):
@@ -85,7 +85,7 @@ def one_step(compiled: bool, cut: bool = True):
     torch._dynamo.reset()  # every MLP shares Dynamo's compiled code (one class): compile each run anew, its cut too
     torch._dynamo.config.optimize_ddp = cut
     model = MLP()
-    ddp = DistributedDataParallel(torch.compile(model, backend=BACKEND) if compiled else model, bucket_cap_mb=CAP)
+    ddp = DistributedDataParallel(torch.compile(model, backend=BACKEND) if compiled else model, bucket_cap_mb=CAP_MIB)
     view = lesson_09.third_step(ddp, model, batches(), loss_fn)  # the step's autograd nodes and hand-overs
     torch._dynamo.config.optimize_ddp = True
     return ddp, view
@@ -109,16 +109,16 @@ lesson.claim(
 # %% [markdown]
 # ## The backward pass of each run
 #
-# Read it for orders, not timings. Pale, where no bar covers a row, is the loss's nodes and the time between nodes.
-# A green span is one or more AccumulateGrad nodes back to back. A node with a tick holds, before it, the gradient's
-# accumulation and the reducer's copy of the bucket into its buffer, scaled by 1/ranks; from it on, the `all_reduce`
-# call, which returns without waiting for the sum, then the reducer's bookkeeping and any later bucket's hand-over. The
-# cell prints each row's share in these, and each run's buckets, filled in its step 1 arrival order: without the cut,
-# the order autograd runs the AccumulateGrad nodes after the one gradient node.
+# Read it for orders, not timings: nothing here measures why a bar or gap has its length. Pale, where no bar covers a
+# row, is the loss's nodes and time between nodes. Each green span, edged dark, is one AccumulateGrad node. At a tick,
+# the reducer calls its process group's `all_reduce`, which queues the sum for gloo's thread and returns; the reducer
+# waits for the sums once the last node has run (`Reducer.wait_and_write_back`).
 
 # %%
 # %%distributed
-title = f"ddp on rank 0, buckets of {CAP:g} MiB: the third step's backward pass of each run, scaled to its own length"
+title = (
+    f"ddp on rank 0, buckets of {CAP_MIB:g} MiB: the third step's backward pass of each run, scaled to its own length"
+)
 nodes.picture(looks, title)  # rank 0 draws
 # orders of events, not timings: without the cut every tick comes in an AccumulateGrad node, which runs once
 # the graph's one gradient node, the last gradient node, has produced its gradient
@@ -130,7 +130,7 @@ lesson.claim(
     and all(after[label][:-1] == [True] * (len(after[label]) - 1) and not after[label][-1] for label in ("eager", CUT)),
     "A gradient node ended after each hand-over but the last with the cut and in eager; after none without it.",
 )
-# the cut moves the hand-overs and keeps their count; the layers in each bucket are printed below, per run
+# the cut moves the hand-overs and keeps their count; which layers each bucket holds: "The pieces and the buckets"
 lesson.claim(
     after[NO_CUT] != after[CUT] and len({v["calls"] for v in looks.values()}) == 1,
     f"The cut changed when buckets were handed over, not how many ({looks[CUT]['calls']} per run).",
@@ -140,19 +140,6 @@ lesson.claim(
     all(all(v["inside_accumulate"]) for v in looks.values()),
     "Every hand-over came inside an AccumulateGrad node.",
 )
-# each run's buckets, in hand-over order, each as its layers' numbers (sorted); compared with eager's
-layer = {label: [sorted(int(n.split(".")[1]) for n in b) for b in v["buckets"]] for label, v in looks.items()}
-for label, groups in layer.items():
-    same = "" if label == "eager" else ("; as eager's" if groups == layer["eager"] else "; not as eager's")
-    lesson.say(f"{label}, buckets 0 to {len(groups) - 1}: layers " + ", ".join(map(str, groups)) + same)
-# measured, not checked: the AccumulateGrad nodes' time in % of the row, split at each node's first all_reduce call
-for label, v in looks.items():
-    row, ticks = v["row"], v["tick_nodes"]
-    green = sum(e - s for s, e in row["accumulate"])
-    before, call, later = (sum(part[k] for part in ticks) for k in range(3))
-    parts = [f"{100 * x / row['end']:.0f}%" for x in (green, before, call, later, green - before - call - later)]
-    lesson.say(f"{label}: AccumulateGrad nodes {parts[0]} of the row; the {len(ticks)} with a tick: {parts[1]} "
-               f"before their tick, {parts[2]} in the call, {parts[3]} after it; the others: {parts[4]}")  # fmt: skip
 
 
 # %% [markdown]
@@ -160,17 +147,20 @@ for label, v in looks.items():
 #
 # Each piece records one gradient node, `CompiledFunctionBackward`. The cell lists the pieces of the run compiled
 # with the cut (of one more forward) in the order the backward pass runs them, each as its layers in the forward's
-# order, not by arrival.
+# order.
 #
-# Dynamo cuts only if torch's DDP's class attribute `_active_ddp_module` holds a module when it compiles; it reads the
-# bucket cap from its `bucket_bytes_cap` and caps piece 0 at the global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`.
-# While its module runs compiled, minddp's `ddp` sets the attribute to a stand-in carrying its bucket cap, and the
-# global to that cap (`compat.ddp_optimizer_caps`), so piece 0 closes at the bucket cap, as bucket 0 does.
+# Dynamo cuts only if torch's DDP's class attribute `_active_ddp_module` is set when it compiles (torch's DDP sets it);
+# it reads the bucket cap from its `bucket_bytes_cap` and caps piece 0 at the global
+# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp` sets the attribute to
+# a stand-in holding only its bucket cap, and the global to that cap (`compat.ddp_optimizer_caps`), so piece 0 closes
+# at the bucket cap, as bucket 0 does.
 #
 # Why a bucket is handed over before the next piece's backward: when the piece's gradient node ends, its gradients'
 # `AccumulateGrad` nodes and the next piece's gradient node are all ready to run, and autograd's queue of ready
 # nodes runs first the node of highest *sequence number* (the forward numbers the nodes it records in order); an
-# `AccumulateGrad` node's is set to the largest there is (`torch/csrc/autograd/node.h`).
+# `AccumulateGrad` node's is set to the largest there is (`torch/csrc/autograd/node.h`). Among nodes of one number the
+# queue, a heap (`engine.h`), keeps no order: uncut, the eight AccumulateGrad nodes, ready together when the one
+# gradient node ends, fill the buckets in the heap's order. The cell prints each run's buckets' layers in arrival order.
 
 
 # %%
@@ -185,8 +175,10 @@ size = nodes.parameter_bytes(ddp.module)  # each parameter's bytes, by its name 
 # bucket i and piece i hold the same parameters, every parameter once, each bucket at the cap
 same = len(pieces) > 1 and [sorted(b) for b in buckets] == [sorted(p) for p in pieces]
 lesson.claim(
-    same and sorted(sum(buckets, [])) == sorted(size) and all(sum(size[n] for n in b) == CAP * 2**20 for b in buckets),
-    f"Bucket i holds piece i's gradients: {CAP:g} MiB, the bucket cap.",
+    same
+    and sorted(sum(buckets, [])) == sorted(size)
+    and all(sum(size[n] for n in b) == CAP_MIB * 2**20 for b in buckets),
+    f"Bucket i holds piece i's gradients: {CAP_MIB:g} MiB, the bucket cap.",
 )
 runs = {label: looks[label]["pieces_run"] for label in (NO_CUT, CUT)}
 lesson.claim(
@@ -199,6 +191,16 @@ lesson.claim(
     ended == begun == list(range(1, len(buckets) + 1)),  # bucket i: after piece i ended, before piece i + 1 began
     "Bucket i was handed over after piece i's backward ended, before any later piece's began.",
 )
+# each run's buckets, in hand-over order, each as its layers' numbers in step 1's arrival order; uncut, compared with
+# eager's (with the cut, the claim below compares)
+layers = {label: lesson_09.layer_numbers(v["buckets"]) for label, v in looks.items()}
+pairs = {label: [set(g) for g in groups] for label, groups in layers.items()}  # each bucket's layers, in any order
+for label, groups in layers.items():
+    note = "" if label != NO_CUT else "; eager's layers" if pairs[label] == pairs["eager"] else "; not eager's layers"
+    lesson.say(f"{label}, buckets 0 to {len(groups) - 1}: layers {', '.join(map(str, groups))}{note}")
+# autograd's order, not a timing: a ready AccumulateGrad node runs first (markdown above), in eager after its layer's
+# gradient node, with the cut after its piece's
+lesson.claim(pairs[CUT] == pairs["eager"], "With the cut, each bucket took eager's layers.")
 
 # %% [markdown]
 # ### Your turn: after which piece is each bucket handed over?
@@ -234,13 +236,12 @@ print(check_handover(solutions.handed_over_after))
 # %% [markdown]
 # ## A bucket cap of 0.5 MiB, with either pattern
 #
-# Under torch's DDP, DDPOptimizer's cap for piece 0, `_DEFAULT_FIRST_BUCKET_BYTES`, must not be
-# above the bucket cap. The cell tries each wrapper at a bucket cap below that
-# default, on an MLP of two 1 MiB layers, with each pattern: nanoGPT's and `torch.compile(DDP(model))`. At a *graph
-# break* Dynamo ends a graph, runs Python and starts a new one; Dynamo's cut into pieces is not a graph break.
-# Printed: the error raised (its "bucket" is Dynamo's piece), or a training step's graph breaks and one more forward's
-# pieces; each step is checked against one eager `ddp` step on the same model and batch, allowing for rounding from
-# summing in another order.
+# Under torch's DDP, DDPOptimizer's cap for piece 0, `_DEFAULT_FIRST_BUCKET_BYTES`, must not be above the bucket
+# cap. The cell tries each wrapper at a bucket cap below it, on an MLP of two 1 MiB layers, with each pattern:
+# nanoGPT's and `torch.compile(DDP(model))`. At a *graph break* Dynamo ends a graph, runs Python and starts a new one;
+# Dynamo's cut into pieces is not a graph break. Printed: the error raised (its "bucket" is Dynamo's piece), or a
+# training step's graph breaks and one more forward's pieces; each step is checked against one eager `ddp` step on the
+# same model and batch, allowing for rounding from summing in another order.
 
 
 # %%
@@ -248,18 +249,18 @@ print(check_handover(solutions.handed_over_after))
 import logging
 
 logging.getLogger("torch._dynamo").setLevel(logging.ERROR)  # no warning that it ignores torch DDP's profiler range
-SMALL = 0.5  # MiB
+SMALL_MIB = 0.5
 torch_first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20  # MiB: Dynamo's piece 0 under torch's DDP
 wrappers = {"torch's DDP": torch.nn.parallel.DistributedDataParallel, "minddp's ddp": DistributedDataParallel}
 # each wrapper with each pattern: one training step on MLP(depth=2), printed; what the claims check, returned
 theirs, ours = (
-    lesson_09.both_patterns(who, wrapper, lambda: MLP(depth=2), next(batches()), loss_fn, SMALL, BACKEND)
+    lesson_09.both_patterns(who, wrapper, lambda: MLP(depth=2), next(batches()), loss_fn, SMALL_MIB, BACKEND)
     for who, wrapper in wrappers.items()
 )
 cut_file = "torch/_dynamo/backends/distributed.py"  # where Dynamo's DDPOptimizer, the cut, lives
 lesson.claim(
-    torch_first > SMALL and theirs["raised"] == [("AssertionError", cut_file)] * 2,
-    f"Dynamo's cut refused torch's DDP at {SMALL:g} MiB, below DDPOptimizer's {torch_first:g} MiB cap for piece 0.",
+    torch_first > SMALL_MIB and theirs["raised"] == [("AssertionError", cut_file)] * 2,
+    f"Dynamo's cut refused torch's DDP at {SMALL_MIB:g} MiB, below DDPOptimizer's {torch_first:g} MiB cap for piece 0.",
 )
 lesson.claim(
     ours["breaks"] == [0, 0] and min(ours["pieces"]) > 1 and ours["apart"] <= ours["bound"],
@@ -272,8 +273,8 @@ lesson.claim(
 #
 # * The model compiled, then wrapped (nanoGPT's pattern): with the cut, as in eager, a gradient node ended after each
 #   bucket's hand-over but the last, the order those buckets' `all_reduce`s need to run
-#   while gradients are still computed; without it, none did. Each run's buckets follow its own arrival order; whether
-#   their layers differ from eager's is printed above the figure.
+#   while gradients are still computed; without it, none did. With the cut, each bucket took eager's layers; uncut,
+#   they came in the order autograd's queue gives eight tied AccumulateGrad nodes.
 #
 # * At a bucket cap of 0.5 MiB, Dynamo's cut refused torch's DDP with either pattern: DDPOptimizer's cap for
 #   piece 0 is above the bucket cap. minddp's `ddp`, which sets that cap to its bucket cap, took one step with both,

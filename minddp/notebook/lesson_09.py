@@ -5,9 +5,9 @@
 what happened: the refusal torch raised, or Dynamo's count of graph breaks in the step and the compiled pieces of one
 more forward, each piece in brackets. It returns what the notebook's claims check, with how far the trained
 parameters lie from eager ddp's (:func:`flat` is that comparison's vector, :func:`rounding_bound` the distance a
-change in the order of a sum's rounding can explain). :func:`third_step` runs each of the figure's runs. The notebook
-keeps its claims in its cells; these only compute and print. The notebook's other plumbing (its step's autograd
-nodes, the figure) is :mod:`minddp.notebook.nodes`.
+change in the order of a sum's rounding can explain). :func:`third_step` runs each of the figure's runs,
+:func:`layer_numbers` names their buckets' layers. The notebook keeps its claims in its cells; these only compute
+and print. The notebook's other plumbing (its step's autograd nodes, the figure) is :mod:`minddp.notebook.nodes`.
 
 Example (one rank here; notebook 09 runs it on every rank): two layers of 16 KiB, a cap below one layer, so
 one compiled piece per layer::
@@ -64,6 +64,16 @@ def third_step(ddp, model, data, loss_fn) -> dict:
     view = nodes.node_view(prof, drawn)
     view.update(buckets=nodes.bucket_names(ddp), params=flat(model), moved=moved, compiled=compiled, rebuilt=rebuilt)
     return view
+
+
+def layer_numbers(buckets: list[list[str]]) -> list[list[int]]:
+    """Each bucket of :func:`~minddp.notebook.nodes.bucket_names` as its layers' numbers, in the bucket's order
+    (a name ``layers.<i>.weight`` gives ``i``).
+
+    >>> layer_numbers([["layers.7.weight", "layers.6.weight"], ["layers.5.weight"]])
+    [[7, 6], [5]]
+    """
+    return [[int(name.split(".")[1]) for name in bucket] for bucket in buckets]
 
 
 def flat(model) -> torch.Tensor:

@@ -7,7 +7,7 @@ node*; a compiled piece's gradient node is ``CompiledFunctionBackward``. :func:`
 ``train_step`` under :func:`minddp.analysis.live.profiler` that way, on top of
 :func:`~minddp.analysis.live.step_view`; :func:`picture` draws the three runs' backward passes, each scaled to its
 own length (:func:`in_percent`), with the gradient nodes and the ``AccumulateGrad`` nodes as bars and the handovers
-as ticks; :func:`bucket_names`,
+as ticks (each ``AccumulateGrad`` node edged dark, so the shortest show); :func:`bucket_names`,
 :func:`node_names`, :func:`parameter_bytes`, :func:`compiled_pieces` and :func:`refusal` keep the notebook's
 plumbing out of its cells.
 
@@ -29,8 +29,6 @@ Example (one rank here; notebook 09 runs it on every rank): two layers of 0.25 M
     (2, [True, True])
     >>> view["node_after_handover"]    # the first layer's backward ended after the first bucket, no node after the last
     [True, False]
-    >>> len(view["tick_nodes"]), all(min(parts) >= 0 for parts in view["tick_nodes"])  # a node per bucket here
-    (2, True)
 """
 
 from __future__ import annotations
@@ -58,8 +56,6 @@ def node_view(prof, drawn: set[str] | None = None) -> dict:
     * ``node_after_handover``: for each handover, in order, whether a gradient node ended after it (was still
       running then, or began after);
     * ``inside_accumulate``: for each handover, whether it fell inside an ``AccumulateGrad`` node's range;
-    * ``tick_nodes``: the ``AccumulateGrad`` nodes that handed a bucket over, each as its ms before its first
-      handover's call, in that call, and after it to the node's end;
     * ``pieces_run``: how many compiled pieces' gradient nodes ran; ``pieces_ended_at_handover`` and
       ``pieces_begun_at_handover``: for each handover, how many of them had ended, and begun, by then.
     """
@@ -79,14 +75,6 @@ def node_view(prof, drawn: set[str] | None = None) -> dict:
     view["inside_accumulate"] = [
         any(e.time_range.start <= t <= e.time_range.end for e in accumulate) for t in handovers
     ]
-    holding = {}  # each AccumulateGrad node with a handover in it -> its first handover's call
-    for call in sorted((e for e in events if e.name == live.CALL), key=lambda e: e.time_range.start):
-        for e in accumulate:
-            if e.time_range.start <= call.time_range.start <= e.time_range.end:
-                holding.setdefault(id(e), (e, call.time_range.start, min(call.time_range.end, e.time_range.end)))
-    view["tick_nodes"] = sorted(
-        ((t - e.time_range.start) / 1e3, (u - t) / 1e3, (e.time_range.end - u) / 1e3) for e, t, u in holding.values()
-    )
     view["pieces_run"] = len(pieces)
     view["pieces_ended_at_handover"] = [sum(e.time_range.end <= t for e in pieces) for t in handovers]
     view["pieces_begun_at_handover"] = [sum(e.time_range.start <= t for e in pieces) for t in handovers]
@@ -160,8 +148,9 @@ def refusal(error: BaseException) -> str:
 WORDS = {"backward": "the model's gradient nodes", "handed to the wire": "a bucket handed over"}
 #: the pale bar's legend: the whole pass, seen where no bar is drawn
 PALE = "the rest of the backward pass"
-#: the ``AccumulateGrad`` nodes' bars: their legend and colour (a green no other bar of the figure has)
-ACCUMULATE, ACCUMULATE_COLOR = "the AccumulateGrad nodes", "#74c476"
+#: the ``AccumulateGrad`` nodes' bars: their legend and colour (a green no other bar of the figure has), and the darker
+#: green of each bar's edge, so that a node too short to fill a pixel still shows as a line
+ACCUMULATE, ACCUMULATE_COLOR, ACCUMULATE_EDGE = "the AccumulateGrad nodes", "#74c476", "#238b45"
 
 
 def in_percent(row: dict) -> dict:
@@ -192,7 +181,10 @@ def picture(looks: dict, title: str):
     for y, look in enumerate(looks.values()):
         ax.broken_barh([(0, 100)], (y - 0.40, 0.40), facecolors="#e6e6e6", zorder=0.5, label=PALE)
         spans = [(s, e - s) for s, e in look["row"]["accumulate"]]
-        ax.broken_barh(spans, (y - 0.40, 0.40), facecolors=ACCUMULATE_COLOR, linewidth=0, label=ACCUMULATE)
+        ax.broken_barh(
+            spans, (y - 0.40, 0.40), facecolors=ACCUMULATE_COLOR, edgecolors=ACCUMULATE_EDGE, linewidth=0.8,
+            label=ACCUMULATE,
+        )  # fmt: skip
     ax.set_xlabel("% of the row's backward pass, from its first node's start to its last node's end", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     named = {WORDS.get(label, label): h for label, h in zip(labels, handles) if not label.startswith("_")}
