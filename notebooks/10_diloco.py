@@ -27,7 +27,8 @@
 #    weights back, and let an *outer* optimizer (SGD with Nesterov momentum) step with it (`minddp.DiLoCo`);
 # 3. **Streaming DiLoCo** (Douillard et al., 2025, arXiv 2501.18512): the model in *fragments* that sync one
 #    after another, each fragment's message handed over τ inner steps before the step that applies it; the
-#    replica trains on from a mix (α) of synced and local weights.
+#    replica trains on from a mix of synced and local weights, α the local ones' share (notebook 01's α, a
+#    hop's fixed cost, is here the link's *latency*).
 #
 # The task is the one *the bench* measures (`python -m minddp.bench.convergence`): language modelling of a
 # Markov chain. Its **entropy floor** (the lowest loss any model can reach) is known exactly, and
@@ -126,8 +127,7 @@ print(doc.split("a few left out::")[1].split("Example")[0].rstrip())
 
 # %% [markdown]
 # One run of local SGD and of DiLoCo on the two ranks, DDP beside them, from the same start
-# on the same chains (300 steps, H = 10), scoring the expected loss of DDP's
-# weights, local SGD's last average (before its first sync, rank 0's own weights), DiLoCo's synced weights:
+# on the same chains (300 steps, H = 10), and the payload each handed over:
 
 # %%
 # %%distributed
@@ -135,23 +135,23 @@ from minddp.bench.convergence import train_config
 
 runs = {name: train_config(name, task, seed=0, steps=300, batch=32, lr=3e-3, eval_every=100) for name in
         ("ddp", "local-sgd-h10", "diloco-h10")}  # fmt: skip
-lesson.say("after 300 steps: expected loss, payload bytes")
+lesson.say("after 300 steps, payload bytes:")
 for name, run in runs.items():
-    lesson.say(f"{name:>14}: {run['loss'][-1]:.4f}, {int(run['bytes'][-1]):>10,} bytes")
+    lesson.say(f"{name:>14}: {int(run['bytes'][-1]):>10,}")
 lesson.claim(
     runs["ddp"]["bytes"][-1] == 10 * runs["diloco-h10"]["bytes"][-1] == 10 * runs["local-sgd-h10"]["bytes"][-1],
     "with H = 10 both rungs send exactly 10 times fewer bytes than DDP",
 )
 
 # %% [markdown]
-# That is one *seed* (a start and chains that every run shares) on 2 replicas; the comparisons
-# below are of the bench's means: 2000 steps on 4 replicas, 5 seeds, its committed results read
-# (`docs/diloco/convergence.json`). Its
+# The comparisons below are of the bench's means: 2000 steps on 4 replicas, 5 *seeds* (a seed: a start and
+# chains that every run shares), its committed results read (`docs/diloco/convergence.json`). Its
 # runs: `ddp`; `single` (a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100);
 # `diloco-h100-lrL` (outer lr L; not plotted);
 # `streaming-h100` (H = 100, 2 fragments, τ = 5, α = 0.5; its syncs are
-# *fragment syncs*, one fragment's each, 2 every H steps). Each is trained as the run above, scored every 50 steps (streaming
-# DiLoCo: each fragment scored as of its last sync).
+# *fragment syncs*, one fragment's each, 2 every H steps). Each is trained as the run above and scored every 50
+# steps by the expected loss of DDP's weights, local SGD's last average (before its first sync, rank 0's own
+# weights), DiLoCo's synced weights (streaming DiLoCo: each fragment as of its last sync).
 #
 # The figure plots the mean over the seeds of DDP and
 # the runs at H = 10 and 100 against the steps (left) and the payload each replica handed over (right: the
@@ -249,7 +249,27 @@ outer_lr = {n: results["configs"][n]["outer"]["lr"] for n in ("diloco-h100", *sw
 lesson.claim(
     all(min(final(n)) > max(final("single")) for n in outer_lr),
     "but DiLoCo at H = 100 ends worse than one replica alone, in every seed, at every outer lr tried: "
-    + ", ".join(f"{lr:g} ({n})" for n, lr in sorted(outer_lr.items(), key=lambda item: item[1])),
+    + ", ".join(
+        f"{lr:g}" + " (diloco-h100)" * (n == "diloco-h100")
+        for n, lr in sorted(outer_lr.items(), key=lambda item: item[1])
+    ),
+)
+by_mean = sorted(outer_lr, key=lambda n: statistics.mean(final(n)))  # the outer lrs tried, lowest final mean first
+best, rival = by_mean[0], (by_mean[1] if by_mean[0] == "diloco-h100" else "diloco-h100")  # against the default 0.7
+apart_lr = spread[best][1] < spread[rival][0]  # every seed of the lowest below every seed of the other
+
+
+def lr_of(n):  # the outer lr as printed, the default named
+    return f"{outer_lr[n]:g}" + " (the default)" * (n == "diloco-h100")
+
+
+lesson.say(
+    f"of those, {lr_of(best)} ended lowest on average; "
+    + (
+        f"each of its seeds below each seed of {lr_of(rival)}"
+        if apart_lr
+        else f"its seeds' range overlaps that of {lr_of(rival)}, so these {len(final(best))} seeds do not order the two"
+    )
 )
 higher = {r: round(statistics.mean(final(f"{r}-h100")), 4) - round(statistics.mean(final(f"{r}-h10")), 4)
           for r in ("diloco", "local-sgd")}  # fmt: skip
@@ -341,8 +361,8 @@ print(check_outer_sync(solutions.outer_sync))
 # one large tensor makes them unequal. Each fragment's pseudo-gradient leaves `fragment_sync_delay` (τ) inner steps
 # *before* its turn ends; at the turn's end the
 # outer step uses it, its result is kept as the new synced weights, and the replica goes on training from
-# `(1 − α)·synced + α·local` (`fragment_update_alpha`). Here K counts fragments and α mixes weights (notebook 01's
-# α is a hop's fixed cost, 06's K the bytes of optimizer state per parameter). `diloco.py`'s items 4 to 6:
+# `(1 − α)·synced + α·local` (`fragment_update_alpha`). Here K counts fragments (06's K counted bytes of
+# optimizer state per parameter). `diloco.py`'s items 4 to 6:
 
 # %%
 print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rstrip())
@@ -422,12 +442,6 @@ def step_of(i):  # the inner step (counted from the run's first) whose optimizer
 
 
 sizes = [sum(p.numel() * p.element_size() for p in fragment) for fragment in streamed.fragments]
-biggest = max(model.parameters(), key=lambda p: p.numel())
-holder = next(i for i, fragment in enumerate(streamed.fragments) if any(p is biggest for p in fragment))
-weight = f"{'×'.join(map(str, biggest.shape))} weight ({biggest.numel() * biggest.element_size() / 1e3:.1f} kB)"
-lesson.say(
-    "the fragments: " + " and ".join(f"{n / 1e3:.1f} kB" for n in sizes) + f"; fragment {holder} holds the {weight}"
-)
 lesson.claim(
     len(sends) == len(applies) == FRAGMENTS and all(step_of(a) - step_of(s) == TAU for s, a in zip(sends, applies)),
     f"each fragment was applied τ = {TAU} steps after the step that handed it over",
@@ -449,27 +463,39 @@ for m, sent, s, a in zip(link.log, row["sent"], sends, applies):
     # rounded as printed first, so that the printed numbers add up: the modeled end, then the delivery after it
     on, took = axis(m, sent, m["start"]), round(modeled * 1e3, 1)
     late = round((m["delivered"] - m["modeled_end"]) * 1e3, 1)
-    handed, asked, delivered = axis(m, sent, m["handed_over"]), axis(m, sent, link.asked[m["seq"]]), on + took + late
+    handed, asked, delivered = (
+        axis(m, sent, m["handed_over"]),
+        axis(m, sent, link.asked[m["seq"]]),
+        round(on + took + late, 1),
+    )
     waits[fragment] = handed, delivered, asked, metrics.waited([(asked, max(asked, delivered))])
+    between = f"{abs(delivered - asked):.1f} ms "  # between the wait() call and the delivery
+    fit = f"{asked - handed:.1f} ms (τ = {TAU} steps) after the hand-over and " + (
+        between + f"before the delivery, so it waited {waits[fragment][3]:.1f} ms"
+        if delivered > asked
+        else (between + "after" if delivered < asked else "at")
+        + f" the delivery: it waited {waits[fragment][3]:.1f} ms"
+    )
     lesson.say(
         f"fragment {fragment}: handed over in step {step_of(s)} at {handed:.1f} ms; on the link (modeled: 2 hops × "
         f"{spec.latency * 1e3:g} ms + {m['bytes'] / 1e3:.1f} kB at {spec.bandwidth * 8 / 1e6:g} Mbit/s = {took:.1f} ms) "
         f"from {on:.1f} to {on + took:.1f} ms; delivered at {delivered:.1f} ms, {late:.1f} ms after the modeled end; "
-        f"step {step_of(a)} called wait() at {asked:.1f} ms and waited {waits[fragment][3]:.1f} ms"
+        f"step {step_of(a)} called wait() at {asked:.1f} ms, {fit}"
     )
-small = [f for f, (h, d, _, w) in waits.items() if w < (d - h) / 10]  # a wait under a tenth of hand-over to delivery
-handed, delivered, asked, _ = waits[holder]
+longer = [f for f, (_, d, a, _) in waits.items() if d > a]  # the messages still on the link at their wait()
 lesson.say(
-    "a wait under a tenth of its message's time from hand-over to delivery counts as negligible here: "
-    + (" and ".join(f"fragment {f}'s" for f in small) or "none")
+    f"on this {spec.bandwidth * 8 / 1e6:g} Mbit/s link "
     + (
-        f"; fragment {holder}'s message ({sizes[holder] / min(sizes):.1f}× the other's bytes, as it holds the "
-        f"{weight}) took {(delivered - handed) / (asked - handed):.1f}× as long as the τ = {TAU} steps from its "
-        "hand-over to its wait()"
-        if holder not in small
-        else ""
+        "every message fit in its τ steps, so no apply step waited"
+        if not longer
+        else "no message fit in its τ steps, so each apply step waited for the rest"
+        if len(longer) == len(waits)
+        else " and ".join(f"fragment {f}'s" for f in longer) + " message did not fit in its τ steps, so only its "
+        "apply step waited"
     )
+    + "; the step-time model below makes this comparison on each link"
 )
+
 
 # %% [markdown]
 # ### Your turn: the fragment schedule
@@ -502,8 +528,7 @@ print(check_fragment_schedule(solutions.fragment_to_send))
 # %% [markdown]
 # ## Compute utilisation on slow links
 #
-# Whether a replica waits is decided by a message's time on the link against the time of the steps it travels
-# during. The step-time model (`minddp.costmodel.slow_link`) replays one period of H inner steps on a link:
+# The step-time model (`minddp.costmodel.slow_link`) replays one period of H inner steps on a link:
 # their compute as assumed, every step alike, each fragment's message
 # handed over when its schedule says and applied at its turn's end. Its **compute utilisation** is Streaming
 # DiLoCo's measure: the share of the period a replica computes (DDP's period is its one step); it measures time,
@@ -554,18 +579,9 @@ for name, row in table.items():
 # The lines that take the table apart (this cell's code collapsed).
 first = next(name for name in links if table[name]["ddp"]["utilisation"] < 0.05)
 spec = PRESETS[first]
-down_to = links[: links.index(first) + 1]  # the links from the widest down to it
 lesson.claim(
-    all(table[name]["streaming"]["utilisation"] == 1.0 for name in down_to)
-    and all(table[name]["ddp"]["utilisation"] < 0.05 for name in links[links.index(first) :]),
-    "DDP computes "  # on each link below 'nvlink' down to `first`, then below 5 %
-    + ", ".join(
-        f"{pct(table[name]['ddp']['utilisation'])}{' of the time' * (i == 0)} on '{name}'"
-        for i, name in enumerate(down_to[1:-1])
-    )
-    + f", less than 5 % from '{first}' ({pct(table[first]['ddp']['utilisation'])}) down; on "
-    f"'{first}' and every wider link DiLoCo not streamed computes at least "
-    f"{pct(min(table[name]['diloco']['utilisation'] for name in down_to))} of the time, and streaming DiLoCo all of it",
+    all(table[name]["ddp"]["utilisation"] < 0.05 for name in links[links.index(first) :]),
+    f"DDP computes less than 5 % of the time from '{first}' ({pct(table[first]['ddp']['utilisation'])}) down",
 )
 CAP_MIB = 25.0  # DDP's default bucket cap: a bucket closes once it reaches it, so a larger tensor is a bucket alone
 buckets = synthesize(cp, "ddp", CAP_MIB, 2).messages  # the messages ddp_step replays: one per bucket
@@ -599,18 +615,23 @@ def fragment_on(name):  # one of streaming's 4 fragments (360 MB) on the link: 2
 
 slower = [name for name in links if fragment_on(name) > tau_s]
 gain = {n: table[n]["streaming"]["utilisation"] - table[n]["diloco"]["utilisation"] for n in links}  # in points/100
-lesson.claim(
+wait = {n: {r: 100 * table[n][r]["exposed_s"] for r in ("diloco", "streaming")} for n in links}  # a period's (s)
+lesson.claim(  # a fragment's message travels only during the τ steps from its hand-over to its apply
     all((table[name]["streaming"]["utilisation"] == 1.0) == (name not in slower) for name in links)
     and all(gain[name] > 0 for name in slower)
+    and all(0 < wait[n]["diloco"] - wait[n]["streaming"] <= 4 * tau_s + 1e-9 for n in slower)
     and [n for n in slower if gain[n] < 0.01] == ["100mbit", "home"],  # the takeaway's "less than one point"
     f"streaming DiLoCo computes 100.0 % of the time on exactly the links where one fragment's time on the link "
     f"fits in its τ = 10 steps ({tau_s:.2f} s). On "
     + ", ".join(f"'{name}'" for name in slower)
     + " it takes "
     + ", ".join(f"{fragment_on(name):.1f}" for name in slower)
-    + " s. There it computes "
+    + " s. Only its τ steps run while a fragment's message travels, so streaming cuts at most 4 × "
+    f"{tau_s:.2f} = {4 * tau_s:.2f} s a period off DiLoCo not streamed's wait (there "
+    + ", ".join(f"{wait[name]['diloco']:.2f}" for name in slower)
+    + " s) and computes "
     + ", ".join(f"{100 * gain[name]:.2f}" for name in slower)
-    + " percentage points more of the time than DiLoCo not streamed",
+    + " percentage points more of the time",
 )
 
 
@@ -632,7 +653,7 @@ lesson.claim(
 # * The step-time model, times only (a 360 M-parameter model, H = 100; not the bench's settings), *predicts*: on
 #   `wan` DDP computes less than 5 % of the time; streaming DiLoCo (4 equal fragments, τ = 10) computes all of
 #   it exactly where a fragment's time on the link fits in its τ steps, and on `100mbit` and `home` less than
-#   one percentage point more than DiLoCo not streamed.
+#   one percentage point more than DiLoCo not streamed: each fragment hides at most its τ steps of a long wait.
 
 # %%
 # %dist_shutdown
