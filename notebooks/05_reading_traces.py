@@ -169,7 +169,7 @@ lesson.say(
     "Step lengths (the step-end lines), ms: "
     + ", ".join(f"{s} {t:.0f}" for s, t in steps.items())
     + ". "
-    + (f"{' and '.join(shorter)} had a shorter step" if shorter else "None had a shorter step")
+    + (f"{lesson.listed(shorter)} had a shorter step" if shorter else "None had a shorter step")
     + " than single, which sends nothing"
     + ": each is one step, profiled at its own moment, so these lengths do not rank the stages."
 )

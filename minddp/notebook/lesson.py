@@ -671,6 +671,15 @@ def handed_picture(looks: dict, rows: list[str], title: str):
     return fig
 
 
+def listed(names: list[str]) -> str:
+    """Names as a sentence lists them.
+
+    >>> listed(["a"]), listed(["a", "b"]), listed(["a", "b", "c"])
+    ('a', 'a and b', 'a, b and c')
+    """
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
 def claim(holds: bool, text: str) -> None:
     """A sentence the notebook asserts about the run it shows: printed with a tick if it holds, else the cell fails.
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from minddp.notebook import lesson
-from minddp.notebook.lesson import backward_less_check, say
+from minddp.notebook.lesson import backward_less_check, listed, say
 
 #: The backward each sized link was sized from, by setting: one name each, in every sentence that quotes it.
 SIZED_FROM = {"4 × T4": "the sweep's median backward", "1024 ranks": "single's median backward of 3 steps"}
@@ -417,11 +417,6 @@ def say_sized(
         f"{blog.total_bytes / 2**20:.2f} MiB of {BLOG['dtype_bytes']}-byte gradients), a backward of "
         f"{1e3 * backward_s:.0f} ms ({how}); a cap of {cap:.2f} MiB."
     )
-
-
-def listed(names: list[str]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
 def say_sized_measures(t4: dict, far: dict, single_far: list[float]) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from minddp.ft.coordinator import Lighthouse
 from minddp.ft.report import asked_s, first_request_s, retry_work_s
 from minddp.ft.rung import FaultTolerantTrainer
+from minddp.notebook.lesson import listed
 from minddp.notebook.source import key_lines
 
 #: (phase, method, a text that the line doing it holds), in the rung (:class:`FaultTolerantTrainer`)
@@ -77,8 +78,7 @@ def _slots(slots) -> str:
     >>> _slots([0, 1, 2]), _slots([2])
     ('slots 0, 1 and 2', 'slot 2')
     """
-    names = [str(s) for s in slots]
-    return f"slot {names[0]}" if len(names) == 1 else f"slots {', '.join(names[:-1])} and {names[-1]}"
+    return ("slot " if len(slots) == 1 else "slots ") + listed([str(s) for s in slots])
 
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
