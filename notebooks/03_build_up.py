@@ -379,8 +379,8 @@ check(solutions.AsyncHookDDP, like="hook-async")
 # ## `bucket`: fewer, bigger messages
 #
 # Every all_reduce pays the link's fixed cost, 2(n−1)·α: once per parameter tensor without buckets,
-# once per bucket with them. At construction the parameters are grouped, in reverse order (about the order
-# backward produces them in), into buckets of about `bucket_cap_mb` (torch's rule,
+# once per bucket with them. At construction the parameters are grouped, in reverse order (roughly, not always, the order
+# backward produces them in: a later bucket can fill first), into buckets of about `bucket_cap_mb` (torch's rule,
 # `plan_buckets`); in the grad hook each parameter is counted in its bucket, and when the bucket's last
 # gradient is in, the bucket is flattened into one buffer and sent in one call; when the average is
 # back, each slice is copied into its parameter's `.grad`. Like `hook`, this stage waits for each
@@ -422,7 +422,7 @@ lesson.claim(
 lesson_03.say_exposed_parts(looks, "bucket", "hook")
 
 # %% [markdown]
-# What to look for: a few wide messages instead of many thin ones. `bucket` takes `hook`'s
+# What to look for: a few wide messages instead of many thin ones, and the last backward's length. `bucket` takes `hook`'s
 # waiting `_sent`, not `hook-async`'s. One more difference from the idea: the stage sets the counts
 # back in finish, not at the send, after sending any bucket that did not fill,
 # and its `forward` refuses a step while they are not back (`check_finished`).
@@ -461,8 +461,8 @@ check(solutions.BucketDDP, like="bucket")
 # ## `bucket-async`: buckets sent while backward goes on
 #
 # No new idea: `bucket`'s buckets with `hook-async`'s not-waiting: keep each bucket's work, wait
-# for them all in finish. Unlike torch's DDP, which launches buckets strictly in the plan's order,
-# `bucket-async` sends each at its last gradient.
+# for them all in finish. Each bucket leaves when full; `ddp` sends in its plan's order, a plan rebuilt
+# from the order backward produced the gradients in.
 
 # %%
 show_source(STAGES["bucket-async"])
@@ -517,8 +517,7 @@ check(solutions.AsyncBucketDDP, like="bucket-async")
 #
 # The teaching stages stop at `bucket-async`. `minddp.DistributedDataParallel` is the stage a
 # training script uses: a drop-in for `torch.nn.parallel.DistributedDataParallel`, built as torch
-# builds its DDP (a module that owns a reducer), in `minddp/ddp/`. Its module docstring maps each part
-# to the stage that introduced it; `docs/ddp.md` has the full table.
+# builds its DDP (a module that owns a reducer), in `minddp/ddp/`.
 
 # %%
 show_doc(sys.modules[STAGES["ddp"].__module__])

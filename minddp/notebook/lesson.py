@@ -405,11 +405,11 @@ def say_look(looks: dict, stage: str) -> None:
         end = row["backward"][-1][1]
         blank = round(row["optimizer"][0][0] - end)  # from the last backward operator to optimizer.step()
         on_link = round(max(0.0, max(e for _, e in row["messages"]) - end))
-        drawn = f"only the link's last {on_link} ms" if on_link else "nothing"
+        ran = f"the last transfer ended {on_link} ms in" if on_link else "the link was done before them"
         say(
             f"On the emulated link its messages took {v['link_ms']:.0f} ms (modeled). Of the {blank} ms between its "
-            f"backward's end and its optimizer step, the picture draws {drawn}: torch's reducer waits for its buckets "
-            "there, in C++, not drawn."
+            f"backward's end and its optimizer step, {ran}: the picture draws every transfer, not torch's reducer's "
+            "wait for its buckets there (C++)."
         )
         return
     link, exposed = link_parts(v)

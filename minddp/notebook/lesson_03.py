@@ -95,7 +95,8 @@ def against_quiet(sending: dict[str, float], quiet: dict[str, float | list[float
     each = [ms for v in quiet.values() for ms in (v if isinstance(v, list) else [v])]
     mid, bar = statistics.median(each), max(each) - min(each)
     said = (
-        f"{where + ', l' if where else 'L'}ast backward less the check, with messages inside it: "
+        f"{where + ', l' if where else 'L'}ast backward less the check and any wait in it, "
+        "with messages inside it: "
         + listed([f"{s} {ms:.0f}" for s, ms in sending.items()])
         + " ms; with none: "
         + listed(
@@ -126,7 +127,8 @@ def say_exposed_parts(looks: dict, stage: str, before: str) -> None:
     """``stage`` against ``before`` (both waiting for each message inside the backward): link time and exposed, in
     whole ms as :func:`lesson.say_look` prints (one step each: no ranking on them), the link time before each wait
     began (exposed is link time less that), and where ``stage`` waited less, how the drop splits into exposed and the
-    waiting after the link had delivered (time the link does not model), and which part is most of it."""
+    waiting after the link had delivered (time the link does not model), and which part is most of it; where both wait
+    inside the backward (hook, bucket), their last backwards less the check less those waits, beside single's."""
     (link, exposed), (link0, exposed0) = (lesson.link_parts(looks[s]) for s in (stage, before))
     n, n0 = looks[stage]["calls"], looks[before]["calls"]
     said = f"{stage} against {before}: link time {link} against {link0} ms, exposed {exposed} against {exposed0}"
@@ -154,6 +156,14 @@ def say_exposed_parts(looks: dict, stage: str, before: str) -> None:
             said += "; most of the drop is exposed time"
     else:
         said += f". It waited {waited} ms against {waited0}"
+    if all(looks[s]["waits_in_backward"] == looks[s]["waits"] for s in (stage, before)):  # hook, bucket: always
+        b, b0 = (round(backward_less_check(looks[s]) - looks[s]["waited_ms"]) for s in (stage, before))
+        d = b0 - b
+        said += (
+            f". Less their waits (all inside it), their last backwards less the check took {b} against {b0} ms, "
+            f"single's {round(backward_less_check(looks['single']))}: time neither exposed nor waited, "
+            + (f"{abs(d)} ms {'less' if d > 0 else 'more'} for {stage}" if d else "the same whole ms for both")
+        )
     say(said + ".")
 
 
@@ -173,12 +183,13 @@ def end_parts(row: dict) -> tuple[int, float, float, float]:
     return k, sent[k] - b0 - held, sum(took[k:]), b1 - b0 - held
 
 
-def said_end(stage: str, row: dict) -> str:
+def said_end(stage: str, row: dict, check: bool = True) -> str:
     """How a step's *link after backward* came about, in numbers that add up (:func:`end_parts`, less the check),
     then which of the bucket lesson's costs that is: the late start (the first message set it), the last transfer
     (the last), or a message handed over late, the link idle before it."""
     k, at, after, span = end_parts(row)
     n = len(row["sent"])
+    less = " less the check" if check else ""  # ddp has no check: its backward is the whole backward
     if at + after <= span:
         return (
             f"{stage}'s link was done {span - at - after:.1f} ms before its last backward ended: no link after backward"
@@ -193,7 +204,7 @@ def said_end(stage: str, row: dict) -> str:
     )
     return (
         f"{stage}'s link after backward, {at + after - span:.1f} ms: {who}, handed over {at:.1f} ms into its last "
-        f"backward less the check, + {after:.1f} ms of transfers from it on, − that backward's {span:.1f}; {why}"
+        f"backward{less}, + {after:.1f} ms of transfers from it on, − that backward's {span:.1f}; {why}"
     )
 
 
@@ -210,7 +221,9 @@ def floor_said(v: dict, stage: str) -> str:
             f"exceeds its last backward less the check, {back:.1f}: messages leave only after the check, so at least "
             f"{link - back:.1f} ms must be left after the backward, whatever the hand-overs"
         )
-    return said + f"fits in its last backward less the check, {back:.1f}: nothing need be left after it"
+    return (
+        said + f"fits in its last backward less the check, {back:.1f}: on that backward nothing need be left after it"
+    )
 
 
 def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, object]:
@@ -232,9 +245,12 @@ def bucket_costs(looks: dict, per_message_ms: float, bare, plan) -> tuple[dict, 
         + ("the plan's first" if first == 0 else f"bucket {first + 1} of the plan's {len(plan)}")
         + f" ({len(plan[first])} gradients), after {100 * 1e3 * filled[first] / backward:.0f} %."
     )
-    for stage in ("bucket-async", "hook-async"):  # what set each one's link after backward, and its least
-        say(f"{said_end(stage, looks[stage]['row'])}. {floor_said(looks[stage], stage)}.")
-    say(f"{said_end('ddp', looks['ddp']['row'])}.")  # torch's buckets rebuilt: what set ddp's, the same terms
+    b = "bucket-async"  # with the least its link after backward can be
+    say(f"{said_end(b, looks[b]['row'])}. {floor_said(looks[b], b)}.")
+    say(f"{said_end('hook-async', looks['hook-async']['row'])}.")
+    say(
+        f"{said_end('ddp', looks['ddp']['row'], check=False)}."
+    )  # torch's buckets rebuilt: what set ddp's, the same terms
     table = (
         pd.DataFrame(why)
         .T[["messages", "link_ms", "end_ms", "exposed_ms"]]
@@ -255,25 +271,27 @@ def say_sweep(swept: dict, this_run_s: float, model: list, default) -> None:
     """The cap sweep in words: the sweep's median backward, ``this_run_s``, which the model replays; then how far the
     steps' link after backward lay under and over the model's (``model``: the grid's
     :func:`~minddp.costmodel.buckets.plan_costs`, ``default``: None's), each step on its own backward; then the
-    model's costs at its least, the smallest cap, the workload's and None, and the step that exposed least."""
+    model's costs at its least, the smallest cap, the workload's and None, and of the steps with no warm-up (every cap
+    but the workload's) the one least on last backward less the check + waited, the warm workload's step apart."""
     from minddp.costmodel.buckets import on_the_link
 
     said = f"The model replays the sweep's median backward, {1e3 * this_run_s:.0f} ms."
     modeled = {c.cap_mb: 1e3 * c.after_backward for c in [*model, default]}
     off = {c: on_the_link(v["row"])["end_ms"] - modeled[c] for c, v in swept.items() if c in modeled}
     lo, hi = min(off, key=off.__getitem__), max(off, key=off.__getitem__)
+    own = {c: backward_less_check(v) for c, v in swept.items()}  # each step's own backward, which its link met
     if round(off[hi]) <= 0:
         said += f" Every step's link after backward was at or under the model's, by up to {-off[lo]:.0f} ms"
-        said += f" ({cap_name(lo)})"
+        said += f" ({cap_name(lo)}, on a backward of {own[lo]:.0f})"
     elif round(off[lo]) >= 0:
         said += f" Every step's link after backward was at or over the model's, by up to {off[hi]:.0f} ms"
-        said += f" ({cap_name(hi)})"
+        said += f" ({cap_name(hi)}, on a backward of {own[hi]:.0f})"
     else:
         said += (
-            f" The steps' link after backward lay from {-off[lo]:.0f} ms under the model's ({cap_name(lo)}) to "
-            f"{off[hi]:.0f} ms over it ({cap_name(hi)})"
+            f" The steps' link after backward lay from {-off[lo]:.0f} ms under the model's ({cap_name(lo)}, on a "
+            f"backward of {own[lo]:.0f}) to {off[hi]:.0f} ms over it ({cap_name(hi)}, {own[hi]:.0f})"
         )
-    say(said + ", each step on its own backward.")
+    say(said + ".")
     best = min(model, key=lambda c: c.after_backward)  # the model's least link after backward over the grid
     ties = [c for c in model if f"{1e3 * c.after_backward:.1f}" == f"{1e3 * best.after_backward:.1f}"]
     at = {c.cap_mb: c for c in model}
@@ -301,12 +319,13 @@ def say_sweep(swept: dict, this_run_s: float, model: list, default) -> None:
                 f"; at {cap_name(c)}{' (the workload)' if c == here else ''} {ms(p.after_backward)}, its first message "
                 f"ready {ms(p.first_at)} ms in and last message's transfer {ms(p.tail)}"
             )
-    exposed = {c: round(v["exposed_ms"]) for c, v in swept.items()}
-    low = min(exposed, key=exposed.__getitem__)
+    # the steps on their parts: last backward less the check + waited; the workload's step had a warm-up, the rest not
+    spent = {c: round(own[c] + v["waited_ms"]) for c, v in swept.items()}
+    cold = [c for c in swept if c != here]
+    low = min(cold, key=spent.__getitem__)
     said += (
-        f". Of the steps run, the {cap_name(low)} step exposed least, {exposed[low]} ms"
-        + (f", the workload's {exposed[here]}" if low != here else ", the workload's own")
-        + " (one step each)."
+        f". On last backward less the check + waited, the steps with no warm-up spent least at {cap_name(low)}, "
+        f"{spent[low]} ms; the warm workload's step {spent[here]}, not comparable (one step each)."
     )
     say(said)
 
@@ -369,7 +388,12 @@ def sweep_table(swept: dict, model: list, default):
 
     table = pd.DataFrame({cap_name(c.cap_mb): c.row() | measured(c.cap_mb) for c in [*model, default]}).T
     # first message ready: the earliest full bucket's (for None not the plan's first bucket), as the figure's panel
-    table = table.rename(columns={"link, ms": "link time, ms"})  # the vocabulary's name, as every other table
+    table = table.rename(
+        columns={
+            "link, ms": "link time, ms",
+            "first message ready, ms into the model's backward": "earliest full bucket, ms into the model's backward",
+        }
+    )  # the vocabulary's name, as every other table
     table = table.infer_objects().round(1).astype({"buckets": int})
     whole = ["exposed, ms (one step)", "waited, ms (one step)"]  # whole ms, as every other table and line prints them
     table[whole] = table[whole].astype("Int64")
@@ -412,26 +436,43 @@ def say_sized(
     bytes_ratio, message_ratio = ratios
     say(
         f"{name}: on {link_name} with {ranks} ranks one sync's bytes take {bytes_ratio:.2f} "
-        f"backwards, one message's fixed cost {message_ratio:.1e} of one. Here {model_name}: {n_tensors} "
+        f"of the sizing backward, one message's fixed cost {message_ratio:.1e}. Here {model_name}: {n_tensors} "
         f"gradient tensors, {sync_bytes / 2**20:.2f} MiB (SmolLM2-360M: {len(blog.nbytes)}, "
-        f"{blog.total_bytes / 2**20:.2f} MiB of {BLOG['dtype_bytes']}-byte gradients), a backward of "
+        f"{blog.total_bytes / 2**20:.2f} MiB of {BLOG['dtype_bytes']}-byte gradients), a sizing backward of "
         f"{1e3 * backward_s:.0f} ms ({how}); a cap of {cap:.2f} MiB."
     )
 
 
+def sent_inside(runs: dict) -> dict[str, float]:
+    """The stages in ``runs`` that send from inside the backward (hook on), each one's last backward less the check
+    less the waits inside it: all of a stage's waits (hook, bucket) or none (hook-async, bucket-async); a stage with
+    some of its waits inside is left out. ``runs``: name to a dict with backward_ms, waited_ms, waits and
+    waits_in_backward."""
+    out = {}
+    for s in ("hook", "hook-async", "bucket", "bucket-async"):
+        r = runs.get(s)
+        if r is None or 0 < r["waits_in_backward"] < r["waits"]:
+            continue
+        out[s] = r["backward_ms"] - (r["waited_ms"] if r["waits_in_backward"] else 0.0)
+    return out
+
+
 def say_sized_measures(t4: dict, far: dict, single_far: list[float]) -> None:
     """Each sized link's rungs (2 ranks): link time, exposed, waited and the step's own last backward less the check,
-    then in words which rungs exposed none of their link time (whole ms) and which exposed over half of it, and
-    hook-async's and bucket-async's last backwards against those with no message inside them (:func:`against_quiet`;
+    then in words which rungs exposed none of their link time (whole ms), which over half of it and which the rest, and
+    the last backwards of those that send inside them, less their waits there (:func:`sent_inside`), against those
+    with no message inside them (:func:`against_quiet`;
     4 × T4: simple's and ga's; 1024 ranks: single's steps, ``single_far``, seconds); a whole-ms match of
     bucket-async's backward on the two links is said to be chance (two networks, two steps)."""
     for name, runs in (("4 × T4", t4), ("1024 ranks", far)):
         what = "link time, exposed, waited and last backward less the check, ms" if runs is t4 else "those four"
         hid = [s for s, r in runs.items() if round(r["exposed_ms"]) == 0]
         most = [s for s, r in runs.items() if r["exposed_ms"] > r["link_ms"] / 2]
+        some = [s for s in runs if s not in hid + most]
         said = []
         said += [f"{listed(hid)} exposed none"] if hid else []
         said += [f"{listed(most)} exposed over half of {'their' if len(most) > 1 else 'its'} link time"] if most else []
+        said += [f"{listed(some)} exposed some, at most half"] if some else []
         say(
             f"Sized for {name}; {what}: "
             + "; ".join(
@@ -445,7 +486,7 @@ def say_sized_measures(t4: dict, far: dict, single_far: list[float]) -> None:
             if runs is t4
             else {"single": [1e3 * b for b in single_far]}
         )
-        say(against_quiet({s: runs[s]["backward_ms"] for s in ("hook-async", "bucket-async")}, quiet))
+        say(against_quiet(sent_inside(runs), quiet))
     if round(t4["bucket-async"]["backward_ms"]) == round(far["bucket-async"]["backward_ms"]):
         say(
             f"bucket-async's backward, {t4['bucket-async']['backward_ms']:.0f} ms on both links, is the same whole ms "
@@ -454,44 +495,36 @@ def say_sized_measures(t4: dict, far: dict, single_far: list[float]) -> None:
 
 
 def say_takeaway(looks: dict, t4: dict, far: dict) -> None:
-    """The takeaway in words, per setting (this notebook's link: ``looks``; the sized links' runs): whether
-    bucket-async exposed more or less than hook-async (whole ms), with each one's link after backward (the most a
-    stage that waits only in finish can expose) and the link time bucketing saved (fewer messages' fixed costs: the
-    same bytes); then in which settings bucketing exposed less, with that saving as a share of hook-async's; then,
-    on this notebook's link, hook-async's and bucket-async's last backwards against those with no message inside
-    them (:func:`against_quiet`)."""
+    """The takeaway in words, per setting (this notebook's link: ``looks``; the sized links' runs): hook-async
+    against bucket-async on exposed and on the step's parts from its last backward's start to its sync's end, last
+    backward less the check + waited (both stages wait only in finish, after the backward), whole ms, worded by which
+    is less; and the link time bucketing saved (fewer messages' fixed costs: the same bytes), as a share of
+    hook-async's. Then in which settings bucketing's step spent less on those parts. No cause: the parts only."""
     from minddp.costmodel.buckets import on_the_link
 
-    here = {s: on_the_link(looks[s]["row"]) for s in ("hook-async", "bucket-async")}
-    less, share = [], {}
+    here = {
+        s: on_the_link(looks[s]["row"]) | {"backward_ms": backward_less_check(looks[s])}
+        for s in ("hook-async", "bucket-async")
+    }
+    side = {"less": [], "more": [], "as much": []}
     for name, runs in zip(SETTING_NAMES, (here, t4, far)):
         h, b = runs["hook-async"], runs["bucket-async"]
         x, y = round(h["exposed_ms"]), round(b["exposed_ms"])
-        verdict = "neither exposed any" if x == y == 0 else f"bucketing exposed {'more' if y > x else 'less'}"
-        verdict = "both exposed as much" if x == y != 0 else verdict
-        less += [name] if y < x else []
-        after = [max(0.0, r["end_ms"]) for r in (h, b)]  # the link done before backward's end: nothing after it
+        p, q = (round(r["backward_ms"] + r["waited_ms"]) for r in (h, b))
+        spent = "as much" if p == q else "less" if q < p else "more"
+        side[spent].append(name[0].lower() + name[1:])
+        exposed = "as much" if x == y else "less" if y < x else "more"
         saved = h["link_ms"] - b["link_ms"]  # the same bytes: the fixed costs of the messages bucketing saved
-        share[name] = f"{100 * saved / h['link_ms']:.0f} %"
-        said = (
-            f"{name}, {verdict}: {'hook-async against bucket-async, ' if runs is here else ''}exposed {x} against "
-            f"{y} ms, link after backward "
-            f"{after[0]:.1f} against {after[1]:.1f}; fewer messages cut the link time by {saved:.1f} ms."
-        )
-        say(said)
-    others = [n for n in SETTING_NAMES if n not in less]
-    lower = [n[0].lower() + n[1:] for n in SETTING_NAMES]
-    if less and others:
         say(
-            f"Bucketing exposed less only {listed([lower[SETTING_NAMES.index(n)] for n in less])}, where the link time "
-            f"it saved was {listed([share[n] for n in less])} of hook-async's, against "
-            f"{listed([share[n] for n in others])} {listed([lower[SETTING_NAMES.index(n)] for n in others])}."
+            f"{name}: {'hook-async against bucket-async, ' if runs is here else ''}exposed {x} against {y} ms, "
+            "last backward less the check + "
+            f"waited {p} against {q}; bucketing's step spent "
+            + (f"{abs(p - q)} ms {spent}" if p != q else "as much")
+            + f" there and exposed {exposed}; fewer messages cut the link time by {saved:.1f} ms, "
+            f"{100 * saved / h['link_ms']:.0f} % of hook-async's."
         )
-    else:
-        say(
-            f"Bucketing exposed less {'in every setting' if less else 'in no setting'}; the link time it saved was "
-            f"{listed([share[n] for n in SETTING_NAMES])} of hook-async's."
-        )
-    quiet = {s: backward_less_check(looks[s]) for s in ("single", "simple", "ga")}
-    sending = {s: backward_less_check(looks[s]) for s in ("hook-async", "bucket-async")}
-    say(against_quiet(sending, quiet, where="On 1 Gbit/s"))
+    say(
+        "On those two parts, bucketing's step spent "
+        + "; ".join(f"{k} {listed(v)}" for k, v in side.items() if v)
+        + " (one step each)."
+    )
