@@ -233,7 +233,9 @@ def log(group=None):
     dist.all_reduce(torch.tensor(logged, device=device), group=group)
 
 
-mismatched(log, len(logged))  # under torch at OFF, in debug mode, under torch at DETAIL
+# under torch at OFF, in debug mode, under torch at DETAIL (in a script: dist.set_debug_level(dist.DebugLevel.DETAIL)
+# before the groups are made, or TORCH_DISTRIBUTED_DEBUG=DETAIL before init_process_group)
+mismatched(log, len(logged))
 metrics = torch.tensor([0.5, 0.9], device=device)
 with quiet() as said:
     dist.all_reduce(metrics)
@@ -243,8 +245,9 @@ lesson.claim(
 )
 
 # %% [markdown]
-# A call minddp makes is placed at the script's line that led to it; an all_gather lists the output
-# (ranks × the input's shape), then the input.
+# Under torch rank 0's call, on the short group, has no partner, and rank 1, whose calls are all on `group`, finishes
+# (on one group torch hangs: `docs/debugging.md`). minddp's own call is placed at the script's line that led to it;
+# an all_gather lists the output (ranks × the input's shape), then the input.
 
 
 # %%
@@ -291,23 +294,32 @@ def uneven(model, optimizer, short=None, joined=False):
 
 raised = torch_does(lambda group, short: uneven(*build(TorchDDP, process_group=group), short=short))
 lesson.claim(
-    peer_gone(raised[0]) and "Timed out" in raised[1] and torch_took[1] >= WAIT_S,
-    f"under torch rank 1 timed out at {WAIT_S} s, rank 0 with 'closed by peer'",
+    peer_gone(raised[0])
+    and "Timed out" in raised[1]
+    and torch_took[1] >= WAIT_S
+    and not any(re.search(r"rank|step", s, re.I) for s in raised),
+    f"under torch rank 1 timed out at {WAIT_S} s, rank 0 lost its partner; neither named a rank or a step",
 )
-minddp_says(lambda: uneven(*build()), "uneven inputs: rank 1 left the training loop after step 2")
+minddp_says(
+    lambda: uneven(*build()),
+    "uneven inputs: rank 1 left the training loop after step 2",
+    "debug mode stopped every rank, naming the rank that ran out and its last step",
+)
 models = []  # the fix under torch's DDP, its parameters the oracle for minddp's
 raised = torch_does(
     lambda group, short: models.append(uneven(*build(TorchDDP, process_group=group), short=short, joined=True)),
     say=False,
 )
-with quiet() as said:
-    model = uneven(*build(), joined=True)
+model, optimizer = build()
+with quiet() as said, minddp.debug.collective_check.recorded() as calls:
+    model = uneven(model, optimizer, joined=True)
+checked = all(each_rank(any(c.op != "barrier" for c in calls)))  # a call inside join(), not the final barrier
 # exact: both average 2 ranks' gradients by halving and adding, which round the same in either order
 same = all(each_rank(all(torch.equal(a, b) for a, b in zip(model.parameters(), models[0].parameters()))))
 lesson.claim(
-    raised == ["raised nothing"] * world_size and not said and same,
-    "the fix: under join() torch's DDP raised nothing, the collective check said nothing, and each rank's parameters "
-    "equal torch's bit for bit",
+    raised == ["raised nothing"] * world_size and not said and checked and same,
+    "the fix: under join() torch's DDP raised nothing, the collective check compared each rank's calls and said "
+    "nothing, and each rank's parameters equal torch's bit for bit",
 )
 
 # %% [markdown]
@@ -338,12 +350,13 @@ raised = torch_does(lambda group, short: freeze_on_rank_0(lambda m: TorchDDP(m, 
 lesson.say(f"torch, rank 0: {raised[0]}")
 lesson.claim(
     "indices which did not receive grad" in raised[0] and peer_gone(raised[1]) and torch_step == [1, 0],
-    "under torch rank 0 raised in step 1; rank 1 said in step 0 that its partner closed the connection",
+    "under torch rank 0 raised in step 1; rank 1 lost its partner in step 0",
 )
 minddp_says(
     lambda: freeze_on_rank_0(DistributedDataParallel),
     ("requires_grad differs across ranks: parameters 'head.weight' and 'head.bias'", "at step 0"),
-    "debug mode stopped every rank in step 0, naming both parameters",
+    "debug mode stopped every rank in step 0, naming both parameters; torch gave their indices in step 1",
+    also=torch_step[0] == 1,
 )
 with quiet() as said:
     model = freeze_on_rank_0(DistributedDataParallel, everywhere=True)
@@ -389,14 +402,18 @@ off = torch_does(  # the flag off, torch's default
 indices = re.search(r"Parameter indices which did not receive grad for rank \d+:[\d ]*\d", off[1])
 lesson.say(f"torch, rank 1: {off[1].split('. ')[0]}. … {indices[0] if indices else ''} …")
 lesson.claim(
-    peer_gone(off[0]) and torch_step == [0, 1] and "did not receive grad for rank 1: 4 5" in off[1],
-    "rank 1 raised in step 1; rank 0 said in step 0 that its partner closed the connection",
+    peer_gone(off[0])
+    and torch_step == [0, 1]
+    and "did not receive grad for rank 1: 4 5" in off[1]
+    and [n for n, _ in Net(extra=True).named_parameters()][4:] == ["extra.weight", "extra.bias"],
+    "rank 1 raised in step 1 (4 and 5 are extra.weight and extra.bias); rank 0 lost its partner in step 0",
 )
 # the bug: a branch on rank 0 only
 minddp_says(
     lambda: train(*build(extra=True), 1, use_extra=rank == 0),
     ("Fix: pass find_unused_parameters=True", "parameters 'extra.weight' and 'extra.bias'", "in step 0"),
-    "debug mode stopped every rank in step 0, naming both parameters",
+    "debug mode stopped every rank in step 0, naming both parameters; torch gave their indices in step 1",
+    also=torch_step[1] == 1,
 )
 
 
@@ -421,10 +438,12 @@ lesson.claim(
 # %% [markdown]
 # ## The collectives it adds
 #
-# A wrapper built in debug mode adds the forward and step checks, and its *Reducer* (which averages the gradients
-# in *buckets*) is a `DebugReducer`, which sends each bucket through the collective check as a blocking all_reduce, so
-# backward waits for each. Each step like step 4 (one forward, backward and `optimizer.step()`, outside
-# `join()`) gets these; nothing here timed them.
+# A wrapper built in debug mode has a `DebugReducer` as its *Reducer* (which averages the gradients in *buckets*):
+# each bucket goes through the collective check as a blocking all_reduce. It adds three collectives to each step
+# like step 4 (one forward, backward and `optimizer.step()`, outside `join()`): the forward and step checks'
+# all_gathers and, at the end of backward, the *consistency guard*'s all_gather_object (2 all_gathers in torch's
+# count, `default_group_sequence()`), comparing the ranks' bucket plans (which parameters each bucket holds) and
+# launch orders (the order buckets are sent). Nothing here timed them.
 
 
 # %%
@@ -459,11 +478,9 @@ lesson.claim(
     and not isinstance(paused.reducer, DebugReducer)
     and on.check_consistency  # the consistency guard
     and not paused.check_consistency,
-    f"in step 4 the paused wrapper sent {paused_sent} collective, its bucket's all_reduce; debug mode's (a "
-    f"DebugReducer) {on_sent} by torch's count, {len(checked)} by collective #K: that all_reduce, the forward and "
-    "step checks' all_gathers, and the consistency guard's all_gather_object (2 all_gathers, numbered once; on in "
-    "debug mode only), comparing at the end of backward the ranks' bucket plans (sizes and parameters) and launch "
-    "orders, not gradients",
+    f"in step 4 the paused wrapper sent {paused_sent} collective, one per bucket; debug mode's sent {len(checked)} "
+    "through the collective check: its bucket's all_reduce, the forward and step checks' all_gathers and the "
+    f"guard's all_gather_object ({on_sent} by torch's count)",
 )
 # exact: both reducers halve each gradient, then add the 2 ranks', which rounds the same in either order
 lesson.claim(
