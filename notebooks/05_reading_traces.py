@@ -87,7 +87,8 @@ lesson.say(lesson.machine(link="in the link run"))  # the cores every timing bel
 # * **compute**: a training thread inside an `aten::` operator, with a core or not (forward, backward, optimizer,
 #   bucket copies);
 # * **in flight**: one of gloo's threads inside a `gloo:*` range (the range is *open*): every collective, the
-#   messages, the parameter check and, in `ddp` and torch's DDP, a broadcast of the model's buffers;
+#   messages, the parameter checks (the table's checks column) and, in `ddp` and torch's DDP, a broadcast of the
+#   model's buffers;
 # * **overlap**: the share (%) of each stage's own time in flight that is compute too;
 # * **non-compute** (HTA's name): the rest of in flight, (100 − overlap) % of it, so more overlap can still come with
 #   more non-compute.
@@ -115,38 +116,23 @@ blocking, asynchronous = ["simple", "ga", "hook", "bucket"], ["hook-async", "buc
 overlap = shares["overlap (%)"]
 above = overlap[asynchronous].min() > overlap[blocking].max()  # one profiled step each: said, not claimed
 lesson.say(f"Overlap: {'every' if above else 'not every'} asynchronous stage above every blocking one.")
-tensors = lesson_05.tensors()
-runs = checked["check bytes"].map(len)  # the checks in the step
-k = lesson.SETTINGS.grad_accum
+tensors, accum = lesson_05.tensors(), lesson.SETTINGS.grad_accum
 lesson.claim(
-    runs["simple"] == k
-    and (runs[["ga", "hook", "hook-async", "bucket", "bucket-async"]] == 1).all()
-    and (runs[["ddp", "torch"]] == 0).all()
-    and all(b == tensors for sizes in checked["check bytes"] for b in sizes),
-    f"Each parameter check gathers {tensors} bytes a rank, one for each of the model's {tensors} parameter tensors; "
-    f"a step holds {k} in simple (one a sync; the checks column, part of in flight, adds them), 1 in ga to bucket-async, none in "
-    "ddp and torch.",
+    lesson_05.checks_as_built(checked, accum, tensors),
+    f"Each parameter check gathers {tensors} bytes a rank, as many as parameter tensors; a step holds "
+    f"{accum} in simple (one a sync), 1 in ga to bucket-async, none in ddp and torch.",
 )
-numel = lesson_05.rank0(result.buckets).groupby("stage")["numel"].apply(sorted)
-n_b, n_ba = len(numel["bucket"]), len(numel["bucket-async"])
-count = f"{n_b} messages each" if n_b == n_ba else f"{n_b} and {n_ba} messages"
-same = "the same" if numel["bucket"] == numel["bucket-async"] else "not the same"
-rest = shares["in flight (ms)"] - shares["checks (ms)"]
-lesson.say(
-    f"bucket and bucket-async send {count}, {same} sizes; the rest of their in flight, outside the checks: "
-    f"{rest['bucket']:.1f} and {rest['bucket-async']:.1f} ms. In flight is how long ranges stay open, not how long "
-    "their data takes."
-)
+lesson.say(lesson_05.open_line(result, shares, tensors))
 
 # %% [markdown]
 # One row per profiled stage, one step each, `single` on top. In each row:
 #
 # * the forward (pale) and backward (darker) band of each micro-batch, whatever the threads did in it: *forward*
-#   from the micro-batch's start to its first *autograd node*, *backward* from the first to the last autograd node
-#   (one gradient function's run; the autograd hooks run inside those nodes: the check, and `hook`'s and `bucket`'s
-#   messages with their waits, which lengthen their last band); a backward band ends before `loss.backward()`
-#   returns. An orange bar under a band is not overlap: that needs an operator running, which the figure does not
-#   draw;
+#   from the micro-batch's start (before the first, the step's time is blank) to its first *autograd node*,
+#   *backward* from the first to the last autograd node (one gradient function's run; the autograd hooks run inside
+#   those nodes: the check, and `hook`'s and `bucket`'s messages with their waits); a backward band ends before
+#   `loss.backward()` returns. An orange bar under a band is not overlap: that needs an operator running, which the
+#   figure does not draw;
 # * a tick when a message was handed over;
 # * an orange bar while the message's gloo all_reduce range was open, held open included (the buffers' broadcast
 #   is not drawn). Ranges open at once (a blocking stage's too: the caveat) are drawn one below another, in two
@@ -170,8 +156,7 @@ lesson.say(
     + ", ".join(f"{s} {t:.0f}" for s, t in steps.items())
     + ". "
     + (f"{lesson.listed(shorter)} had a shorter step" if shorter else "None had a shorter step")
-    + " than single, which sends nothing"
-    + ": each is one step, profiled at its own moment, so these lengths do not rank the stages."
+    + " than single, which sends nothing: one step each, not a ranking."
 )
 
 # %%
@@ -190,7 +175,7 @@ lesson.claim(
 # own link, which carries its messages one at a time, in order, each from just after its
 # hand-over (or once the link is free, if later); the real all_reduce runs beside the modeled transfer, and the link
 # delivers a message once both are done and every earlier one is delivered.
-# The two runs were taken at different moments: neither's times carry over to the other. Three measures
+# Neither run's times carry over to the other. Three measures
 # of the link run only:
 #
 # * **link time**: what rank 0's messages of a step take on the modeled link, from their sizes alone
@@ -209,24 +194,6 @@ LINKED = lesson.trace_dir("05_reading_traces_1gbit")
 linked, link = analyze_run(LINKED), parse_link("1gbit")
 on_link = lesson_05.link_table(linked, link)
 display(on_link)
-exposed = on_link["exposed (ms)"]  # one profiled step each: said, not claimed
-share = 100 * exposed / on_link["link time (ms)"]
-lesson.say(
-    f"Exposed is {share[blocking].min():.0f} to {share[blocking].max():.0f} % of link time in the blocking stages, "
-    f"{share['hook-async']:.0f} % in hook-async, {share['bucket-async']:.0f} % in bucket-async."
-)
-per = lesson_05.link_messages(linked, link)  # per stage: messages, bytes, link time (ms)
-sends, ms, nbytes = per["messages"], per["link time (ms)"], per["bytes"]
-n = int(linked.summary["rank"].nunique())
-fewer, fixed = sends["hook-async"] - sends["bucket-async"], 2 * (n - 1) * link.latency * 1e3  # 2(n−1)·α, ms
-saved = ms["hook-async"] - ms["bucket-async"]
-lesson.claim(  # 1e-9 of a link time: float rounding of sums of a few hundred terms
-    fewer > 0 and nbytes["hook-async"] == nbytes["bucket-async"] and abs(saved - fewer * fixed) < 1e-9 * ms["ga"],
-    f"bucket-async's buckets send {fewer} fewer messages than hook-async, the same bytes: {saved:.1f} ms less link "
-    "time (fixed costs).",
-)
-gap = exposed["bucket-async"] - exposed["hook-async"]
-than = f"{abs(gap):.1f} ms {'more' if gap > 0 else 'less'} than" if gap else "the same as"
-lesson.say(
-    f"Exposed counts only the link's work during a wait, not all its link time: bucket-async's is {than} hook-async's."
-)
+lesson.claim(*lesson_05.fixed_costs(linked, link))
+for line in lesson_05.exposed_lines(linked, link, on_link, blocking):  # one profiled step each: said, not claimed
+    lesson.say(line)

@@ -174,3 +174,85 @@ def link_messages(linked, link) -> pd.DataFrame:
         },
         index=pd.Index(stages, name="stage"),
     )
+
+
+def checks_as_built(checked: pd.DataFrame, accum: int, tensors: int) -> bool:
+    """Whether rank 0's profiled steps hold ``accum`` parameter checks in ``simple`` (one a sync), one in ``ga`` to
+    ``bucket-async``, none in ``ddp`` and torch's DDP, each gathering ``tensors`` bytes a rank (``checks``)."""
+    runs = checked["check bytes"].map(len)
+    return bool(
+        runs["simple"] == accum
+        and (runs[["ga", "hook", "hook-async", "bucket", "bucket-async"]] == 1).all()
+        and (runs[["ddp", "torch"]] == 0).all()
+        and all(b == tensors for sizes in checked["check bytes"] for b in sizes)
+    )
+
+
+def open_line(result, shares: pd.DataFrame, tensors: int) -> str:
+    """In flight is how long ranges stay open: the checks column's range against the bytes a check gathers, and
+    ``bucket``'s and ``bucket-async``'s messages (how many, whether the same sizes) against the rest of their in
+    flight."""
+    sizes = rank0(result.buckets).groupby("stage")["numel"].apply(sorted)
+    count_b, count_ba = len(sizes["bucket"]), len(sizes["bucket-async"])
+    count = f"{count_b} messages each" if count_b == count_ba else f"{count_b} and {count_ba} messages"
+    same = "the same" if sizes["bucket"] == sizes["bucket-async"] else "not the same"
+    held = shares["checks (ms)"].drop(["ddp", "torch"])  # the stages that run a check
+    rest = shares["in flight (ms)"] - shares["checks (ms)"]
+    return (
+        f"In flight is how long ranges stay open (the caveat), not what their data takes: the checks, {tensors} bytes "
+        f"each, {held.min():.1f} to {held.max():.1f} ms; bucket and bucket-async ({count}, {same} sizes), "
+        f"{rest['bucket']:.1f} and {rest['bucket-async']:.1f} ms outside them."
+    )
+
+
+def fixed_costs(linked, link) -> tuple[bool, str]:
+    """The claim that ``bucket-async`` sends fewer messages than ``hook-async``, the same bytes, and that its link
+    time is shorter by their fixed costs alone, 2(n−1)·α a message with n ranks (to float rounding: 1e-9 of it)."""
+    import math
+
+    per = link_messages(linked, link)
+    sends, ms, nbytes = per["messages"], per["link time (ms)"], per["bytes"]
+    ranks = int(linked.summary["rank"].nunique())
+    fewer, saved = sends["hook-async"] - sends["bucket-async"], ms["hook-async"] - ms["bucket-async"]
+    fixed = 2 * (ranks - 1) * link.latency * 1e3  # 2(n−1)·α, ms
+    holds = bool(
+        fewer > 0
+        and nbytes["hook-async"] == nbytes["bucket-async"]
+        and math.isclose(saved, fewer * fixed, rel_tol=1e-9)
+    )
+    return holds, (
+        f"bucket-async sends {fewer} fewer messages than hook-async, the same bytes: {saved:.1f} ms less link time "
+        "(fixed costs)."
+    )
+
+
+def exposed_lines(linked, link, on_link: pd.DataFrame, blocking: list[str]) -> list[str]:
+    """The link table read out: exposed as a share of link time, by kind of stage; and ``bucket-async``'s exposed
+    against ``hook-async``'s, with the last message each hands over (its size and link time)."""
+    from minddp.analysis import metrics
+
+    exposed = on_link["exposed (ms)"]
+    share = 100 * exposed / on_link["link time (ms)"]
+    sent, nbytes = rank0(linked.buckets), message_bytes(linked)
+    ranks = int(linked.summary["rank"].nunique())
+
+    def last(stage: str) -> tuple[float, float]:  # the message handed over last (latest ready_us): bytes, link ms
+        mine = sent["stage"] == stage
+        b = nbytes[mine].loc[sent.loc[mine, "ready_us"].idxmax()]
+        return b, 1e3 * metrics.link_time(link, [("all_reduce", b, ranks)])
+
+    def size(b: float) -> str:
+        return lesson.mib(b) if b >= 2**20 / 10 else f"{b / 2**10:.0f} KiB"
+
+    (b_ba, t_ba), (b_ha, t_ha) = last("bucket-async"), last("hook-async")
+    gap = exposed["bucket-async"] - exposed["hook-async"]
+    than = f"{abs(gap):.1f} ms {'more' if gap > 0 else 'less'} than" if gap else "the same as"
+    versus = "less than" if t_ba < exposed["bucket-async"] else "at least"
+    return [
+        f"Exposed is {share[blocking].min():.0f} to {share[blocking].max():.0f} % of link time in the blocking "
+        f"stages, {share['hook-async']:.0f} % in hook-async and {share['bucket-async']:.0f} % in bucket-async, which "
+        "wait for messages only in the finish.",
+        f"bucket-async's exposed is {than} hook-async's; each one's last message leaves no earlier than backward's "
+        f"last gradient: bucket-async's {size(b_ba)} ({t_ba:.1f} ms of link time, {versus} its "
+        f"exposed), hook-async's {size(b_ha)} ({t_ha:.1f} ms).",
+    ]
