@@ -131,7 +131,7 @@ lesson.say(
 # parameters and their `.grad`s just before the update, optimizer state just after, the activations (the most
 # bytes autograd saved for the backward during one micro-batch's forward, leaving out saved tensors that
 # lie in a parameter's storage or, for fsdp, a gathered unit's), and fsdp's *gathered units* at their
-# peak: the full parameters it has gathered and its all-gathers' output buffers. Each stage's
+# peak: the full parameters it has gathered and its all-gathers' output buffers, inputs aside. Each stage's
 # measured step is its first, the *memory step*.
 
 # %%
@@ -183,8 +183,9 @@ buffers, sends = lesson_06.gather_buffers(trainees)  # planned: every bucket's (
 state = {s: sum(memory[s][k] for k in ("parameters", "gradients", "optimizer")) for s in STAGES}
 lesson.claim(
     state["zero1"] + buffers["zero1"] > state["ddp"],
-    f"The table leaves out all-gather buffers: zero1's update adds {mib(buffers['zero1'])}, "
-    f"{mib(state['zero1'] + buffers['zero1'])} in all, above ddp's {mib(state['ddp'])} (last section).",
+    f"The table leaves out all-gather buffers (planned, not measured): zero1's update adds "
+    f"{mib(buffers['zero1'])}, "
+    f"{mib(state['zero1'] + buffers['zero1'])} in all, above ddp's {mib(state['ddp'])}.",
 )
 shown = table.round(3)
 # the update counters' bytes, which round(3) of MiB shows in some rows only
@@ -246,8 +247,9 @@ plot(
 held = {r["label"]: r["parameters"] + r["gradients"] + r["optimizer"] for r in measured}
 f32, f16 = memory["fsdp"], memory["fsdp bf16"]
 lesson.claim(
-    held["fsdp\ncomputing in bf16"] == held["fsdp"] and 2 * f16["gathered"] == f32["gathered"],
-    f"fsdp computing in bf16 keeps fp32 fsdp's model state, {mib(held['fsdp'])}, and its gathered units peak at "
+    all(f16[k] == f32[k] for k in ("parameters", "gradients", "optimizer")) and 2 * f16["gathered"] == f32["gathered"],
+    f"fsdp computing in bf16 keeps fp32 fsdp's parameters, gradients and optimizer state, {mib(held['fsdp'])} "
+    f"(4 + 4 + 8 bytes a value, not the paper's 2 + 2 + 12); its gathered units peak at "
     f"{mib(f16['gathered'])}, half fp32 fsdp's {mib(f32['gathered'])}: it gathers in bf16.",
 )
 by = probe.activations_by  # the bf16 run's saved bytes by (dtype, class of the module that saved them)
@@ -441,7 +443,7 @@ outside = len({id(p) for _, _, p in trainees["fsdp"].model.replicated})
 # ## What rank 0 sends, on the ring
 #
 # The bytes given do not show what a reduce-scatter spares against an all_reduce. The four stages now
-# send through minddp's ring, plugged into each stage's `Wire` as its transport. The *ring table* is what rank 0 sent in one step of
+# send through minddp's ring, as each stage's `Wire` transport. The *ring table* is what rank 0 sent in one step of
 # new trainees (zero2's second, so that it starts by gathering; the others' first), by kind of collective; each
 # hop costs α besides. Bytes *sent* are not bytes *given*: a ring all_reduce sends `2(n − 1)/n` of the bytes it is given, the same number at these
 # n = 2 ranks only:
@@ -486,8 +488,8 @@ hops = {"ddp": 2 * rd["calls"], "fsdp": rf["gathers"] + units + 2 * outside}
 lesson.claim(
     total["fsdp"] <= fsdp_most and rd["calls"] == rd["buckets"] and rf["calls"] == units + outside,
     f"fsdp sends {total['fsdp'] / 2**20:.2f} MiB a step, within the bound's {mib(fsdp_most)}: "
-    f"{total['fsdp'] / whole:.1f} times ddp's bytes in {hops['fsdp'] / hops['ddp']:.1f} times its hops, α each "
-    f"({hops['fsdp']} (n − 1) per rank from {rf['gathers']} all-gathers, {units} reduce-scatters and {outside} "
+    f"{total['fsdp'] / whole:.1f} times ddp's bytes in {hops['fsdp'] / hops['ddp']:.1f} times its hops, α each, "
+    f"by its gloo look's collectives ({hops['fsdp']} (n − 1) per rank from {rf['gathers']} all-gathers, {units} reduce-scatters and {outside} "
     f"all_reduces; ddp's {hops['ddp']} (n − 1) from {rd['calls']} all_reduces, one per bucket).",
 )
 on_wire.round(2)
@@ -526,7 +528,7 @@ lesson.claim(
     and one["received"] == one["full"] == one["planned"]  # no padding: n divides each tensor here
     and one["received"] + one["full"] == peak,
     f"fsdp's gathered units peak at {mib(peak)} in the memory step: a unit's all-gather output buffer plus the "
-    f"full parameters copied out of it, {mib(one['full'])} each, what one unit gathered alone holds; so the "
+    f"full parameters copied out of it, each one unit's fp32 values, {mib(one['full'])}, what one unit gathered alone holds, so the "
     "prefetch adds nothing to the peak.",
 )
 f = looks["fsdp"]
@@ -602,7 +604,7 @@ lesson.say(
 # %% [markdown]
 # ## Each stage's bytes at three moments
 #
-# Each *held* sum adds up rank 0's model state at one moment, activations aside, plus, for a stage gathering
+# Each *held* sum adds rank 0's model state at one moment, activations aside, plus, for a stage gathering
 # then, its all-gathers' input and output tensors (planned by `all_gather_buffer_bytes`) and fsdp's full unit.
 
 # %%
@@ -622,12 +624,11 @@ lesson.claim(
     all(buffers[s] == (world + 1) * sends[s] for s in sends)
     and all(abs(recv[s] - model_bytes) < 1e-3 * model_bytes for s in ("zero1", "zero2"))
     and adds["fsdp"] == peak + sends["fsdp"],
-    "Added while gathering (the last column, MiB: zero1's at the update, zero2's at a step's first forward, fsdp's "
-    "at each forward), output + input: "
+    "Added while gathering (the last column, MiB), output + input: "
     + ", ".join(
         f"{s} {adds[s] / 2**20:.2f} = {recv[s] / 2**20:.2f} + {sends[s] / 2**20:.2f}" for s in ("zero1", "zero2")
     )
-    + f"; fsdp {mib(adds['fsdp'])} = its gathered units' peak {mib(peak)} + the unit's all-gather input "
+    + f"; fsdp {mib(adds['fsdp'])} = its gathered units' measured peak {mib(peak)} + the unit's all-gather input "
     f"{mib(sends['fsdp'])}, which that peak leaves out.",
 )
 later = list(GATHERING)[2]
@@ -635,11 +636,10 @@ most = {s: max(h[s] for h in held_at.values()) for s in STAGES}  # each stage's 
 when = {s: " and ".join(m for m in GATHERING if held_at[m][s] == most[s]) for s in STAGES}
 
 
-def against_ddp(s):  # a largest held sum and the bytes sent on the ring (the ring table), each against ddp's
+def against_ddp(s):  # a largest held sum against ddp's
     d = most[s] - most["ddp"]
-    sent = "ddp's bytes" if abs(total[s] - whole) < 1e-3 * whole else f"{total[s] / whole:.1f} times ddp's bytes"
     more = f"{abs(d) / 2**20:.2f} {'more' if d > 0 else 'less'}" if d else "as much"
-    return f"{s} {most[s] / 2**20:.2f} {when[s]} ({more}; {sent} sent)"
+    return f"{s} {most[s] / 2**20:.2f} {when[s]} ({more})"
 
 
 lesson.say(
@@ -647,25 +647,27 @@ lesson.say(
     + "; ".join(against_ddp(s) for s in STAGES[1:])
     + "."
 )
-lesson.claim(  # every stage holds whole gradients between micro-batches (the memory table's claim)
-    [m for m in GATHERING if held_at[m]["zero2"] < held_at[m]["zero1"]] == ["at the update"]
-    and held_at[later]["zero2"] == held_at[later]["zero1"],
-    f"zero1 and zero2 both hold {mib(held_at[later]['zero1'])} {later} (whole gradients), so sharding the "
-    "gradients saves memory at the update only.",
-)
 act = {s: memory[s]["activations"] for s in STAGES}  # no stage shards what autograd saves
 kept = {s: memory[s]["parameters"] + memory[s]["optimizer"] for s in STAGES}  # held at every moment
-# in a micro-batch zero1 is ddp's wrapper with less optimizer state, and gathers nothing
+z1, z2 = ({m: held_at[m][s] for m in GATHERING} for s in ("zero1", "zero2"))
+first, update = list(GATHERING)[1], list(GATHERING)[0]
+shards = memory["zero1"]["gradients"] - memory["zero2"]["gradients"]  # what sharding zero2's gradients spares
 lesson.claim(
-    len(set(act.values())) == 1
-    and all(kept[s] + act[s] > most[s] for s in STAGES)
-    and kept["zero1"] < kept["ddp"]
-    and kept["ddp"] + act["ddp"] > most["zero1"],
-    f"Each stage, in fp32, also saves {mib(act['ddp'])} of activations a forward (none shards them), freed by its "
-    "backward; with its parameters and optimizer state alone ("
-    + ", ".join(f"{s} {kept[s] / 2**20 + act[s] / 2**20:.2f}" for s in STAGES)
-    + " MiB) they top its largest held sum. So counted, each peak is in a micro-batch, and zero1's, free of its "
-    "update's buffers, below ddp's.",
+    kept["zero1"] == kept["zero2"]
+    and shards > 0
+    and z1[update] - z2[update] == buffers["zero1"] + shards
+    and z2[first] - z1[first] == buffers["zero2"]
+    and z1[later] == z2[later],
+    f"{update.capitalize()} zero1 holds {mib(z1[update] - z2[update])} more than zero2, its all-gather buffers plus "
+    f"the {mib(shards)} of gradients zero2 shards; {first} zero2 holds {mib(buffers['zero2'])} more, its "
+    f"all-gather buffers; {later} both hold {mib(z1[later])}.",
+)
+lesson.claim(
+    len(set(act.values())) == 1 and all(kept[s] + act[s] > most[s] for s in STAGES),
+    f"Each stage also saves {mib(act['ddp'])} of activations a forward (none shards them), freed by its "
+    "backward; these plus its parameters and optimizer state ("
+    + ", ".join(f"{s} {(kept[s] + act[s]) / 2**20:.2f}" for s in STAGES)
+    + " MiB) exceed its largest held sum.",
 )
 (trade / 2**20).round(2)
 
