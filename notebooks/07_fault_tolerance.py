@@ -78,8 +78,8 @@ lesson_07.print_phase_lines()
 #
 # `run.report()` gives one line per fault: its **recovery**, from the fault (the moment the faulting process
 # stamped just before it killed itself, froze itself or raised) to the first commit of its step or a later one, the
-# attempts discarded until then, and, for a fault that ended a process, its **rejoin**, from the fault to the quorum
-# that takes the slot's new process back.
+# attempts discarded until then, and, for a kill or a stop (a frozen process, ended by the launcher once evicted),
+# its **rejoin**, from the fault to the quorum that takes the slot's new process back.
 
 # %%
 from minddp.ft import ToyTask, launch_ft, parse_faults
@@ -104,9 +104,10 @@ for line in run.report():
 # %% [markdown]
 # How the other members learn of each fault: their all_reduce fails (printed after the timeline); after a
 # kill, when the kernel, ending the killed process, closes its connections. Each member that caught an error
-# (the raising slot, its own exception) drops its group (a garbage collection, then its teardown),
-# then votes no. The lighthouse decides on the votes it has read: it discards on the first no; a member lost
-# before voting makes a discard only once another's yes is in. The next quorum waits for the later of the
+# (the raising slot, its own exception) drops its group (a garbage collection, then its teardown, timed together),
+# then votes no as soon as the drop ends. The lighthouse discards on the first no it reads
+# (where it had read every vote cast by then, this run cannot show that); a member lost before voting makes
+# a discard only once another's yes is in. The next quorum waits for the later of the
 # survivors' requests, made after they vote, and the launcher's record of a killed slot's exit. Then the step
 # is tried again: a new group, the work (the pause included), the votes.
 
@@ -135,15 +136,9 @@ lesson_07.print_rejoin(run, kill, full_world_at)
 print(run.timeline())
 
 # %% [markdown]
-# What the timeline shows (the cell below checks it):
-#
-# * in step 4 slot 1 died, the survivors' all_reduce failed, and the attempt was discarded (`x`); slots 0
-#   and 2 then committed step 4 alone, as ranks 0 and 1 of a new group;
-# * slot 1's new process, freshly initialised, asked to train step 0, its peers a later step: it was
-#   healed, then trained their step with them (`H`), and from then on at world 3;
-# * in step 11 slot 2's comm hook raised before its all_reduce: slots 0 and 1's all_reduce failed though
-#   no process died, and the attempt was discarded on every member, then tried again by a new group of the
-#   same three slots.
+# The cell below checks what the timeline shows, fault by fault, and prints each member's error. In step 11
+# no process died, yet slots 0 and 1's all_reduce failed: gloo's error names no peer, so the run cannot tell
+# whether each learned from slot 2's drop or from another member's.
 
 # %%
 from minddp.notebook.lesson_07 import attempts, heals, in_a_new_group
@@ -179,7 +174,9 @@ lesson.claim(
 )
 
 # %% [markdown]
-# Three more checks, by `consistency`, on the parameters and the optimizer's state.
+# Three more checks, by `consistency`, on the parameters and the optimizer's state. They compare the processes
+# with each other or with themselves, not with a single process: none can show that every row was trained
+# (the last cell's checker run does).
 
 # %%
 from minddp.ft import consistency
@@ -275,10 +272,8 @@ show_source(solutions.ft_shard)
 #
 # At world 2 the ranks are 0 and 1, whichever slot died, so they take the rows ranks 0 and 1 take at world
 # 3, and rank 2's rows at world 3, `2B // 3` up to `B`, are trained by no one: rows 6-9 of the
-# checker's 10. `consistency`'s three checks would all still pass: each compares the processes
-# with each other or with themselves, never with the data, and every member steps from the same state with
-# the same averaged gradient. Only a comparison with a single process on the whole batch shows them
-# untrained.
+# checker's 10. `consistency`'s three checks would all still pass (they never look at the data): every member
+# steps from the same state with the same averaged gradient.
 #
 # </details>
 

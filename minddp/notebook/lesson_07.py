@@ -83,10 +83,10 @@ def _slots(slots) -> str:
 
 def print_recoveries(run, kill, raised, hang_s: float) -> None:
     """Each fault's recovery, in whole ms after the fault: for each member of the attempt that failed, the error it
-    caught and its vote, after it dropped its group; the discard, with the votes the lighthouse had read; the kill's
-    exit recorded by the launcher, and which came last of it and the next quorum's requests (the quorum waits for
-    both); the next quorum; the retry's work and the commit; the recovery's shares before the first error, from it
-    to the discard, and after. Then whether either recovery lasted the hang bound."""
+    caught, the drop of its group (from the error to the vote: the rung stamps the vote right after the drop) and its
+    vote; the discard, with the votes the lighthouse had read, and any vote cast it had not; the kill's exit recorded
+    by the launcher, and which came last of it and the next quorum's requests (the quorum waits for both); the next
+    quorum; the retry's work and the commit. Then whether either recovery lasted the hang bound."""
     errors = []  # ms from its fault to each member's error, over both faults
     for o in (kill, raised):
         fired = o.fired
@@ -100,9 +100,10 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
             )
             for s, e in tried:  # the failed attempt's members that voted, by when they caught their error
                 vote = f"voted {'yes' if e['ok'] else 'no'} {ms(e['t_vote'] - fired)}"
-                if "t_error" in e:
+                if "t_error" in e:  # the rung stamps the vote right after drop_group: the gap is the drop
                     what = "raised" if s == o.fault.slot else "caught an error"
-                    print(f"  slot {s} {what} {ms(e['t_error'] - fired)}, dropped its group, {vote}")
+                    drop = ms(e["t_vote"] - fired) - ms(e["t_error"] - fired)
+                    print(f"  slot {s} {what} {ms(e['t_error'] - fired)}, dropped its group ({drop} ms), {vote}")
                     errors.append(ms(e["t_error"] - fired))
                 else:
                     print(f"  slot {s} {vote}")
@@ -113,7 +114,9 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
                 for v, slots in zip(("no", "yes"), by)
                 if slots
             )
-            print(f"  attempt discarded {ms(o.discard_s)}, on {votes or 'no vote'}")
+            unread = [s for s in ok if s not in voters]  # votes cast that the lighthouse had not read yet
+            when = f", before reading {_slots(unread)}'s" if unread else ", every vote cast read"
+            print(f"  attempt discarded {ms(o.discard_s)}, on {votes or 'no vote'}{when}")
         asked, quorum = ms(asked_s(run, o)), ms(o.quorum_s)
         asked = min(asked, quorum)
         if o.exit_s is None:
@@ -127,16 +130,8 @@ def print_recoveries(run, kill, raised, hang_s: float) -> None:
             )
             print(f"  {order}; next quorum {quorum}")
         work = retry_work_s(run, o)
-        retry = "" if work is None else f"work begun {ms(work[0])}, work done {ms(work[1])}, "
-        total = ms(o.recovery_s)
-        print(f"  step {o.committed_step} tried again: {retry}committed {total}")
-        firsts = [] if decision is None else [ms(e["t_error"] - fired) for _, e in tried if "t_error" in e]
-        if firsts and total > 0:
-            first = min(firsts)
-            ends = (first, ms(o.discard_s), total)  # shares rounded at each end, so that they add up to 100%
-            cum = [0, *(round(100 * t / total) for t in ends)]
-            a, b, c = (cum[k + 1] - cum[k] for k in range(3))
-            print(f"  of its {total} ms, {a}% before any error, {b}% to the discard, {c}% after")
+        retry = "" if work is None else f"work {ms(work[0])}-{ms(work[1])}, "
+        print(f"  step {o.committed_step} tried again: {retry}committed {ms(o.recovery_s)}")
     late = [o for o in (kill, raised) if o.recovery_s >= hang_s]
     if late:
         print(
