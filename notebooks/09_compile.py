@@ -32,16 +32,16 @@
 # graph. Compiled as one graph, the model records one gradient node for its whole forward, producing every gradient
 # at its end, so every bucket is handed over when no gradient node is left to run.
 #
-# With the cut on (`torch._dynamo.config.optimize_ddp`; more conditions below), while `ddp` runs its module compiled,
-# Dynamo's `DDPOptimizer` **cuts the graph into pieces** and compiles each piece apart, each with a gradient node of
-# its own; uncut, the graph is one piece. The backward pass runs piece after piece, numbered here in
+# With the cut on (`torch._dynamo.config.optimize_ddp`, on by default; more conditions below), while `ddp` runs its
+# module compiled, Dynamo's `DDPOptimizer` **cuts the graph into pieces** and compiles each piece apart, each with a
+# gradient node of its own; uncut, the graph is one piece. The backward pass runs piece after piece, numbered here in
 # that order: piece 0 holds the forward's last layers; a *piece's backward* is the run of its gradient node. A bucket
 # whose last gradient a piece produces can then be handed over before the next piece's backward begins.
 #
 # `ddp` *rebuilds* its buckets once, in step 2, filling them in the order the gradients arrived in step 1. The figure
 # shows step 3's backward pass, with neither a compile nor a rebuild in it, in three runs:
 # eager (not compiled), compiled without the cut (`optimize_ddp = False`) and compiled with it. The model: an MLP of
-# 1 MiB layers without biases; the backend: `aot_eager` (torch's own kernels, none generated).
+# 1 MiB layers without biases; the backend: `aot_eager` (torch's own kernels).
 
 # %%
 # %load_ext minddp.notebook
@@ -87,10 +87,11 @@ def one_step(compiled: bool, cut: bool = True):
     model = MLP()
     ddp = DistributedDataParallel(torch.compile(model, backend=BACKEND) if compiled else model, bucket_cap_mb=CAP_MIB)
     view = lesson_09.third_step(ddp, model, batches(), loss_fn)  # the step's autograd nodes and hand-overs
-    torch._dynamo.config.optimize_ddp = True
+    torch._dynamo.config.optimize_ddp = True  # back to the default
     return ddp, view
 
 
+assert torch._dynamo.config.optimize_ddp is True  # the cut is on by default
 NO_CUT, CUT = "compiled without the cut", "compiled with the cut"
 looks, ddps = {}, {}
 for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT, True, True)):
@@ -102,7 +103,7 @@ for label, compiled, cut in (("eager", False, True), (NO_CUT, True, False), (CUT
 # per step: the frames Dynamo compiled, and whether ddp rebuilt its buckets (in arrival order, after the first step)
 lesson.claim(
     all(v["compiled"][2] == 0 and v["rebuilt"] == [False, True, False] for v in looks.values()),
-    "In each run, step 2 rebuilt ddp's buckets; step 3 neither compiled nor rebuilt them.",
+    "In each run, step 2 rebuilt ddp's buckets; step 3 had no rebuild, no Dynamo compile.",
 )
 
 
@@ -110,9 +111,11 @@ lesson.claim(
 # ## The backward pass of each run
 #
 # Read it for orders, not timings: nothing here measures why a bar or gap has its length. Pale, where no bar covers a
-# row, is the loss's nodes and time between nodes. Each green span, edged dark, is one AccumulateGrad node. At a tick,
-# the reducer calls its process group's `all_reduce`, which queues the sum for gloo's thread and returns; the reducer
-# waits for the sums once the last node has run (`Reducer.wait_and_write_back`).
+# row, is the loss's nodes and time between nodes. Each green span, edged dark, is one AccumulateGrad node. In one with
+# a tick, the reducer's hook copies the bucket's gradients into one buffer and scales them (`Reducer._launch`), then,
+# at the tick, calls `all_reduce`, which queues the sum for gloo's thread and returns.
+# Autograd runs one node at a time here: the next node (with the cut, the next piece's backward) starts once the hook
+# returns. The reducer waits for the sums after the last node (`Reducer.wait_and_write_back`).
 
 # %%
 # %%distributed
@@ -130,11 +133,6 @@ lesson.claim(
     and all(after[label][:-1] == [True] * (len(after[label]) - 1) and not after[label][-1] for label in ("eager", CUT)),
     "A gradient node ended after each hand-over but the last with the cut and in eager; after none without it.",
 )
-# the cut moves the hand-overs and keeps their count; which layers each bucket holds: "The pieces and the buckets"
-lesson.claim(
-    after[NO_CUT] != after[CUT] and len({v["calls"] for v in looks.values()}) == 1,
-    f"The cut changed when buckets were handed over, not how many ({looks[CUT]['calls']} per run).",
-)
 # the reducer's hook runs in each parameter's AccumulateGrad node, after the gradient is accumulated
 lesson.claim(
     all(all(v["inside_accumulate"]) for v in looks.values()),
@@ -145,26 +143,27 @@ lesson.claim(
 # %% [markdown]
 # ## The pieces and the buckets
 #
-# Each piece records one gradient node, `CompiledFunctionBackward`. The cell lists the pieces of the run compiled
-# with the cut (of one more forward) in the order the backward pass runs them, each as its layers in the forward's
-# order.
+# Each piece records one gradient node, `CompiledFunctionBackward`. The cell lists the cut run's pieces (of one more
+# forward) in backward order, each as its layers in forward order.
 #
 # Dynamo cuts only if torch's DDP's class attribute `_active_ddp_module` is set when it compiles (torch's DDP sets it);
-# it reads the bucket cap from its `bucket_bytes_cap` and caps piece 0 at the global
-# `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While its module runs compiled, minddp's `ddp` sets the attribute to
-# a stand-in holding only its bucket cap, and the global to that cap (`compat.ddp_optimizer_caps`), so piece 0 closes
-# at the bucket cap, as bucket 0 does.
+# it reads the bucket cap from it and caps piece 0 at the global `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`. While
+# its module runs compiled, minddp's `ddp` sets the attribute to a stand-in holding its bucket cap, and the global to
+# that cap (`compat.ddp_optimizer_caps`), so piece 0 closes where bucket 0 does.
 #
 # Why a bucket is handed over before the next piece's backward: when the piece's gradient node ends, its gradients'
 # `AccumulateGrad` nodes and the next piece's gradient node are all ready to run, and autograd's queue of ready
 # nodes runs first the node of highest *sequence number* (the forward numbers the nodes it records in order); an
-# `AccumulateGrad` node's is set to the largest there is (`torch/csrc/autograd/node.h`). Among nodes of one number the
-# queue, a heap (`engine.h`), keeps no order: uncut, the eight AccumulateGrad nodes, ready together when the one
-# gradient node ends, fill the buckets in the heap's order. The cell prints each run's buckets' layers in arrival order.
+# `AccumulateGrad` node's is set to the largest there is (`torch/csrc/autograd/node.h`). Among nodes of one number, the
+# queue, a heap (`engine.h`), keeps its own order, not the layers': uncut, the eight AccumulateGrad nodes, ready
+# together when the one gradient node ends, fill the buckets in the heap's order, in step 3 as in step 1 (asserted
+# below). The cell prints each run's buckets' layers in arrival order.
 
 
 # %%
 # %%distributed
+from itertools import accumulate
+
 ddp = ddps[CUT]
 with ddp.no_sync():  # no_sync(): the reducer expects no gradients from this forward, whose backward never runs
     pieces = nodes.compiled_pieces(ddp(torch.randn(32, WIDTH)), ddp.module)  # the training's shape
@@ -200,7 +199,10 @@ for label, groups in layers.items():
     lesson.say(f"{label}, buckets 0 to {len(groups) - 1}: layers {', '.join(map(str, groups))}{note}")
 # autograd's order, not a timing: a ready AccumulateGrad node runs first (markdown above), in eager after its layer's
 # gradient node, with the cut after its piece's
-lesson.claim(pairs[CUT] == pairs["eager"], "With the cut, each bucket took eager's layers.")
+# uncut, step 3 handed bucket i over once its AccumulateGrad nodes had run exactly buckets 0 to i's layers (an order)
+row = looks[NO_CUT]["row"]
+assert [sum(start <= t for start, _ in row["accumulate"]) for t in row["sent"]] == list(accumulate(map(len, buckets)))
+lesson.claim(pairs[CUT] == pairs["eager"], "With the cut, each bucket held eager's layers (as a set).")
 
 # %% [markdown]
 # ### Your turn: after which piece is each bucket handed over?
@@ -236,12 +238,12 @@ print(check_handover(solutions.handed_over_after))
 # %% [markdown]
 # ## A bucket cap of 0.5 MiB, with either pattern
 #
-# Under torch's DDP, DDPOptimizer's cap for piece 0, `_DEFAULT_FIRST_BUCKET_BYTES`, must not be above the bucket
-# cap. The cell tries each wrapper at a bucket cap below it, on an MLP of two 1 MiB layers, with each pattern:
-# nanoGPT's and `torch.compile(DDP(model))`. At a *graph break* Dynamo ends a graph, runs Python and starts a new one;
-# Dynamo's cut into pieces is not a graph break. Printed: the error raised (its "bucket" is Dynamo's piece), or a
-# training step's graph breaks and one more forward's pieces; each step is checked against one eager `ddp` step on the
-# same model and batch, allowing for rounding from summing in another order.
+# Under torch's DDP, DDPOptimizer's cap for piece 0 must not be above the bucket cap. The cell tries each wrapper at a
+# bucket cap below it, on an MLP of two 1 MiB layers, with each pattern: nanoGPT's and `torch.compile(DDP(model))`. At a
+# *graph break* Dynamo ends a graph, runs Python and starts a new one; Dynamo's cut into pieces is not a graph break.
+# Printed: the error raised (its "bucket" is Dynamo's piece), or a step's graph breaks and one more forward's pieces;
+# each step is checked against one eager `ddp` step on the same model and batch, up to rounding from another summing
+# order.
 
 
 # %%
@@ -260,11 +262,13 @@ theirs, ours = (
 cut_file = "torch/_dynamo/backends/distributed.py"  # where Dynamo's DDPOptimizer, the cut, lives
 lesson.claim(
     torch_first > SMALL_MIB and theirs["raised"] == [("AssertionError", cut_file)] * 2,
-    f"Dynamo's cut refused torch's DDP at {SMALL_MIB:g} MiB, below DDPOptimizer's {torch_first:g} MiB cap for piece 0.",
+    f"Torch's DDP took no step at {SMALL_MIB:g} MiB, below DDPOptimizer's {torch_first:g} MiB cap for piece 0: "
+    "Dynamo's cut raised.",
 )
 lesson.claim(
     ours["breaks"] == [0, 0] and min(ours["pieces"]) > 1 and ours["apart"] <= ours["bound"],
-    f"minddp's ddp took one step with either pattern; its parameters matched eager's {ours['near']}.",
+    f"minddp's ddp took one step with either pattern, cut in pieces without a graph break; "
+    f"its parameters matched eager's {ours['near']}.",
 )
 
 
@@ -273,12 +277,12 @@ lesson.claim(
 #
 # * The model compiled, then wrapped (nanoGPT's pattern): with the cut, as in eager, a gradient node ended after each
 #   bucket's hand-over but the last, the order those buckets' `all_reduce`s need to run
-#   while gradients are still computed; without it, none did. With the cut, each bucket took eager's layers; uncut,
-#   they came in the order autograd's queue gives eight tied AccumulateGrad nodes.
+#   while gradients are still computed; without it, none did. With the cut, each bucket held eager's layers; uncut,
+#   the layers autograd's heap ran in a row, in step 3 as in step 1.
 #
-# * At a bucket cap of 0.5 MiB, Dynamo's cut refused torch's DDP with either pattern: DDPOptimizer's cap for
-#   piece 0 is above the bucket cap. minddp's `ddp`, which sets that cap to its bucket cap, took one step with both,
-#   its module compiled and cut.
+# * At a bucket cap of 0.5 MiB, torch's DDP took no step with either pattern: Dynamo's cut raised, as DDPOptimizer's
+#   cap for piece 0 is above the bucket cap. minddp's `ddp`, which sets that cap to its bucket cap, took one step with
+#   both, cut in pieces without a graph break.
 
 # %%
 # %dist_shutdown
