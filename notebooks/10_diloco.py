@@ -133,6 +133,7 @@ print(doc.split("a few left out::")[1].split("Example")[0].rstrip())
 # %%distributed
 from minddp.bench.convergence import train_config
 
+# train_config's inner optimizer: AdamW, its lr falling from lr to lr / 10 along a half cosine over the steps
 runs = {name: train_config(name, task, seed=0, steps=300, batch=32, lr=3e-3, eval_every=100) for name in
         ("ddp", "local-sgd-h10", "diloco-h10")}  # fmt: skip
 lesson.say("after 300 steps, payload bytes:")
@@ -145,7 +146,7 @@ lesson.claim(
 
 # %% [markdown]
 # The comparisons below are of the bench's means: 2000 steps on 4 replicas, 5 *seeds* (a seed: a start and
-# chains that every run shares), its committed results read (`docs/diloco/convergence.json`). Its
+# chains that every run shares), its committed results (`docs/diloco/convergence.json`). Its
 # runs: `ddp`; `single` (a quarter of the data, nothing sent); `local-sgd-hH` and `diloco-hH` (H = 10, 50, 100);
 # `diloco-h100-lrL` (outer lr L; not plotted);
 # `streaming-h100` (H = 100, 2 fragments, τ = 5, α = 0.5; its syncs are
@@ -153,7 +154,7 @@ lesson.claim(
 # steps by the expected loss of DDP's weights, local SGD's last average (before its first sync, rank 0's own
 # weights), DiLoCo's synced weights (streaming DiLoCo: each fragment as of its last sync).
 #
-# The figure plots the mean over the seeds of DDP and
+# The figure plots DDP and
 # the runs at H = 10 and 100 against the steps (left) and the payload each replica handed over (right: the
 # scores at 0 bytes left out), each a staircase: the run's last score by that step or payload.
 
@@ -164,6 +165,8 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from minddp.bench.convergence import build_student
+from minddp.diloco.fragments import split_fragments
 from minddp.notebook import lesson, lesson_10
 
 results = json.loads(Path("../docs/diloco/convergence.json").read_text())
@@ -283,10 +286,19 @@ rare = [n for n in curves if n not in ("ddp", "single")]  # the file's runs that
 closest = min(rare, key=lambda n: statistics.mean(final(n)))
 streaming = results["configs"]["streaming-h100"]
 tau, alpha = streaming["fragment_delay"], streaming["fragment_alpha"]  # the bench's names for τ and α
-lesson.claim(
-    closest == "streaming-h100" and all(statistics.mean(final(n)) > statistics.mean(final("ddp")) for n in rare),
+K = streaming["fragments"]
+split = [sum(p.numel() * p.element_size() for p in f) for f in split_fragments(build_student(0), K)]  # bytes
+share = [f"{100 * b / sum(split):.0f} %" for b in split]  # each fragment's share of the student's bytes
+lesson.claim(  # a score every sync interval: between two scores, one fragment sync's bytes, the fragments in turn
+    closest == "streaming-h100"
+    and all(statistics.mean(final(n)) > statistics.mean(final("ddp")) for n in rare)
+    and results["eval_every"] == sync_interval("streaming-h100")
+    and all(
+        [b - a for a, b in zip(c["bytes"], c["bytes"][1:])] == [split[i % K] for i in range(len(c["bytes"]) - 1)]
+        for c in curves["streaming-h100"]
+    ),
     f"of the file's {len(rare)} runs that talk rarely, streaming DiLoCo ends closest to DDP; it differs "
-    f"from diloco-h100 in 3 settings: {streaming['fragments']} fragments, τ = {tau} and α = {alpha}",
+    f"from diloco-h100 in 3 settings: {K} fragments ({lesson.listed(share)} of the model), τ = {tau} and α = {alpha}",
 )
 
 rose = {  # each run's means: (step, rise) wherever a score is above the one before
@@ -297,6 +309,12 @@ rose = {  # each run's means: (step, rise) wherever a score is above the one bef
 risen = [n for n in within if rose[n]]  # the plotted runs that talk rarely whose mean rose
 lrs = sorted(sweep, key=lambda n: outer_lr[n])  # DiLoCo at H = 100, the other outer lrs
 top = mean_of(lrs[-1], "loss")  # the highest outer lr's means: [0] the untrained start, [2] just after its first sync
+
+
+def which(n, t):  # streaming-h100: the fragment whose turn ends at step t (its sync), named by its share
+    return f" (its {share[(t - 1) // sync_interval(n) % K]} fragment)" if n == "streaming-h100" else ""
+
+
 lesson.claim(  # a score every eval_every <= sync interval steps, so a score before a sync is of the weights it starts from
     all(results["configs"][n]["rung"] == "diloco" for n in risen)
     and {"diloco-h100", "streaming-h100"} <= set(risen)
@@ -312,7 +330,7 @@ lesson.claim(  # a score every eval_every <= sync interval steps, so a score bef
     + " and ".join(risen)
     + " had a mean that rose from one score to the next, as did DiLoCo's at every other outer lr; each rise is at a sync, "
     "scored on the synced weights, so that sync left them worse (step +nats): "
-    + "; ".join(f"{n} " + ", ".join(f"{t} +{d:.3f}" for t, d in rose[n]) for n in (*risen, *lrs))
+    + "; ".join(f"{n} " + ", ".join(f"{t} +{d:.3f}" + which(n, t) for t, d in rose[n]) for n in (*risen, *lrs))
     + f". At outer lr {outer_lr[lrs[-1]]:g} the first sync took the mean to {top[2]:.3f}, above the untrained "
     f"start's {top[0]:.3f}",
 )
@@ -376,7 +394,7 @@ print(doc[doc.index("4. a fragment") : doc.index("The schedule, the signs")].rst
 #
 # Each inner step is its forward and backward (blue) and optimizer step (green: AdamW's update and a
 # post-hook, which hands a fragment's pseudo-gradient to the link at a tall tick, applies one at a triangle, and
-# elsewhere only counts the step, however wide the green);
+# elsewhere only counts the step; no line here rests on a green's width, a hand-over's included);
 # white, none of these. Orange: a message's modeled transfer on the link, from its tick; red, and nothing else,
 # the training thread waiting for one, drawn over its step's green.
 
@@ -444,11 +462,11 @@ def step_of(i):  # the inner step (counted from the run's first) whose optimizer
 sizes = [sum(p.numel() * p.element_size() for p in fragment) for fragment in streamed.fragments]
 lesson.claim(
     len(sends) == len(applies) == FRAGMENTS and all(step_of(a) - step_of(s) == TAU for s, a in zip(sends, applies)),
-    f"each fragment was applied τ = {TAU} steps after the step that handed it over",
+    f"each fragment was applied τ = {TAU} steps after its hand-over",
 )
 row, spec = view["row"], link.spec
 assert len(link.log) == len(row["sent"]) == len(sends)  # one message per fragment sync, each logged in the profile
-lesson.say(f"on the figure's axis (ms since step {WARM + 1}'s forward started):")
+lesson.say("on the figure's axis:")
 
 
 def axis(m, sent, t):  # time t of message m on the link's clock (s), on the figure's axis (ms), rounded as printed
@@ -470,21 +488,22 @@ for m, sent, s, a in zip(link.log, row["sent"], sends, applies):
     )
     waits[fragment] = handed, delivered, asked, metrics.waited([(asked, max(asked, delivered))])
     between = f"{abs(delivered - asked):.1f} ms "  # between the wait() call and the delivery
-    fit = f"{asked - handed:.1f} ms (τ = {TAU} steps) after the hand-over and " + (
+    fit = f"{asked - handed:.1f} ms (τ steps) after the hand-over and " + (
         between + f"before the delivery, so it waited {waits[fragment][3]:.1f} ms"
         if delivered > asked
         else (between + "after" if delivered < asked else "at")
         + f" the delivery: it waited {waits[fragment][3]:.1f} ms"
     )
     lesson.say(
-        f"fragment {fragment}: handed over in step {step_of(s)} at {handed:.1f} ms; on the link (modeled: 2 hops × "
-        f"{spec.latency * 1e3:g} ms + {m['bytes'] / 1e3:.1f} kB at {spec.bandwidth * 8 / 1e6:g} Mbit/s = {took:.1f} ms) "
-        f"from {on:.1f} to {on + took:.1f} ms; delivered at {delivered:.1f} ms, {late:.1f} ms after the modeled end; "
+        f"fragment {fragment} ({100 * m['bytes'] / sum(sizes):.0f} % of the model): handed over in step {step_of(s)} at "
+        f"{handed:.1f} ms; on the link (modeled: 2 hops × {spec.latency * 1e3:g} ms + {m['bytes'] / 1e3:.1f} kB "
+        f"at {spec.bandwidth * 8 / 1e6:g} Mbit/s = {took:.1f} ms) from {on:.1f} ms; delivered at {delivered:.1f} ms, "
+        f"{late:.1f} ms after the modeled end; "
         f"step {step_of(a)} called wait() at {asked:.1f} ms, {fit}"
     )
 longer = [f for f, (_, d, a, _) in waits.items() if d > a]  # the messages still on the link at their wait()
 lesson.say(
-    f"on this {spec.bandwidth * 8 / 1e6:g} Mbit/s link "
+    "here "
     + (
         "every message fit in its τ steps, so no apply step waited"
         if not longer
