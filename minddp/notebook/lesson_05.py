@@ -45,8 +45,8 @@ def shares(zero: pd.DataFrame, checked: pd.DataFrame) -> pd.DataFrame:
 
 def checks(run: Path, stages) -> pd.DataFrame:
     """Per stage (rank 0's profiled step): how long its parameter checks' all_gather ranges were open (``check
-    (ms)``, their in flight), how long its other gloo ranges were (``outside the check (ms)``) and the bytes each
-    check gathers from a rank (``check bytes``, one list a stage; ``steps.bytes_of``)."""
+    (ms)``, their in flight) and the bytes each check gathers from a rank (``check bytes``, one list a stage;
+    ``steps.bytes_of``)."""
     from minddp.analysis import metrics
     from minddp.analysis.steps import bytes_of
 
@@ -57,7 +57,6 @@ def checks(run: Path, stages) -> pd.DataFrame:
         gathers = [e for e in iv.allgathers if step[0][0] <= e["ts"] <= step[0][1]]
         rows[stage] = {
             "check (ms)": metrics.in_flight(ranges, step) / 1e3,
-            "outside the check (ms)": metrics.in_flight(metrics.subtract(metrics.merge(iv.comm), ranges), step) / 1e3,
             "check bytes": [bytes_of(e) for e in gathers],
         }
     return pd.DataFrame(rows).T
